@@ -1,0 +1,132 @@
+"""Measured (not estimated) time in gradient communication.
+
+Every collective launched through `torch.distributed` while a `CommTimer` is active is
+timed from launch to completion, and a step's communication time is the union of those
+intervals: the wall time during which at least one collective was in flight. Overlap
+with compute is therefore not double-counted, and a step whose communication is fully
+hidden still shows how long the wire was busy.
+
+The collectives are wrapped once per process (`install`), before any engine binds
+them: DeepSpeed keeps references to `torch.distributed.all_gather_into_tensor` and
+friends from the moment its backend is created, and a Hydra multirun reuses that backend
+across sweep points. The wrappers hand each call to whichever timer is active, or pass it
+straight through.
+
+On CPU the clock is `perf_counter` (Gloo completes futures on its own threads). On GPU
+it is CUDA events on the current stream, read as offsets from an event recorded at step
+start, so the figure is device time, not launch time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+import torch.distributed as dist
+
+_COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "all_gather_into_tensor",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all_single",
+    "all_reduce_coalesced",
+)
+_ACTIVE: CommTimer | None = None
+_INSTALLED = False
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _wrap(fn):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        timer = _ACTIVE
+        if timer is None:
+            return fn(*args, **kwargs)
+        slot = timer._open()
+        work = fn(*args, **kwargs)
+        if kwargs.get("async_op") and work is not None:
+            work.get_future().then(lambda fut: timer._close(slot))
+        else:
+            timer._close(slot)
+        return work
+
+    return timed
+
+
+def install() -> None:
+    """Wrap torch.distributed's collectives for this process (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    for name in _COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            setattr(dist, name, _wrap(fn))
+    _INSTALLED = True
+
+
+class CommTimer:
+    def __init__(self, device: torch.device):
+        install()
+        self.cuda = device.type == "cuda"
+        self._intervals: list[list] = []
+        self._ref = None
+
+    def _mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def _open(self) -> list:
+        slot = [self._mark(), None]
+        self._intervals.append(slot)
+        return slot
+
+    def _close(self, slot: list) -> None:
+        slot[1] = self._mark()
+
+    @contextlib.contextmanager
+    def active(self):
+        global _ACTIVE
+        previous, _ACTIVE = _ACTIVE, self
+        try:
+            yield self
+        finally:
+            _ACTIVE = previous
+
+    def begin_step(self) -> None:
+        self._intervals = []
+        self._ref = self._mark()
+
+    def end_step(self) -> float:
+        """Seconds with a collective in flight during the step; call after synchronising the device."""
+        done = [(a, b) for a, b in self._intervals if b is not None]
+        if self.cuda:
+            done = [(self._ref.elapsed_time(a) / 1e3, self._ref.elapsed_time(b) / 1e3) for a, b in done]
+        return union_length(done)
+
+    @staticmethod
+    def ddp_hook(process_group, bucket):
+        """DDP comm hook equal to the built-in allreduce hook (average the bucket), but
+        launched through torch.distributed so the active timer sees it."""
+        group = process_group if process_group is not None else dist.group.WORLD
+        tensor = bucket.buffer().div_(dist.get_world_size(group))
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])

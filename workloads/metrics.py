@@ -1,0 +1,146 @@
+"""Training metrics, exactly as GPT-NeoX's megatron/logging.py reports them.
+
+The formulas are written once, in shared DESIGN.md ("Metric definitions"); these pure
+functions implement them and tests/test_metrics.py pins them with worked values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+# bf16 dense peak TFLOPS per device. Users override or extend it with
+# `metrics.peak_tflops=<number>` (see conf/config.yaml).
+PEAK_TFLOPS_BF16: dict[str, float] = {
+    "A100": 312.0,
+    "H100": 989.0,  # SXM
+    "H200": 989.0,
+    "MI300X": 1300.0,
+}
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """GPT-NeoX's `_vocab_size_with_padding`: round up to a multiple of divisible_by·tp,
+    so the output layer splits evenly across tensor-parallel ranks and matmuls stay
+    aligned. 50257 (GPT-2 BPE) -> 50304."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def flops_per_iteration(
+    *,
+    global_batch: int,
+    seq_length: int,
+    num_layers: int,
+    hidden_size: int,
+    padded_vocab: int,
+    checkpoint_activations: bool,
+) -> float:
+    """24·f·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)); f = 4 with activation checkpointing
+    (the forward runs twice), else 3 (forward + 2× for backward)."""
+    f = 4 if checkpoint_activations else 3
+    B, s, L, h, V = global_batch, seq_length, num_layers, hidden_size, padded_vocab
+    return 24.0 * f * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
+
+
+def tflops_per_gpu(flops_per_iter: float, iteration_time_s: float, world_size: int) -> float:
+    return flops_per_iter / (iteration_time_s * world_size) / 1e12
+
+
+def peak_tflops_for(device_name: str, override: float | None = None) -> float | None:
+    """Peak bf16 TFLOPS for a device name such as 'NVIDIA H200' or 'AMD Instinct MI300X'.
+    None when unknown (MFU is then not reported rather than guessed)."""
+    if override:
+        return float(override)
+    upper = device_name.upper()
+    # Longest key first so 'H100' does not shadow a future 'H100 NVL' entry.
+    for key in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True):
+        if key in upper:
+            return PEAK_TFLOPS_BF16[key]
+    return None
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    iteration_time_s: float
+    iteration_time_std_s: float
+    samples_per_sec: float
+    tokens_per_sec: float
+    tflops_per_gpu: float
+    mfu: float | None
+    comm_share: float | None
+    measured_steps: int
+
+    def as_metrics(self) -> dict[str, float | int | None]:
+        # Keys carry units so a W&B panel or a CSV column is never ambiguous.
+        return {
+            "iteration_time(s)": self.iteration_time_s,
+            "iteration_time_std(s)": self.iteration_time_std_s,
+            "samples_per_sec": self.samples_per_sec,
+            "tokens_per_sec": self.tokens_per_sec,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "comm_share": self.comm_share,
+            "measured_steps": self.measured_steps,
+        }
+
+
+def summarize_training(
+    *,
+    step_times_s: list[float],
+    warmup_steps: int,
+    global_batch: int,
+    seq_length: int,
+    num_layers: int,
+    hidden_size: int,
+    padded_vocab: int,
+    checkpoint_activations: bool,
+    world_size: int,
+    peak_tflops: float | None,
+    comm_times_s: list[float] | None = None,
+) -> TrainingSummary:
+    """Summarise every step after warm-up. `comm_times_s[i]` is the wall time step i
+    had at least one gradient collective in flight."""
+    timed = step_times_s[warmup_steps:]
+    if not timed:
+        raise ValueError(
+            f"no timed steps: {len(step_times_s)} steps with {warmup_steps} warm-up; "
+            "raise train.steps above train.warmup_steps"
+        )
+    it = statistics.fmean(timed)
+    std = statistics.stdev(timed) if len(timed) > 1 else 0.0
+    sps = global_batch / it
+    flops = flops_per_iteration(
+        global_batch=global_batch,
+        seq_length=seq_length,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        padded_vocab=padded_vocab,
+        checkpoint_activations=checkpoint_activations,
+    )
+    mfu = None
+    if peak_tflops:
+        # MFU counts model FLOPs only: recomputation is not useful work, so f = 3.
+        model_flops = flops_per_iteration(
+            global_batch=global_batch,
+            seq_length=seq_length,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            padded_vocab=padded_vocab,
+            checkpoint_activations=False,
+        )
+        mfu = tflops_per_gpu(model_flops, it, world_size) / peak_tflops
+    comm_share = None
+    if comm_times_s is not None and len(comm_times_s) == len(step_times_s):
+        comm_share = sum(comm_times_s[warmup_steps:]) / sum(timed)
+    return TrainingSummary(
+        iteration_time_s=it,
+        iteration_time_std_s=std,
+        samples_per_sec=sps,
+        tokens_per_sec=sps * seq_length,
+        tflops_per_gpu=tflops_per_gpu(flops, it, world_size),
+        mfu=mfu,
+        comm_share=comm_share,
+        measured_steps=len(timed),
+    )

@@ -1,0 +1,237 @@
+"""The training workload: validate, apply the fabric, init, train, measure, record.
+
+`run_training(cfg)` is called once per sweep point by launch/train.py. Order matters:
+the fabric's environment is exported before the process group exists; everything that
+can be checked without a process group is checked before it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from workloads import dist as fdist
+from workloads import rundir
+from workloads.errors import UsageError
+from workloads.fabric import FabricProfile
+from workloads.model import NeoXConfig
+from workloads.records import new_record, write_record
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Who processes how much of a global batch: the one place the degrees are checked."""
+
+    micro_batch_size: int
+    grad_accum_steps: int
+    data_parallel: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.data_parallel
+
+    @classmethod
+    def resolve(cls, micro: int, accum: int, global_batch: int | None, world: int) -> BatchLayout:
+        if micro is None or int(micro) <= 0:
+            raise UsageError(f"train.micro_batch_size must be a positive integer, got {micro}")
+        if accum is None or int(accum) <= 0:
+            raise UsageError(f"train.grad_accum_steps must be a positive integer, got {accum}")
+        if global_batch is not None:
+            g = int(global_batch)
+            if g <= 0:
+                raise UsageError(f"train.global_batch_size must be positive, got {g}")
+            per_step = int(micro) * world
+            if g % per_step:
+                raise UsageError(
+                    f"train.global_batch_size={g} is not divisible by micro_batch_size ({micro}) "
+                    f"x world size ({world}) = {per_step}; choose a multiple of {per_step}"
+                )
+            accum = g // per_step
+        return cls(int(micro), int(accum), world)
+
+
+def model_config(cfg: DictConfig) -> NeoXConfig:
+    if cfg.init.get("checkpoint"):
+        from workloads.hf import load_hf_config
+
+        return load_hf_config(cfg.init.checkpoint)
+    return NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+
+
+def check_writable(root: str) -> None:
+    p = Path(root)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"output directory {p} is not writable ({e.strerror}); set output_root= to a writable path") from None
+
+
+def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, FabricProfile]:
+    """Everything checkable before a process group exists. Raises UsageError."""
+    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    if cfg.workload.name == "finetune" and OmegaConf.is_missing(cfg.init, "checkpoint"):
+        raise UsageError("workload=finetune needs init.checkpoint=<local Hugging Face GPT-NeoX directory>")
+    mcfg = model_config(cfg)
+    t = cfg.train
+    layout = BatchLayout.resolve(t.micro_batch_size, t.grad_accum_steps, t.global_batch_size, world)
+    seq = int(t.seq_length)
+    if seq <= 0:
+        raise UsageError(f"train.seq_length must be positive, got {seq}")
+    if seq > mcfg.max_position_embeddings:
+        raise UsageError(
+            f"train.seq_length={seq} exceeds the model's max_position_embeddings="
+            f"{mcfg.max_position_embeddings}; use train.seq_length<={mcfg.max_position_embeddings}"
+        )
+    if int(t.steps) <= int(t.warmup_steps) or int(t.warmup_steps) < 0:
+        raise UsageError(
+            f"train.steps={t.steps} must exceed train.warmup_steps={t.warmup_steps} (>= 0): "
+            "only steps after warm-up are timed"
+        )
+    from workloads.engines import PRECISIONS
+
+    if t.precision not in PRECISIONS:
+        raise UsageError(f"train.precision={t.precision!r}; use one of {', '.join(PRECISIONS)}")
+    if fabric.backend == "gloo" and t.precision == "fp16":
+        raise UsageError("train.precision=fp16 needs a GPU; on CPU use fp32 or bf16")
+    if cfg.parallel.engine not in ("ddp", "deepspeed"):
+        raise UsageError(f"parallel.engine={cfg.parallel.engine!r}; use ddp or deepspeed")
+    if cfg.data.kind == "tokens":
+        from workloads.data import check_token_file
+
+        check_token_file(cfg.data.path, cfg.data.dtype)
+    elif cfg.data.kind != "synthetic":
+        raise UsageError(f"data.kind={cfg.data.kind!r}; use synthetic or tokens")
+    fabric.check_backend_usable()
+    check_writable(cfg.output_root)
+    return mcfg, layout, fabric
+
+
+def _print_summary(metrics: dict, info: fdist.DistInfo, layout: BatchLayout, cfg: DictConfig, path: Path) -> None:
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    rows = [
+        ("fabric", f"{cfg.fabric.name} ({info.backend})"),
+        ("model", f"{cfg.model.name}, {cfg.parallel.name}, {cfg.train.precision}"),
+        ("world", f"{info.world_size} ranks on {info.nodes} node(s)"),
+        ("global batch", f"{layout.global_batch} = {layout.micro_batch_size} x {layout.grad_accum_steps} x {layout.data_parallel}"),
+        ("iteration time", f"{fmt(metrics['iteration_time(s)'], '.4f')} s  (std {fmt(metrics['iteration_time_std(s)'], '.4f')}, {metrics['measured_steps']} steps)"),
+        ("samples/s", fmt(metrics["samples_per_sec"], ".2f")),
+        ("tokens/s", fmt(metrics["tokens_per_sec"], ".1f")),
+        ("TFLOPS/GPU", fmt(metrics["tflops_per_gpu"], ".4f")),
+        ("MFU", fmt(metrics["mfu"], ".2%")),
+        ("comm share", fmt(metrics["comm_share"], ".1%")),
+        ("record", str(path)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"  {k:<{width}}  {v}" for k, v in rows), flush=True)
+
+
+def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
+    """Run one measured point. Returns the record path on rank 0, None elsewhere."""
+    import torch
+
+    from workloads.commtimer import CommTimer
+    from workloads.data import synthetic_batches, token_file_batches
+    from workloads.engines import TrainSettings, build_engine
+    from workloads.metrics import peak_tflops_for, summarize_training
+    from workloads.model import GPTNeoX
+    from workloads.records import fingerprint
+
+    rank, world, _, _ = fdist.launch_env()
+    mcfg, layout, fabric = validate(cfg, world)
+    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
+    applied_env = fabric.apply(run_dir)
+    info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
+
+    agreed, disagreeing = fdist.agree(str(run_dir), info)
+    if disagreeing and info.is_main:
+        print(f"warning: ranks {disagreeing} derived another run directory; records go to {agreed}. "
+              "Pass run_id= (or torchrun --rdzv_id) so every node agrees.", flush=True)
+    run_dir = Path(agreed)
+
+    record = new_record(
+        cfg.workload.name,
+        run_id=run_dir.name,
+        overrides=list(overrides or []),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": cfg.model.name},
+        fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect, "verify": fabric.verify},
+        world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
+        batch={"micro_batch_size": layout.micro_batch_size, "grad_accum_steps": layout.grad_accum_steps,
+               "global_batch_size": layout.global_batch, "seq_length": int(cfg.train.seq_length)},
+        fingerprint=fingerprint(),
+        metrics={},
+        samples={},
+    )
+    stem = f"{cfg.workload.name}-{fabric.name}-{cfg.model.name}-{cfg.parallel.name}-mb{layout.micro_batch_size}"
+    try:
+        torch.manual_seed(int(cfg.seed))  # same init on every rank
+        if cfg.init.get("checkpoint"):
+            from workloads.hf import load_hf
+
+            model = load_hf(cfg.init.checkpoint)
+        else:
+            model = GPTNeoX(mcfg)
+        model.checkpoint_activations = bool(cfg.train.activation_checkpointing)
+        t = cfg.train
+        settings = TrainSettings(layout.micro_batch_size, layout.grad_accum_steps, float(t.lr), float(t.weight_decay),
+                                 float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
+        seq = int(t.seq_length)
+        data_kw = dict(seed=int(cfg.seed), rank=info.rank, vocab=min(mcfg.vocab_size, mcfg.padded_vocab),
+                       micro_batch=layout.micro_batch_size, seq=seq, device=info.device)
+        if cfg.data.kind == "tokens":
+            pool = token_file_batches(path=cfg.data.path, dtype=cfg.data.dtype, world=info.world_size, **data_kw)
+        else:
+            pool = synthetic_batches(**data_kw)
+        timer = CommTimer(info.device)
+        engine = build_engine(OmegaConf.to_container(cfg.parallel, resolve=True), model, settings, info.device)
+
+        step_times, comm_times, losses = [], [], []
+        accum = layout.grad_accum_steps
+        with timer.active():
+            for step in range(int(t.steps)):
+                micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
+                fdist.synchronize(info.device)
+                timer.begin_step()
+                t0 = time.perf_counter()
+                loss = engine.step(micro)
+                fdist.synchronize(info.device)
+                step_times.append(time.perf_counter() - t0)
+                comm_times.append(timer.end_step())
+                losses.append(float(loss))
+        summary = summarize_training(
+            step_times_s=step_times, warmup_steps=int(t.warmup_steps), global_batch=layout.global_batch,
+            seq_length=seq, num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
+            checkpoint_activations=bool(t.activation_checkpointing), world_size=info.world_size,
+            peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops")),
+            comm_times_s=comm_times,
+        )
+        record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
+        record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
+                             "warmup_steps": int(t.warmup_steps)}
+        record["status"] = "ok"
+    except UsageError as e:
+        record["status"], record["error"] = "failed", str(e)
+        raise
+    except Exception as e:
+        record["status"], record["error"] = "failed", f"{type(e).__name__}: {e}"
+        record["traceback"] = traceback.format_exc()
+        raise
+    finally:
+        if info.is_main:
+            path = write_record(run_dir / "records", record, stem)
+            if record["status"] == "ok":
+                _print_summary(record["metrics"], info, layout, cfg, path)
+            else:
+                print(f"run failed; record with the error: {path}", flush=True)
+    return path if info.is_main else None
