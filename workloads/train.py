@@ -149,9 +149,15 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
 
     rank, world, _, _ = fdist.launch_env()
     mcfg, layout, fabric = validate(cfg, world)
+    from workloads.preflight import preflight
+
+    preflight(fabric)  # fabric preflight (sysfs): the HCAs, GID, interfaces the profile names exist and are up
     run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     applied_env = fabric.apply(run_dir)
     info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
+    from workloads.loggers import build_loggers
+
+    loggers = build_loggers(cfg, info)  # rank 0's trackers (W&B); a no-op list elsewhere
 
     agreed, disagreeing = fdist.agree(str(run_dir), info)
     if disagreeing and info.is_main:
@@ -196,19 +202,38 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         timer = CommTimer(info.device)
         engine = build_engine(OmegaConf.to_container(cfg.parallel, resolve=True), model, settings, info.device)
 
+        from workloads.metrics import flops_per_iteration, tflops_per_gpu
+
+        flops = flops_per_iteration(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
+                                    hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
+                                    checkpoint_activations=bool(t.activation_checkpointing))
         step_times, comm_times, losses = [], [], []
         accum = layout.grad_accum_steps
+        from workloads.nic import NicSampler, rails_for
+        from workloads.verify import check_transport
+
+        nic = NicSampler()  # NIC counters around each timed step (workloads/nic.py)
         with timer.active():
             for step in range(int(t.steps)):
                 micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
                 fdist.synchronize(info.device)
+                if step >= int(t.warmup_steps):
+                    nic.begin_step()
                 timer.begin_step()
                 t0 = time.perf_counter()
                 loss = engine.step(micro)
                 fdist.synchronize(info.device)
                 step_times.append(time.perf_counter() - t0)
                 comm_times.append(timer.end_step())
+                if step >= int(t.warmup_steps):
+                    nic.end_step()
+                if step == 0:  # transport verification: after the first collective, before more are timed
+                    record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
                 losses.append(float(loss))
+                dt = step_times[-1]  # outside the timed window; W&B buffers it unless logger.live
+                loggers.log_step(step, {"step_time(s)": dt, "samples_per_sec": layout.global_batch / dt,
+                                        "tflops_per_gpu": tflops_per_gpu(flops, dt, info.world_size),
+                                        "loss": losses[-1], "warmup": step < int(t.warmup_steps)})
         summary = summarize_training(
             step_times_s=step_times, warmup_steps=int(t.warmup_steps), global_batch=layout.global_batch,
             seq_length=seq, num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
@@ -216,6 +241,7 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
             peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops")),
             comm_times_s=comm_times,
         )
+        record["nic"] = nic.summary(rails_for(fabric, os.environ, record["fabric"].get("transport")))
         record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
         record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
                              "warmup_steps": int(t.warmup_steps)}
@@ -234,4 +260,6 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
                 _print_summary(record["metrics"], info, layout, cfg, path)
             else:
                 print(f"run failed; record with the error: {path}", flush=True)
+            loggers.log_summary(record)  # after the local record is safely written
+        loggers.close()
     return path if info.is_main else None
