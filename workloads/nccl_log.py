@@ -1,0 +1,225 @@
+"""Read NCCL's and RCCL's INFO log: which network, which devices, which per-channel transports.
+
+One log file is one process (NCCL_DEBUG_FILE=...%h.%p.log). The lines that matter, as
+NCCL 2.x and RCCL print them (host:pid:tid [dev] prefix left out):
+
+    NCCL INFO NCCL version 2.21.5+cuda12.4            (also bare `NCCL version ...`; RCCL: `+hip`)
+    NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
+    NCCL INFO NET/Plugin: Loaded net plugin NCCL RDMA Plugin v8 (v8)
+    NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>
+    NCCL INFO NET/IB : Using [0]mlx5_0:1/IB/SHARP [RO]; OOB ib0:10.0.0.1<0>   (SHARP plugin)
+    NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>
+    NCCL INFO NET/IB : No device found.
+    NCCL INFO Using network IB | Socket | IBext_v8 | AWS Libfabric
+    NCCL INFO comm 0x55d0 rank 0 nranks 8 cudaDev 0 nvmlDev 0 busId 18000 ... - Init COMPLETE
+    NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA
+    NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0(1)/GDRDMA        (PXN via rank 1)
+    NCCL INFO Channel 02/0 : 1[1] -> 4[0] [receive] via NET/Socket/1
+    NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read | P2P/IPC | P2P/direct pointer
+    NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct
+    RCCL appends ` comm 0x95cdeb0 nRanks 08` to many of these lines.
+
+The parser is pure (text in, summary out) so fixture logs pin it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+_PREFIX = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]]*)\] NCCL (?P<level>INFO|WARN|TRACE) ")
+_RCCL_TRAILER = re.compile(r"\s+comm 0x[0-9a-fA-F]+ nRanks \d+.*$")
+_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\S+)")
+_NETWORK = re.compile(r"\bUsing network (?P<net>.+?)\s*$")
+_NET_USING = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: Using (?P<devs>.*?)(?:\s*;\s*OOB (?P<oob>\S+))?\s*$")
+_NO_DEVICE = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: No device found")
+_PLUGIN = re.compile(r"\bNET/Plugin\s*: Loaded net plugin (?P<name>.+?)\s*$")
+_BOOTSTRAP = re.compile(r"\bBootstrap\s*: Using (?P<ifc>\S+)")
+_RANK = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) nranks (?P<nranks>\d+)")
+_CHANNEL = re.compile(
+    r"\bChannel (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<src>\d+)\[[^\]]*\] -> (?P<dst>\d+)\[[^\]]*\]"
+    r"(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
+)
+_DEVICE = re.compile(r"\[(\d+)\](\S+)")
+
+
+def transport_key(via: str) -> tuple[str, bool]:
+    """`NET/IB/0(1)/GDRDMA` -> ("NET/IB", True); `P2P/CUMEM/read` -> ("P2P/CUMEM", False);
+    `SHM/direct/direct` -> ("SHM", False); `NET/AWS Libfabric/0/GDRDMA` -> ("NET/AWS Libfabric", True)."""
+    parts = via.strip().split("/")
+    gdr = parts[-1] == "GDRDMA"
+    kind = parts[0]
+    if kind in ("NET", "P2P") and len(parts) > 1:
+        return f"{kind}/{parts[1]}", gdr
+    return kind, gdr
+
+
+def network_family(net: str | None) -> str | None:
+    """IB verbs in every flavour (IB, IBext, IBext_v8 from the RDMA/SHARP plugin) -> "IB";
+    Socket -> "Socket"; any other plugin keeps its own name (e.g. "AWS Libfabric")."""
+    if net is None:
+        return None
+    if net.startswith("IB"):
+        return "IB"
+    return net
+
+
+def _device(token: str, net: str) -> dict:
+    if net == "Socket" or ":" not in token or "/" not in token:
+        # eth0:10.0.0.1<0>  (IPv6 addresses keep their colons)
+        name, _, addr = token.partition(":")
+        return {"name": name, "address": re.sub(r"<\d+>$", "", addr) or None}
+    # mlx5_0:1/RoCE  or  mlx5_0:1/IB/SHARP
+    head, _, rest = token.partition("/")
+    name, _, port = head.partition(":")
+    link, *extra = rest.split("/")
+    d = {"name": name, "port": int(port) if port.isdigit() else None, "link_layer": link}
+    if extra:
+        d["features"] = extra
+    return d
+
+
+@dataclass
+class ProcessLog:
+    """What one process's log says. JSON-able via `as_dict`."""
+
+    file: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    rank: int | None = None
+    nranks: int | None = None
+    library: str | None = None  # NCCL | RCCL
+    version: str | None = None
+    network: str | None = None  # as NCCL names it: IB, Socket, IBext_v8, AWS Libfabric
+    plugin: str | None = None
+    net_devices: dict[str, list[dict]] = field(default_factory=dict)  # "IB" -> [{name, port, link_layer}]
+    oob: str | None = None
+    bootstrap: str | None = None
+    no_device: list[str] = field(default_factory=list)  # ["IB"] after `NET/IB : No device found.`
+    channels: dict[str, int] = field(default_factory=dict)  # transport key -> connections this process sends on
+    received: dict[str, int] = field(default_factory=dict)  # transport key -> `[receive]` ends logged here
+    gdr_channels: int = 0
+    net_channels: int = 0
+    lines: int = 0  # NCCL lines seen; 0 means NCCL logged nothing here
+
+    @property
+    def family(self) -> str | None:
+        return network_family(self.network)
+
+    @property
+    def transports(self) -> set[str]:
+        """Every transport this process touched, sending or receiving."""
+        return set(self.channels) | set(self.received)
+
+    @property
+    def devices(self) -> list[dict]:
+        """Devices of the network actually used (or every listed network if none was chosen)."""
+        if self.network and self.network in self.net_devices:
+            return self.net_devices[self.network]
+        if self.family == "IB" and "IB" in self.net_devices:
+            return self.net_devices["IB"]  # plugin IBext prints its devices as NET/IB
+        return [d for ds in self.net_devices.values() for d in ds] if not self.network else []
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["family"] = self.family
+        d["devices"] = self.devices
+        d["gdr"] = None if not self.net_channels else self.gdr_channels == self.net_channels
+        return d
+
+
+def parse_text(text: str, file: str | None = None) -> ProcessLog:
+    log = ProcessLog(file=file)
+    channels: Counter[str] = Counter()
+    received: Counter[str] = Counter()
+    rank_nranks: list[tuple[int, int]] = []
+    for raw in text.splitlines():
+        m = _PREFIX.match(raw)
+        if m:
+            log.host = log.host or m["host"]
+            log.pid = log.pid or int(m["pid"])
+            msg = raw[m.end():]
+        elif "NCCL version" in raw or "RCCL version" in raw:
+            msg = raw
+        else:
+            continue
+        log.lines += 1
+        if (r := _RANK.search(msg)) is not None:  # before the RCCL trailer is cut: it looks alike
+            rank_nranks.append((int(r["rank"]), int(r["nranks"])))
+        msg = _RCCL_TRAILER.sub("", msg)
+        if (v := _VERSION.search(msg)) is not None and log.version is None:
+            log.version = v["ver"]
+            log.library = "RCCL" if v["lib"] == "RCCL" or "+hip" in v["ver"] or "rocm" in v["ver"].lower() else "NCCL"
+        elif (c := _CHANNEL.search(msg)) is not None:
+            key, gdr = transport_key(c["via"])
+            if c["dir"] == "receive":
+                received[key] += 1  # NET connections are logged by both ends: count them on the sender
+                continue
+            channels[key] += 1
+            if key.startswith("NET/"):
+                log.net_channels += 1
+                log.gdr_channels += gdr
+        elif (n := _NETWORK.search(msg)) is not None:
+            log.network = n["net"]
+        elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
+            log.net_devices[u["net"]] = [_device(t, u["net"]) for _, t in _DEVICE.findall(u["devs"])]
+            if u["oob"]:
+                log.oob = re.sub(r"<\d+>$", "", u["oob"])
+        elif (nd := _NO_DEVICE.search(msg)) is not None:
+            if nd["net"] not in log.no_device:
+                log.no_device.append(nd["net"])
+        elif (p := _PLUGIN.search(msg)) is not None:
+            log.plugin = p["name"]
+        elif (b := _BOOTSTRAP.search(msg)) is not None:
+            log.bootstrap = re.sub(r"<\d+>$", "", b["ifc"])
+    if rank_nranks:
+        # The widest communicator is the world group (subgroups come later and are smaller).
+        log.rank, log.nranks = max(rank_nranks, key=lambda rn: rn[1])
+    if "+hip" in (log.version or ""):
+        log.library = "RCCL"
+    log.channels = dict(sorted(channels.items()))
+    log.received = dict(sorted(received.items()))
+    if log.library is None and log.lines and any(_RCCL_TRAILER.search(x) for x in text.splitlines()):
+        log.library = "RCCL"
+    return log
+
+
+def parse_file(path: str | Path) -> ProcessLog:
+    p = Path(path)
+    return parse_text(p.read_text(errors="replace"), file=str(p))
+
+
+def parse_dir(directory: str | Path, pattern: str = "*.log") -> list[ProcessLog]:
+    return [parse_file(p) for p in sorted(Path(directory).glob(pattern)) if p.is_file()]
+
+
+def summarize(logs: list[ProcessLog]) -> dict:
+    """One transport summary over processes (ranks): what the record stores."""
+    channels: Counter[str] = Counter()
+    for lg in logs:
+        channels.update(lg.channels)
+    versions = sorted({f"{lg.library} {lg.version}" for lg in logs if lg.version})
+    devices = {}
+    for lg in logs:
+        for d in lg.devices:
+            key = d["name"] + (f":{d['port']}" if d.get("port") is not None else "")
+            devices.setdefault(key, d)
+    net = sum(lg.net_channels for lg in logs)
+    gdr = sum(lg.gdr_channels for lg in logs)
+    return {
+        "library": versions[0].split()[0] if versions else None,
+        "version": versions[0].split()[1] if len(versions) == 1 else (versions or None),
+        "networks": sorted({lg.network for lg in logs if lg.network}),
+        "devices": list(devices.values()),
+        "link_layers": sorted({d["link_layer"] for d in devices.values() if d.get("link_layer")}),
+        "channels": dict(sorted(channels.items())),
+        "net_channels": net,
+        "gdr": None if not net else gdr == net,
+        "gdr_channels": gdr,
+        "no_device": sorted({n for lg in logs for n in lg.no_device}),
+        "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
+        "processes": len(logs),
+        "ranks": [lg.as_dict() for lg in logs],
+    }
