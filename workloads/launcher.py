@@ -9,6 +9,13 @@ import sys
 
 from workloads.errors import UsageError
 
+# workload name -> module whose validate(cfg, world) checks a config before any rank starts
+VALIDATORS = {
+    "pretrain": "workloads.train",
+    "finetune": "workloads.train",
+    "collectives": "workloads.collectives.runner",
+}
+
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """Every job of a basic-sweeper multirun, as lists of plain overrides."""
@@ -42,10 +49,11 @@ def self_launch(script: str, argv: list[str], conf_dir: str) -> int:
             nproc = int(cfg.launcher.nproc_per_node)
             if nproc <= 0:
                 raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
-            if cfg.workload.name in ("pretrain", "finetune"):
-                from workloads.train import validate
+            validator = VALIDATORS.get(str(cfg.workload.name))
+            if validator is not None:
+                import importlib
 
-                validate(cfg, nproc)
+                importlib.import_module(validator).validate(cfg, nproc)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

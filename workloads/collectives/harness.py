@@ -1,0 +1,252 @@
+"""The one harness every collective runs through: warm-up, timing, checking, printing.
+
+Per op (as nccl-tests' TimeTest / BenchTime):
+  1. warm-up: `warmup_iters` calls at the largest and at the smallest size;
+  2. per size and placement: one untimed call, a barrier, then `iters` calls timed as one
+     block between two device synchronisations (t = block / iters), so per-call launch
+     and timer overheads are amortised and GPU work is really finished;
+  3. the per-rank times are combined over the whole job: mean by default (nccl-tests'
+     -a 1), or min, max, or rank 0's;
+  4. the check: fresh inputs, one call, the outputs compared with what they must be;
+     the wrong-element counts of all ranks are summed.
+The table matches nccl-tests' (size, count, type, redop, root, then time/algbw/busbw/
+#wrong for out-of-place and in-place) and each op ends with nccl-tests' two footer lines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from workloads import dist as fdist
+from workloads.collectives import ops
+from workloads.collectives.sweep import Settings, float_str
+from workloads.errors import UsageError
+
+
+@dataclass
+class Cell:
+    time_us: float
+    algbw: float  # GB/s
+    busbw: float  # GB/s
+    wrong: int | None  # None: not checked (printed N/A)
+
+
+@dataclass
+class Row:
+    op: str
+    size: int  # bytes, the size column (after nccl-tests' rounding)
+    requested: int  # bytes asked for
+    count: int
+    type: str
+    redop: str
+    root: int
+    group_size: int
+    out_of_place: Cell | None  # None: this placement is not measured (N/A)
+    in_place: Cell | None
+
+    def cells(self) -> list[Cell]:
+        return [c for c in (self.out_of_place, self.in_place) if c is not None]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def time_block(run: Callable[[], None], iters: int, device: torch.device) -> float:
+    """Seconds per call: `iters` back-to-back calls between two device synchronisations."""
+    fdist.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run()
+    fdist.synchronize(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def count_wrong(got: torch.Tensor | None, want: torch.Tensor | None) -> int:
+    if got is None or want is None:
+        return 0
+    if got.dtype.is_floating_point:
+        # Inputs are small integers, so results are exact or off by rounding in the
+        # last place (reduction order); a few ulps of slack, nothing more.
+        tol = 8 * torch.finfo(got.dtype).eps
+        ok = torch.isclose(got.double(), want.double(), rtol=tol, atol=0.0)
+    else:
+        ok = got == want
+    return int((~ok).sum().item())
+
+
+class Harness:
+    def __init__(self, s: Settings, comm: ops.Comm, device: torch.device, backend: str, world_rank: int,
+                 printer: Callable[[str], None] | None = None):
+        self.s, self.comm, self.device, self.backend, self.world_rank = s, comm, device, backend, world_rank
+        self.dtype = ops.DTYPES[s.datatype]
+        self.type_size = torch.empty((), dtype=self.dtype).element_size()
+        self.print = printer or (lambda line: None)
+
+    # ---- job-wide reductions (over the world, as nccl-tests uses MPI_COMM_WORLD) ----
+    def _world_reduce(self, value: float, how: str) -> float:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        if how == "rank0":
+            dist.broadcast(t, src=0)
+        else:
+            op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
+                  "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
+            dist.all_reduce(t, op=op)
+            if how == "mean":
+                t /= dist.get_world_size()
+        return float(t.item())
+
+    def barrier(self) -> None:
+        self._world_reduce(0.0, "sum")
+        fdist.synchronize(self.device)
+
+    # ---- one op ----
+    def placements(self, op: ops.Collective) -> list[str]:
+        wanted = [p for p, on in ((ops.OUT_OF_PLACE, self.s.out_of_place), (ops.IN_PLACE, self.s.in_place)) if on]
+        return [p for p in wanted if p in op.placements]
+
+    def _call(self, op: ops.Collective, b: ops.Buffers) -> Callable[[], None]:
+        comm, redop, root = self.comm, self.s.redop, self.s.root
+        return lambda: op.run(b, comm, redop, root)
+
+    def _first_call(self, op: ops.Collective, run: Callable[[], None]) -> None:
+        """The first call of an op: an unsupported op/dtype/redop surfaces here on every
+        rank alike (the arguments are the same everywhere), so one clear error, no hang."""
+        try:
+            run()
+        except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+            raise UsageError(
+                f"{op.name} with datatype {self.s.datatype} and op {self.s.redop} is not supported by the "
+                f"{self.backend} backend of torch {torch.__version__}: {str(e).splitlines()[0]}. Remove it from "
+                "collectives.ops or change collectives.datatype / collectives.op."
+            ) from None
+
+    def warmup(self, op: ops.Collective) -> None:
+        places = self.placements(op)
+        if not places or self.s.warmup_iters == 0:
+            return
+        for nbytes in {max(self.s.sizes), min(self.s.sizes)}:
+            lay = op.layout(nbytes, self.type_size, self.comm.size)
+            if lay.count == 0:
+                continue
+            b = op.buffers(lay, self.comm, self.s.root, self.dtype, self.device, places[0])
+            run = self._call(op, b)
+            self._first_call(op, run)
+            for _ in range(self.s.warmup_iters - 1):
+                run()
+        fdist.synchronize(self.device)
+
+    def measure(self, op: ops.Collective, lay: ops.Layout, placement: str) -> Cell:
+        s, comm = self.s, self.comm
+        b = op.buffers(lay, comm, s.root, self.dtype, self.device, placement)
+        run = self._call(op, b)
+        self._first_call(op, run)
+        self.barrier()
+        seconds = self._world_reduce(time_block(run, s.iters, self.device), s.average)
+        algbw, busbw = op.bandwidth(lay.size, seconds, comm.size)
+        wrong = None
+        if s.check:
+            b = op.buffers(lay, comm, s.root, self.dtype, self.device, placement)
+            self._call(op, b)()
+            fdist.synchronize(self.device)
+            want = op.expected(lay, comm, s.root, s.redop, self.dtype, self.device)
+            if s.corrupt == (self.world_rank, op.name) and b.checked is not None and b.checked.numel():
+                b.checked.view(-1)[0] += 1  # test hook (collectives.test_corrupt): one bad element
+            wrong = int(self._world_reduce(float(count_wrong(b.checked, want)), "sum"))
+        return Cell(seconds * 1e6, algbw, busbw, wrong)
+
+    def run_op(self, op: ops.Collective) -> list[Row]:
+        s = self.s
+        if s.root >= self.comm.size and op.uses_root:
+            raise UsageError(f"collectives.root={s.root} is not a rank of a {self.comm.size}-rank communicator")
+        self.print_header(op)
+        self.warmup(op)
+        rows = []
+        for nbytes in s.sizes:
+            lay = op.layout(nbytes, self.type_size, self.comm.size)
+            if lay.count == 0:
+                self.print(f"# {nbytes} B is below one {s.datatype} per rank for {op.name} at n={self.comm.size}: skipped")
+                continue
+            cells = {p: self.measure(op, lay, p) for p in self.placements(op)}
+            row = Row(op=op.name, size=lay.size, requested=nbytes, count=lay.count, type=s.datatype,
+                      redop=s.redop if op.uses_redop else "none", root=s.root if op.uses_root else -1,
+                      group_size=self.comm.size, out_of_place=cells.get(ops.OUT_OF_PLACE),
+                      in_place=cells.get(ops.IN_PLACE))
+            self.print(format_row(row))
+            rows.append(row)
+        self.print_footer(rows)
+        return rows
+
+    # ---- printing (rank 0 passes a real printer) ----
+    def print_header(self, op: ops.Collective) -> None:
+        s = self.s
+        self.print(f"# Collective test starting: {op.name} (fabricbench, {self.backend}, "
+                   f"{self.comm.size} ranks per communicator, pattern {s.pattern})")
+        self.print(f"# minBytes {min(s.sizes)} maxBytes {max(s.sizes)} warmup iters: {s.warmup_iters} "
+                   f"iters: {s.iters} validation: {int(s.check)} average: {s.average}")
+        missing = [p for p in (ops.OUT_OF_PLACE, ops.IN_PLACE) if p not in op.placements]
+        if missing:
+            self.print(f"# {op.name}: torch.distributed has no {missing[0].replace('_', '-')} form; "
+                       "those columns are N/A (not measured)")
+        rounded = [(n, op.layout(n, self.type_size, self.comm.size).size) for n in s.sizes]
+        rounded = [(a, b) for a, b in rounded if a != b]
+        if rounded:
+            shown = ", ".join(f"{a}->{b}" for a, b in rounded[:4]) + (" ..." if len(rounded) > 4 else "")
+            self.print(f"# sizes rounded down as nccl-tests does for {op.name} at n={self.comm.size}: {shown}")
+        self.print("#")
+        self.print(HEADER)
+
+    def print_footer(self, rows: list[Row]) -> None:
+        summary = summarize(rows)
+        bad = summary["rows_with_wrong"]
+        self.print(f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}")
+        self.print(f"# {'Avg bus bandwidth':<20} : {summary['avg_busbw']:g} {min_bw_verdict(summary['avg_busbw'], self.s.min_busbw)}")
+        self.print("#")
+
+
+HEADER = "\n".join([
+    f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}           out-of-place                       in-place          ",
+    f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6}  "
+    f"{'#wrong':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}",
+    f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  "
+    f"{'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}",
+])
+
+
+def format_cell(c: Cell | None) -> str:
+    if c is None:
+        return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}"
+    wrong = f"{'N/A':>6}" if c.wrong is None else f"{c.wrong:6d}"
+    return f"  {float_str(c.time_us, 7)}  {float_str(c.algbw, 6)}  {float_str(c.busbw, 6)}  {wrong}"
+
+
+def format_row(r: Row) -> str:
+    return (f"{r.size:12d}  {r.count:12d}  {r.type:>8}  {r.redop:>6}  {r.root:6d}"
+            + format_cell(r.out_of_place) + format_cell(r.in_place))
+
+
+def summarize(rows: list[Row]) -> dict:
+    """nccl-tests' footer figures: mean busbw over every reported (measured) cell, and the
+    number of cells with wrong elements."""
+    cells = [c for r in rows for c in r.cells()]
+    busbw = [c.busbw for c in cells]
+    return {
+        "avg_busbw": sum(busbw) / len(busbw) if busbw else 0.0,
+        "peak_busbw": max(busbw) if busbw else 0.0,
+        "rows_with_wrong": sum(1 for c in cells if c.wrong),
+        "wrong_elements": sum(c.wrong or 0 for c in cells),
+        "cells": len(cells),
+    }
+
+
+def min_bw_verdict(avg: float, min_busbw: float | None) -> str:
+    """As NCCL_TESTS_MIN_BW: the run fails when the average is below 0.9 x the minimum."""
+    if min_busbw is None:
+        return ""
+    return "FAILED" if avg < 0.9 * min_busbw else "OK"

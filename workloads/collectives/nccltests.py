@@ -1,0 +1,148 @@
+"""Run nccl-tests' / rccl-tests' `all_reduce_perf` with our sweep and read its results
+into the same row shape as ours, so both sit side by side in one record.
+
+Two readers:
+- the stdout table (every version): data lines are 5 leading columns (size, count,
+  type, redop, root; older binaries print fewer) followed by two groups of
+  time(us) algbw busbw #wrong, out-of-place then in-place; `#wrong` may be `N/A`;
+  the footer has `# Avg bus bandwidth    : <g>` and `# Out of bounds values : <n> OK`.
+- the `-J <file>.json` report (nccl-tests >= 2.17, file version 2): `results` is a
+  list of {size, count, type, redop, root, out_of_place: {time, alg_bw, bus_bw, nwrong},
+  in_place: {...}}, with `average_bus_bandwidth.bandwidth` and `out_of_bounds.count`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from workloads.collectives.sweep import Settings
+
+AVERAGE_FLAG = {"rank0": "0", "mean": "1", "min": "2", "max": "3"}
+_AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)", re.I)
+_OOB_RE = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)", re.I)
+_START_RE = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
+_STAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}:\d{2}")
+
+
+def _num(tok: str) -> float | None:
+    try:
+        return float(tok)
+    except ValueError:
+        return None  # "N/A"
+
+
+def _cell(time_s: str, alg: str, bus: str, wrong: str) -> dict[str, Any] | None:
+    t, a, b = _num(time_s), _num(alg), _num(bus)
+    if t is None or a is None or b is None:
+        return None
+    w = _num(wrong)
+    return {"time_us": t, "algbw": a, "busbw": b, "wrong": None if w is None else int(w)}
+
+
+def op_from_binary(name: str) -> str:
+    """all_reduce_perf -> all_reduce; alltoall_perf -> alltoall."""
+    return re.sub(r"_perf(_mpi)?$", "", Path(name).name)
+
+
+def parse_table(text: str, op: str = "all_reduce") -> dict[str, Any]:
+    rows, avg, oob = [], None, None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            if m := _AVG_RE.match(s):
+                avg = float(m.group(1))
+            elif m := _OOB_RE.match(s):
+                oob = int(m.group(1))
+            elif m := _START_RE.match(s):
+                op = op_from_binary(m.group(1))
+            continue
+        tok = s.split()
+        while tok and _STAMP_RE.fullmatch(tok[-1]):  # -S 1 appends a date and a time
+            tok.pop()
+        # A data line: 3..5 leading columns (two integers first), then 8 result columns.
+        lead = len(tok) - 8
+        if not 3 <= lead <= 5 or not (tok[0].isdigit() and tok[1].isdigit()):
+            continue
+        head, res = tok[:lead], tok[lead:]
+        rows.append({
+            "op": op, "size": int(head[0]), "count": int(head[1]), "type": head[2],
+            "redop": head[3] if lead >= 4 else "none", "root": int(head[4]) if lead >= 5 else -1,
+            "out_of_place": _cell(*res[0:4]), "in_place": _cell(*res[4:8]),
+        })
+    return {"rows": rows, "avg_busbw": avg, "out_of_bounds": oob}
+
+
+def parse_json(obj: dict[str, Any], op: str = "all_reduce") -> dict[str, Any]:
+    def cell(c):
+        if not c:
+            return None
+        nwrong = c.get("nwrong")
+        return {"time_us": float(c.get("time", c.get("cpu_time"))), "algbw": float(c["alg_bw"]),
+                "busbw": float(c["bus_bw"]), "wrong": None if nwrong is None else int(float(nwrong))}
+
+    rows = [{
+        "op": op, "size": int(r["size"]), "count": int(r["count"]), "type": r["type"], "redop": r["redop"],
+        "root": int(str(r["root"]).strip()), "out_of_place": cell(r.get("out_of_place")),
+        "in_place": cell(r.get("in_place")),
+    } for r in obj.get("results", [])]
+    avg = (obj.get("average_bus_bandwidth") or {}).get("bandwidth")
+    oob = (obj.get("out_of_bounds") or {}).get("count")
+    return {"rows": rows, "avg_busbw": None if avg in (None, "nan") else float(avg), "out_of_bounds": oob}
+
+
+def supports_json(binary: str, timeout_s: float = 30) -> bool:
+    try:
+        out = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "-J" in (out.stdout + out.stderr)
+
+
+def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None) -> list[str]:
+    """The same sweep in nccl-tests' flags."""
+    cmd = [*s.external_prefix, binary, "-b", str(min(s.sizes)), "-e", str(max(s.sizes))]
+    if len(s.sizes) > 1 and s.sizes[1] % s.sizes[0] == 0 and s.sizes[1] // s.sizes[0] > 1 and \
+            all(b == a * (s.sizes[1] // s.sizes[0]) for a, b in zip(s.sizes, s.sizes[1:])):
+        cmd += ["-f", str(s.sizes[1] // s.sizes[0])]
+    elif len(s.sizes) > 1:
+        cmd += ["-f", "1", "-i", str(s.sizes[1] - s.sizes[0])]
+    cmd += ["-n", str(s.iters), "-w", str(s.warmup_iters), "-d", s.datatype, "-o", s.redop, "-r", str(s.root),
+            "-c", "1" if s.check else "0", "-a", AVERAGE_FLAG[s.average], "-g", str(gpus)]
+    if json_path is not None:
+        cmd += ["-J", str(json_path)]
+    return cmd
+
+
+def run_external(s: Settings, out_dir: Path, gpus: int) -> dict[str, Any]:
+    """Run the binary once (rank 0 only) and return the record's `external` block."""
+    binary = shutil.which(s.external_binary)
+    if binary is None:
+        return {"status": "skipped", "reason": f"{s.external_binary} is not on PATH"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{Path(binary).name}.json" if supports_json(binary) else None
+    cmd = build_command(binary, s, gpus, json_path)
+    block: dict[str, Any] = {"binary": binary, "command": cmd}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s)
+    except subprocess.TimeoutExpired:
+        return block | {"status": "failed", "reason": f"timed out after {s.external_timeout_s:g}s"}
+    except OSError as e:
+        return block | {"status": "failed", "reason": str(e)}
+    (out_dir / f"{Path(binary).name}.out").write_text(proc.stdout + proc.stderr)
+    op = op_from_binary(binary)
+    parsed, source = parse_table(proc.stdout, op), "table"
+    if json_path is not None and json_path.exists():
+        try:
+            parsed, source = parse_json(json.loads(json_path.read_text()), op), "json"
+        except (ValueError, KeyError, TypeError):
+            pass  # a truncated report (the binary died): the table is still there
+    status = "ok" if proc.returncode == 0 and parsed["rows"] else "failed"
+    return block | {"status": status, "returncode": proc.returncode, "source": source, **parsed,
+                    "stderr_tail": proc.stderr[-2000:] if status != "ok" else ""}

@@ -1,0 +1,336 @@
+"""One small object per collective, as nccl-tests has one small file per collective.
+
+Each op knows four things and nothing else: how a requested byte count becomes buffer
+sizes (`layout`), how to fill inputs and what the outputs must be (`inputs`,
+`expected`), the call itself (`run`), and its bus-bandwidth factor. The harness
+(workloads/collectives/harness.py) owns warm-up, timing, checking and printing.
+
+Bandwidth, exactly as nccl-tests' doc/PERFORMANCE.md and shared DESIGN.md define it
+(GB/s = 1e9 B/s):
+    algbw = S / t      S = the row's `size` column: the total buffer for all_gather,
+                       reduce_scatter and alltoall (per-rank count x n x type size), the
+                       per-rank buffer otherwise
+    busbw = algbw x factor(n)
+
+Size rounding follows nccl-tests' getCollByteCount: the requested bytes become
+count = bytes // type_size elements; all_gather and reduce_scatter use a per-rank count
+of (count // n) rounded down to a multiple of 16 bytes' worth of elements (current
+nccl-tests aligns their chunks that way); alltoall uses count // n per peer. The
+printed size is max(send, recv) bytes, so it can be smaller than requested.
+
+Torch exposes all_reduce, broadcast and reduce only in place (one tensor), and
+all_to_all_single / send-recv only out of place; the other placement is reported as
+N/A rather than measured with an extra copy that nccl-tests does not make.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from workloads.errors import UsageError
+
+OUT_OF_PLACE, IN_PLACE = "out_of_place", "in_place"
+
+# nccl-tests' type names (the table's `type` column) -> torch dtype.
+DTYPES: dict[str, torch.dtype] = {
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "half": torch.float16,
+    "float": torch.float32,
+    "double": torch.float64,
+    "bfloat16": torch.bfloat16,
+}
+DTYPE_ALIASES = {"float16": "half", "fp16": "half", "float32": "float", "fp32": "float", "float64": "double",
+                 "bf16": "bfloat16", "char": "int8", "int": "int32"}
+
+REDOPS: dict[str, Callable[[], dist.ReduceOp]] = {
+    "sum": lambda: dist.ReduceOp.SUM,
+    "prod": lambda: dist.ReduceOp.PRODUCT,
+    "max": lambda: dist.ReduceOp.MAX,
+    "min": lambda: dist.ReduceOp.MIN,
+    "avg": lambda: dist.ReduceOp.AVG,
+}
+
+
+def dtype_name(name: str) -> str:
+    key = DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in DTYPES:
+        raise UsageError(f"collectives.datatype={name!r} is unknown; use one of {', '.join(DTYPES)}")
+    return key
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Element counts for one row. `count` is the table's count column (nccl-tests'
+    paramcount: the count argument the collective is called with)."""
+
+    count: int
+    send_numel: int
+    recv_numel: int
+    type_size: int
+
+    @property
+    def size(self) -> int:
+        """The table's size column in bytes: max(send, recv) buffer."""
+        return max(self.send_numel, self.recv_numel) * self.type_size
+
+
+@dataclass
+class Buffers:
+    send: torch.Tensor  # (send_numel,) what run() reads
+    recv: torch.Tensor  # (recv_numel,) what run() writes; may alias send in place
+    checked: torch.Tensor | None  # the view the check compares (None: this rank is not checked)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Where one rank runs a collective: its group and its place in it."""
+
+    group: dist.ProcessGroup | None
+    rank: int  # rank within the group
+    size: int
+    global_ranks: tuple[int, ...]  # group rank -> world rank
+
+
+def values(numel: int, rank: int, dtype: torch.dtype, device, offset: int = 0) -> torch.Tensor:
+    """Rank `rank`'s input pattern: small integers 1..3, exact in every dtype, so sums and
+    products of a few ranks are exact or round the same way in any order."""
+    i = torch.arange(offset, offset + numel, device=device, dtype=torch.int64)
+    return ((i + rank) % 3 + 1).to(dtype)
+
+
+def reduce_reference(parts: list[torch.Tensor], redop: str, dtype: torch.dtype) -> torch.Tensor:
+    """What a reduction of `parts` must give, computed in 64 bits then cast (integer
+    overflow wraps the same way the device does)."""
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    acc = parts[0].to(wide)
+    for p in parts[1:]:
+        p = p.to(wide)
+        if redop in ("sum", "avg"):
+            acc = acc + p
+        elif redop == "prod":
+            acc = acc * p
+        elif redop == "max":
+            acc = torch.maximum(acc, p)
+        else:
+            acc = torch.minimum(acc, p)
+    if redop == "avg":
+        acc = acc / len(parts)
+    return acc.to(dtype)
+
+
+class Collective:
+    """Base: subclasses set the class attributes and override layout/inputs/expected/run."""
+
+    name = ""
+    uses_redop = False
+    uses_root = False
+    placements: tuple[str, ...] = (OUT_OF_PLACE, IN_PLACE)
+
+    def bus_factor(self, n: int) -> float:
+        return 1.0
+
+    def bandwidth(self, nbytes: int, seconds: float, world: int) -> tuple[float, float]:
+        """(algbw, busbw) in GB/s for a row whose size column is `nbytes`."""
+        algbw = nbytes / seconds / 1e9
+        return algbw, algbw * self.bus_factor(world)
+
+    def layout(self, nbytes: int, type_size: int, n: int) -> Layout:
+        count = nbytes // type_size
+        return Layout(count, count, count, type_size)
+
+    # ---- data: inputs on this rank, and what this rank must hold afterwards ----
+    def inputs(self, lay: Layout, comm: Comm, root: int, dtype, device) -> torch.Tensor:
+        return values(lay.send_numel, comm.rank, dtype, device)
+
+    def expected(self, lay: Layout, comm: Comm, root: int, redop: str, dtype, device) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def buffers(self, lay: Layout, comm: Comm, root: int, dtype, device, placement: str) -> Buffers:
+        """Default: one tensor, the collective works in place on it (torch's all_reduce,
+        broadcast, reduce)."""
+        buf = self.inputs(lay, comm, root, dtype, device).clone()
+        return Buffers(send=buf, recv=buf, checked=buf)
+
+    def run(self, b: Buffers, comm: Comm, redop: str, root: int) -> None:
+        raise NotImplementedError
+
+
+class AllReduce(Collective):
+    name = "all_reduce"
+    uses_redop = True
+    placements = (IN_PLACE,)
+
+    def bus_factor(self, n: int) -> float:
+        return 2 * (n - 1) / n
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        return reduce_reference([values(lay.count, r, dtype, device) for r in range(comm.size)], redop, dtype)
+
+    def run(self, b, comm, redop, root):
+        dist.all_reduce(b.recv, op=REDOPS[redop](), group=comm.group)
+
+
+class AllGather(Collective):
+    name = "all_gather"
+
+    def bus_factor(self, n: int) -> float:
+        return (n - 1) / n
+
+    def layout(self, nbytes, type_size, n):
+        align = max(1, 16 // type_size)
+        base = (nbytes // type_size // n) // align * align
+        return Layout(base, base, base * n, type_size)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        return torch.cat([values(lay.count, r, dtype, device) for r in range(comm.size)])
+
+    def buffers(self, lay, comm, root, dtype, device, placement):
+        mine = self.inputs(lay, comm, root, dtype, device)
+        recv = torch.zeros(lay.recv_numel, dtype=dtype, device=device)
+        if placement == IN_PLACE:
+            # NCCL's in-place all_gather: the input is this rank's slot of the output.
+            send = recv[comm.rank * lay.count:(comm.rank + 1) * lay.count]
+            send.copy_(mine)
+        else:
+            send = mine
+        return Buffers(send=send, recv=recv, checked=recv)
+
+    def run(self, b, comm, redop, root):
+        dist.all_gather_into_tensor(b.recv, b.send, group=comm.group)
+
+
+class ReduceScatter(Collective):
+    name = "reduce_scatter"
+    uses_redop = True
+
+    def bus_factor(self, n: int) -> float:
+        return (n - 1) / n
+
+    def layout(self, nbytes, type_size, n):
+        align = max(1, 16 // type_size)
+        base = (nbytes // type_size // n) // align * align
+        return Layout(base, base * n, base, type_size)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        lo = comm.rank * lay.count
+        parts = [values(lay.count, r, dtype, device, offset=lo) for r in range(comm.size)]
+        return reduce_reference(parts, redop, dtype)
+
+    def buffers(self, lay, comm, root, dtype, device, placement):
+        send = self.inputs(lay, comm, root, dtype, device)
+        if placement == IN_PLACE:
+            # NCCL's in-place reduce_scatter: the output is this rank's slot of the input.
+            recv = send[comm.rank * lay.count:(comm.rank + 1) * lay.count]
+        else:
+            recv = torch.zeros(lay.recv_numel, dtype=dtype, device=device)
+        return Buffers(send=send, recv=recv, checked=recv)
+
+    def run(self, b, comm, redop, root):
+        dist.reduce_scatter_tensor(b.recv, b.send, op=REDOPS[redop](), group=comm.group)
+
+
+class Broadcast(Collective):
+    name = "broadcast"
+    uses_root = True
+    placements = (IN_PLACE,)
+
+    def inputs(self, lay, comm, root, dtype, device):
+        if comm.rank == root:
+            return values(lay.count, root, dtype, device)
+        return torch.zeros(lay.count, dtype=dtype, device=device)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        return values(lay.count, root, dtype, device)
+
+    def run(self, b, comm, redop, root):
+        dist.broadcast(b.recv, src=comm.global_ranks[root], group=comm.group)
+
+
+class Reduce(Collective):
+    name = "reduce"
+    uses_redop = True
+    uses_root = True
+    placements = (IN_PLACE,)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        if comm.rank != root:
+            return None  # only the root's result is defined
+        return reduce_reference([values(lay.count, r, dtype, device) for r in range(comm.size)], redop, dtype)
+
+    def buffers(self, lay, comm, root, dtype, device, placement):
+        b = super().buffers(lay, comm, root, dtype, device, placement)
+        b.checked = b.recv if comm.rank == root else None
+        return b
+
+    def run(self, b, comm, redop, root):
+        dist.reduce(b.recv, dst=comm.global_ranks[root], op=REDOPS[redop](), group=comm.group)
+
+
+class AllToAll(Collective):
+    name = "alltoall"
+    placements = (OUT_OF_PLACE,)
+
+    def bus_factor(self, n: int) -> float:
+        return (n - 1) / n
+
+    def layout(self, nbytes, type_size, n):
+        per_peer = nbytes // type_size // n
+        return Layout(per_peer, per_peer * n, per_peer * n, type_size)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        # Block j of my output is block <my rank> of rank j's input.
+        c = lay.count
+        return torch.cat([values(c, j, dtype, device, offset=comm.rank * c) for j in range(comm.size)])
+
+    def buffers(self, lay, comm, root, dtype, device, placement):
+        recv = torch.zeros(lay.recv_numel, dtype=dtype, device=device)
+        return Buffers(send=self.inputs(lay, comm, root, dtype, device), recv=recv, checked=recv)
+
+    def run(self, b, comm, redop, root):
+        dist.all_to_all_single(b.recv, b.send, group=comm.group)
+
+
+class SendRecv(Collective):
+    """Each rank sends to the next and receives from the previous (a ring shift)."""
+
+    name = "sendrecv"
+    placements = (OUT_OF_PLACE,)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        return values(lay.count, (comm.rank - 1) % comm.size, dtype, device)
+
+    def buffers(self, lay, comm, root, dtype, device, placement):
+        recv = torch.zeros(lay.recv_numel, dtype=dtype, device=device)
+        return Buffers(send=self.inputs(lay, comm, root, dtype, device), recv=recv, checked=recv)
+
+    def run(self, b, comm, redop, root):
+        nxt = comm.global_ranks[(comm.rank + 1) % comm.size]
+        prv = comm.global_ranks[(comm.rank - 1) % comm.size]
+        if nxt == comm.global_ranks[comm.rank]:  # one rank: a send to oneself is a copy
+            b.recv.copy_(b.send)
+            return
+        ops = [dist.P2POp(dist.isend, b.send, nxt, group=comm.group),
+               dist.P2POp(dist.irecv, b.recv, prv, group=comm.group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+REGISTRY: dict[str, Collective] = {
+    op.name: op for op in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(), SendRecv())
+}
+ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+           "all_to_all": "alltoall", "send_recv": "sendrecv"}
+
+
+def get(name: str) -> Collective:
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in REGISTRY:
+        raise UsageError(f"collectives.ops names unknown op {name!r}; use any of {', '.join(REGISTRY)}")
+    return REGISTRY[key]

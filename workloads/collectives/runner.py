@@ -1,0 +1,182 @@
+"""The collectives workload: validate, apply the fabric, init, sweep, record.
+
+`run_collectives(cfg)` is called once per sweep point by launch/collectives.py, in the
+same order as the training workload (workloads/train.py): the fabric's environment is
+exported before the process group exists, everything checkable without a process group
+is checked first, and one record per run is written by rank 0 even when the run fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from workloads import dist as fdist
+from workloads import rundir
+from workloads.collectives import ops
+from workloads.collectives.harness import Harness, min_bw_verdict, summarize
+from workloads.collectives.sweep import Settings, pattern_groups
+from workloads.errors import UsageError
+from workloads.fabric import FabricProfile
+from workloads.records import fingerprint, new_record, write_record
+from workloads.train import check_writable
+
+
+def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
+    """Everything checkable before a process group exists. Raises UsageError."""
+    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    if "collectives" not in cfg:
+        raise UsageError("no collectives: section in the config; select it with workload=collectives")
+    s = Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)
+    if s.external == "on" and shutil.which(s.external_binary) is None:
+        raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
+                         "(or rccl-tests) or set collectives.external=auto")
+    fabric.check_backend_usable()
+    check_writable(cfg.output_root)
+    return s, fabric
+
+
+def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
+    """Every rank creates every group, in the same order (torch requires it)."""
+    mine = None
+    for ranks in groups:
+        group = None if len(groups) == 1 else dist.new_group(ranks)
+        if rank in ranks:
+            mine = ops.Comm(group=group, rank=ranks.index(rank), size=len(ranks), global_ranks=tuple(ranks))
+    assert mine is not None
+    return mine
+
+
+def _verify_transport(fabric: FabricProfile, run_dir: Path, info, record: dict) -> None:
+    """After the first collective, check what transport carried it (workloads/verify.py,
+    issue 3). Absent module: recorded as not verified."""
+    try:
+        from workloads import verify  # noqa: F401
+    except ImportError:
+        record["transport"] = {"verified": False, "reason": "workloads/verify.py is not available"}
+        return
+    check = getattr(verify, "check_transport", None)
+    if check is None:
+        record["transport"] = {"verified": False, "reason": "workloads.verify has no check_transport"}
+        return
+    record["transport"] = check(fabric, run_dir, info)
+
+
+def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
+    """Run one sweep. Returns the record path on rank 0, None elsewhere."""
+    from workloads.collectives.nccltests import run_external
+    from workloads.collectives.p2p import run_p2p
+
+    _, world, _, _ = fdist.launch_env()
+    s, fabric = validate(cfg, world)
+    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
+    applied_env = fabric.apply(run_dir)
+    info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
+    agreed, disagreeing = fdist.agree(str(run_dir), info)
+    if disagreeing and info.is_main:
+        print(f"warning: ranks {disagreeing} derived another run directory; records go to {agreed}. "
+              "Pass run_id= (or torchrun --rdzv_id) so every node agrees.", flush=True)
+    run_dir = Path(agreed)
+    say = (lambda line: print(line, flush=True)) if info.is_main else None
+    rpn = s.ranks_per_node or info.local_world_size
+
+    record = new_record(
+        "collectives",
+        run_id=run_dir.name,
+        overrides=list(overrides or []),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect,
+                "verify": fabric.verify},
+        world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
+        collectives={"ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
+                     "op": s.redop, "root": s.root, "iters": s.iters, "warmup_iters": s.warmup_iters,
+                     "average": s.average, "check": s.check, "min_busbw": s.min_busbw},
+        fingerprint=fingerprint(),
+        metrics={},
+        rows=[],
+        p2p=[],
+        external=None,
+    )
+    stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
+    try:
+        groups = pattern_groups(s.pattern, info.world_size, rpn)
+        record["collectives"]["groups"] = groups
+        comm = make_comm(groups, info.rank)
+        harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
+        rows = []
+        for i, name in enumerate(s.ops):
+            rows += harness.run_op(ops.get(name))
+            record["rows"] = [r.as_dict() for r in rows]
+            if i == 0:
+                _verify_transport(fabric, run_dir, info, record)
+        if s.p2p:
+            pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
+            p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
+                          info.device, say)
+            record["p2p"] = [r.as_dict() for r in p2p]
+        record["metrics"] = metrics(rows, s.ops)
+        if s.p2p and "latency" in s.p2p:
+            lat = [r for r in p2p if r.test == "latency"]
+            record["metrics"]["p2p_min_latency(us)"] = min(r.value for r in lat)
+        for test in ("bw", "bibw"):
+            if test in s.p2p:
+                record["metrics"][f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
+        if info.is_main and s.external != "off":
+            if s.external == "on" or (fabric.backend == "nccl"):
+                record["external"] = run_external(s, run_dir / "external", info.local_world_size)
+                if say and record["external"].get("avg_busbw") is not None:
+                    say(f"# external {record['external']['binary']}: avg bus bandwidth "
+                        f"{record['external']['avg_busbw']:g} GB/s ({record['external']['source']})")
+            else:
+                record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
+        m = record["metrics"]
+        if rows and m["wrong_elements"]:
+            record["status"] = "failed"
+            record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
+        elif rows and min_bw_verdict(m["avg_busbw(GB/s)"], s.min_busbw) == "FAILED":
+            record["status"] = "failed"
+            record["error"] = (f"avg bus bandwidth {m['avg_busbw(GB/s)']:g} GB/s is below 0.9 x "
+                               f"collectives.min_busbw={s.min_busbw:g} (the NCCL_TESTS_MIN_BW rule)")
+        else:
+            record["status"] = "ok"
+    except UsageError as e:
+        record["status"], record["error"] = "failed", str(e)
+        raise
+    except Exception as e:
+        record["status"], record["error"] = "failed", f"{type(e).__name__}: {e}"
+        record["traceback"] = traceback.format_exc()
+        raise
+    finally:
+        if info.is_main:
+            path = write_record(run_dir / "records", record, stem)
+            print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
+                  flush=True)
+    if record["status"] != "ok":
+        raise CollectivesFailed(record["error"])
+    return path if info.is_main else None
+
+
+class CollectivesFailed(UsageError):
+    """Measured, recorded, and wrong (bad elements or below min_busbw): exit 1."""
+
+    exit_code = 1
+
+
+def metrics(rows, op_names) -> dict:
+    """The record's headline numbers; keys carry units."""
+    total = summarize(rows)
+    out = {
+        "avg_busbw(GB/s)": total["avg_busbw"],
+        "peak_busbw(GB/s)": total["peak_busbw"],
+        "wrong_elements": total["wrong_elements"],
+        "rows_with_wrong": total["rows_with_wrong"],
+        "measurements": total["cells"],
+    }
+    for name in op_names:
+        mine = summarize([r for r in rows if r.op == name])
+        out[f"{name}/avg_busbw(GB/s)"] = mine["avg_busbw"]
+    return out
