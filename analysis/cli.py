@@ -1,0 +1,104 @@
+"""`fabricbench compare` and `fabricbench report`.
+
+    fabricbench compare results/run-a results/run-b --baseline loopback
+    fabricbench report results/ --out report/ --slo-ttft-ms 500
+    fabricbench report --wandb my-team/fabricbench --group pretrain-neox-1.3b-zero1-ws16 --out report/
+
+`register(subparsers)` adds both to the fabricbench CLI (workloads/cli.py); `main()` runs
+them standalone (`python -m analysis.cli ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workloads.errors import UsageError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dirs", nargs="*", help="directories holding result records (searched recursively)")
+    p.add_argument("--wandb", metavar="ENTITY/PROJECT", help="also read runs from this W&B project")
+    p.add_argument("--group", help="W&B group to read")
+    p.add_argument("--tag", action="append", default=[], help="W&B tag the runs must carry (repeatable)")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
+                   help="W&B config filter on the logger's flat keys, e.g. fabric/name=roce (repeatable)")
+    p.add_argument("--baseline", help="fabric the others are compared against (default: first by name)")
+    p.add_argument("--allow", action="append", default=[], metavar="KEY",
+                   help="identity key (dotted, prefix or glob) allowed to differ between compared runs (repeatable)")
+    p.add_argument("--metric", action="append", default=None, help="metric to compare (default: the workload's headline ones)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+
+
+def _load(args):
+    from analysis.compare import compare_table
+    from analysis.load import load_table
+
+    if not args.dirs and not args.wandb:
+        raise UsageError("nothing to read: pass result directories and/or --wandb entity/project")
+    config = {}
+    for f in args.filter:
+        k, eq, v = f.partition("=")
+        if not eq:
+            raise UsageError(f"--filter {f!r}: write KEY=VALUE")
+        config[k] = v
+    table = load_table(args.dirs, args.wandb, args.group, args.tag, config)
+    if not table:
+        raise UsageError(f"no result records found in {', '.join(args.dirs) or args.wandb}")
+    if args.baseline and args.baseline not in table.fabrics:
+        raise UsageError(f"--baseline {args.baseline}: no such fabric in the records; they hold {', '.join(table.fabrics)}")
+    result = compare_table(table, args.baseline, args.allow, args.metric, args.alpha)
+    return table, result
+
+
+def _print(result) -> None:
+    for p, c in result.comparisons:
+        print(f"{p.label} [{c.metric}]: {c.verdict}")
+    for r in result.refusals:
+        print(f"refused: {r.message()}")
+
+
+def cmd_compare(args) -> int:
+    table, result = _load(args)
+    _print(result)
+    if not result.comparisons:
+        raise UsageError("no two fabrics share a point: " + (result.refusals[0].message() if result.refusals else
+                         f"the records hold only fabric(s) {', '.join(table.fabrics)}"))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from analysis.report import write_report
+
+    table, result = _load(args)
+    _print(result)
+    rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms")
+    print(f"report: {rep.markdown}\nreport: {rep.html}\nplots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="compare fabrics: verdicts with 95%% intervals")
+    _common(p)
+    p.set_defaults(func=cmd_compare)
+    p = subparsers.add_parser("report", help="Markdown + self-contained HTML report with plots")
+    _common(p)
+    p.add_argument("--out", default="report", help="output directory (default: report)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="inference capacity: TTFT bound in ms")
+    p.add_argument("--slo-percentile", default="p90", choices=["median", "p90", "p95", "p99"], help="TTFT statistic (default p90)")
+    p.set_defaults(func=cmd_report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fabricbench")
+    register(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Result records -> one typed table of runs.
+
+Sources: local directories (workloads.records.load_records, recursively) and W&B
+projects (`entity/project`, filtered by group, tags or config keys). A W&B run is turned
+back into a record by workloads.loggers.record_from_wandb, the exact inverse of what the
+W&B logger wrote, so both sources share one reader. Readers are defensive: collectives
+and inference records carry other sections than training ones, and a value that is not a
+number (missing, None, "<redacted>") becomes None rather than an error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from workloads.errors import UsageError
+from workloads.records import load_records
+
+TRAINING = ("pretrain", "finetune")
+
+
+def dig(obj: Any, path: str, default: Any = None) -> Any:
+    """dig(rec, "config.train.micro_batch_size")"""
+    for part in path.split("."):
+        if not isinstance(obj, Mapping) or part not in obj:
+            return default
+        obj = obj[part]
+    return obj
+
+
+def num(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _first(rec: Mapping, *paths: str) -> Any:
+    for p in paths:
+        v = dig(rec, p)
+        if v is not None:
+            return v
+    return None
+
+
+@dataclass
+class Run:
+    """One record: one trial of one point under one fabric."""
+
+    source: str                      # file path or wandb://entity/project/run_id
+    workload: str
+    fabric: str
+    status: str
+    run_id: str | None
+    metrics: dict[str, float]        # numeric metrics only; units are in the keys
+    coords: dict[str, float]         # sweep coordinates: global_batch, micro_batch, world_size, concurrency, rate, ...
+    model: str | None
+    parallel: str | None
+    transport: dict | None           # record["fabric"]["transport"] from workloads/verify.py, if any
+    rows: list[dict] = field(default_factory=list)   # collectives rows (nccl-tests columns)
+    p2p: list[dict] = field(default_factory=list)    # point-to-point rows
+    record: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def transport_verdict(self) -> str | None:
+        t = self.transport or {}
+        v = t.get("verdict", t.get("status"))
+        return None if v is None else str(v)
+
+    @property
+    def transport_mismatch(self) -> bool:
+        return self.transport_verdict in ("mismatch", "fail", "failed")
+
+    def metric(self, name: str) -> float | None:
+        return self.metrics.get(name)
+
+
+def run_from_record(rec: Mapping[str, Any]) -> Run:
+    workload = str(rec.get("workload") or "unknown")
+    metrics = {k: f for k, v in dict(rec.get("metrics") or {}).items() if (f := num(v)) is not None}
+    if workload in TRAINING and "tokens_per_sec" not in metrics:
+        # tokens/s = sps x seq_length (DESIGN.md); recomputed when the stored value is not a number
+        sps, seq = metrics.get("samples_per_sec"), num(dig(rec, "batch.seq_length"))
+        if sps is not None and seq is not None:
+            metrics["tokens_per_sec"] = sps * seq
+    coords = {
+        "global_batch": num(dig(rec, "batch.global_batch_size")),
+        "micro_batch": num(dig(rec, "batch.micro_batch_size")),
+        "seq_length": num(dig(rec, "batch.seq_length")),
+        "world_size": num(_first(rec, "world.world_size", "config.world_size")),
+        "nodes": num(dig(rec, "world.nodes")),
+        "concurrency": num(_first(rec, "load.concurrency", "load.max_concurrency", "config.load.concurrency",
+                                  "config.load.max_concurrency", "metrics.max_concurrency", "metrics.concurrency")),
+        "rate": num(_first(rec, "load.request_rate", "load.rate", "config.load.request_rate", "config.load.rate",
+                           "metrics.request_rate")),
+    }
+    fabric = dig(rec, "fabric") or {}
+    return Run(
+        source=str(rec.get("_path") or ""),
+        workload=workload,
+        fabric=str(_first(rec, "fabric.name", "config.fabric.name") or "unknown"),
+        status=str(rec.get("status") or "unknown"),
+        run_id=rec.get("run_id"),
+        metrics=metrics,
+        coords={k: v for k, v in coords.items() if v is not None},
+        model=_first(rec, "model.name", "config.model.name"),
+        parallel=_first(rec, "config.parallel.name"),
+        transport=fabric.get("transport") if isinstance(fabric, Mapping) and isinstance(fabric.get("transport"), Mapping) else None,
+        rows=[r for r in rec.get("rows") or [] if isinstance(r, Mapping)],
+        p2p=[r for r in rec.get("p2p") or [] if isinstance(r, Mapping)],
+        record=dict(rec),
+    )
+
+
+class Table(list):
+    """A list of Runs with column access; typed: numbers as float arrays (NaN when absent)."""
+
+    def column(self, name: str) -> np.ndarray:
+        if name in ("workload", "fabric", "status", "run_id", "model", "parallel", "source"):
+            return np.array([getattr(r, name) for r in self], dtype=object)
+        vals = [r.coords.get(name, r.metrics.get(name)) for r in self]
+        return np.array([np.nan if v is None else v for v in vals], dtype=float)
+
+    def where(self, **eq: Any) -> Table:
+        return Table(r for r in self if all(getattr(r, k) == v for k, v in eq.items()))
+
+    def ok(self) -> Table:
+        return Table(r for r in self if r.status == "ok")
+
+    @property
+    def fabrics(self) -> list[str]:
+        return sorted({r.fabric for r in self})
+
+
+def load_dirs(dirs: Iterable[str]) -> list[dict]:
+    dirs = list(dirs)
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise UsageError(f"no such directory: {', '.join(missing)}; pass the run or results directories that hold records/")
+    return load_records(*dirs)
+
+
+def wandb_filters(group: str | None = None, tags: Iterable[str] = (), config: Mapping[str, Any] | None = None) -> dict:
+    """MongoDB-style filters of wandb.Api().runs. Config keys are the logger's flat keys
+    ("fabric/name", "config/train/micro_batch_size")."""
+    f: dict[str, Any] = {}
+    if group:
+        f["group"] = group
+    tags = list(tags)
+    if tags:
+        f["tags"] = {"$all": tags}
+    for k, v in (config or {}).items():
+        f[f"config.{k}"] = v
+    return f
+
+
+def load_wandb(path: str, group: str | None = None, tags: Iterable[str] = (), config: Mapping[str, Any] | None = None,
+               api: Any = None) -> list[dict]:
+    """Runs of W&B project `entity/project` as records. `api` is a wandb.Api (injectable)."""
+    from workloads.loggers import record_from_wandb
+
+    if path.count("/") != 1:
+        raise UsageError(f"--wandb {path!r}: write entity/project")
+    if api is None:
+        try:
+            import wandb
+
+            api = wandb.Api(timeout=30)
+        except Exception as e:
+            raise UsageError(f"cannot reach W&B for {path} ({type(e).__name__}: {e}); set WANDB_API_KEY or read local records") from None
+    out = []
+    for run in api.runs(path, filters=wandb_filters(group, tags, config)):
+        config_d = dict(run.config)
+        summary = {k: run.summary[k] for k in list(run.summary.keys())} if hasattr(run.summary, "keys") else dict(run.summary)
+        rec = record_from_wandb(config_d, summary, f"wandb://{path}/{run.id}")
+        if "status" in summary:
+            rec["status"] = summary["status"]
+        rec.setdefault("status", "ok" if getattr(run, "state", "") == "finished" else str(getattr(run, "state", "unknown")))
+        out.append(rec)
+    return out
+
+
+def load_table(dirs: Iterable[str] = (), wandb_path: str | None = None, group: str | None = None,
+               tags: Iterable[str] = (), config: Mapping[str, Any] | None = None, api: Any = None) -> Table:
+    recs = load_dirs(dirs)
+    if wandb_path:
+        recs += load_wandb(wandb_path, group, tags, config, api)
+    return Table(run_from_record(r) for r in recs)

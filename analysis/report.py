@@ -1,0 +1,125 @@
+"""Markdown and self-contained HTML reports: runs, verdicts with intervals, capacity, plots.
+
+The HTML embeds every PNG as base64, so one file can be mailed or attached as is.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis import capacity, plots
+from analysis.compare import Result
+from analysis.load import Table
+
+
+@dataclass
+class Report:
+    markdown: Path
+    html: Path
+    images: list[Path]
+    verdicts: list[str]
+
+
+def _transport(r) -> str:
+    t = r.transport
+    if not t:
+        return "not verified"
+    net = (t.get("summary") or {}).get("network") if isinstance(t.get("summary"), dict) else None
+    return f"{r.transport_verdict or '?'}" + (f" ({net})" if net else "")
+
+
+def _runs_rows(table: Table) -> list[list[str]]:
+    rows = []
+    for r in table:
+        c = r.coords
+        rows.append([Path(r.source).name or r.source, r.fabric, r.workload, str(r.model or ""), str(r.parallel or ""),
+                     f"{c['global_batch']:g}" if "global_batch" in c else "", f"{c['world_size']:g}" if "world_size" in c else "",
+                     r.status, _transport(r)])
+    return rows
+
+
+def _verdict_rows(result: Result) -> list[list[str]]:
+    return [[p.label, c.metric, f"{c.median_base:.4g}", f"{c.median:.4g}", f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}]",
+             "n/a" if c.p != c.p else f"{c.p:.3g}", c.verdict] for p, c in result.comparisons]
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+RUN_HEAD = ["record", "fabric", "workload", "model", "parallel", "global batch", "GPUs", "status", "transport (verified)"]
+VERDICT_HEAD = ["point", "metric", "baseline median", "fabric median", "ratio [95% CI]", "p", "verdict"]
+
+
+def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: float | None = None,
+                 slo_metric: str = "p90_ttft_ms", title: str = "fabricbench comparison") -> Report:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    made = plots.make_all(table, out / "plots")
+    images = [p for paths in made.values() for p in paths if p.suffix == ".png"]
+    skipped = [name for name, paths in made.items() if not paths]
+    warnings = [f"{r.fabric}: {Path(r.source).name}: transport did not match the label ({_transport(r)}): "
+                f"{(r.transport or {}).get('message') or ''}".rstrip(": ") for r in table if r.transport_mismatch]
+    failed = [f"{Path(r.source).name}: status {r.status}" for r in table if r.status != "ok"]
+    verdicts = [f"{p.label}: {c.verdict}" for p, c in result.comparisons]
+    refusals = [f.message() for f in result.refusals]
+    cap_lines: list[str] = []
+    if slo_ms is not None:
+        caps = capacity.capacities(table, slo_ms, slo_metric)
+        cap_lines = [f"{c.fabric} {c.model} ({c.load}): capacity {c.capacity if c.capacity is not None else 'none'} "
+                     f"on {c.gpus:g} GPUs" for c in caps] + capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
+
+    md = [f"# {title}", "", f"{len(table)} records, fabrics: {', '.join(table.fabrics)}; baseline: {result.baseline}.",
+          "Trials are records (one run each); medians with bootstrap 95% intervals; significance by a two-sided "
+          "permutation test on the log ratio of medians (see analysis/stats.py).", ""]
+    if warnings:
+        md += ["## Warnings", "", *[f"- **transport mismatch**: {w}" for w in warnings], ""]
+    if failed:
+        md += ["## Failed runs (not analysed)", "", *[f"- {f}" for f in failed], ""]
+    md += ["## Verdicts", "", _md_table(VERDICT_HEAD, _verdict_rows(result)) if result.comparisons else "No comparable points.", ""]
+    if refusals:
+        md += ["## Refused comparisons", "", *[f"- {r}" for r in refusals], ""]
+    if cap_lines:
+        md += [f"## Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", "", *[f"- {c}" for c in cap_lines], ""]
+    md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images]
+    if skipped:
+        md += ["", f"Not drawn (no records of that kind): {', '.join(skipped)}."]
+    md += ["", "## Runs", "", _md_table(RUN_HEAD, _runs_rows(table)), ""]
+    md_path = out / "report.md"
+    md_path.write_text("\n".join(md))
+
+    def img(p: Path) -> str:
+        b64 = base64.b64encode(p.read_bytes()).decode()
+        return f'<figure><img alt="{p.stem}" src="data:image/png;base64,{b64}"><figcaption>{p.stem}</figcaption></figure>'
+
+    li = lambda items, cls="": "<ul>" + "".join(f'<li class="{cls}">{html.escape(i)}</li>' for i in items) + "</ul>"  # noqa: E731
+    h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+         "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+         "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}.warn{color:#b00;font-weight:bold}"
+         "img{max-width:640px}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+         f"<p>{len(table)} records, fabrics: {html.escape(', '.join(table.fabrics))}; baseline: {html.escape(str(result.baseline))}.</p>"]
+    if warnings:
+        h += ["<h2>Warnings</h2>", li([f"transport mismatch: {w}" for w in warnings], "warn")]
+    if failed:
+        h += ["<h2>Failed runs (not analysed)</h2>", li(failed)]
+    h += ["<h2>Verdicts</h2>", _html_table(VERDICT_HEAD, _verdict_rows(result)) if result.comparisons else "<p>No comparable points.</p>"]
+    if refusals:
+        h += ["<h2>Refused comparisons</h2>", li(refusals)]
+    if cap_lines:
+        h += ["<h2>Capacity at the SLO</h2>", li(cap_lines)]
+    h += ["<h2>Plots</h2>", *[img(p) for p in images], "<h2>Runs</h2>", _html_table(RUN_HEAD, _runs_rows(table)), "</body></html>"]
+    html_path = out / "report.html"
+    html_path.write_text("\n".join(h))
+    return Report(md_path, html_path, images, verdicts)
