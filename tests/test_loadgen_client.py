@@ -59,8 +59,8 @@ def _scripted_specs(tag, n):
     specs = []
     for k in range(n):
         # Spread the 64 requests' schedules so their chunks do not all land in one instant.
-        ttft = 20 + 1.3 * k
-        itl = [6 + (k % 5) * 2.5, 9 + (k % 3), 7.5]
+        ttft = 20 + 3.1 * k
+        itl = [12 + (k % 5) * 2.3, 17 + (k % 3) * 1.7, 14.5]
         prompt = f"id={tag}{k};ttft={ttft};itl={','.join(map(str, itl))}"
         specs.append((RequestSpec(prompt, 4, len(itl) + 1), ttft, itl))
     return specs
