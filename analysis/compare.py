@@ -94,6 +94,7 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
                 comparisons.append((p, stats.compare(vals, base_vals, fabric, base, metric, hib, alpha=alpha)))
     # A point that only one fabric reached: say which keys keep it from its nearest neighbour.
     refusals: list[guard.Refusal] = []
+    seen: set[frozenset] = set()
     for p in pts:
         if len(p.by_fabric) > 1:
             continue
@@ -104,7 +105,9 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
         if not others:
             continue
         near = min(others, key=lambda o: len(guard.differences(me.record, o.record, allow)))
+        pair = frozenset((id(me), id(near)))
         ref = guard.check(me.record, near.record, allow)
-        if ref is not None and near.fabric != me.fabric:
+        if ref is not None and near.fabric != me.fabric and pair not in seen:
+            seen.add(pair)
             refusals.append(ref)
     return Result(pts, comparisons, refusals, base)
