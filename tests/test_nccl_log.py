@@ -1,0 +1,127 @@
+"""NCCL/RCCL INFO-log parsing and the transport verdict, from fixture logs written in the
+formats NCCL 2.18-2.23 and RCCL 2.18 print (tests/fixtures/nccl_logs/, one file per process)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workloads import nccl_log, verify
+from workloads.dist import DistInfo
+from workloads.errors import TransportMismatch
+from workloads.fabric import FabricProfile
+
+FIX = Path(__file__).parent / "fixtures"
+LOGS = FIX / "nccl_logs"
+CONF = Path(__file__).parent.parent / "conf" / "fabric"
+
+
+def profile(name: str, **over) -> FabricProfile:
+    cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text()) | over
+    return FabricProfile.from_config(cfg)
+
+
+def evidence(case: str) -> list[dict]:
+    """Per-rank evidence as each rank would send it (ordered by the rank NCCL logged)."""
+    logs = sorted(nccl_log.parse_dir(LOGS / case), key=lambda lg: lg.rank if lg.rank is not None else 0)
+    return [{"kind": "nccl", "log": lg.as_dict()} for lg in logs]
+
+
+def test_transport_key_and_family():
+    assert nccl_log.transport_key("NET/IB/0(1)/GDRDMA") == ("NET/IB", True)
+    assert nccl_log.transport_key("NET/Socket/1") == ("NET/Socket", False)
+    assert nccl_log.transport_key("NET/IBext_v8/3") == ("NET/IBext_v8", False)
+    assert nccl_log.transport_key("P2P/CUMEM/read") == ("P2P/CUMEM", False)
+    assert nccl_log.transport_key("P2P/direct pointer") == ("P2P/direct pointer", False)
+    assert nccl_log.transport_key("SHM/direct/direct") == ("SHM", False)
+    assert [nccl_log.network_family(n) for n in ("IB", "IBext_v8", "Socket", "AWS Libfabric")] == \
+        ["IB", "IB", "Socket", "AWS Libfabric"]
+
+
+def test_roce_summary_and_verdict_ok():
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_roce"))
+    assert (s["library"], s["version"], s["networks"]) == ("NCCL", "2.21.5+cuda12.4", ["IB"])
+    assert [(d["name"], d["port"], d["link_layer"]) for d in s["devices"]] == [("mlx5_0", 1, "RoCE"), ("mlx5_1", 1, "RoCE")]
+    # 2 ranks x 2 channels, counted once each (on the sender); every one GPUDirect RDMA
+    assert s["channels"] == {"NET/IB": 4} and s["gdr"] is True
+    assert [r["rank"] for r in s["ranks"]] == [0, 1] and {r["oob"] for r in s["ranks"]} == {"eth0:10.0.0.1", "eth0:10.0.0.2"}
+    d = verify.decide(profile("roce"), evidence("nccl_roce"), environ={})
+    assert d["verdict"] == "ok" and d["message"] is None
+    # the same log under the ib label: link layer RoCE is not IB
+    d = verify.decide(profile("ib"), evidence("nccl_roce"), environ={}, root=FIX / "sysfs" / "roce_host")
+    assert d["verdict"] == "mismatch"
+    assert "ranks 0, 1 used mlx5_0:1/RoCE, mlx5_1:1/RoCE (link layer is not IB)" in d["message"]
+
+
+def test_ib_plugin_counts_as_ib():
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_ib_plugin"))
+    assert s["networks"] == ["IBext_v8"] and s["plugin"].startswith("NCCL RDMA Plugin v8")
+    assert s["devices"][0] == {"name": "mlx5_0", "port": 1, "link_layer": "IB", "features": ["SHARP"]}
+    assert s["channels"] == {"NET/IBext_v8": 4, "P2P/CUMEM": 2} and s["gdr"] is True  # PXN line `/0(1)/` too
+    assert verify.decide(profile("ib"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"
+    # a socket-labelled run must not pass on an IB plugin
+    d = verify.decide(profile("socket"), evidence("nccl_ib_plugin"), environ={})
+    assert "used NET/IBext_v8" in d["message"] and "have channels via NET/IBext_v8" in d["message"]
+
+
+def test_socket_fallback_under_roce_label_fails_with_one_message():
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_socket_fallback"))
+    assert s["networks"] == ["Socket"] and s["no_device"] == ["IB"] and s["gdr"] is False
+    assert s["channels"] == {"NET/Socket": 2, "P2P/IPC": 6}
+    p = profile("roce")
+    env = {"NCCL_IB_HCA": "mlx5_9"}
+    d = verify.decide(p, evidence("nccl_socket_fallback"), environ=env, root=FIX / "sysfs" / "roce_host")
+    assert d["verdict"] == "mismatch"
+    assert d["message"] == (
+        "fabric=roce but ranks 0–7 used NET/Socket; ranks 0, 3, 4, 7 have channels via NET/Socket; "
+        "NCCL said 'NET/IB : No device found'; NCCL_IB_HCA=mlx5_9 matched no RDMA device; "
+        "present: mlx5_0:1 (RoCE, ACTIVE), mlx5_1:1 (RoCE, ACTIVE)")
+    # the same evidence labelled socket is fine
+    assert verify.decide(profile("socket"), evidence("nccl_socket_fallback"), environ={})["verdict"] == "ok"
+
+
+def test_rccl_flavour():
+    logs = nccl_log.parse_dir(LOGS / "rccl_socket")
+    assert [lg.rank for lg in logs] == [0, 1]  # from `rank r nranks 2`, not RCCL's `nRanks 02` trailer
+    s = nccl_log.summarize(logs)
+    assert (s["library"], s["version"]) == ("RCCL", "2.18.3+hip6.0")
+    assert [d["name"] for d in s["devices"]] == ["hsn0", "hsn1"]
+    assert s["channels"] == {"NET/Socket": 4}
+    assert verify.decide(profile("socket"), evidence("rccl_socket"), environ={})["verdict"] == "ok"
+
+
+def test_pcie_only_p2p_and_shm():
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_pcie"))
+    assert s["channels"] == {"P2P/CUMEM": 2, "P2P/IPC": 2, "P2P/direct pointer": 2, "SHM": 2}
+    assert s["net_channels"] == 0 and s["gdr"] is None
+    assert verify.decide(profile("pcie"), evidence("nccl_pcie"), environ={})["verdict"] == "ok"
+    # NET channels in a pcie-labelled run: forbidden, and outside allow_transports
+    d = verify.decide(profile("pcie"), evidence("nccl_socket_fallback"), environ={})
+    assert "ranks 0, 3, 4, 7 have channels via NET/Socket (allowed: P2P, SHM)" in d["message"]
+
+
+def test_no_info_log_is_unverified_and_says_why():
+    d = verify.decide(profile("roce"), evidence("nccl_warn_only"), environ={"NCCL_DEBUG": "WARN"})
+    assert d["verdict"] == "unverified"
+    assert d["message"].startswith("fabric=roce but rank 0 wrote no NCCL INFO log; NCCL_DEBUG=WARN")
+    assert "fabric.verify=warn" in d["message"]
+
+
+def test_check_transport_raises_or_warns(capsys):
+    """The one call workloads make, in one process (world 1): its own log file is read
+    through NCCL_DEBUG_FILE; fail raises TransportMismatch (exit code 3), warn prints."""
+    info = DistInfo(0, 1, 0, 1, "nccl", None)
+    env = {"NCCL_DEBUG_FILE": str(LOGS / "nccl_socket_fallback" / "nccl.node1.7000.log")}
+    with pytest.raises(TransportMismatch) as e:
+        verify.check_transport(profile("roce"), "/tmp/run", info, environ=env, root=FIX / "sysfs" / "nordma_host")
+    assert str(e.value).startswith("fabric=roce but rank 0 used NET/Socket")
+    assert "present: none (no /sys/class/infiniband" in str(e.value) and e.value.exit_code == 3
+    r = verify.check_transport(profile("roce", verify="warn"), "/tmp/run", info, environ=env)
+    assert r["verdict"] == "mismatch" and "fabric.verify=warn: continuing" in capsys.readouterr().out
+    assert verify.check_transport(profile("roce", verify="off"), "/tmp/run", info, environ=env)["verdict"] == "off"
+
+
+def test_rank_list():
+    assert verify.rank_list([0, 1, 2, 3, 4, 5, 6, 7]) == "ranks 0–7"
+    assert verify.rank_list([5, 0, 1, 2, 3]) == "ranks 0–3, 5"
+    assert verify.rank_list([2]) == "rank 2"
