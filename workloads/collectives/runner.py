@@ -51,25 +51,11 @@ def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
     return mine
 
 
-def _verify_transport(fabric: FabricProfile, run_dir: Path, info, record: dict) -> None:
-    """After the first collective, check what transport carried it (workloads/verify.py,
-    issue 3). Absent module: recorded as not verified."""
-    try:
-        from workloads import verify  # noqa: F401
-    except ImportError:
-        record["transport"] = {"verified": False, "reason": "workloads/verify.py is not available"}
-        return
-    check = getattr(verify, "check_transport", None)
-    if check is None:
-        record["transport"] = {"verified": False, "reason": "workloads.verify has no check_transport"}
-        return
-    record["transport"] = check(fabric, run_dir, info)
-
-
 def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one sweep. Returns the record path on rank 0, None elsewhere."""
     from workloads.collectives.nccltests import run_external
     from workloads.collectives.p2p import run_p2p
+    from workloads.verify import check_transport
 
     _, world, _, _ = fdist.launch_env()
     s, fabric = validate(cfg, world)
@@ -107,12 +93,13 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         record["collectives"]["groups"] = groups
         comm = make_comm(groups, info.rank)
         harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
+        # Transport verification (workloads/verify.py): after a first collective, before any timing.
+        harness.barrier()
+        record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
         rows = []
-        for i, name in enumerate(s.ops):
+        for name in s.ops:
             rows += harness.run_op(ops.get(name))
             record["rows"] = [r.as_dict() for r in rows]
-            if i == 0:
-                _verify_transport(fabric, run_dir, info, record)
         if s.p2p:
             pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
             p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
