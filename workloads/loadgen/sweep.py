@@ -1,0 +1,213 @@
+"""The inference workload: validate, start the server, run every load point, one record each.
+
+`run_sweep(cfg)` is what launch/infer.py calls. Order: everything checkable without a
+server (config, dataset, tokenizer, TP vs heads) is checked first; points that already
+have an ok record in <run dir>/records are skipped (resume with the same run_id=); the
+server is started once for the remaining points and always stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from workloads import rundir
+from workloads.errors import UsageError
+from workloads.fabric import FabricProfile
+from workloads.loadgen.arrivals import Arrival
+from workloads.loadgen.backends import get_backend
+from workloads.loadgen.datasets import build_dataset, load_tokenizer
+from workloads.loadgen.metrics import parse_slo, summarize
+from workloads.loadgen.runner import LoadPoint, run_point
+from workloads.records import new_record, write_record
+from workloads.servers import get_adapter
+from workloads.servers.base import ServerSpec, check_tp_divides
+from workloads.servers.orchestrator import ManagedServer, log_tail
+
+WORKLOAD = "inference"
+# server.* keys that belong to the orchestrator, not to the reference engine's own config.
+_ORCHESTRATOR_KEYS = {"adapter", "host", "port", "nnodes", "node_rank", "dist_init_addr", "model_path", "extra_args",
+                      "env", "url", "health_path", "ready_timeout_s", "stop_timeout_s"}
+
+
+def arrivals(load: DictConfig) -> list[Arrival]:
+    kind = str(load.arrival)
+    pts = list(load.points or [])
+    if not pts:
+        raise UsageError("load.points is empty; give the concurrencies (closed loop) or rates (open loop) to sweep")
+    cap = int(load.max_concurrency) if load.get("max_concurrency") else None
+    out = []
+    for v in pts:
+        if kind == "closed":
+            out.append(Arrival("closed", concurrency=int(v)))
+        else:
+            out.append(Arrival(kind, rate=float(v), burstiness=float(load.burstiness), max_concurrency=cap))
+    return out
+
+
+def _reference_overrides(overrides: list[str]) -> tuple[str, ...]:
+    """CLI overrides the reference engine must see too (its model shape, its server knobs)."""
+    keep = []
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key.startswith("model.") or key == "seed" or key.startswith("dist."):
+            keep.append(o)
+        elif key.startswith("server.") and key.split(".")[1] not in _ORCHESTRATOR_KEYS | {"tp"}:
+            keep.append(o)
+    return tuple(keep)
+
+
+def validate(cfg: DictConfig, overrides: list[str]):
+    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    scfg = OmegaConf.to_container(cfg.server, resolve=True)
+    if scfg.get("name") == "reference" and not scfg.get("tp"):
+        scfg["tp"] = 1
+    spec = ServerSpec.from_config(scfg)
+    adapter = get_adapter(spec.adapter)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if spec.adapter != "external":
+        check_tp_divides(spec.tp, model)
+    launch = adapter.command(spec, model, fabric.name,
+                             _reference_overrides(overrides) if spec.adapter == "reference" else ())
+    load = cfg.load
+    backend = get_backend(str(load.backend))
+    points = arrivals(load)
+    if load.num_requests is None and load.duration_s is None:
+        raise UsageError("set load.num_requests (requests per point) or load.duration_s (seconds per point)")
+    if load.num_requests is not None and int(load.num_requests) <= 0:
+        raise UsageError(f"load.num_requests={load.num_requests} must be positive")
+    if load.duration_s is not None and load.num_requests is None and any(
+            not a.open_loop or math.isinf(a.rate) for a in points) and str(load.arrival) == "burst":
+        raise UsageError("load.arrival=burst sends a fixed batch: use load.num_requests, not load.duration_s")
+    slo = parse_slo(load.get("slo"))
+    if float(load.request_timeout_s) <= 0:
+        raise UsageError(f"load.request_timeout_s={load.request_timeout_s} must be positive")
+    tokenizer = load_tokenizer(load.get("tokenizer"))
+    n = int(load.num_requests or 1000)
+    dataset = build_dataset(OmegaConf.to_container(load.dataset, resolve=True), n + int(load.warmup_requests),
+                            int(model.get("vocab_size") or 1000), int(load.seed))
+    specs = dataset.load(tokenizer)
+    if backend.name == "chat" and not isinstance(specs[0].prompt, str):
+        raise UsageError("load.backend=chat needs text prompts: set load.tokenizer=<local tokenizer dir>")
+    from workloads.train import check_writable
+
+    check_writable(cfg.output_root)
+    return fabric, spec, launch, backend, points, slo, specs
+
+
+def _done_points(records_dir: Path) -> set[str]:
+    done = set()
+    for p in records_dir.glob("*.json"):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if rec.get("workload") == WORKLOAD and rec.get("status") == "ok":
+            done.add(rec.get("point"))
+    return done
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated(f"received signal {signum}")
+
+
+def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
+    overrides = list(overrides or [])
+    fabric, spec, launch, backend, points, slo, specs = validate(cfg, overrides)
+    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
+    records = run_dir / "records"
+    done = _done_points(records)
+    todo = [a for a in points if a.label() not in done]
+    for a in points:
+        if a.label() in done:
+            print(f"point {a.label()}: already recorded in {records}, skipped", flush=True)
+    if not todo:
+        print("every point of this sweep is recorded; nothing to do", flush=True)
+        return 0
+    env = dict(os.environ)
+    applied = fabric.apply(run_dir, env)  # the server's environment, not this process's
+    load = cfg.load
+    warm, measured = specs[: int(load.warmup_requests)], specs[int(load.warmup_requests):] or specs
+    base = dict(run_id=run_dir.name, overrides=overrides, config=OmegaConf.to_container(cfg, resolve=True),
+                model=OmegaConf.to_container(cfg.model, resolve=True),
+                fabric={"name": fabric.name, "backend": fabric.backend, "env": applied, "expect": fabric.expect,
+                        "verify": fabric.verify},
+                server={"adapter": spec.adapter, "tp": spec.tp, "nnodes": spec.nnodes, "url": spec.base_url,
+                        "argv": launch.argv, "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
+    failed = 0
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        from workloads.records import fingerprint
+
+        fp = fingerprint()
+        with ManagedServer(spec, launch, run_dir, env) as srv:
+            for a in points:
+                if a.label() in done:
+                    continue
+                failed += not _run_one(a, srv, backend, launch.model_name, warm, measured, slo, load, base, fp, records, cfg)
+                if not srv.alive():
+                    raise UsageError(f"server={spec.adapter} exited during point {a.label()}; the end of its log "
+                                     f"({srv.log_path}):\n{log_tail(srv.log_path)}")
+    except _Terminated as e:
+        raise UsageError(f"stopped ({e}); the server was shut down and finished points are kept in {records}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 1 if failed else 0
+
+
+def _run_one(a: Arrival, srv, backend, model_name, warm, measured, slo, load, base, fp, records: Path, cfg) -> bool:
+    rec = new_record(WORKLOAD, point=a.label(), arrival={"kind": a.kind, "rate": a.rate, "burstiness": a.burstiness,
+                                                         "concurrency": a.concurrency, "max_concurrency": a.max_concurrency},
+                     fingerprint=fp, metrics={}, samples={}, **base)
+    stem = f"{WORKLOAD}-{cfg.fabric.name}-{cfg.model.name}-{base['server']['adapter']}-tp{base['server']['tp']}-{a.label()}"
+    point = LoadPoint(srv.base_url, backend, model_name, measured, a,
+                      num_requests=int(load.num_requests) if load.num_requests is not None else None,
+                      duration_s=float(load.duration_s) if load.duration_s is not None else None,
+                      warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s),
+                      seed=int(load.seed), extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms))
+    try:
+        res = run_point(point)
+        m = summarize(res.results, res.duration_s, slo)
+        rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
+        rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
+        rec["status"] = "ok" if m["completed"] > 0 else "failed"
+        if m["completed"] == 0:
+            rec["error"] = f"no request completed; errors: {m['errors'][:3]}"
+    except KeyboardInterrupt:
+        rec["status"], rec["error"] = "failed", "interrupted"
+        raise
+    except Exception as e:
+        rec["status"], rec["error"] = "failed", f"{type(e).__name__}: {e}"
+        rec["traceback"] = traceback.format_exc()
+    finally:
+        path = write_record(records, rec, stem)
+    _print_point(rec, path)
+    return rec["status"] == "ok"
+
+
+def _print_point(rec: dict[str, Any], path: Path) -> None:
+    m = rec["metrics"]
+    if rec["status"] != "ok":
+        print(f"point {rec['point']}: FAILED ({rec['error']}); record: {path}", flush=True)
+        return
+
+    def f(k, spec=".1f"):
+        return "n/a" if m.get(k) is None else format(m[k], spec)
+
+    print(f"point {rec['point']}: {m['completed']} ok / {m['failed']} failed in {m['duration']:.2f} s | "
+          f"req/s {f('request_throughput', '.2f')} | out tok/s {f('output_throughput')} | "
+          f"TTFT median {f('median_ttft_ms')} p99 {f('p99_ttft_ms')} ms | TPOT median {f('median_tpot_ms')} ms | "
+          f"ITL median {f('median_itl_ms')} ms | send lag p99 {f('p99_send_lag_ms', '.3f')} ms | {path}", flush=True)
+    if m["errors"]:
+        print(f"  errors: {m['errors'][:3]}", flush=True)
