@@ -4,8 +4,8 @@
     fabricbench report results/ --out report/ --slo-ttft-ms 500
     fabricbench report --wandb my-team/fabricbench --group pretrain-neox-1.3b-zero1-ws16 --out report/
 
-`register(subparsers)` adds both to the fabricbench CLI (workloads/cli.py); `main()` runs
-them standalone (`python -m analysis.cli ...`).
+workloads/cli.py registers them through analysis/cli_compare.py and analysis/cli_report.py
+(its module protocol); `main()` here runs them standalone (`python -m analysis.cli ...`).
 """
 
 from __future__ import annotations
@@ -83,10 +83,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_compare)
     p = subparsers.add_parser("report", help="Markdown + self-contained HTML report with plots")
     _common(p)
+    _report_arguments(p)
+    p.set_defaults(func=cmd_report)
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="report", help="output directory (default: report)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="inference capacity: TTFT bound in ms")
     p.add_argument("--slo-percentile", default="p90", choices=["median", "p90", "p95", "p99"], help="TTFT statistic (default p90)")
-    p.set_defaults(func=cmd_report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@ from workloads.errors import UsageError
 
 COMMANDS: dict[str, str] = {
     "doctor": "workloads.doctor",  # fabric inventory of this machine, and a profile checked against it
+    "compare": "analysis.cli_compare",  # fabrics point by point: verdicts with 95% intervals
+    "report": "analysis.cli_report",  # Markdown + self-contained HTML: verdicts, capacity, plots
 }
 
 
