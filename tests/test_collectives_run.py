@@ -1,0 +1,87 @@
+"""Every collective end to end: real Gloo ranks over loopback at world size 2 and 3.
+
+One launch per world size runs the whole op list (and, at 2, the point-to-point tests),
+so the file stays fast. World 2 carries the test hook collectives.test_corrupt=1:all_gather,
+which adds 1 to one output element on rank 1: the check must count exactly that element
+in both all_gather placements and nothing anywhere else, and the run must fail (exit 1)
+with its record on disk.
+"""
+
+import re
+
+import pytest
+
+from tests.conftest import records_in, run_entry
+from workloads.collectives import ops
+
+SMALL = ["collectives.ops=all", "collectives.minbytes=1000", "collectives.maxbytes=16000", "collectives.stepfactor=16",
+         "collectives.iters=3", "collectives.warmup_iters=1"]
+PLACES = {"out_of_place", "in_place"}
+
+
+def _check_row_arithmetic(row):
+    op = ops.get(row["op"])
+    n = row["group_size"]
+    for place in PLACES:
+        cell = row[place]
+        if place not in op.placements:
+            assert cell is None
+            continue
+        # the record's numbers recompute from its own size and time (DESIGN.md formulas)
+        assert cell["algbw"] == pytest.approx(row["size"] / (cell["time_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert cell["busbw"] == pytest.approx(cell["algbw"] * op.bus_factor(n), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_world2_every_op_counts_the_corrupted_element_and_runs_p2p(out_root):
+    r = run_entry("collectives.py", f"output_root={out_root}", "launcher.nproc_per_node=2", *SMALL,
+                  "collectives.test_corrupt=1:all_gather", "collectives.p2p=[latency,bw,bibw]",
+                  "collectives.p2p_minbytes=64", "collectives.p2p_maxbytes=4K", "collectives.p2p_iters=5",
+                  "collectives.p2p_warmup=1", "collectives.p2p_window=4", timeout=400)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    (rec,) = records_in(out_root)
+    assert rec["workload"] == "collectives" and rec["status"] == "failed"
+    assert "wrong elements" in rec["error"] and rec["fabric"]["name"] == "loopback"
+    assert rec["fabric"]["transport"]["verdict"] == "ok"
+    rows = rec["rows"]
+    assert {r["op"] for r in rows} == set(ops.REGISTRY)
+    for row in rows:
+        assert row["group_size"] == 2
+        _check_row_arithmetic(row)
+        for place in PLACES:
+            if row[place] is not None:
+                assert row[place]["wrong"] == (1 if row["op"] == "all_gather" else 0), (row["op"], place)
+    m = rec["metrics"]
+    assert m["wrong_elements"] == 2 * 2 and m["rows_with_wrong"] == 2 * 2  # 2 sizes x 2 placements
+    cells = [c["busbw"] for row in rows for c in (row["out_of_place"], row["in_place"]) if c]
+    assert m["avg_busbw(GB/s)"] == pytest.approx(sum(cells) / len(cells))
+    # the table: nccl-tests' footer per op, FAILED only for all_gather
+    assert re.search(r"# Out of bounds values : 4 FAILED", r.stdout)
+    assert r.stdout.count("# Out of bounds values : 0 OK") == len(ops.REGISTRY) - 1
+    # point-to-point, OSU style: 64 B .. 4 KiB for each test, positive figures
+    p2p = rec["p2p"]
+    assert [p["size"] for p in p2p if p["test"] == "latency"] == [64, 128, 256, 512, 1024, 2048, 4096]
+    assert {p["test"] for p in p2p} == {"latency", "bw", "bibw"} and all(p["value"] > 0 for p in p2p)
+    assert m["p2p_min_latency(us)"] > 0 and "Avg Latency(us)" in r.stdout and "Bandwidth (MB/s)" in r.stdout
+
+
+@pytest.mark.slow
+def test_world3_every_op_is_correct_under_torchrun(out_root):
+    r = run_entry("collectives.py", f"output_root={out_root}", *SMALL, torchrun=3, timeout=400)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (rec,) = records_in(out_root)
+    assert rec["status"] == "ok" and rec["world"]["world_size"] == 3
+    assert rec["metrics"]["wrong_elements"] == 0 and rec["metrics"]["avg_busbw(GB/s)"] > 0
+    rows = rec["rows"]
+    assert {r["op"] for r in rows} == set(ops.REGISTRY)
+    ag = [r for r in rows if r["op"] == "all_gather"]
+    # 1000 B at n=3: 250 floats -> 83 per rank -> 80 (16-B multiple) -> 960 B, said in the header
+    assert ag[0]["size"] == 960 and ag[0]["requested"] == 1000
+    assert "sizes rounded down as nccl-tests does for all_gather at n=3: 1000->960" in r.stdout
+    for row in rows:
+        assert row["group_size"] == 3
+        _check_row_arithmetic(row)
+        for place in PLACES:
+            if row[place] is not None:
+                assert row[place]["wrong"] == 0, (row["op"], place)
