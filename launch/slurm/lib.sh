@@ -1,0 +1,65 @@
+# Shared by the batch files in launch/slurm/ (sourced, never executed). Everything here
+# reads Slurm's variables and FB_* settings from the environment; no value is ever
+# evaluated as code: each one is a single, quoted word on the command line.
+#
+# Settings (environment, all optional):
+#   FB_HOME            fabricbench checkout on a shared filesystem  [$SLURM_SUBMIT_DIR]
+#   FB_PYTHON          python with fabricbench installed   [$FB_HOME/.venv/bin/python, else python3;
+#                      inside a container: python3]
+#   FB_NPROC_PER_NODE  ranks per node                      [$SLURM_GPUS_ON_NODE, else 1]
+#   FB_RDZV_PORT       c10d rendezvous port on the head node [20000 + job id % 20000]
+#   FB_CONTAINER_IMAGE run each node's agent in this image with pyxis (srun --container-image)
+#   FB_APPTAINER_IMAGE ... or with Apptainer (a .sif file): apptainer exec --nv
+#   FB_CONTAINER_MOUNTS extra pyxis mounts (src:dst[,src:dst]); FB_HOME is always mounted
+#   FABRICBENCH_RUN_ID run directory name shared by all nodes  [slurm-$SLURM_JOB_ID]
+# Fabric variables (NCCL_*, GLOO_*, UCX_*, ...) set before sbatch reach every rank: srun,
+# pyxis and Apptainer (without --cleanenv) pass the whole environment through, and the
+# fabric profile chosen with fabric=... exports its own on top.
+
+fb_die() { echo "error: $*" >&2; exit 2; }
+
+fb_setup() {
+  [ -n "${SLURM_JOB_ID:-}" ] || fb_die "run this file with sbatch (SLURM_JOB_ID is not set)"
+  FB_HOME="${FB_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}"
+  [ -f "$FB_HOME/launch/train.py" ] || fb_die "FB_HOME=$FB_HOME is not a fabricbench checkout; submit from the repository root or set FB_HOME"
+  if [ -n "${FB_CONTAINER_IMAGE:-}${FB_APPTAINER_IMAGE:-}" ]; then
+    FB_PYTHON="${FB_PYTHON:-python3}"
+  elif [ -z "${FB_PYTHON:-}" ]; then
+    if [ -x "$FB_HOME/.venv/bin/python" ]; then FB_PYTHON="$FB_HOME/.venv/bin/python"; else FB_PYTHON=python3; fi
+  fi
+  FB_NPROC_PER_NODE="${FB_NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}"
+  case "$FB_NPROC_PER_NODE" in ''|*[!0-9]*) fb_die "FB_NPROC_PER_NODE=$FB_NPROC_PER_NODE is not a positive integer";; esac
+  FB_RDZV_PORT="${FB_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
+  FABRICBENCH_RUN_ID="${FABRICBENCH_RUN_ID:-slurm-$SLURM_JOB_ID}"
+  # One address per node, in SLURM_NODEID order (the sorted host list). NodeAddr is what
+  # slurmd itself is reached at; on most clusters it equals the host name.
+  FB_NODE_ADDRS="$(fb_node_addrs)"
+  FB_HEAD_ADDR="${FB_NODE_ADDRS%% *}"
+  export FB_HOME FB_PYTHON FB_NPROC_PER_NODE FB_RDZV_PORT FABRICBENCH_RUN_ID FB_NODE_ADDRS FB_HEAD_ADDR
+  export FB_RDZV_ENDPOINT="$FB_HEAD_ADDR:$FB_RDZV_PORT"
+  echo "fabricbench: job $SLURM_JOB_ID, $SLURM_JOB_NUM_NODES node(s) [$FB_NODE_ADDRS], $FB_NPROC_PER_NODE rank(s)/node, rendezvous $FB_RDZV_ENDPOINT, run id $FABRICBENCH_RUN_ID"
+}
+
+fb_node_addrs() {
+  local node addr out=()
+  for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    addr="$(scontrol show node "$node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')"
+    out+=("${addr:-$node}")
+  done
+  echo "${out[*]}"
+}
+
+# srun, one task per node, optionally inside a container; "$@" is the command.
+fb_srun_per_node() {
+  local srun_args=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+  if [ -n "${FB_CONTAINER_IMAGE:-}" ]; then
+    local mounts="$FB_HOME:$FB_HOME"
+    [ -n "${FB_CONTAINER_MOUNTS:-}" ] && mounts="$mounts,$FB_CONTAINER_MOUNTS"
+    srun "${srun_args[@]}" --container-image="$FB_CONTAINER_IMAGE" --container-mounts="$mounts" \
+      --container-workdir="$FB_HOME" "$@"
+  elif [ -n "${FB_APPTAINER_IMAGE:-}" ]; then
+    srun "${srun_args[@]}" apptainer exec --nv --bind "$FB_HOME" --pwd "$FB_HOME" "$FB_APPTAINER_IMAGE" "$@"
+  else
+    srun "${srun_args[@]}" "$@"
+  fi
+}
