@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from typing import Any, Callable, Mapping
 
 from workloads.errors import UsageError
@@ -148,7 +147,6 @@ class WandbLogger(Logger):
                 raise
             self._dead = True
             msg = f"W&B {what} failed ({type(e).__name__}: {e}); W&B logging is off for this run, the local record is unaffected"
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
             print(f"warning: {msg}", file=sys.stderr, flush=True)
             return None
 
