@@ -17,6 +17,13 @@ BACKENDS = ("gloo", "nccl")  # nccl is RCCL on ROCm builds of torch
 VERIFY_MODES = ("fail", "warn", "off")
 
 
+def _env_value(v: Any) -> str | None:
+    # A Hydra list override (NCCL_IB_HCA=[mlx5_0,mlx5_1]) means NCCL's comma list.
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return None if v is None else str(v)
+
+
 @dataclass(frozen=True)
 class FabricProfile:
     name: str
@@ -35,7 +42,7 @@ class FabricProfile:
         verify = str(cfg.get("verify", "fail"))
         if verify not in VERIFY_MODES:
             raise UsageError(f"fabric.verify={verify!r}; use one of {', '.join(VERIFY_MODES)}")
-        env = {str(k): (None if v is None else str(v)) for k, v in dict(cfg.get("env") or {}).items()}
+        env = {str(k): _env_value(v) for k, v in dict(cfg.get("env") or {}).items()}
         return cls(
             name=str(cfg["name"]),
             backend=backend,

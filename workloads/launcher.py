@@ -20,8 +20,14 @@ VALIDATORS = {
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """Every job of a basic-sweeper multirun, as lists of plain overrides."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
-    batches = BasicSweeper.split_arguments([o for o in overrides], max_batch_size=None)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise UsageError(str(e).strip()) from None
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [list(job) for batch in batches for job in batch]
 
 

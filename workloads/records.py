@@ -20,14 +20,20 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "fabricbench.record/1"
-_SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
+# Whole words of a key name: WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY match;
+# tokens_per_sec and max_tokens do not.
+_SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTHORIZATION"}
+
+
+def is_secret_name(name: str) -> bool:
+    return any(w in _SECRET_WORDS for w in re.split(r"[^A-Za-z0-9]+", str(name).upper()))
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def redact(obj: Any) -> Any:
     """Replace the value of every mapping key that looks like a secret."""
     if isinstance(obj, dict):
-        return {k: ("<redacted>" if _SECRET.search(str(k)) and v not in (None, "") else redact(v)) for k, v in obj.items()}
+        return {k: ("<redacted>" if is_secret_name(k) and v not in (None, "") else redact(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
     return obj

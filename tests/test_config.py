@@ -1,0 +1,122 @@
+"""Every config file composes, and every bad value is one clear UsageError before init."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from workloads.errors import UsageError
+from workloads.fabric import FabricProfile
+from workloads.model import NeoXConfig
+from workloads.rundir import derive_run_id, register_resolvers
+from workloads.train import BatchLayout, validate
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+register_resolvers()
+
+
+def cfg_with(*overrides, tmp_path=None):
+    extra = [f"output_root={tmp_path}"] if tmp_path else []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[*overrides, *extra])
+
+
+@pytest.mark.parametrize("group", ["fabric", "model", "parallel", "workload", "logger"])
+def test_every_file_in_every_group_composes(group):
+    names = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    assert names
+    for name in names:
+        extra = ["init.checkpoint=/nonexistent"] if name == "finetune" else []
+        cfg = cfg_with(f"{group}={name}", *extra)
+        assert cfg[group].name == name if group != "workload" else cfg.workload.name == name
+        if group == "fabric":
+            FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+        if group == "model":
+            NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+
+
+def test_fabric_env_overrides_from_command_line():
+    # Hydra needs a comma or '=' value quoted, or given as a list.
+    cfg = cfg_with("fabric=roce", "fabric.env.NCCL_IB_HCA='=mlx5_0,mlx5_1'", "fabric.env.NCCL_IB_GID_INDEX=5",
+                   "fabric.env.NCCL_SOCKET_IFNAME=[eth0,eth1]")
+    prof = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    assert prof.env["NCCL_SOCKET_IFNAME"] == "eth0,eth1"
+    env: dict = {"NCCL_IB_QPS_PER_CONNECTION": "stale"}
+    applied = prof.apply(None, environ=env)
+    assert applied["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"
+    assert applied["NCCL_IB_GID_INDEX"] == "5"
+    assert env["NCCL_IB_TC"] == "106"
+
+
+def test_null_env_value_unsets_and_nccl_logs_per_process(tmp_path):
+    prof = FabricProfile("x", "nccl", env={"NCCL_IB_HCA": None, "NCCL_IB_DISABLE": "1"})
+    env = {"NCCL_IB_HCA": "mlx5_9"}
+    applied = prof.apply(tmp_path, environ=env)
+    assert "NCCL_IB_HCA" not in env and "NCCL_IB_HCA" not in applied
+    assert applied["NCCL_DEBUG"] == "INFO"
+    assert applied["NCCL_DEBUG_FILE"].endswith("nccl/nccl.%h.%p.log")
+
+
+def test_model_shapes():
+    for name, (L, h, heads) in {"neox-125m": (12, 768, 12), "neox-1.3b": (24, 2048, 16), "neox-2.7b": (32, 2560, 32),
+                                "neox-6.7b": (32, 4096, 32), "pythia-160m": (12, 768, 12), "pythia-1.4b": (24, 2048, 16)}.items():
+        m = NeoXConfig.from_dict(OmegaConf.to_container(cfg_with(f"model={name}").model))
+        assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (L, h, heads)
+        assert m.padded_vocab == 50304
+        assert m.gpt_j_residual == name.startswith("pythia")
+
+
+@pytest.mark.parametrize(
+    "overrides,world,message",
+    [
+        (["train.micro_batch_size=0"], 2, "micro_batch_size must be a positive integer"),
+        (["train.micro_batch_size=-3"], 2, "micro_batch_size must be a positive integer"),
+        (["train.global_batch_size=10", "train.micro_batch_size=4"], 2, "not divisible by micro_batch_size"),
+        (["train.seq_length=4096"], 2, "exceeds the model's max_position_embeddings=256"),
+        (["model.hidden_size=66"], 2, "does not divide model.hidden_size=66"),
+        (["train.steps=3", "train.warmup_steps=3"], 2, "must exceed train.warmup_steps"),
+        (["train.precision=fp8"], 2, "train.precision='fp8'"),
+        (["train.precision=fp16"], 2, "fp16 needs a GPU"),
+        (["fabric=roce"], 2, "needs a GPU"),
+        (["workload=finetune"], 2, "needs init.checkpoint"),
+        (["workload=finetune", "init.checkpoint=/no/such/ckpt"], 2, "does not exist"),
+        (["data.kind=tokens"], 2, "needs data.path"),
+        (["data.kind=tokens", "data.path=/no/such/file.bin"], 2, "does not exist"),
+    ],
+)
+def test_bad_values_are_usage_errors(overrides, world, message, tmp_path):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        validate(cfg_with(*overrides, tmp_path=tmp_path), world)
+
+
+def test_unwritable_output_root(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "file").write_text("")
+    with pytest.raises(UsageError, match="not writable"):
+        validate(cfg_with(f"output_root={ro / 'file' / 'sub'}"), 2)
+
+
+def test_global_batch_derives_accumulation():
+    layout = BatchLayout.resolve(micro=2, accum=1, global_batch=16, world=4)
+    assert (layout.grad_accum_steps, layout.global_batch) == (2, 16)
+
+
+def test_run_id_every_rank_derives_the_same():
+    agent = "/tmp/torchelastic_ab/none_cd/attempt_0/{}/error.json"
+    ids = {derive_run_id(None, {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_ERROR_FILE": agent.format(r)}) for r in range(4)}
+    assert len(ids) == 1
+    assert derive_run_id(None, {"SLURM_JOB_ID": "77", "TORCHELASTIC_RUN_ID": "x"}) == "slurm-77"
+    assert derive_run_id(None, {"TORCHELASTIC_RUN_ID": "job/1 2"}) == "rdzv-job-1-2"
+    assert derive_run_id("my run", {}) == "my-run"
+
+
+def test_secrets_are_redacted_and_metrics_are_not():
+    from workloads.records import redact
+
+    out = redact({"env": {"WANDB_API_KEY": "abc", "HF_TOKEN": "x", "NCCL_IB_HCA": "mlx5"},
+                  "metrics": {"tokens_per_sec": 5.0}, "max_tokens": 3, "aws_secret_access_key": "k"})
+    assert out["env"] == {"WANDB_API_KEY": "<redacted>", "HF_TOKEN": "<redacted>", "NCCL_IB_HCA": "mlx5"}
+    assert out["metrics"]["tokens_per_sec"] == 5.0 and out["max_tokens"] == 3
+    assert out["aws_secret_access_key"] == "<redacted>"
