@@ -74,7 +74,7 @@ def inventory(root=None) -> dict[str, Any]:
         "rdma": [asdict(p) | {"label": p.label, "nccl_link_layer": p.nccl_link_layer} for p in preflight.rdma_ports(root)],
         "net": [asdict(i) | {"up": i.up, "addresses": sorted(addrs.get(i.name, []))} for i in preflight.net_ifaces(root)],
         "gpus": gpus() if live else {"tool": None, "devices": [], "topology": None, "note": "not the live host"},
-        "nccl": nccl_version(),
+        "nccl": nccl_version() if live else {"library": None, "version": None, "source": "not the live host"},
     }
 
 
@@ -120,7 +120,8 @@ def render(inv: dict, check: dict | None) -> str:
     else:
         out.append("  none found (no nvidia-smi or rocm-smi answered)" if not g.get("note") else f"  ({g['note']})")
     n = inv["nccl"]
-    out += ["", "NCCL", f"  {n['library']} {n['version'] or 'not built in'} from {n.get('source', '-')}"]
+    out += ["", "NCCL", f"  {n['library']} {n['version'] or 'not built in'} from {n.get('source', '-')}"
+            if n["library"] else f"  ({n.get('source')})"]
     if check is not None:
         out += ["", f"Check fabric={check['fabric']} ({check['backend']})"]
         for k, v in check["env"].items():
