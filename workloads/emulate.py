@@ -333,6 +333,9 @@ def main(argv: Sequence[str] | None = None, conf_dir: str | None = None) -> int:
             raise UsageError(f"entry point {args.entry} does not exist; use launch/train.py or launch/collectives.py")
         if args.nproc_per_node < 1:
             raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
+        if Path(args.entry).name == "collectives.py" and not any(
+                o.lstrip("+").startswith("workload=") for o in args.overrides):
+            args.overrides.insert(0, "workload=collectives")  # as that entry point does itself
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate)
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into

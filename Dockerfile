@@ -1,0 +1,94 @@
+# syntax=docker/dockerfile:1
+# fabricbench images for GPU clusters. One file, four targets:
+#   docker build --target cuda   -t fabricbench:cuda   .   # CUDA + PyTorch (locked) + DeepSpeed ops
+#   docker build --target rocm   -t fabricbench:rocm   .   # ROCm PyTorch base (RCCL) + fabricbench
+#   docker build --target sglang -t fabricbench:sglang .   # SGLang's image + fabricbench's client side
+#   docker build --target vllm   -t fabricbench:vllm   .   # vLLM's image + fabricbench's client side
+# Every GPU image carries RDMA user space (rdma-core, libibverbs providers, ibverbs-utils,
+# perftest, infiniband-diags) so NCCL/RCCL can use IB/RoCE and `ib_write_bw` can check a link.
+#
+# Python dependencies are installed with the README's own commands (Makefile `sync`):
+# uv bootstrapped into .tools/, then `uv sync --frozen` from uv.lock. tests/test_dockerfile.py
+# checks that these RUN lines and the Makefile stay the same commands.
+
+ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
+ARG ROCM_BASE=rocm/pytorch:rocm6.4_ubuntu24.04_py3.12_pytorch_release_2.6.0
+ARG SGLANG_BASE=lmsysorg/sglang:latest
+ARG VLLM_BASE=vllm/vllm-openai:latest
+
+# ---------------------------------------------------------------------------------------
+FROM ${CUDA_BASE} AS cuda
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev make git ca-certificates build-essential ninja-build \
+        rdma-core ibverbs-providers ibverbs-utils perftest infiniband-diags libibverbs-dev librdmacm-dev \
+        iproute2 pciutils \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/fabricbench
+# Dependencies first (their layer survives source edits), then the project itself.
+COPY pyproject.toml uv.lock README.md Makefile ./
+RUN python3 -m venv .tools && .tools/bin/pip install -q uv
+RUN .tools/bin/uv sync --frozen --no-install-project
+COPY . .
+RUN .tools/bin/uv sync --frozen
+# DeepSpeed ships as an sdist whose ops otherwise compile on first use, on every node:
+# rebuild the locked version with the ops that training uses compiled in, for the GPU
+# generations of current clusters (A100, H100/H200, B200).
+ARG TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0"
+RUN DS_VERSION="$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("deepspeed"))')" \
+    && TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_LAMB=1 \
+       .tools/bin/uv pip install --python .venv/bin/python --reinstall --no-deps --no-build-isolation --no-cache \
+       "deepspeed==${DS_VERSION}" \
+    && .venv/bin/ds_report
+ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1
+CMD ["python", "launch/train.py", "--help"]
+
+# ---------------------------------------------------------------------------------------
+# ROCm: the base image's PyTorch is the ROCm build (RCCL inside); the venv sees it through
+# --system-site-packages and the lock's CUDA torch wheels are not installed.
+FROM ${ROCM_BASE} AS rocm
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3-venv make git ca-certificates \
+        rdma-core ibverbs-providers ibverbs-utils perftest infiniband-diags \
+        iproute2 pciutils \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/fabricbench
+COPY . .
+RUN python3 -m venv .tools && .tools/bin/pip install -q uv
+RUN python3 -m venv --system-site-packages .venv \
+    && .tools/bin/uv sync --frozen --inexact --no-install-package torch --no-install-package triton
+ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1
+CMD ["python", "launch/train.py", "--help"]
+
+# ---------------------------------------------------------------------------------------
+# Serving images: the engine stays in the image's own Python; fabricbench (load generator,
+# records, analysis) lives in its own venv so neither disturbs the other's pins.
+FROM ${SGLANG_BASE} AS sglang
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3-venv make ca-certificates \
+        rdma-core ibverbs-providers ibverbs-utils perftest infiniband-diags iproute2 \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/fabricbench
+COPY . .
+RUN python3 -m venv .tools && .tools/bin/pip install -q uv
+RUN .tools/bin/uv sync --frozen
+ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
+
+FROM ${VLLM_BASE} AS vllm
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3-venv make ca-certificates \
+        rdma-core ibverbs-providers ibverbs-utils perftest infiniband-diags iproute2 \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/fabricbench
+COPY . .
+RUN python3 -m venv .tools && .tools/bin/pip install -q uv
+RUN .tools/bin/uv sync --frozen
+ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
+# The vLLM image's entrypoint is the API server; keep it (`docker run ... --model M`).

