@@ -1,0 +1,92 @@
+"""launch/infer.py end to end: real processes, real HTTP on 127.0.0.1.
+
+- against the scripted SSE server (server=external): a sweep writes one record per point,
+  and a rerun with the same run_id and more points runs only the missing one;
+- bad input: one `error:` line, exit 2, no traceback;
+- against the reference engine (launch/serve.py) at TP=2 over Gloo: a concurrency sweep.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from workloads.loadgen.scripted_server import Running
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _infer(*overrides, timeout=240):
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", WANDB_MODE="offline")
+    return subprocess.run([sys.executable, str(REPO / "launch" / "infer.py"), *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _records(root):
+    return [json.loads(p.read_text()) for p in sorted(Path(root).rglob("records/*.json"))]
+
+
+SMALL = ["load.num_requests=12", "load.warmup_requests=2", "load.dataset.input_len=16", "load.dataset.output_len=6"]
+
+
+def test_sweep_records_and_resume(tmp_path):
+    out = tmp_path / "res"
+    with Running(ttft_ms=4, itl_ms=2) as url:
+        common = ["server=external", f"server.url={url}", f"output_root={out}", "run_id=sweep1", *SMALL]
+        r = _infer(*common, "load.points=[1,4]")
+        assert r.returncode == 0, r.stderr
+        recs = _records(out)
+        assert sorted(x["point"] for x in recs) == ["c1", "c4"]
+        for x in recs:
+            m = x["metrics"]
+            assert x["status"] == "ok" and x["workload"] == "inference" and m["completed"] == 12 and m["failed"] == 0
+            assert m["total_output_tokens"] == 12 * 6  # ignore_eos + usage: exactly what was asked
+            assert m["mean_ttft_ms"] >= 4 and m["median_tpot_ms"] > 0 and len(x["samples"]["requests"]) == 12
+            assert x["fabric"]["name"] == "loopback" and x["server"]["adapter"] == "external"
+        # Interrupted after c1, c4 ... : a rerun with one more point runs only that one.
+        r = _infer(*common, "load.points=[1,4,8]")
+        assert r.returncode == 0, r.stderr
+        assert "point c1: already recorded" in r.stdout and "point c4: already recorded" in r.stdout
+        assert sorted(x["point"] for x in _records(out)) == ["c1", "c4", "c8"]
+        # Open loop: Poisson at 50 req/s, with the client's send lag recorded per request.
+        r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=rate1", *SMALL,
+                   "load=rate_sweep", "load.points=[50]", "load.duration_s=null", "load.slo=ttft:1000")
+        assert r.returncode == 0, r.stderr
+        (rec,) = _records(out / "rate1")
+        assert rec["point"] == "poisson-r50" and rec["metrics"]["request_goodput"] > 0
+        assert rec["metrics"]["p99_send_lag_ms"] is not None
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    out = tmp_path / "res"
+    cases = [
+        (["server=external", "server.url=http://127.0.0.1:9", "server.ready_timeout_s=1"], "did not answer 200"),
+        (["server=sglang", "model=llama-3.1-8b", "server.tp=3"], "does not divide model.num_attention_heads=32"),
+        (["server=external", "server.url=http://x", "load.dataset.kind=sharegpt", "load.dataset.path=/nope.json",
+          f"load.tokenizer={tmp_path}/no-tok"], "does not exist"),
+    ]
+    for overrides, msg in cases:
+        r = _infer(*overrides, f"output_root={out}", *SMALL, timeout=60)
+        assert r.returncode == 2, (overrides, r.stdout, r.stderr)
+        assert msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_reference_engine_tp2_sweep(tmp_path):
+    if not (REPO / "launch" / "serve.py").exists():
+        pytest.skip("reference engine not yet available")
+    out = tmp_path / "res"
+    r = _infer("server=reference", "server.tp=2", "fabric=loopback", "load.points=[1,2]", f"output_root={out}",
+               "run_id=ref", "server.port=18931", *SMALL, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = _records(out)
+    assert sorted(x["point"] for x in recs) == ["c1", "c2"]
+    for x in recs:
+        assert x["status"] == "ok" and x["metrics"]["completed"] == 12 and x["server"]["tp"] == 2
+        assert x["metrics"]["total_output_tokens"] == 12 * 6
+    log = (out / "ref" / "server" / "reference.log").read_text()
+    assert "nproc_per_node=2" in log

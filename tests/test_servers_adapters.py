@@ -1,0 +1,201 @@
+"""Server adapters and the orchestrator.
+
+SGLang and vLLM need GPUs and cannot be installed here, so their adapters are tested at
+the command-line / environment boundary: the argv they build (against the documented
+flags: docs.sglang.io "Multi-Node Deployment", docs.vllm.ai "Parallelism and Scaling")
+and the environment the orchestrator would give them. The orchestrator itself is tested
+with real processes: a stand-in server that forks a grandchild, ignores SIGTERM, or never
+becomes ready.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from workloads.errors import UsageError
+from workloads.fabric import FabricProfile
+from workloads.servers import get_adapter
+from workloads.servers.base import Launch, ServerSpec, check_tp_divides
+from workloads.servers.orchestrator import ManagedServer
+
+CONF = os.path.join(os.path.dirname(__file__), "..", "conf")
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
+        return compose("infer", overrides=list(overrides))
+
+
+def _launch(*overrides):
+    from omegaconf import OmegaConf
+
+    c = _cfg(*overrides)
+    spec = ServerSpec.from_config(OmegaConf.to_container(c.server, resolve=True))
+    model = OmegaConf.to_container(c.model, resolve=True)
+    return spec, get_adapter(spec.adapter).command(spec, model, c.fabric.name), c
+
+
+def test_sglang_command_line():
+    spec, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=8", "server.port=31000",
+                         "server.extra_args=[--mem-fraction-static,0.85]")
+    assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "8",
+                          "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
+    assert l.model_name == "meta-llama/Llama-3.1-8B-Instruct"
+    _, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
+                      "server.dist_init_addr=10.0.0.1:20000", "server.model_path=/models/llama")
+    i = l.argv.index("--dist-init-addr")
+    assert l.argv[i:i + 6] == ["--dist-init-addr", "10.0.0.1:20000", "--nnodes", "2", "--node-rank", "1"]
+    assert l.argv[l.argv.index("--model-path") + 1] == "/models/llama"
+
+
+def test_vllm_command_line():
+    _, l, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=4")
+    assert l.argv == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "4",
+                      "--host", "127.0.0.1", "--port", "8000"]
+    _, head, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2",
+                         "server.dist_init_addr=10.0.0.1:29600")
+    assert head.argv[-8:] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29600"]
+    _, worker, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
+                           "server.dist_init_addr=10.0.0.1:29600")
+    assert worker.argv[-1] == "--headless" and "--node-rank" in worker.argv
+
+
+def test_reference_and_external():
+    _, l, _ = _launch("server=reference", "server.tp=2", "server.port=8123")
+    assert l.argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", l.argv[5]]
+    assert l.argv[5].endswith("launch/serve.py")
+    assert l.argv[6:] == ["model=neox-tiny", "fabric=loopback", "server.host=127.0.0.1", "server.port=8123"]
+    spec, l, _ = _launch("server=external", "server.url=http://10.1.2.3:30000/")
+    assert l.argv is None and spec.base_url == "http://10.1.2.3:30000"
+    with pytest.raises(UsageError, match="server.url"):
+        _launch("server=external")
+
+
+def test_bad_server_config():
+    with pytest.raises(UsageError, match="does not divide model.num_attention_heads=32"):
+        check_tp_divides(6, {"name": "llama-3.1-8b", "num_attention_heads": 32, "num_key_value_heads": 8})
+    check_tp_divides(16, {"num_attention_heads": 32, "num_key_value_heads": 8})  # KV heads replicated: fine
+    with pytest.raises(UsageError, match="dist_init_addr"):
+        _launch("server=sglang", "model=llama-3.1-8b", "server.nnodes=2")
+    with pytest.raises(UsageError, match="model_path"):
+        _launch("server=vllm", "model=neox-tiny")
+
+
+def test_fabric_env_reaches_the_server(tmp_path):
+    """The orchestrator hands the server the fabric's variables and NCCL's log file in the
+    run dir. The stand-in prints its environment, as sglang/vllm would read it."""
+    c = _cfg("fabric=roce", "server=sglang", "model=llama-3.1-8b")
+    from omegaconf import OmegaConf
+
+    fabric = FabricProfile.from_config(OmegaConf.to_container(c.fabric, resolve=True))
+    env = dict(os.environ)
+    fabric.apply(tmp_path, env)
+    spec = ServerSpec(adapter="sglang", port=_free_port(), ready_timeout_s=20, env={"SGLANG_EXTRA": "1"})
+    argv = [sys.executable, "-c", "import os,json; print(json.dumps(dict(os.environ)), flush=True)"]
+    with pytest.raises(UsageError, match="exited with code 0 before it was ready"):
+        with ManagedServer(spec, Launch(argv, dict(spec.env), "m"), tmp_path, env):
+            pass
+    import json
+
+    logged = json.loads((tmp_path / "server" / "sglang.log").read_text().splitlines()[1])
+    for k in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "NCCL_IB_TC", "SGLANG_EXTRA"):
+        assert logged[k] == env.get(k, "1"), k
+    assert logged["NCCL_DEBUG_FILE"].startswith(str(tmp_path / "nccl"))
+
+
+def _free_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+STANDIN = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    mode, port, pidfile = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    child = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    open(pidfile, "w").write(str(child.pid))
+    print("stand-in starting; loading weights", flush=True)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "never":
+        time.sleep(600)
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    return st != "Z"
+
+
+@pytest.mark.parametrize("mode", ["normal", "stubborn"])
+def test_stop_leaves_no_orphans(tmp_path, mode):
+    pidfile = tmp_path / "child.pid"
+    port = _free_port()
+    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=30, stop_timeout_s=1)
+    argv = [sys.executable, "-c", STANDIN, mode, str(port), str(pidfile)]
+    with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)) as srv:
+        leader = srv.proc.pid
+        child = int(pidfile.read_text())
+        assert _alive(child)
+    # The grandchild ignores SIGTERM (and in "stubborn" the leader too): KILL follows.
+    assert not _alive(leader) and not _alive(child)
+
+
+def test_ready_timeout_shows_log_tail(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    port = _free_port()
+    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=2, stop_timeout_s=1)
+    argv = [sys.executable, "-c", STANDIN, "never", str(port), str(pidfile)]
+    t = time.monotonic()
+    with pytest.raises(UsageError) as e:
+        with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
+            pass
+    assert time.monotonic() - t < 15
+    msg = str(e.value)
+    assert "did not answer 200" in msg and "ready_timeout_s=2" in msg and "loading weights" in msg
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_ctrl_c_stops_the_server_group(tmp_path):
+    """A real SIGINT to a process that holds a ManagedServer: no orphan survives."""
+    pidfile = tmp_path / "child.pid"
+    port = _free_port()
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {os.path.abspath(os.path.join(CONF, '..'))!r})
+        from workloads.servers.base import ServerSpec, Launch
+        from workloads.servers.orchestrator import ManagedServer
+        spec = ServerSpec(adapter="standin", port={port}, ready_timeout_s=30, stop_timeout_s=1)
+        argv = [sys.executable, "-c", {STANDIN!r}, "normal", "{port}", {str(pidfile)!r}]
+        with ManagedServer(spec, Launch(argv, {{}}, "m"), {str(tmp_path)!r}, dict(os.environ)) as s:
+            print("READY", s.proc.pid, flush=True)
+            time.sleep(600)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("READY"), line
+    leader = int(line.split()[1])
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGINT)
+    p.wait(30)
+    assert not _alive(leader) and not _alive(child)
