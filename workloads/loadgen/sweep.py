@@ -138,7 +138,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     env = dict(os.environ)
     applied = fabric.apply(run_dir, env)  # the server's environment, not this process's
     load = cfg.load
-    warm, measured = specs[: int(load.warmup_requests)], specs[int(load.warmup_requests):] or specs
+    measured = specs  # the runner sends the first warmup_requests of these first, uncounted
     base = dict(run_id=run_dir.name, overrides=overrides, config=OmegaConf.to_container(cfg, resolve=True),
                 model=OmegaConf.to_container(cfg.model, resolve=True),
                 fabric={"name": fabric.name, "backend": fabric.backend, "env": applied, "expect": fabric.expect,
@@ -155,7 +155,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
             for a in points:
                 if a.label() in done:
                     continue
-                failed += not _run_one(a, srv, backend, launch.model_name, warm, measured, slo, load, base, fp, records, cfg)
+                failed += not _run_one(a, srv, backend, launch.model_name, measured, slo, load, base, fp, records, cfg)
                 if not srv.alive():
                     raise UsageError(f"server={spec.adapter} exited during point {a.label()}; the end of its log "
                                      f"({srv.log_path}):\n{log_tail(srv.log_path)}")
@@ -166,7 +166,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _run_one(a: Arrival, srv, backend, model_name, warm, measured, slo, load, base, fp, records: Path, cfg) -> bool:
+def _run_one(a: Arrival, srv, backend, model_name, measured, slo, load, base, fp, records: Path, cfg) -> bool:
     rec = new_record(WORKLOAD, point=a.label(), arrival={"kind": a.kind, "rate": a.rate, "burstiness": a.burstiness,
                                                          "concurrency": a.concurrency, "max_concurrency": a.max_concurrency},
                      fingerprint=fp, metrics={}, samples={}, **base)
