@@ -144,7 +144,13 @@ def load_dirs(dirs: Iterable[str]) -> list[dict]:
     missing = [d for d in dirs if not Path(d).is_dir()]
     if missing:
         raise UsageError(f"no such directory: {', '.join(missing)}; pass the run or results directories that hold records/")
-    return load_records(*dirs)
+    seen, out = set(), []
+    for rec in load_records(*dirs):
+        real = Path(rec["_path"]).resolve()  # overlapping or symlinked directories: count each record once
+        if real not in seen:
+            seen.add(real)
+            out.append(rec)
+    return out
 
 
 def wandb_filters(group: str | None = None, tags: Iterable[str] = (), config: Mapping[str, Any] | None = None) -> dict:

@@ -82,8 +82,9 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
                      f"on {c.gpus:g} GPUs" for c in caps] + capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
 
     md = [f"# {title}", "", f"{len(table)} records, fabrics: {', '.join(table.fabrics)}; baseline: {result.baseline}.",
-          "Trials are records (one run each); medians with bootstrap 95% intervals; significance by a two-sided "
-          "permutation test on the log ratio of medians (see analysis/stats.py).", ""]
+          "Trials are records (one run each); medians with bootstrap 95% intervals; significance by a two-sided exact "
+          "Mann-Whitney (rank-sum) permutation test; a winner is named only when p < alpha and the interval excludes 1 "
+          "(see analysis/stats.py).", ""]
     if warnings:
         md += ["## Warnings", "", *[f"- **transport mismatch**: {w}" for w in warnings], ""]
     if failed:

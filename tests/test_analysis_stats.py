@@ -120,6 +120,7 @@ def test_cli_compare_on_disk(tmp_path: Path, capsys):
         write_record(tmp_path / r["fabric"]["name"], r, "rec")
     table = load_table([tmp_path])
     assert len(table) == 10 and table.fabrics == ["a", "b"]
+    assert len(load_table([tmp_path, tmp_path / "a"])) == 10  # overlapping directories: each record once
     # typed columns; a redacted tokens_per_sec is recomputed as sps x seq_length
     assert table.column("samples_per_sec").dtype == float
     assert table[0].metrics["tokens_per_sec"] == pytest.approx(table[0].metrics["samples_per_sec"] * 128)
