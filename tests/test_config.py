@@ -120,3 +120,5 @@ def test_secrets_are_redacted_and_metrics_are_not():
     assert out["env"] == {"WANDB_API_KEY": "<redacted>", "HF_TOKEN": "<redacted>", "NCCL_IB_HCA": "mlx5"}
     assert out["metrics"]["tokens_per_sec"] == 5.0 and out["max_tokens"] == 3
     assert out["aws_secret_access_key"] == "<redacted>"
+    assert redact(["+fabric.env.MY_SECRET_TOKEN=hunter2", "train.max_tokens=3", "fabric=roce"]) == [
+        "+fabric.env.MY_SECRET_TOKEN=<redacted>", "train.max_tokens=3", "fabric=roce"]

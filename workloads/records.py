@@ -30,12 +30,21 @@ def is_secret_name(name: str) -> bool:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+_ASSIGNMENT = re.compile(r"^([+~]*[A-Za-z0-9_.\-/]+)=(.*)$", re.S)
+
+
 def redact(obj: Any) -> Any:
-    """Replace the value of every mapping key that looks like a secret."""
+    """Replace the value of every mapping key that looks like a secret, and of every
+    `key=value` string (a Hydra override such as `+fabric.env.HF_TOKEN=...`) whose last
+    key component does."""
     if isinstance(obj, dict):
         return {k: ("<redacted>" if is_secret_name(k) and v not in (None, "") else redact(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        m = _ASSIGNMENT.match(obj)
+        if m and is_secret_name(m.group(1).rsplit(".", 1)[-1]):
+            return f"{m.group(1)}=<redacted>"
     return obj
 
 
