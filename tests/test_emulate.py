@@ -28,6 +28,13 @@ EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 TRAIN = ["train.micro_batch_size=1", "train.seq_length=32", "train.steps=10", "train.warmup_steps=3"]
 
 
+LISTEN = """import socket, sys
+s = socket.create_server((sys.argv[1], 7777)); print("listening", flush=True)
+c, _ = s.accept(); c.sendall(b"hello"); c.close()"""
+CONNECT = """import socket, sys
+print(socket.create_connection((sys.argv[1], 7777), timeout=10).recv(5).decode())"""
+
+
 def our_namespaces(tag: str) -> list[str]:
     return [n for n in leftovers() if n.startswith(f"fb-{tag}-")]
 
@@ -97,9 +104,17 @@ def test_topology_shapes_and_is_removed(tmp_path):
             q = subprocess.run(["tc", "-n", topo.nodes[0], "qdisc", "show", "dev", "emu0"], capture_output=True,
                                text=True, check=True).stdout
             assert "tbf" in q and "rate 100Mbit" in q
-            p = subprocess.run(["ip", "netns", "exec", topo.nodes[0], "ping", "-c", "1", "-W", "2",
-                                topo.spec.addr(nodes - 1)], capture_output=True, text=True)
-            assert p.returncode == 0, p.stdout + p.stderr
+            # A TCP connection from the first node to the last one's veth address.
+            server = subprocess.Popen(["ip", "netns", "exec", topo.nodes[-1], sys.executable, "-c", LISTEN,
+                                       topo.spec.addr(nodes - 1)], stdout=subprocess.PIPE, text=True)
+            try:
+                assert server.stdout.readline().strip() == "listening"
+                p = subprocess.run(["ip", "netns", "exec", topo.nodes[0], sys.executable, "-c", CONNECT,
+                                    topo.spec.addr(nodes - 1)], capture_output=True, text=True, timeout=30)
+                assert p.returncode == 0 and p.stdout.strip() == "hello", p.stdout + p.stderr
+            finally:
+                server.kill()
+                server.wait()
         assert our_namespaces(tag) == []
     tag = f"{os.getpid()}bad"
     with pytest.raises(RuntimeError, match="failed"):
