@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "workloads.doctor",  # fabric inventory of this machine, and a profile checked against it
     "compare": "analysis.cli_compare",  # fabrics point by point: verdicts with 95% intervals
     "report": "analysis.cli_report",  # Markdown + self-contained HTML: verdicts, capacity, plots
+    "emulate": "workloads.emulate",  # N namespaces + shaped veth links, one torchrun agent each (root)
 }
 
 

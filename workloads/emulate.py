@@ -312,20 +312,29 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], **cli: Any) -> 
     return EmuSpec.from_config(block, **cli), str(cfg.fabric.name)
 
 
-def main(argv: Sequence[str] | None = None, conf_dir: str | None = None) -> int:
+def add_arguments(ap) -> None:
+    """`fabricbench emulate ...` and launch/emulate.py share this parser."""
     import argparse
 
-    ap = argparse.ArgumentParser(
-        prog="launch/emulate.py",
-        description="Run a fabricbench entry point across emulated nodes (network namespaces joined by "
-                    "shaped veth links), one torchrun agent per namespace. Needs root.")
+    ap.description = ("Run a fabricbench entry point across emulated nodes (network namespaces joined by "
+                      "shaped veth links), one torchrun agent per namespace. Needs root.")
     ap.add_argument("--nodes", type=int, help="namespaces (overrides fabric.emulate.nodes)")
     ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per namespace [1]")
     ap.add_argument("--rate", help="tc rate, e.g. 100mbit (overrides fabric.emulate.rate; 'none' = unshaped)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before every agent is stopped [900]")
     ap.add_argument("entry", help="launch/train.py or launch/collectives.py")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides, e.g. fabric=emu-100m")
-    args = ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="launch/emulate.py")
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args, conf_dir: str | None = None) -> int:
     conf_dir = conf_dir or str(Path(__file__).resolve().parent.parent / "conf")
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
