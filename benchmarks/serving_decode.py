@@ -8,7 +8,8 @@ TP=1, and the time each decode step spends in all_reduce.
 Same random GPT-NeoX (conf/model/<model>.yaml, seed 1234, fp32), same batch of
 `--batch` prompts of `--prompt-len` random tokens, greedy, `--new-tokens` generated, EOS
 ignored. Every measurement burns in once (`--warmup` runs), then repeats `--repeats` times;
-the median run is reported.
+the median run is reported. HF and TP=1 runs alternate, and TP=1 is measured again after
+the TP>1 launch, so that load from other processes falls on both sides of each ratio.
 
 - decode tokens/s = batch × (new_tokens − 1) / decode time. Ours: the sum of the decode
   steps' wall times (the prefill step excluded). HF: generate(new_tokens) − generate(1),
@@ -50,84 +51,89 @@ def prompts(cfg, batch: int, length: int) -> list[list[int]]:
     return torch.randint(0, cfg.vocab_size, (batch, length), generator=g).tolist()
 
 
-def engine_run(a, rank: int, world: int, device) -> dict | None:
-    """Our engine on this rank; rank 0 returns median figures over the repeats."""
-    import torch
+class OurEngine:
+    """Our engine on this rank, built once; `once()` (rank 0) times one batch end to end."""
 
-    from workloads.commtimer import CommTimer
-    from workloads.serving.engine import EngineSettings, SamplingParams, build_engine
+    def __init__(self, a, rank: int, world: int, device):
+        import torch
 
-    cfg = model_config(a.model)
-    kv = a.batch * (a.prompt_len + a.new_tokens + 16)
-    eng = build_engine(cfg, EngineSettings(max_batch_size=a.batch, max_kv_tokens=kv), rank, world, device, seed=1234)
-    timer = CommTimer(device)
-    run = eng.execute
-    step_rows: list[tuple[float, float, int]] = []  # (step s, all_reduce s, tokens in step)
+        from workloads.commtimer import CommTimer
+        from workloads.serving.engine import EngineSettings, build_engine
 
-    def timed(entries):
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        sync()
-        timer.begin_step()
-        t0 = time.perf_counter()
-        with timer.active():
-            out = run(entries)
-        sync()
-        step_rows.append((time.perf_counter() - t0, timer.end_step(), sum(len(e[0]) for e in entries)))
-        return out
+        self.a, self.cfg, self.device = a, model_config(a.model), device
+        kv = a.batch * (a.prompt_len + a.new_tokens + 16)
+        self.eng = build_engine(self.cfg, EngineSettings(max_batch_size=a.batch, max_kv_tokens=kv), rank, world,
+                                device, seed=1234)
+        timer = CommTimer(device)
+        run = self.eng.execute
+        self.rows: list[tuple[float, float, int]] = []  # (step s, all_reduce s, tokens in step)
 
-    eng.execute = timed
-    if rank != 0:
-        eng.run_follower()
-        return None
-    runs = []
-    for i in range(a.warmup + a.repeats):
-        step_rows.clear()
-        done = []
-        for p in prompts(cfg, a.batch, a.prompt_len):
-            eng.submit(p, SamplingParams(max_tokens=a.new_tokens, temperature=0.0, ignore_eos=True),
-                       lambda tok, reason: done.append(1) if reason else None)
-        while eng.leader_step():
+        def timed(entries):
+            sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+            sync()
+            timer.begin_step()
+            t0 = time.perf_counter()
+            with timer.active():  # only the forward: the plan broadcast is not counted
+                out = run(entries)
+            sync()
+            self.rows.append((time.perf_counter() - t0, timer.end_step(), sum(len(e[0]) for e in entries)))
+            return out
+
+        self.eng.execute = timed
+
+    def once(self) -> dict:
+        from workloads.serving.engine import SamplingParams
+
+        a, done = self.a, []
+        self.rows.clear()
+        for p in prompts(self.cfg, a.batch, a.prompt_len):
+            self.eng.submit(p, SamplingParams(max_tokens=a.new_tokens, temperature=0.0, ignore_eos=True),
+                            lambda tok, reason: done.append(1) if reason else None)
+        while self.eng.leader_step():
             pass
-        assert len(done) == a.batch and step_rows[0][2] == a.batch * a.prompt_len
-        decode = step_rows[1:]  # first step is the prefill of the whole batch
-        if i >= a.warmup:
-            dt = sum(r[0] for r in decode)
-            runs.append({"decode_tok_s": a.batch * len(decode) / dt, "step_s": dt / len(decode),
-                         "allreduce_s": sum(r[1] for r in decode) / len(decode), "prefill_s": step_rows[0][0]})
-    eng._broadcast({"kind": "stop"})
-    runs.sort(key=lambda r: r["decode_tok_s"])
-    return runs[len(runs) // 2]
+        assert len(done) == a.batch and self.rows[0][2] == a.batch * a.prompt_len
+        decode = self.rows[1:]  # the first step is the prefill of the whole batch
+        dt = sum(r[0] for r in decode)
+        return {"decode_tok_s": a.batch * len(decode) / dt, "step_s": dt / len(decode),
+                "allreduce_s": sum(r[1] for r in decode) / len(decode), "prefill_s": self.rows[0][0]}
+
+    def stop(self) -> None:
+        self.eng._broadcast({"kind": "stop"})
 
 
-def hf_run(a) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
+def median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
 
-    from workloads.hf import save_hf
-    from workloads.model import GPTNeoX
 
-    cfg = model_config(a.model)
-    torch.manual_seed(1234)
-    ours = GPTNeoX(cfg)
-    with tempfile.TemporaryDirectory() as d:
-        save_hf(ours, d)
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    ids = torch.tensor(prompts(cfg, a.batch, a.prompt_len))
-    mask = torch.ones_like(ids)
+class HFGenerate:
+    """transformers' GPTNeoXForCausalLM with the same weights (written and read back in HF's format)."""
 
-    def gen(n: int) -> float:
+    def __init__(self, a):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from workloads.hf import save_hf
+        from workloads.model import GPTNeoX
+
+        self.a, cfg = a, model_config(a.model)
+        torch.manual_seed(1234)  # the same init as build_engine(seed=1234)
+        with tempfile.TemporaryDirectory() as d:
+            save_hf(GPTNeoX(cfg), d)
+            self.model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        self.ids = torch.tensor(prompts(cfg, a.batch, a.prompt_len))
+
+    def _gen(self, n: int) -> float:
+        import torch
+
         t0 = time.perf_counter()
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           use_cache=True, pad_token_id=0)
+            self.model.generate(input_ids=self.ids, attention_mask=torch.ones_like(self.ids), max_new_tokens=n,
+                                min_new_tokens=n, do_sample=False, use_cache=True, pad_token_id=0)
         return time.perf_counter() - t0
 
-    runs = []
-    for i in range(a.warmup + a.repeats):
-        full, one = gen(a.new_tokens), gen(1)
-        if i >= a.warmup:
-            runs.append(a.batch * (a.new_tokens - 1) / (full - one))
-    return {"decode_tok_s": statistics.median(runs)}
+    def once(self) -> dict:
+        full, one = self._gen(self.a.new_tokens), self._gen(1)
+        return {"decode_tok_s": self.a.batch * (self.a.new_tokens - 1) / (full - one)}
 
 
 def worker(a) -> None:
@@ -140,9 +146,13 @@ def worker(a) -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if a.backend == "nccl" else torch.device("cpu")
     if a.backend == "nccl":
         torch.cuda.set_device(device)
-    res = engine_run(a, rank, world, device)
+    ours = OurEngine(a, rank, world, device)
     if rank == 0:
-        Path(a.worker).write_text(json.dumps(res))
+        runs = [ours.once() for _ in range(a.warmup + a.repeats)][a.warmup:]
+        ours.stop()
+        Path(a.worker).write_text(json.dumps(median_run(runs)))
+    else:
+        ours.eng.run_follower()
     dist.destroy_process_group()
 
 
@@ -168,8 +178,15 @@ def main() -> None:
     device = torch.device("cuda", 0) if a.backend == "nccl" else torch.device("cpu")
     print(f"model {a.model} (random, fp32), batch {a.batch}, prompt {a.prompt_len}, new tokens {a.new_tokens}, "
           f"{a.backend} on {torch.cuda.get_device_name(0) if a.backend == 'nccl' else 'CPU'}", flush=True)
-    hf = hf_run(a) if a.backend == "gloo" else None  # HF on GPU would need its own device placement; CPU only
-    tp1 = engine_run(a, 0, 1, device)
+    # HF and TP=1 alternate run by run, so that load from other processes hits both alike.
+    hf = HFGenerate(a) if a.backend == "gloo" else None  # CPU only: HF on GPU would need its own placement
+    ours = OurEngine(a, 0, 1, device)
+    hf_runs, tp1_runs = [], []
+    for i in range(a.warmup + a.repeats):
+        h, o = (hf.once() if hf else None), ours.once()
+        if i >= a.warmup:
+            hf_runs.append(h)
+            tp1_runs.append(o)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "tp.json"
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.tp}", __file__,
@@ -178,6 +195,8 @@ def main() -> None:
         subprocess.run(argv, check=True, cwd=ROOT, env=os.environ | {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]},
                        timeout=3600)
         tpn = json.loads(out.read_text())
+    tp1_runs += [ours.once() for _ in range(a.repeats)]  # TP=1 again after TP>1: both sides of its window
+    tp1, hf = median_run(tp1_runs), (median_run(hf_runs) if hf else None)
     rows = [("HF generate()", hf["decode_tok_s"] if hf else None, None, None),
             ("reference TP=1", tp1["decode_tok_s"], tp1["step_s"], tp1["allreduce_s"]),
             (f"reference TP={a.tp}", tpn["decode_tok_s"], tpn["step_s"], tpn["allreduce_s"])]
