@@ -116,9 +116,12 @@ class HFGenerate:
         from workloads.model import GPTNeoX
 
         self.a, cfg = a, model_config(a.model)
-        torch.manual_seed(1234)  # the same init as build_engine(seed=1234)
+        from workloads.serving.tp import RandomWeights
+
+        model = GPTNeoX(cfg)
+        model.load_state_dict(RandomWeights(cfg, 1234).state_dict())  # the weights build_engine(seed=1234) shards
         with tempfile.TemporaryDirectory() as d:
-            save_hf(GPTNeoX(cfg), d)
+            save_hf(model, d)
             self.model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
         self.ids = torch.tensor(prompts(cfg, a.batch, a.prompt_len))
 

@@ -13,7 +13,7 @@ from workloads.model import GPTNeoX
 from workloads.serving import parity
 from workloads.serving.engine import (BlockAllocator, EngineSettings, RequestError, SamplingParams, build_engine,
                                       sample)
-from workloads.serving.tp import shard_state_dict
+from workloads.serving.tp import RandomWeights, shard_state_dict
 
 CPU = torch.device("cpu")
 
@@ -74,8 +74,8 @@ def test_paged_kv_forward_equals_full_model(residual):
     """Prefill of two prompts together, then 15 batched decode steps through the paged
     cache: last-token logits equal the plain model's full recomputation (fp32, atol 1e-5)."""
     eng = engine(residual)
-    torch.manual_seed(7)
     ref = GPTNeoX(parity.tiny_config(residual)).eval()
+    ref.load_state_dict(RandomWeights(parity.tiny_config(residual), 7).state_dict())
     seqs = [[11, 22, 33, 44, 55], [9, 8]]
     tables = [[5, 2], [0, 7]]  # non-contiguous blocks on purpose
     logits = eng.execute([(s, 0, t) for s, t in zip(seqs, tables)])
@@ -178,3 +178,40 @@ def test_serve_config_composes_and_validates():
         bad = compose(config_name="serve", overrides=["server.checkpoint=/nonexistent/pythia"])
         with pytest.raises(UsageError, match="does not exist"):
             validate(bad, world=1)
+
+
+def test_hf_checkpoint_is_sharded_on_load_and_matches_transformers(tmp_path):
+    """A checkpoint in HF's on-disk format (safetensors), read slice by slice: prefill
+    logits and greedy tokens equal transformers' own GPTNeoXForCausalLM (fp32, atol 1e-4)."""
+    from transformers import AutoModelForCausalLM
+
+    from workloads.hf import save_hf
+
+    cfg = parity.tiny_config(True)
+    ours = GPTNeoX(cfg)
+    ours.load_state_dict(RandomWeights(cfg, 99).state_dict())
+    save_hf(ours, tmp_path)
+    from workloads.hf import load_hf_config
+
+    eng = build_engine(load_hf_config(tmp_path), EngineSettings(max_kv_tokens=512), 0, 1, CPU, seed=0,
+                       checkpoint=str(tmp_path))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompt = [3, 14, 15, 92, 65]
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0, -1]
+        gen = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long), max_new_tokens=12,
+                          min_new_tokens=12, do_sample=False, pad_token_id=0)[0, 5:].tolist()
+    torch.testing.assert_close(eng.execute([(prompt, 0, [0])]), want[None], rtol=0, atol=1e-4)
+    eng2 = build_engine(load_hf_config(tmp_path), EngineSettings(max_kv_tokens=512), 0, 1, CPU, seed=0,
+                        checkpoint=str(tmp_path))
+    out, _ = run_all(eng2, {"x": (prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})
+    assert out["x"] == gen
+    # The TP=2 shards read lazily equal slices of the full tensors.
+    from workloads.serving.tp import CheckpointWeights, shard_slice
+
+    src = CheckpointWeights(str(tmp_path))
+    sd = ours.state_dict()
+    for name in ("gpt_neox.layers.0.attention.query_key_value.weight", "gpt_neox.layers.1.mlp.dense_4h_to_h.weight",
+                 "gpt_neox.layers.1.attention.dense.weight", "embed_out.weight"):
+        full = shard_state_dict({name: sd[name]}, cfg, 1, 2)[name]
+        assert torch.equal(src.get(name, shard_slice(name, cfg, 1, 2)), full), name

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from workloads.errors import UsageError
 from workloads.model import NeoXConfig
-from workloads.serving.tp import StepInput, TPNeoX, check_tp, full_state_dict
+from workloads.serving.tp import StepInput, TPNeoX, check_tp, weight_source
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -351,7 +351,6 @@ def build_engine(model_cfg: NeoXConfig, settings: EngineSettings, rank: int, wor
     check_tp(model_cfg, world)
     if settings.dtype == "fp16" and device.type != "cuda":
         raise UsageError("server.dtype=fp16 needs a GPU; on CPU use fp32 or bf16")
-    full = full_state_dict(model_cfg, seed, checkpoint)
-    model = TPNeoX.from_full(full, model_cfg, world, rank, device, DTYPES[settings.dtype])
-    del full
+    model = TPNeoX.load(weight_source(model_cfg, seed, checkpoint), model_cfg, world, rank, device,
+                        DTYPES[settings.dtype])
     return Engine(model, model_cfg, settings, rank, world, device, eos_token_id)

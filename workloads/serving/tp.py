@@ -26,6 +26,7 @@ from any mix of prefilling and decoding sequences; each sequence names its block
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,28 +51,110 @@ def check_tp(cfg: NeoXConfig, tp: int) -> None:
         raise UsageError(f"tensor parallel degree {tp} does not divide the MLP size {cfg.ffn_size}")
 
 
+def shard_slice(name: str, cfg: NeoXConfig, rank: int, tp: int) -> tuple[int, int, int] | None:
+    """(dim, start, stop) of rank `rank`'s part of the full parameter `name`; None = replicated.
+
+    query_key_value: GPT-NeoX packs rows per head, head i owning rows [i·3·hd, (i+1)·3·hd)
+    as q|k|v, so a range of heads is one contiguous row range. (A (3, nh, hd) layout, as in
+    Megatron's GPT-2, would need three separate slices; splitting NeoX's rows at 3·h/tp
+    boundaries without this per-head view would hand a rank other heads' k and v.)
+    """
+    nl, hd, fl = cfg.num_attention_heads // tp, cfg.head_dim, cfg.ffn_size // tp
+    if name.endswith(("attention.query_key_value.weight", "attention.query_key_value.bias")):
+        return 0, rank * nl * 3 * hd, (rank + 1) * nl * 3 * hd
+    if name.endswith("attention.dense.weight"):
+        return 1, rank * nl * hd, (rank + 1) * nl * hd  # its input columns follow the local heads
+    if name.endswith(("mlp.dense_h_to_4h.weight", "mlp.dense_h_to_4h.bias")):
+        return 0, rank * fl, (rank + 1) * fl
+    if name.endswith("mlp.dense_4h_to_h.weight"):
+        return 1, rank * fl, (rank + 1) * fl
+    return None  # layer norms, row-parallel biases (added once after the all_reduce), embeddings
+
+
 def shard_state_dict(sd: dict[str, torch.Tensor], cfg: NeoXConfig, rank: int, tp: int) -> dict[str, torch.Tensor]:
     """Rank `rank`'s slice of a full (our / HF naming) GPT-NeoX state dict."""
     check_tp(cfg, tp)
-    nh, hd, h = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
-    nl, fl = nh // tp, cfg.ffn_size // tp
-    heads = slice(rank * nl, (rank + 1) * nl)
-    cols = slice(rank * nl * hd, (rank + 1) * nl * hd)
-    ffn = slice(rank * fl, (rank + 1) * fl)
     out = {}
     for k, v in sd.items():
-        if k.endswith("attention.query_key_value.weight"):
-            v = v.view(nh, 3 * hd, h)[heads].reshape(nl * 3 * hd, h)  # (3·hd·nh/tp, h)
-        elif k.endswith("attention.query_key_value.bias"):
-            v = v.view(nh, 3 * hd)[heads].reshape(-1)
-        elif k.endswith("attention.dense.weight"):
-            v = v[:, cols]  # (h, hd·nh/tp)
-        elif k.endswith("mlp.dense_h_to_4h.weight") or k.endswith("mlp.dense_h_to_4h.bias"):
-            v = v[ffn]
-        elif k.endswith("mlp.dense_4h_to_h.weight"):
-            v = v[:, ffn]  # (h, ffn/tp)
+        spec = shard_slice(k, cfg, rank, tp)
+        if spec is not None:
+            dim, a, b = spec
+            v = v.narrow(dim, a, b - a)
         out[k] = v.contiguous().clone()
     return out
+
+
+class RandomWeights:
+    """GPT-NeoX's init (small_init normal, zero biases, unit norms), generated one full
+    parameter at a time from a per-parameter seed: any TP degree slices the same model,
+    and no rank ever holds more than one full tensor."""
+
+    def __init__(self, cfg: NeoXConfig, seed: int):
+        with torch.device("meta"):
+            self.shapes = {k: tuple(v.shape) for k, v in GPTNeoX(cfg).state_dict().items()}
+        self.cfg, self.seed = cfg, seed
+        self.index = {k: i for i, k in enumerate(self.shapes)}
+
+    def full(self, name: str) -> torch.Tensor:
+        shape = self.shapes[name]
+        if "layernorm" in name or "layer_norm" in name:
+            return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+        if name.endswith("bias"):
+            return torch.zeros(shape)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.index[name])
+        std = math.sqrt(2.0 / (5.0 * self.cfg.hidden_size))  # as GPTNeoX._init_weights
+        return torch.empty(shape).normal_(0.0, std, generator=g)
+
+    def get(self, name: str, spec) -> torch.Tensor:
+        t = self.full(name)
+        return t if spec is None else t.narrow(spec[0], spec[1], spec[2] - spec[1]).clone()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: self.full(k) for k in self.shapes}
+
+
+class CheckpointWeights:
+    """A local HF GPT-NeoX directory, read slice by slice: safetensors slices are read
+    lazily (only this rank's bytes); pytorch_model*.bin files are memory-mapped."""
+
+    def __init__(self, path: str):
+        from workloads.hf import _IGNORED_SUFFIXES, check_checkpoint_dir
+
+        p = check_checkpoint_dir(path)
+        self.handles: dict[str, object] = {}
+        files = sorted(p.glob("*.safetensors"))
+        if files:
+            from safetensors import safe_open
+
+            for f in files:
+                h = safe_open(str(f), framework="pt")
+                for k in h.keys():
+                    self.handles[k] = h
+            self.tensors = None
+        else:
+            bins = sorted(p.glob("pytorch_model*.bin"))
+            if not bins:
+                raise UsageError(f"no model.safetensors or pytorch_model.bin in {p}")
+            self.tensors = {}
+            for f in bins:
+                self.tensors.update(torch.load(f, map_location="cpu", weights_only=True, mmap=True))
+        names = self.handles.keys() if self.tensors is None else self.tensors.keys()
+        self.names = {("embed_out.weight" if k == "lm_head.weight" else k): k for k in names
+                      if not k.endswith(_IGNORED_SUFFIXES)}
+        self.path = p
+
+    def get(self, name: str, spec) -> torch.Tensor:
+        if name not in self.names:
+            raise UsageError(f"checkpoint {self.path} has no tensor {name}; it is not a GPT-NeoX checkpoint")
+        key = self.names[name]
+        if self.tensors is not None:
+            t = self.tensors[key]
+            return (t if spec is None else t.narrow(spec[0], spec[1], spec[2] - spec[1])).clone()
+        sl = self.handles[key].get_slice(key)
+        if spec is None:
+            return sl[:]
+        dim, a, b = spec
+        return sl[a:b] if dim == 0 else sl[:, a:b]
 
 
 class TPLayer(nn.Module):
@@ -129,15 +212,21 @@ class TPNeoX(nn.Module):
         self.v_cache: list[torch.Tensor] = []
 
     @classmethod
-    def from_full(cls, full_sd: dict[str, torch.Tensor], cfg: NeoXConfig, tp: int, rank: int,
-                  device: torch.device, dtype: torch.dtype, group=None) -> TPNeoX:
+    def load(cls, source, cfg: NeoXConfig, tp: int, rank: int, device: torch.device, dtype: torch.dtype,
+             group=None) -> TPNeoX:
+        """This rank's shard, read from `source` (RandomWeights or CheckpointWeights) one
+        parameter at a time and moved to `device`/`dtype` as it arrives."""
         with torch.device("meta"):
             m = cls(cfg, tp, rank, group)
-        sd = shard_state_dict(full_sd, cfg, rank, tp)
-        if rank != 0:
-            sd.pop("embed_out.weight", None)
+        sd = {}
+        for name, meta in m.state_dict().items():
+            t = source.get(name, shard_slice(name, cfg, rank, tp))
+            if tuple(t.shape) != tuple(meta.shape):
+                raise UsageError(f"{name}: the checkpoint's shard has shape {tuple(t.shape)}, the model expects "
+                                 f"{tuple(meta.shape)}; config.json and the weights disagree")
+            sd[name] = t.to(device=device, dtype=dtype)
         m.load_state_dict(sd, strict=True, assign=True)
-        return m.to(device=device, dtype=dtype).eval()
+        return m.eval()
 
     def allocate_cache(self, num_slots: int) -> None:
         p = self.gpt_neox.embed_in.weight
@@ -196,12 +285,5 @@ class TPNeoX(nn.Module):
         return self.embed_out(self.gpt_neox.final_layer_norm(x[s.last]))
 
 
-def full_state_dict(cfg: NeoXConfig, seed: int, checkpoint: str | None) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU: a local HF directory, or a seeded random init that
-    every rank reproduces exactly (so TP=1 and TP=2 shard the same model)."""
-    if checkpoint:
-        from workloads.hf import _read_state_dict, check_checkpoint_dir, to_our_names
-
-        return to_our_names(_read_state_dict(check_checkpoint_dir(checkpoint)))
-    torch.manual_seed(seed)
-    return GPTNeoX(cfg).state_dict()
+def weight_source(cfg: NeoXConfig, seed: int, checkpoint: str | None):
+    return CheckpointWeights(checkpoint) if checkpoint else RandomWeights(cfg, seed)
