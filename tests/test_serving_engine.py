@@ -11,8 +11,7 @@ import torch
 from workloads.errors import UsageError
 from workloads.model import GPTNeoX
 from workloads.serving import parity
-from workloads.serving.engine import (BlockAllocator, EngineSettings, RequestError, SamplingParams, build_engine,
-                                      sample)
+from workloads.serving.engine import BlockAllocator, EngineSettings, RequestError, SamplingParams, build_engine, sample
 from workloads.serving.tp import RandomWeights, shard_state_dict
 
 CPU = torch.device("cpu")

@@ -101,9 +101,10 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference():
     """Greedy tokens of the same random neox-tiny (seed 1234) on one rank, in this process."""
+    from hydra import compose, initialize_config_dir
+
     from workloads.serving.engine import EngineSettings, SamplingParams, build_engine
     from workloads.serving.run import validate
-    from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         plan = validate(compose(config_name="serve"), world=1)

@@ -82,10 +82,10 @@ def validate(cfg: DictConfig, world: int) -> ServePlan:
 
 
 def run_server(cfg: DictConfig) -> int:
-    from workloads.serving.engine import build_engine
-    from workloads.serving.server import Server, load_tokenizer, serve
-
     import torch
+
+    from workloads.serving.engine import build_engine
+    from workloads.serving.server import Server, load_tokenizer
 
     _, world, _, _ = fdist.launch_env()
     plan = validate(cfg, world)

@@ -219,7 +219,10 @@ class Server:
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(token, reason):  # engine thread -> event loop
-            loop.call_soon_threadsafe(events.put_nowait, (token, reason))
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (token, reason))
+            except RuntimeError:
+                pass  # the loop has closed (shutdown): nobody is listening
 
         try:
             seq_id = self.engine.submit(req.prompt, req.params, emit)
