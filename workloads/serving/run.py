@@ -53,6 +53,9 @@ def validate(cfg: DictConfig, world: int) -> ServePlan:
     if checkpoint:
         from workloads.hf import check_checkpoint_dir, load_hf_config
 
+        if not Path(checkpoint).expanduser().is_dir():
+            raise UsageError(f"server.checkpoint={checkpoint} does not exist; point it at a local Hugging Face "
+                             "GPT-NeoX/Pythia directory (config.json + weights), or leave it null for random weights")
         ckpt = check_checkpoint_dir(checkpoint)
         model = load_hf_config(ckpt)
         name = s.get("served_model_name") or ckpt.name
