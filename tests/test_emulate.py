@@ -80,6 +80,9 @@ def test_bad_input_is_one_message():
     p = subprocess.run(EMULATE + ["--rate", "fast", "launch/train.py", "fabric=emu-100m"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "not a tc rate" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run(EMULATE + ["launch/train.py", "-m", "fabric=emu-100m,emu-1g"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "2 different emulated fabrics" in p.stderr, p.stderr
     # The same command through the `fabricbench` registry.
     p = subprocess.run([sys.executable, "-m", "workloads.cli", "emulate", "--nodes", "1", "launch/train.py",
                         "fabric=emu-100m"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

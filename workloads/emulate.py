@@ -297,12 +297,22 @@ def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
 
 
 def spec_from_overrides(conf_dir: str, overrides: Sequence[str], **cli: Any) -> tuple[EmuSpec, str]:
-    """Compose the Hydra config the entry will see and read its fabric's emulate: block."""
+    """Compose the Hydra config the entry will see (every point, for a -m sweep such as
+    trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
+    from workloads.launcher import compose, expand_sweep
+
+    plain = [o for o in overrides if o not in ("-m", "--multirun")]
+    points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]
+    found = {_spec_of(compose(conf_dir, point), cli) for point in points}
+    if len(found) > 1:
+        raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
+                         "builds one topology: sweep fabrics as separate emulate runs")
+    return found.pop()
+
+
+def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
     from omegaconf import OmegaConf
 
-    from workloads.launcher import compose
-
-    cfg = compose(conf_dir, list(overrides))
     block = OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate")
     if block is None:
         raise UsageError(f"fabric={cfg.fabric.name} has no emulate: block; use fabric=emu-100m or fabric=emu-1g "
