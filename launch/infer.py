@@ -16,31 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
 
-from workloads.errors import UsageError  # noqa: E402
-from workloads.rundir import register_resolvers  # noqa: E402
-
-register_resolvers()
-CONF = str(Path(__file__).resolve().parent.parent / "conf")
-
-
-@hydra.main(config_path=CONF, config_name="infer", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg, overrides):
     from workloads.loadgen.sweep import run_sweep
 
-    try:
-        code = run_sweep(cfg, overrides=list(HydraConfig.get().overrides.task))
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted: the server was stopped; finished points are kept", file=sys.stderr, flush=True)
-        sys.exit(130)
-    sys.exit(code)
+    return run_sweep(cfg, overrides=overrides)
 
 
 if __name__ == "__main__":
-    main()
+    from workloads.launcher import hydra_entry
+
+    hydra_entry(__file__, run, config_name="infer", distributed=False)

@@ -30,27 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
 
-from workloads.errors import UsageError  # noqa: E402
-from workloads.rundir import register_resolvers  # noqa: E402
-
-register_resolvers()
-CONF = str(Path(__file__).resolve().parent.parent / "conf")
-
-
-@hydra.main(config_path=CONF, config_name="serve", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg, overrides):
     from workloads.serving.run import run_server
 
-    try:
-        code = run_server(cfg)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
-    sys.exit(code)
+    return run_server(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    from workloads.launcher import hydra_entry
+
+    # torchrun places the ranks (one per TP shard); see the contract above.
+    hydra_entry(__file__, run, config_name="serve", distributed=False)

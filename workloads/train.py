@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from workloads import dist as fdist
-from workloads import rundir
+from workloads import session
+from workloads.commtimer import CommTimer
+from workloads.data import synthetic_batches, token_file_batches
+from workloads.engines import PRECISIONS, TrainSettings, build_engine
 from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
-from workloads.model import NeoXConfig
-from workloads.records import new_record, write_record
+from workloads.hf import load_hf, load_hf_config
+from workloads.loggers import build_loggers
+from workloads.metrics import flops_per_iteration, peak_tflops_for, summarize_training, tflops_per_gpu
+from workloads.model import GPTNeoX, NeoXConfig
+from workloads.nic import NicSampler, rails_for
+from workloads.preflight import preflight
+from workloads.records import fingerprint, new_record
+from workloads.verify import check_transport
 
 
 @dataclass(frozen=True)
@@ -58,8 +66,6 @@ class BatchLayout:
 
 def model_config(cfg: DictConfig) -> NeoXConfig:
     if cfg.init.get("checkpoint"):
-        from workloads.hf import load_hf_config
-
         return load_hf_config(cfg.init.checkpoint)
     return NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
 
@@ -96,8 +102,6 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
             f"train.steps={t.steps} must exceed train.warmup_steps={t.warmup_steps} (>= 0): "
             "only steps after warm-up are timed"
         )
-    from workloads.engines import PRECISIONS
-
     if t.precision not in PRECISIONS:
         raise UsageError(f"train.precision={t.precision!r}; use one of {', '.join(PRECISIONS)}")
     if fabric.backend == "gloo" and t.precision == "fp16":
@@ -138,40 +142,19 @@ def _print_summary(metrics: dict, info: fdist.DistInfo, layout: BatchLayout, cfg
 
 def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one measured point. Returns the record path on rank 0, None elsewhere."""
-    import torch
-
-    from workloads.commtimer import CommTimer
-    from workloads.data import synthetic_batches, token_file_batches
-    from workloads.engines import TrainSettings, build_engine
-    from workloads.metrics import peak_tflops_for, summarize_training
-    from workloads.model import GPTNeoX
-    from workloads.records import fingerprint
-
-    rank, world, _, _ = fdist.launch_env()
+    _, world, _, _ = fdist.launch_env()
     mcfg, layout, fabric = validate(cfg, world)
-    from workloads.preflight import preflight
-
-    preflight(fabric)  # fabric preflight (sysfs): the HCAs, GID, interfaces the profile names exist and are up
-    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
-    applied_env = fabric.apply(run_dir)
-    info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
-    from workloads.loggers import build_loggers
-
+    preflight(fabric)  # sysfs: the HCAs, GID and interfaces the profile names exist and are up
+    info, run_dir, applied_env = session.start(cfg, fabric)
     loggers = build_loggers(cfg, info)  # rank 0's trackers (W&B); a no-op list elsewhere
-
-    agreed, disagreeing = fdist.agree(str(run_dir), info)
-    if disagreeing and info.is_main:
-        print(f"warning: ranks {disagreeing} derived another run directory; records go to {agreed}. "
-              "Pass run_id= (or torchrun --rdzv_id) so every node agrees.", flush=True)
-    run_dir = Path(agreed)
-
     record = new_record(
         cfg.workload.name,
         run_id=run_dir.name,
         overrides=list(overrides or []),
         config=OmegaConf.to_container(cfg, resolve=True),
         model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": cfg.model.name},
-        fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect, "verify": fabric.verify},
+        fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect,
+                "verify": fabric.verify},
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         batch={"micro_batch_size": layout.micro_batch_size, "grad_accum_steps": layout.grad_accum_steps,
                "global_batch_size": layout.global_batch, "seq_length": int(cfg.train.seq_length)},
@@ -180,86 +163,73 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         samples={},
     )
     stem = f"{cfg.workload.name}-{fabric.name}-{cfg.model.name}-{cfg.parallel.name}-mb{layout.micro_batch_size}"
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
     try:
-        torch.manual_seed(int(cfg.seed))  # same init on every rank
-        if cfg.init.get("checkpoint"):
-            from workloads.hf import load_hf
-
-            model = load_hf(cfg.init.checkpoint)
-        else:
-            model = GPTNeoX(mcfg)
-        model.checkpoint_activations = bool(cfg.train.activation_checkpointing)
-        t = cfg.train
-        settings = TrainSettings(layout.micro_batch_size, layout.grad_accum_steps, float(t.lr), float(t.weight_decay),
-                                 float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
-        seq = int(t.seq_length)
-        data_kw = dict(seed=int(cfg.seed), rank=info.rank, vocab=min(mcfg.vocab_size, mcfg.padded_vocab),
-                       micro_batch=layout.micro_batch_size, seq=seq, device=info.device)
-        if cfg.data.kind == "tokens":
-            pool = token_file_batches(path=cfg.data.path, dtype=cfg.data.dtype, world=info.world_size, **data_kw)
-        else:
-            pool = synthetic_batches(**data_kw)
-        timer = CommTimer(info.device)
-        engine = build_engine(OmegaConf.to_container(cfg.parallel, resolve=True), model, settings, info.device)
-
-        from workloads.metrics import flops_per_iteration, tflops_per_gpu
-
-        flops = flops_per_iteration(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
-                                    hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-                                    checkpoint_activations=bool(t.activation_checkpointing))
-        step_times, comm_times, losses = [], [], []
-        accum = layout.grad_accum_steps
-        from workloads.nic import NicSampler, rails_for
-        from workloads.verify import check_transport
-
-        nic = NicSampler()  # NIC counters around each timed step (workloads/nic.py)
-        with timer.active():
-            for step in range(int(t.steps)):
-                micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
-                fdist.synchronize(info.device)
-                if step >= int(t.warmup_steps):
-                    nic.begin_step()
-                timer.begin_step()
-                t0 = time.perf_counter()
-                loss = engine.step(micro)
-                fdist.synchronize(info.device)
-                step_times.append(time.perf_counter() - t0)
-                comm_times.append(timer.end_step())
-                if step >= int(t.warmup_steps):
-                    nic.end_step()
-                if step == 0:  # transport verification: after the first collective, before more are timed
-                    record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
-                losses.append(float(loss))
-                dt = step_times[-1]  # outside the timed window; W&B buffers it unless logger.live
-                loggers.log_step(step, {"step_time(s)": dt, "samples_per_sec": layout.global_batch / dt,
-                                        "tflops_per_gpu": tflops_per_gpu(flops, dt, info.world_size),
-                                        "loss": losses[-1], "warmup": step < int(t.warmup_steps)})
-        summary = summarize_training(
-            step_times_s=step_times, warmup_steps=int(t.warmup_steps), global_batch=layout.global_batch,
-            seq_length=seq, num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-            checkpoint_activations=bool(t.activation_checkpointing), world_size=info.world_size,
-            peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops")),
-            comm_times_s=comm_times,
-        )
-        record["nic"] = nic.summary(rails_for(fabric, os.environ, record["fabric"].get("transport")))
-        record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
-        record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
-                             "warmup_steps": int(t.warmup_steps)}
-        record["status"] = "ok"
-    except UsageError as e:
-        record["status"], record["error"] = "failed", str(e)
-        raise
-    except Exception as e:
-        record["status"], record["error"] = "failed", f"{type(e).__name__}: {e}"
-        record["traceback"] = traceback.format_exc()
-        raise
+        with recorded:
+            _measure(cfg, mcfg, layout, fabric, info, run_dir, record, loggers)
     finally:
         if info.is_main:
-            path = write_record(run_dir / "records", record, stem)
             if record["status"] == "ok":
-                _print_summary(record["metrics"], info, layout, cfg, path)
+                _print_summary(record["metrics"], info, layout, cfg, recorded.path)
             else:
-                print(f"run failed; record with the error: {path}", flush=True)
+                print(f"run failed; record with the error: {recorded.path}", flush=True)
             loggers.log_summary(record)  # after the local record is safely written
         loggers.close()
-    return path if info.is_main else None
+    return recorded.path
+
+
+def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: FabricProfile,
+             info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
+    """Build, warm up, time every step; fill the record's metrics and samples."""
+    t = cfg.train
+    torch.manual_seed(int(cfg.seed))  # the same initial weights on every rank
+    model = load_hf(cfg.init.checkpoint) if cfg.init.get("checkpoint") else GPTNeoX(mcfg)
+    model.checkpoint_activations = bool(t.activation_checkpointing)
+    settings = TrainSettings(layout.micro_batch_size, layout.grad_accum_steps, float(t.lr), float(t.weight_decay),
+                             float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
+    seq, warmup, accum = int(t.seq_length), int(t.warmup_steps), layout.grad_accum_steps
+    data_kw = dict(seed=int(cfg.seed), rank=info.rank, vocab=min(mcfg.vocab_size, mcfg.padded_vocab),
+                   micro_batch=layout.micro_batch_size, seq=seq, device=info.device)
+    if cfg.data.kind == "tokens":
+        pool = token_file_batches(path=cfg.data.path, dtype=cfg.data.dtype, world=info.world_size, **data_kw)
+    else:
+        pool = synthetic_batches(**data_kw)
+    timer = CommTimer(info.device)
+    engine = build_engine(OmegaConf.to_container(cfg.parallel, resolve=True), model, settings, info.device)
+    flops = flops_per_iteration(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
+                                hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
+                                checkpoint_activations=bool(t.activation_checkpointing))
+    nic = NicSampler()
+    step_times, comm_times, losses = [], [], []
+    with timer.active():
+        for step in range(int(t.steps)):
+            micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
+            fdist.synchronize(info.device)
+            if step >= warmup:
+                nic.begin_step()  # counter reads stay outside the timed window
+            timer.begin_step()
+            t0 = time.perf_counter()
+            loss = engine.step(micro)
+            fdist.synchronize(info.device)
+            step_times.append(time.perf_counter() - t0)
+            comm_times.append(timer.end_step())
+            if step >= warmup:
+                nic.end_step()
+            if step == 0:  # after the first collectives, before anything is timed for the summary
+                record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
+            losses.append(float(loss))
+            dt = step_times[-1]  # W&B buffers these unless logger.live
+            loggers.log_step(step, {"step_time(s)": dt, "samples_per_sec": layout.global_batch / dt,
+                                    "tflops_per_gpu": tflops_per_gpu(flops, dt, info.world_size),
+                                    "loss": losses[-1], "warmup": step < warmup})
+    summary = summarize_training(
+        step_times_s=step_times, warmup_steps=warmup, global_batch=layout.global_batch, seq_length=seq,
+        num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
+        checkpoint_activations=bool(t.activation_checkpointing), world_size=info.world_size,
+        peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops")),
+        comm_times_s=comm_times,
+    )
+    record["nic"] = nic.summary(rails_for(fabric, os.environ, record["fabric"].get("transport")))
+    record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
+    record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
+                         "warmup_steps": warmup}

@@ -9,20 +9,19 @@ is checked first, and one record per run is written by rank 0 even when the run 
 from __future__ import annotations
 
 import shutil
-import traceback
 from pathlib import Path
 
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from workloads import dist as fdist
-from workloads import rundir
+from workloads import session
 from workloads.collectives import ops
 from workloads.collectives.harness import Harness, min_bw_verdict, summarize
 from workloads.collectives.sweep import Settings, pattern_groups
 from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
-from workloads.records import fingerprint, new_record, write_record
+from workloads.records import fingerprint, new_record
 from workloads.train import check_writable
 
 
@@ -59,14 +58,7 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
 
     _, world, _, _ = fdist.launch_env()
     s, fabric = validate(cfg, world)
-    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
-    applied_env = fabric.apply(run_dir)
-    info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
-    agreed, disagreeing = fdist.agree(str(run_dir), info)
-    if disagreeing and info.is_main:
-        print(f"warning: ranks {disagreeing} derived another run directory; records go to {agreed}. "
-              "Pass run_id= (or torchrun --rdzv_id) so every node agrees.", flush=True)
-    run_dir = Path(agreed)
+    info, run_dir, applied_env = session.start(cfg, fabric)
     say = (lambda line: print(line, flush=True)) if info.is_main else None
     rpn = s.ranks_per_node or info.local_world_size
 
@@ -88,63 +80,57 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         external=None,
     )
     stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
     try:
-        groups = pattern_groups(s.pattern, info.world_size, rpn)
-        record["collectives"]["groups"] = groups
-        comm = make_comm(groups, info.rank)
-        harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
-        # Transport verification (workloads/verify.py): after a first collective, before any timing.
-        harness.barrier()
-        record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
-        rows = []
-        for name in s.ops:
-            rows += harness.run_op(ops.get(name))
-            record["rows"] = [r.as_dict() for r in rows]
-        if s.p2p:
-            pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
-            p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
-                          info.device, say)
-            record["p2p"] = [r.as_dict() for r in p2p]
-        record["metrics"] = metrics(rows, s.ops)
-        if s.p2p and "latency" in s.p2p:
-            lat = [r for r in p2p if r.test == "latency"]
-            record["metrics"]["p2p_min_latency(us)"] = min(r.value for r in lat)
-        for test in ("bw", "bibw"):
-            if test in s.p2p:
-                record["metrics"][f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
-        if info.is_main and s.external != "off":
-            if s.external == "on" or (fabric.backend == "nccl"):
-                record["external"] = run_external(s, run_dir / "external", info.local_world_size)
-                if say and record["external"].get("avg_busbw") is not None:
-                    say(f"# external {record['external']['binary']}: avg bus bandwidth "
-                        f"{record['external']['avg_busbw']:g} GB/s ({record['external']['source']})")
+        with recorded:
+            groups = pattern_groups(s.pattern, info.world_size, rpn)
+            record["collectives"]["groups"] = groups
+            comm = make_comm(groups, info.rank)
+            harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
+            # Transport verification (workloads/verify.py): after a first collective, before any timing.
+            harness.barrier()
+            record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
+            rows = []
+            for name in s.ops:
+                rows += harness.run_op(ops.get(name))
+                record["rows"] = [r.as_dict() for r in rows]
+            if s.p2p:
+                pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
+                p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
+                              info.device, say)
+                record["p2p"] = [r.as_dict() for r in p2p]
+            record["metrics"] = metrics(rows, s.ops)
+            if s.p2p and "latency" in s.p2p:
+                lat = [r for r in p2p if r.test == "latency"]
+                record["metrics"]["p2p_min_latency(us)"] = min(r.value for r in lat)
+            for test in ("bw", "bibw"):
+                if test in s.p2p:
+                    record["metrics"][f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
+            if info.is_main and s.external != "off":
+                if s.external == "on" or (fabric.backend == "nccl"):
+                    record["external"] = run_external(s, run_dir / "external", info.local_world_size)
+                    if say and record["external"].get("avg_busbw") is not None:
+                        say(f"# external {record['external']['binary']}: avg bus bandwidth "
+                            f"{record['external']['avg_busbw']:g} GB/s ({record['external']['source']})")
+                else:
+                    record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
+            m = record["metrics"]
+            if rows and m["wrong_elements"]:
+                record["status"] = "failed"
+                record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
+            elif rows and min_bw_verdict(m["avg_busbw(GB/s)"], s.min_busbw) == "FAILED":
+                record["status"] = "failed"
+                record["error"] = (f"avg bus bandwidth {m['avg_busbw(GB/s)']:g} GB/s is below 0.9 x "
+                                   f"collectives.min_busbw={s.min_busbw:g} (the NCCL_TESTS_MIN_BW rule)")
             else:
-                record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
-        m = record["metrics"]
-        if rows and m["wrong_elements"]:
-            record["status"] = "failed"
-            record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
-        elif rows and min_bw_verdict(m["avg_busbw(GB/s)"], s.min_busbw) == "FAILED":
-            record["status"] = "failed"
-            record["error"] = (f"avg bus bandwidth {m['avg_busbw(GB/s)']:g} GB/s is below 0.9 x "
-                               f"collectives.min_busbw={s.min_busbw:g} (the NCCL_TESTS_MIN_BW rule)")
-        else:
-            record["status"] = "ok"
-    except UsageError as e:
-        record["status"], record["error"] = "failed", str(e)
-        raise
-    except Exception as e:
-        record["status"], record["error"] = "failed", f"{type(e).__name__}: {e}"
-        record["traceback"] = traceback.format_exc()
-        raise
+                record["status"] = "ok"
     finally:
         if info.is_main:
-            path = write_record(run_dir / "records", record, stem)
-            print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
+            print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
     if record["status"] != "ok":
         raise CollectivesFailed(record["error"])
-    return path if info.is_main else None
+    return recorded.path
 
 
 class CollectivesFailed(UsageError):

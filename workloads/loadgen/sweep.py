@@ -94,6 +94,14 @@ def validate(cfg: DictConfig, overrides: list[str]):
     dataset = build_dataset(OmegaConf.to_container(load.dataset, resolve=True), n + int(load.warmup_requests),
                             int(model.get("vocab_size") or 1000), int(load.seed))
     specs = dataset.load(tokenizer)
+    limit = model.get("max_position_embeddings")
+    if limit and spec.adapter != "external":
+        longest = max(s.prompt_len + s.output_len for s in specs)
+        if longest > int(limit):
+            raise UsageError(
+                f"the longest request needs {longest} positions (prompt + output) but model {model.get('name')} "
+                f"allows {limit}; lower load.dataset.input_len/output_len (e.g. load=cpu_sweep for the tiny "
+                "reference model) or choose a larger model=")
     if backend.name == "chat" and not isinstance(specs[0].prompt, str):
         raise UsageError("load.backend=chat needs text prompts: set load.tokenizer=<local tokenizer dir>")
     from workloads.train import check_writable
@@ -102,14 +110,20 @@ def validate(cfg: DictConfig, overrides: list[str]):
     return fabric, spec, launch, backend, points, slo, specs
 
 
-def _done_points(records_dir: Path) -> set[str]:
+def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
+    """Points already measured in this run directory for the same trial, fabric, model
+    and server (a different trial under the same run_id is new work, not a resume)."""
+    same = (cfg.get("trial", 0), cfg.fabric.name, cfg.model.name, cfg.server.name)
     done = set()
     for p in records_dir.glob("*.json"):
         try:
             rec = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if rec.get("workload") == WORKLOAD and rec.get("status") == "ok":
+        c = rec.get("config") or {}
+        key = (c.get("trial", 0), (c.get("fabric") or {}).get("name"), (c.get("model") or {}).get("name"),
+               (c.get("server") or {}).get("name"))
+        if rec.get("workload") == WORKLOAD and rec.get("status") == "ok" and key == same:
             done.add(rec.get("point"))
     return done
 
@@ -127,7 +141,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     fabric, spec, launch, backend, points, slo, specs = validate(cfg, overrides)
     run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     records = run_dir / "records"
-    done = _done_points(records)
+    done = _done_points(records, cfg)
     todo = [a for a in points if a.label() not in done]
     for a in points:
         if a.label() in done:
