@@ -3,7 +3,7 @@ loopback (an A/A comparison), one of them tracked by W&B offline, then `report`.
 
 The second fabric is the loopback profile renamed on the command line
 (`fabric.name=loopback-b`): an A/A pair is a test device, not a fabric users should find
-in conf/fabric/. Trials are a `+trial=0,1` sweep key (ignored by the guard, like run_id).
+in conf/fabric/. Trials are a `trial=0,1` sweep key (ignored by the guard, like run_id).
 Both launches run at once to halve the wall time; an A/A comparison does not care that
 they share the 2 cores.
 """
@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import REPO, child_env
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SWEEP = ["-m", "train.micro_batch_size=1,2,4", "+trial=0,1", "train.steps=6", "train.warmup_steps=2", "train.seq_length=32"]
+SWEEP = ["-m", "train.micro_batch_size=1,2,4", "trial=0,1", "train.steps=6", "train.warmup_steps=2", "train.seq_length=32"]
 
 
 def read_wandb_log(path: Path) -> list:
