@@ -8,6 +8,7 @@ import torch
 
 from tests.conftest import records_in, run_entry
 from workloads.hf import save_hf
+from workloads.metrics import flops_per_iteration
 from workloads.model import GPTNeoX, NeoXConfig
 
 FAST = ["train.steps=6", "train.warmup_steps=2"]
@@ -45,15 +46,22 @@ def test_main_command_trains_two_ranks_and_writes_one_record(out_root):
 def test_zero_stages_in_one_torchrun_multirun(out_root):
     # One torchrun job, three sweep points: the process group is created once and reused.
     r = run_entry("train.py", "-m", "parallel=zero1,zero2,zero3", f"output_root={out_root}", "train.steps=4",
-                  "train.warmup_steps=1", torchrun=2, timeout=400)
+                  "train.warmup_steps=1", "train.grad_accum_steps=2", "train.activation_checkpointing=true",
+                  torchrun=2, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = records_in(out_root)
     assert sorted(x["config"]["parallel"]["name"] for x in recs) == ["zero1", "zero2", "zero3"]
     assert len({x["run_id"] for x in recs}) == 1  # all points of one job share one run directory
     for x in recs:
         assert x["status"] == "ok"
-        assert x["metrics"]["samples_per_sec"] > 0
-        assert x["metrics"]["comm_share"] > 0
+        assert x["batch"]["global_batch_size"] == 4 * 2 * 2  # micro x accumulation x world
+        m = x["metrics"]
+        assert m["samples_per_sec"] == pytest.approx(16 / m["iteration_time(s)"])
+        # Activation checkpointing counts the forward twice: f = 4 in GPT-NeoX's formula.
+        flops = flops_per_iteration(global_batch=16, seq_length=128, num_layers=2, hidden_size=64,
+                                    padded_vocab=1024, checkpoint_activations=True)
+        assert m["tflops_per_gpu"] == pytest.approx(flops / (m["iteration_time(s)"] * 2) / 1e12)
+        assert m["comm_share"] > 0
 
 
 @pytest.fixture
