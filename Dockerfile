@@ -77,7 +77,9 @@ WORKDIR /opt/fabricbench
 COPY . .
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen
-ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
+# The load generator runs in fabricbench's venv; the server adapter starts SGLang with the
+# image's own interpreter (conf/server/sglang.yaml reads FB_ENGINE_PYTHON).
+ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python FB_ENGINE_PYTHON=python3
 
 FROM ${VLLM_BASE} AS vllm
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never

@@ -66,6 +66,15 @@ def test_vllm_command_line():
     assert worker.argv[-1] == "--headless" and "--node-rank" in worker.argv
 
 
+def test_engine_interpreter_is_configurable(monkeypatch):
+    # In the serving images the engine lives in the image's Python, fabricbench in a venv.
+    assert _launch("server=sglang", "model=llama-3.1-8b")[1].argv[0] == sys.executable
+    monkeypatch.setenv("FB_ENGINE_PYTHON", "/usr/bin/python3")
+    assert _launch("server=sglang", "model=llama-3.1-8b")[1].argv[0] == "/usr/bin/python3"
+    assert _launch("server=vllm", "model=llama-3.1-8b", "server.executable=/opt/vllm/bin/vllm")[1].argv[0] == \
+        "/opt/vllm/bin/vllm"
+
+
 def test_reference_and_external():
     _, l, _ = _launch("server=reference", "server.tp=2", "server.port=8123")
     assert l.argv[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", l.argv[5]]

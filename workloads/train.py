@@ -119,12 +119,24 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
     return mcfg, layout, fabric
 
 
-def _print_summary(metrics: dict, info: fdist.DistInfo, layout: BatchLayout, cfg: DictConfig, path: Path) -> None:
+def _transport_line(transport: dict | None) -> str:
+    if not transport:
+        return "not verified"
+    s = transport.get("summary") or {}
+    where = s.get("interfaces") or [d.get("name") for d in s.get("devices") or [] if isinstance(d, dict)]
+    seen = " ".join(x for x in (s.get("network"), ",".join(map(str, where or []))) if x)
+    return f"{transport.get('verdict')}: {seen or 'no evidence'} (expected {transport.get('expect')})"
+
+
+def _print_summary(record: dict, info: fdist.DistInfo, layout: BatchLayout, cfg: DictConfig, path: Path) -> None:
+    metrics = record["metrics"]
+
     def fmt(v, spec):
         return "n/a" if v is None else format(v, spec)
 
     rows = [
         ("fabric", f"{cfg.fabric.name} ({info.backend})"),
+        ("transport", _transport_line(record["fabric"].get("transport"))),
         ("model", f"{cfg.model.name}, {cfg.parallel.name}, {cfg.train.precision}"),
         ("world", f"{info.world_size} ranks on {info.nodes} node(s)"),
         ("global batch", f"{layout.global_batch} = {layout.micro_batch_size} x {layout.grad_accum_steps} x {layout.data_parallel}"),
@@ -170,7 +182,7 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
     finally:
         if info.is_main:
             if record["status"] == "ok":
-                _print_summary(record["metrics"], info, layout, cfg, recorded.path)
+                _print_summary(record, info, layout, cfg, recorded.path)
             else:
                 print(f"run failed; record with the error: {recorded.path}", flush=True)
             loggers.log_summary(record)  # after the local record is safely written

@@ -30,6 +30,10 @@ class ServerSpec:
     health_path: str = "/health"
     ready_timeout_s: float = 1800.0
     stop_timeout_s: float = 30.0
+    # The program that starts the engine, where it is not fabricbench's own Python: in the
+    # serving images SGLang/vLLM live in the image's interpreter, fabricbench in a venv.
+    python: str | None = None           # sglang: interpreter that has SGLang (null = this one)
+    executable: str | None = None       # vllm: the `vllm` CLI (null = "vllm" on PATH)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ServerSpec:

@@ -13,7 +13,7 @@ from workloads.servers.base import Launch, ServerSpec, model_path
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
     path = model_path(spec, model)
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", path, "--tp", str(spec.tp),
+    argv = [spec.python or sys.executable, "-m", "sglang.launch_server", "--model-path", path, "--tp", str(spec.tp),
             "--host", spec.host, "--port", str(spec.port)]
     if spec.nnodes > 1:
         argv += ["--dist-init-addr", str(spec.dist_init_addr), "--nnodes", str(spec.nnodes),

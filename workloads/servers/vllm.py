@@ -14,7 +14,7 @@ from workloads.servers.base import Launch, ServerSpec, model_path
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
     path = model_path(spec, model)
-    argv = ["vllm", "serve", path, "--tensor-parallel-size", str(spec.tp), "--host", spec.host,
+    argv = [spec.executable or "vllm", "serve", path, "--tensor-parallel-size", str(spec.tp), "--host", spec.host,
             "--port", str(spec.port)]
     if spec.nnodes > 1:
         addr, _, port = str(spec.dist_init_addr).rpartition(":")
