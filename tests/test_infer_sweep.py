@@ -77,8 +77,6 @@ def test_bad_input_is_one_clear_line(tmp_path):
 
 @pytest.mark.slow
 def test_reference_engine_tp2_sweep(tmp_path):
-    if not (REPO / "launch" / "serve.py").exists():
-        pytest.skip("reference engine not yet available")
     out = tmp_path / "res"
     r = _infer("server=reference", "server.tp=2", "fabric=loopback", "load.points=[1,2]", f"output_root={out}",
                "run_id=ref", "server.port=18931", *SMALL, timeout=400)
@@ -88,5 +86,8 @@ def test_reference_engine_tp2_sweep(tmp_path):
     for x in recs:
         assert x["status"] == "ok" and x["metrics"]["completed"] == 12 and x["server"]["tp"] == 2
         assert x["metrics"]["total_output_tokens"] == 12 * 6
+        # The engine verified its own wire (both TP ranks' Gloo sockets) and reported it.
+        t = x["fabric"]["transport"]
+        assert t["verdict"] == "ok" and t["summary"]["interfaces"] == ["lo"] and len(t["summary"]["ranks"]) == 2
     log = (out / "ref" / "server" / "reference.log").read_text()
     assert "nproc_per_node=2" in log

@@ -120,12 +120,15 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
 
 
 def _transport_line(transport: dict | None) -> str:
+    """One line of what verification saw: Gloo's interfaces, or NCCL's networks and devices."""
     if not transport:
         return "not verified"
     s = transport.get("summary") or {}
-    where = s.get("interfaces") or [d.get("name") for d in s.get("devices") or [] if isinstance(d, dict)]
-    seen = " ".join(x for x in (s.get("network"), ",".join(map(str, where or []))) if x)
-    return f"{transport.get('verdict')}: {seen or 'no evidence'} (expected {transport.get('expect')})"
+    networks = [s["network"]] if s.get("network") else list(s.get("networks") or [])
+    where = s.get("interfaces") or [f"{d['name']}:{d.get('port')}/{d.get('link_layer')}" for d in s.get("devices") or []]
+    channels = ", ".join(f"{k} x{v}" for k, v in (s.get("channels") or {}).items())
+    seen = " ".join(x for x in (",".join(networks), ",".join(where), f"[{channels}]" if channels else "") if x)
+    return f"{transport.get('verdict')}: {seen or 'no evidence'}"
 
 
 def _print_summary(record: dict, info: fdist.DistInfo, layout: BatchLayout, cfg: DictConfig, path: Path) -> None:

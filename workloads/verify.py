@@ -324,3 +324,41 @@ def check_transport(profile, run_dir, info, environ: Mapping[str, str] | None = 
         if info.is_main:
             print(f"warning: {result['message']} (fabric.verify=warn: continuing)", flush=True)
     return result
+
+
+# The environment variable through which an orchestrator asks a server it started to
+# write its own verdict (the reference engine holds the process group, so it can look at
+# its Gloo sockets or NCCL log itself).
+TRANSPORT_FILE_ENV = "FABRICBENCH_TRANSPORT_FILE"
+
+
+def report_transport(result: dict, environ: Mapping[str, str] | None = None) -> None:
+    """Write a server's verdict where its orchestrator asked for it (rank 0 only)."""
+    import json
+
+    target = (os.environ if environ is None else environ).get(TRANSPORT_FILE_ENV)
+    if target:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(result, default=str))
+
+
+def server_transport(profile, run_dir, reported: Path | None = None) -> dict:
+    """The verdict for a server that runs in other processes: its own report when it wrote
+    one, else the NCCL INFO logs its processes wrote under <run_dir>/nccl (SGLang, vLLM),
+    else "unverified" (an external server, or no log)."""
+    import json
+
+    if profile.verify == "off":
+        return {"verdict": "off", "mode": "off"}
+    if reported is not None and reported.is_file():
+        return json.loads(reported.read_text())
+    if profile.backend == "nccl":
+        logs = sorted(Path(run_dir, "nccl").glob("*.log"))
+        if logs:
+            result = decide(profile, [{"kind": "nccl", "log": nccl_log.parse_file(p).as_dict()} for p in logs])
+            result["run_dir"] = str(run_dir)
+            return result
+    why = (f"no evidence of the server's transport (no report, no NCCL log under {Path(run_dir, 'nccl')}); "
+           "an external server is never verified")
+    return {"verdict": "unverified", "mode": profile.verify, "message": why, "problems": [why], "hints": [],
+            "expect": dict(profile.expect or {}), "summary": {}}

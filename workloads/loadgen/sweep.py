@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from workloads import rundir
-from workloads.errors import UsageError
+from workloads.errors import TransportMismatch, UsageError
 from workloads.fabric import FabricProfile
 from workloads.loadgen.arrivals import Arrival
 from workloads.loadgen.backends import get_backend
@@ -27,6 +27,7 @@ from workloads.loadgen.datasets import build_dataset, load_tokenizer
 from workloads.loadgen.metrics import parse_slo, summarize
 from workloads.loadgen.runner import LoadPoint, run_point
 from workloads.records import new_record, write_record
+from workloads.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.servers import get_adapter
 from workloads.servers.base import ServerSpec, check_tp_divides
 from workloads.servers.orchestrator import ManagedServer, log_tail
@@ -151,6 +152,8 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         return 0
     env = dict(os.environ)
     applied = fabric.apply(run_dir, env)  # the server's environment, not this process's
+    reported = run_dir / "server" / f"transport-{os.getpid()}.json"
+    env[TRANSPORT_FILE_ENV] = str(reported)  # the reference engine writes its own verdict here
     load = cfg.load
     measured = specs  # the runner sends the first warmup_requests of these first, uncounted
     base = dict(run_id=run_dir.name, overrides=overrides, config=OmegaConf.to_container(cfg, resolve=True),
@@ -166,6 +169,12 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
 
         fp = fingerprint()
         with ManagedServer(spec, launch, run_dir, env) as srv:
+            transport = server_transport(fabric, run_dir, reported)
+            base["fabric"]["transport"] = transport
+            if transport.get("message"):
+                if transport["verdict"] == "mismatch" and fabric.verify == "fail":
+                    raise TransportMismatch(transport["message"] + " (fabric.verify=warn records it and goes on)")
+                print(f"warning: {transport['message']}", flush=True)
             for a in points:
                 if a.label() in done:
                     continue

@@ -23,6 +23,7 @@ from workloads import dist as fdist
 from workloads import rundir
 from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
+from workloads.verify import check_transport, report_transport
 from workloads.model import NeoXConfig
 from workloads.serving.engine import EngineSettings
 from workloads.serving.tp import check_tp
@@ -102,6 +103,11 @@ def run_server(cfg: DictConfig) -> int:
     info = fdist.init_once(plan.fabric.backend, plan.fabric.name, float(cfg.dist.timeout_s))
     engine = build_engine(plan.model, plan.settings, info.rank, info.world_size, info.device, int(cfg.seed),
                           plan.checkpoint, eos)
+    # Every rank, before serving: which wire the TP all_reduces use (a mismatch under
+    # fabric.verify=fail stops the server here, with one message in its log).
+    transport = check_transport(plan.fabric, run_dir, info)
+    if info.is_main:
+        report_transport(transport)
 
     if not info.is_main:
         grace = float(cfg.server.shutdown_grace_s)
