@@ -90,4 +90,8 @@ def test_peak_table_and_override():
     assert peak_tflops_for("AMD Instinct MI300X") == 1300.0
     assert peak_tflops_for("NVIDIA H100 80GB HBM3") == 989.0
     assert peak_tflops_for("Some CPU") is None
+    # Other boards of the same chip have other peaks: no MFU rather than a wrong one.
+    assert peak_tflops_for("NVIDIA H100 PCIe") is None
+    assert peak_tflops_for("NVIDIA H100 NVL") is None
+    assert peak_tflops_for("NVIDIA H100 PCIe", override=756) == 756.0
     assert peak_tflops_for("NVIDIA H200", override=700) == 700.0

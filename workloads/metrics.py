@@ -48,15 +48,21 @@ def tflops_per_gpu(flops_per_iter: float, iteration_time_s: float, world_size: i
     return flops_per_iter / (iteration_time_s * world_size) / 1e12
 
 
+# Board variants whose peak differs from the table's SXM/OAM figure (H100 PCIe is 756,
+# not 989): rather than report a wrong MFU, report none unless the user gives the peak.
+_OTHER_VARIANTS = ("PCIE", "NVL")
+
+
 def peak_tflops_for(device_name: str, override: float | None = None) -> float | None:
-    """Peak bf16 TFLOPS for a device name such as 'NVIDIA H200' or 'AMD Instinct MI300X'.
-    None when unknown (MFU is then not reported rather than guessed)."""
+    """Peak bf16 TFLOPS for a device name such as 'NVIDIA H100 80GB HBM3' or 'AMD Instinct
+    MI300X'. None when unknown (MFU is then not reported rather than guessed)."""
     if override:
         return float(override)
     upper = device_name.upper()
-    # Longest key first so 'H100' does not shadow a future 'H100 NVL' entry.
     for key in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True):
         if key in upper:
+            if key in ("H100", "H200") and any(v in upper for v in _OTHER_VARIANTS):
+                return None
             return PEAK_TFLOPS_BF16[key]
     return None
 
