@@ -18,10 +18,11 @@ from workloads.loadgen.scripted_server import Running
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _infer(*overrides, timeout=240):
+def _infer(*overrides, timeout=240, **extra_env):
     import subprocess
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", WANDB_MODE="offline")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", WANDB_MODE="offline",
+               **extra_env)
     return subprocess.run([sys.executable, str(REPO / "launch" / "infer.py"), *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -47,11 +48,14 @@ def test_sweep_records_and_resume(tmp_path):
             assert m["total_output_tokens"] == 12 * 6  # ignore_eos + usage: exactly what was asked
             assert m["mean_ttft_ms"] >= 4 and m["median_tpot_ms"] > 0 and len(x["samples"]["requests"]) == 12
             assert x["fabric"]["name"] == "loopback" and x["server"]["adapter"] == "external"
-        # Interrupted after c1, c4 ... : a rerun with one more point runs only that one.
-        r = _infer(*common, "load.points=[1,4,8]")
+        # Interrupted after c1, c4 ... : a rerun with one more point runs only that one,
+        # and tells W&B (offline here) about that one point: one W&B run per record.
+        wandb_dir = tmp_path / "wandb"
+        r = _infer(*common, "load.points=[1,4,8]", "logger=wandb", WANDB_DIR=str(wandb_dir))
         assert r.returncode == 0, r.stderr
         assert "point c1: already recorded" in r.stdout and "point c4: already recorded" in r.stdout
         assert sorted(x["point"] for x in _records(out)) == ["c1", "c4", "c8"]
+        assert len(list((wandb_dir / "wandb").glob("offline-run-*"))) == 1
         # Open loop: Poisson at 50 req/s, with the client's send lag recorded per request.
         r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=rate1", *SMALL,
                    "load=rate_sweep", "load.points=[50]", "load.duration_s=null", "load.slo=ttft:1000")

@@ -130,3 +130,26 @@ def test_build_loggers_rank0_only(rank, expect, monkeypatch):
         assert lg.group == "pretrain-neox-tiny-ddp-ws8" and lg.name == "roce-neox-tiny-ddp-mb4-r1"
         assert lg.tags == ["fabric:roce", "model:neox-tiny", "parallel:ddp"] and lg.mode() in ("offline", "online")
     assert len(build_loggers(OmegaConf.merge(cfg, {"logger": {"name": "none"}}), info)) == 0
+
+
+def test_collectives_and_inference_records_round_trip_through_the_wandb_layout():
+    """What analysis needs from W&B for every workload: identity sections, metrics, and the
+    per-size tables (busbw vs size, p2p latency) come back as they were written."""
+    from workloads.loggers import record_from_wandb
+
+    coll = {"workload": "collectives", "status": "ok", "collectives": {"ops": ["all_reduce"], "pattern": "all"},
+            "fabric": {"name": "roce"}, "world": {"world_size": 16},
+            "overrides": ["+fabric.env.HF_TOKEN=hunter2", "collectives.maxbytes=1G"],
+            "metrics": {"avg_busbw(GB/s)": 180.5},
+            "rows": [{"op": "all_reduce", "size": 1 << 20, "busbw": 120.0}], "p2p": [{"test": "latency", "value": 3.1}]}
+    config, summary = record_to_wandb(coll)
+    assert "hunter2" not in repr(config) and config["overrides"][0] == "+fabric.env.HF_TOKEN=<redacted>"
+    back = record_from_wandb(config, summary, "wandb:x/y/1")
+    assert back["rows"] == coll["rows"] and back["p2p"] == coll["p2p"]
+    assert back["metrics"] == {"avg_busbw(GB/s)": 180.5} and back["collectives"] == coll["collectives"]
+
+    inf = {"workload": "inference", "point": "c8", "arrival": {"kind": "closed", "concurrency": 8},
+           "server": {"adapter": "vllm", "tp": 8}, "metrics": {"median_ttft_ms": 41.0}}
+    back = record_from_wandb(*record_to_wandb(inf), "wandb:x/y/2")
+    assert back["point"] == "c8" and back["arrival"]["concurrency"] == 8 and back["server"]["tp"] == 8
+    assert back["metrics"]["median_ttft_ms"] == 41.0

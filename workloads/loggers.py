@@ -22,8 +22,13 @@ from workloads.errors import UsageError
 from workloads.records import redact
 
 SEP = "/"  # flat W&B config keys: "config/train/micro_batch_size"; W&B panels group by it
-# Record sections that describe a run (identity); metrics go to the summary instead.
-IDENTITY_SECTIONS = ("workload", "run_id", "status", "config", "model", "fabric", "world", "batch", "fingerprint")
+# Record sections that describe a run (identity, to the W&B config); metrics go to the summary.
+IDENTITY_SECTIONS = ("workload", "run_id", "status", "error", "overrides", "config", "model", "fabric", "world",
+                     "batch", "fingerprint", "collectives", "server", "point", "arrival")
+# Per-size tables that analysis plots (busbw vs size, p2p latency vs size): kept whole in
+# the summary under these keys, and put back where a record has them.
+TABLE_SECTIONS = ("rows", "p2p")
+TABLE = "table"  # summary prefix of those (W&B reserves keys that start with "_")
 
 
 def flatten(obj: Mapping[str, Any], sep: str = SEP, prefix: str = "") -> dict[str, Any]:
@@ -52,24 +57,14 @@ def unflatten(flat: Mapping[str, Any], sep: str = SEP) -> dict[str, Any]:
     return out
 
 
-def redact_overrides(overrides: list[str]) -> list[str]:
-    """`key=value` command-line overrides, with the value of secret-looking keys hidden."""
-    out = []
-    for o in overrides:
-        k, eq, v = str(o).partition("=")
-        out.append(f"{k}={redact({k: v})[k]}" if eq else o)
-    return out
-
-
 def record_to_wandb(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config, summary) for W&B: identity sections flattened and redacted; metrics as
     summary keys unchanged (units in the names); the verified transport under
     `transport/...`."""
     ident = {k: record[k] for k in IDENTITY_SECTIONS if k in record}
-    if "overrides" in record:
-        ident["overrides"] = redact_overrides(list(record["overrides"]))
-    config = flatten(redact(ident))
+    config = flatten(redact(ident))  # redact also hides secret-looking `key=value` overrides
     summary = {k: v for k, v in dict(record.get("metrics") or {}).items() if isinstance(v, (int, float)) or v is None}
+    summary |= {f"{TABLE}{SEP}{k}": record[k] for k in TABLE_SECTIONS if record.get(k)}
     return config, summary
 
 
@@ -77,7 +72,11 @@ def record_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any], sou
     """The inverse of `record_to_wandb`: a record analysis/ can read like a local one."""
     rec = unflatten({k: v for k, v in config.items() if not str(k).startswith("_")})
     rec.setdefault("schema", "fabricbench.record/1")
-    rec["metrics"] = {k: v for k, v in summary.items() if not str(k).startswith("_")}
+    rec["metrics"] = {k: v for k, v in summary.items() if not str(k).startswith(("_", TABLE + SEP))}
+    for k in TABLE_SECTIONS:
+        table = summary.get(f"{TABLE}{SEP}{k}")
+        if table:
+            rec[k] = list(table)
     rec["_path"] = source
     return rec
 
@@ -203,7 +202,18 @@ class WandbLogger(Logger):
             self._guard("finish", lambda: run.finish(exit_code=0))
 
 
-def _wandb_logger(cfg: Any, info: Any) -> Logger:
+def _default_group(cfg: Any, world: int) -> str:
+    """Runs of one comparison share everything but the fabric: group them by that."""
+    workload = str(cfg.workload.name)
+    if workload == "collectives":
+        return f"collectives-ws{world}"
+    if workload == "inference":
+        return f"inference-{cfg.model.name}-{cfg.server.name}-tp{world}"
+    parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
+    return f"{workload}-{cfg.model.name}-{parallel}-ws{world}"
+
+
+def _wandb_logger(cfg: Any, info: Any, label: str | None = None) -> Logger:
     from omegaconf import OmegaConf
 
     settings = OmegaConf.to_container(cfg.logger, resolve=True) if hasattr(cfg, "logger") else {}
@@ -212,32 +222,33 @@ def _wandb_logger(cfg: Any, info: Any) -> Logger:
     model = str(cfg.model.name)
     parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
     world = int(info.world_size)
-    # Runs of one comparison share everything but the fabric: group them by that.
-    group = settings.get("group") or f"{workload}-{model}-{parallel}-ws{world}"
+    group = settings.get("group") or _default_group(cfg, world)
     mb = cfg.get("train", {}).get("micro_batch_size") if "train" in cfg else None
     run_id = os.path.basename(str(cfg.get("run_id") or "")) or None
-    name = "-".join(str(p) for p in (fabric, model, parallel, f"mb{mb}" if mb is not None else None, run_id) if p)
+    name = "-".join(str(p) for p in (fabric, model, parallel, f"mb{mb}" if mb is not None else None, label, run_id)
+                    if p)
     tags = [_tag(t) for t in (f"fabric:{fabric}", f"model:{model}", f"parallel:{parallel}", *(settings.get("tags") or []))]
     init_config = flatten(redact({"workload": workload, "config": OmegaConf.to_container(cfg, resolve=True),
                                   "world": {"world_size": world, "nodes": info.nodes}}))
     return WandbLogger(settings, init_config, name, group, workload, tags)
 
 
-LOGGERS: dict[str, Callable[[Any, Any], Logger | None]] = {
-    "none": lambda cfg, info: None,
+LOGGERS: dict[str, Callable[..., Logger | None]] = {
+    "none": lambda cfg, info, label=None: None,
     "wandb": _wandb_logger,
 }
 
 
-def build_loggers(cfg: Any, info: Any) -> Loggers:
-    """The trackers `cfg.logger.name` selects, on rank 0 only (other ranks: none)."""
+def build_loggers(cfg: Any, info: Any, label: str | None = None) -> Loggers:
+    """The trackers `cfg.logger.name` selects, on rank 0 only (other ranks: none).
+    `info` needs is_main, world_size and nodes; `label` names a sweep point in the run name."""
     name = str(cfg.logger.name) if "logger" in cfg and cfg.logger is not None else "none"
     if name not in LOGGERS:
         raise UsageError(f"logger.name={name!r}; use one of {', '.join(LOGGERS)} (logger=<name>)")
     if not info.is_main:
         return Loggers()
     try:
-        lg = LOGGERS[name](cfg, info)
+        lg = LOGGERS[name](cfg, info, label)
     except Exception as e:  # a tracker must never take the workload down
         print(f"warning: logger {name} not started ({type(e).__name__}: {e}); the local record is unaffected",
               file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ from workloads.collectives.harness import Harness, min_bw_verdict, summarize
 from workloads.collectives.sweep import Settings, pattern_groups
 from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
+from workloads.loggers import build_loggers
 from workloads.records import fingerprint, new_record
 from workloads.train import check_writable
 
@@ -128,6 +129,9 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         if info.is_main:
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
+            loggers = build_loggers(cfg, info)  # after the local record is safely written
+            loggers.log_summary(record)
+            loggers.close()
     if record["status"] != "ok":
         raise CollectivesFailed(record["error"])
     return recorded.path

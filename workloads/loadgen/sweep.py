@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+from types import SimpleNamespace
 import traceback
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from workloads.loadgen.backends import get_backend
 from workloads.loadgen.datasets import build_dataset, load_tokenizer
 from workloads.loadgen.metrics import parse_slo, summarize
 from workloads.loadgen.runner import LoadPoint, run_point
+from workloads.loggers import build_loggers
 from workloads.records import new_record, write_record
 from workloads.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.servers import get_adapter
@@ -215,6 +217,11 @@ def _run_one(a: Arrival, srv, backend, model_name, measured, slo, load, base, fp
         rec["traceback"] = traceback.format_exc()
     finally:
         path = write_record(records, rec, stem)
+        # One W&B run per point, as one record per point (after the record is on disk).
+        loggers = build_loggers(cfg, SimpleNamespace(is_main=True, world_size=base["server"]["tp"],
+                                                     nodes=base["server"]["nnodes"]), label=a.label())
+        loggers.log_summary(rec)
+        loggers.close()
     _print_point(rec, path)
     return rec["status"] == "ok"
 
