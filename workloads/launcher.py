@@ -124,6 +124,8 @@ def hydra_entry(
     register_resolvers()
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
         sys.argv.insert(1, f"workload={workload}")
+    if os.environ.get("RANK", "0") != "0":
+        sys.argv.append("hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> None:
