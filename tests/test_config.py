@@ -76,6 +76,7 @@ def test_model_shapes():
         (["train.seq_length=4096"], 2, "exceeds the model's max_position_embeddings=256"),
         (["model.hidden_size=66"], 2, "does not divide model.hidden_size=66"),
         (["train.steps=3", "train.warmup_steps=3"], 2, "must exceed train.warmup_steps"),
+        (["train.warmup_steps=0"], 2, "warm-up must be at least 1 step"),
         (["train.precision=fp8"], 2, "train.precision='fp8'"),
         (["train.precision=fp16"], 2, "fp16 needs a GPU"),
         (["fabric=roce"], 2, "needs a GPU"),

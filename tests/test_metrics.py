@@ -73,6 +73,7 @@ def test_tflops_per_gpu_and_summary():
     # MFU uses f = 3 even with checkpointing: 32 × 1.826676e13 / 16 / 1e12 / 989 = 0.036939
     assert s.mfu == pytest.approx(32 * 1.826676e13 / 16 / 1e12 / 989.0, rel=1e-5)
     assert s.comm_share == pytest.approx(2.0 / 8.0)
+    assert s.as_metrics()["mfu_peak(TFLOPS)"] == 989.0
     assert s.measured_steps == 4
     assert math.isclose(s.iteration_time_std_s, 0.0816497, rel_tol=1e-4)
 
@@ -94,4 +95,8 @@ def test_peak_table_and_override():
     assert peak_tflops_for("NVIDIA H100 PCIe") is None
     assert peak_tflops_for("NVIDIA H100 NVL") is None
     assert peak_tflops_for("NVIDIA H100 PCIe", override=756) == 756.0
+    # The table is bf16/fp16 dense: an fp32 run gets no MFU unless the user gives its peak.
+    assert peak_tflops_for("NVIDIA H200", precision="fp32") is None
+    assert peak_tflops_for("NVIDIA H200", precision="fp16") == 989.0
+    assert peak_tflops_for("NVIDIA H200", override=67, precision="fp32") == 67.0
     assert peak_tflops_for("NVIDIA H200", override=700) == 700.0

@@ -53,11 +53,15 @@ def tflops_per_gpu(flops_per_iter: float, iteration_time_s: float, world_size: i
 _OTHER_VARIANTS = ("PCIE", "NVL")
 
 
-def peak_tflops_for(device_name: str, override: float | None = None) -> float | None:
+def peak_tflops_for(device_name: str, override: float | None = None, precision: str = "bf16") -> float | None:
     """Peak bf16 TFLOPS for a device name such as 'NVIDIA H100 80GB HBM3' or 'AMD Instinct
-    MI300X'. None when unknown (MFU is then not reported rather than guessed)."""
+    MI300X'. None when unknown (MFU is then not reported rather than guessed), and for
+    fp32 runs: the table holds bf16/fp16 dense peaks, and an fp32 run divided by them
+    would read as a meaningless few percent (a user override is taken as meant)."""
     if override:
         return float(override)
+    if precision not in ("bf16", "fp16"):
+        return None
     upper = device_name.upper()
     for key in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True):
         if key in upper:
@@ -75,6 +79,7 @@ class TrainingSummary:
     tokens_per_sec: float
     tflops_per_gpu: float
     mfu: float | None
+    peak_tflops: float | None
     comm_share: float | None
     measured_steps: int
 
@@ -87,6 +92,7 @@ class TrainingSummary:
             "tokens_per_sec": self.tokens_per_sec,
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
+            "mfu_peak(TFLOPS)": self.peak_tflops,
             "comm_share": self.comm_share,
             "measured_steps": self.measured_steps,
         }
@@ -147,6 +153,7 @@ def summarize_training(
         tokens_per_sec=sps * seq_length,
         tflops_per_gpu=tflops_per_gpu(flops, it, world_size),
         mfu=mfu,
+        peak_tflops=peak_tflops,
         comm_share=comm_share,
         measured_steps=len(timed),
     )

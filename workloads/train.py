@@ -97,10 +97,10 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
             f"train.seq_length={seq} exceeds the model's max_position_embeddings="
             f"{mcfg.max_position_embeddings}; use train.seq_length<={mcfg.max_position_embeddings}"
         )
-    if int(t.steps) <= int(t.warmup_steps) or int(t.warmup_steps) < 0:
+    if int(t.warmup_steps) < 1 or int(t.steps) <= int(t.warmup_steps):
         raise UsageError(
-            f"train.steps={t.steps} must exceed train.warmup_steps={t.warmup_steps} (>= 0): "
-            "only steps after warm-up are timed"
+            f"train.steps={t.steps} must exceed train.warmup_steps={t.warmup_steps}, and warm-up must be at "
+            "least 1 step: step 0 builds communicators and DDP buckets, and only steps after warm-up are timed"
         )
     if t.precision not in PRECISIONS:
         raise UsageError(f"train.precision={t.precision!r}; use one of {', '.join(PRECISIONS)}")
@@ -241,7 +241,8 @@ def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: Fab
         step_times_s=step_times, warmup_steps=warmup, global_batch=layout.global_batch, seq_length=seq,
         num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
         checkpoint_activations=bool(t.activation_checkpointing), world_size=info.world_size,
-        peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops")),
+        peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops"),
+                                    str(t.precision)),
         comm_times_s=comm_times,
     )
     record["nic"] = nic.summary(rails_for(fabric, os.environ, record["fabric"].get("transport")))
