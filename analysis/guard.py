@@ -19,7 +19,9 @@ from typing import Any, Iterable, Mapping
 from workloads.loggers import flatten
 
 # Sections of a record that define the point measured; `config` covers everything Hydra set.
-SECTIONS = ("workload", "config", "world", "batch", "model", "collectives", "load", "server")
+# Inference: `arrival` and `point` are the load point (c1 ... c64 of one sweep are different
+# points, not trials); `server` is what was started (adapter, tp, nnodes).
+SECTIONS = ("workload", "config", "world", "batch", "model", "collectives", "load", "arrival", "point", "server")
 FINGERPRINT = (  # hardware and software; hostname and OS build are not identity
     "gpu", "gpu_count", "driver", "cpu", "cpu_count",
     "torch", "cuda", "hip", "nccl", "deepspeed", "transformers", "python", "fabricbench", "git.commit",
@@ -28,6 +30,11 @@ FINGERPRINT = (  # hardware and software; hostname and OS build are not identity
 IGNORED = (
     "config.fabric", "config.run_id", "config.output_root", "config.logger", "config.launcher",
     "config.dist.timeout_s", "config.trial", "config.seed", "config.hydra", "config.wandb",
+    # The started server's command line names the fabric (fabric=<name>) and the run directory,
+    # and its log and URL sit in the run directory or on the host: all derive from the config,
+    # which is identity already.
+    # An external server's address is where it runs, not what it runs.
+    "server.argv", "server.log", "server.url", "config.server.url",
 )
 
 

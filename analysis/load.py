@@ -67,6 +67,8 @@ class Run:
     rows: list[dict] = field(default_factory=list)   # collectives rows (nccl-tests columns)
     p2p: list[dict] = field(default_factory=list)    # point-to-point rows
     record: dict = field(default_factory=dict, repr=False)
+    point: str | None = None         # inference: the sweep point's label ("c32", "poisson-r8")
+    arrival: str | None = None       # inference: closed | poisson | gamma | burst
 
     @property
     def transport_verdict(self) -> str | None:
@@ -90,16 +92,22 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         sps, seq = metrics.get("samples_per_sec"), num(dig(rec, "batch.seq_length"))
         if sps is not None and seq is not None:
             metrics["tokens_per_sec"] = sps * seq
+    arrival = dig(rec, "arrival") if isinstance(dig(rec, "arrival"), Mapping) else {}
+    kind = arrival.get("kind")
     coords = {
         "global_batch": num(dig(rec, "batch.global_batch_size")),
         "micro_batch": num(dig(rec, "batch.micro_batch_size")),
         "seq_length": num(dig(rec, "batch.seq_length")),
-        "world_size": num(_first(rec, "world.world_size", "config.world_size")),
-        "nodes": num(dig(rec, "world.nodes")),
-        "concurrency": num(_first(rec, "load.concurrency", "load.max_concurrency", "config.load.concurrency",
-                                  "config.load.max_concurrency", "metrics.max_concurrency", "metrics.concurrency")),
-        "rate": num(_first(rec, "load.request_rate", "load.rate", "config.load.request_rate", "config.load.rate",
-                           "metrics.request_rate")),
+        # inference: the server's GPUs. server.tp is the total tensor-parallel degree over
+        # all nodes (SGLang --tp, vLLM --tensor-parallel-size), so nnodes is not a factor.
+        "world_size": num(_first(rec, "world.world_size", "config.world_size", "server.tp")),
+        "nodes": num(_first(rec, "world.nodes", "server.nnodes")),
+        # inference: the load point, as workloads/loadgen/sweep.py records it. The config's
+        # load section describes the whole sweep, not the point, so it is not read here.
+        "concurrency": num(arrival.get("concurrency")) if kind == "closed" else None,
+        "rate": num(arrival.get("rate")) if kind != "closed" else None,  # burst: inf -> absent
+        "burstiness": num(arrival.get("burstiness")) if kind == "gamma" else None,
+        "max_concurrency": num(arrival.get("max_concurrency")) if kind != "closed" else None,
     }
     fabric = dig(rec, "fabric") or {}
     return Run(
@@ -116,6 +124,8 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         rows=[r for r in rec.get("rows") or [] if isinstance(r, Mapping)],
         p2p=[r for r in rec.get("p2p") or [] if isinstance(r, Mapping)],
         record=dict(rec),
+        point=str(rec["point"]) if rec.get("point") is not None else None,
+        arrival=str(kind) if kind is not None else None,
     )
 
 

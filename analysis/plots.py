@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from analysis.load import TRAINING, Run, Table  # noqa: E402
+from analysis.load import TRAINING, Run, Table, dig  # noqa: E402
 from analysis.stats import bootstrap_median  # noqa: E402
 
 
@@ -31,15 +31,24 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     return paths
 
 
+# What splits a chart's lines besides the fabric, when it varies: a run's attribute or coordinate.
+LINE_KEYS: dict[str, Callable[[Run], str]] = {
+    "model": lambda r: str(r.model),
+    "parallel": lambda r: str(r.parallel),
+    "gpus": lambda r: f"gpus={r.coords['world_size']:g}" if "world_size" in r.coords else "gpus=?",
+}
+
+
 def _line_label(r: Run, vary: set[str]) -> str:
-    extra = [str(getattr(r, k)) for k in ("model", "parallel") if k in vary]
-    return " ".join([r.fabric, *extra])
+    return " ".join([r.fabric, *(fn(r) for k, fn in LINE_KEYS.items() if k in vary)])
 
 
-def _series(runs: Iterable[Run], x: Callable[[Run], float | None], y: Callable[[Run], float | None]):
-    """{label: (xs, med, lo, hi)} with one line per fabric (and per model/parallel when they vary)."""
+def _series(runs: Iterable[Run], x: Callable[[Run], float | None], y: Callable[[Run], float | None],
+            split: Iterable[str] = tuple(LINE_KEYS)):
+    """{label: (xs, med, lo, hi)} with one line per fabric (and per model/parallel/GPU count when they
+    vary; `split` leaves out the one that is the x axis)."""
     runs = list(runs)
-    vary = {k for k in ("model", "parallel") if len({getattr(r, k) for r in runs}) > 1}
+    vary = {k for k in split if len({LINE_KEYS[k](r) for r in runs}) > 1}
     pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         xv, yv = x(r), y(r)
@@ -117,7 +126,7 @@ def scaling_efficiency(table: Table, out_dir: Path) -> list[Path]:
     runs = [r for r in _training(table) if "world_size" in r.coords]
     series = {}
     for (fabric, model, mb), sub in _bucket(runs, lambda r: (r.fabric, r.model, r.coords.get("micro_batch"))).items():
-        s = _series(sub, lambda r: r.coords["world_size"], lambda r: r.metric("samples_per_sec"))
+        s = _series(sub, lambda r: r.coords["world_size"], lambda r: r.metric("samples_per_sec"), split=("model", "parallel"))
         for _, (xs, med, lo, hi) in s.items():
             if len(xs) < 2:
                 continue
@@ -134,18 +143,34 @@ def _bucket(runs, key):
     return out
 
 
-def busbw_vs_size(table: Table, out_dir: Path) -> list[Path]:
-    """nccl-tests' busbw per message size, out-of-place and in-place cells pooled as trials."""
-    pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+def busbw_series(table: Table) -> dict:
+    """{label: (sizes, med, lo, hi)}: one line per fabric and op, split further by world size,
+    pattern and dtype wherever the table holds more than one of them (busbw of 8 and 16 ranks,
+    or of float and bfloat16, are different curves, not trials of one)."""
+    cells: list[tuple[dict[str, str], float, float]] = []
     for r in table.ok():
         for row in r.rows:
-            for place in ("out_of_place", "in_place"):
+            ws = r.coords.get("world_size")
+            dims = {"fabric": r.fabric, "op": str(row.get("op", "")),
+                    "n": f"n={ws:g}" if ws is not None else f"group={row.get('group_size', '?')}",
+                    "pattern": f"pattern={dig(r.record, 'collectives.pattern', '?')}",
+                    "dtype": str(row.get("type", dig(r.record, "collectives.datatype", "?")))}
+            for place in ("out_of_place", "in_place"):  # both placements are trials of one size
                 cell = row.get(place)
                 if isinstance(cell, dict) and cell.get("busbw") is not None and row.get("size"):
-                    pts[f"{r.fabric} {row.get('op', '')}".strip()][float(row["size"])].append(float(cell["busbw"]))
-    series = {k: _stack(d) for k, d in sorted(pts.items())}
-    return _errorbar_chart(series, "Bus bandwidth vs message size", "message size (bytes)", "busbw (GB/s)", out_dir,
-                           "busbw_vs_size", logx=True)
+                    cells.append((dims, float(row["size"]), float(cell["busbw"])))
+    vary = [k for k in ("n", "pattern", "dtype") if len({d[k] for d, _, _ in cells}) > 1]
+    pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for dims, size, bw in cells:
+        label = " ".join(v for v in (dims["fabric"], dims["op"], *(dims[k] for k in vary)) if v)
+        pts[label][size].append(bw)
+    return {k: _stack(d) for k, d in sorted(pts.items())}
+
+
+def busbw_vs_size(table: Table, out_dir: Path) -> list[Path]:
+    """nccl-tests' busbw per message size, out-of-place and in-place cells pooled as trials."""
+    return _errorbar_chart(busbw_series(table), "Bus bandwidth vs message size", "message size (bytes)", "busbw (GB/s)",
+                           out_dir, "busbw_vs_size", logx=True)
 
 
 def p2p_latency_vs_size(table: Table, out_dir: Path) -> list[Path]:

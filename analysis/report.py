@@ -59,6 +59,10 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
+CAPACITY_NOTE = ("Capacity is request_throughput (req/s) at the SLO crossing, interpolated linearly between the last "
+                 "passing and the first failing load level, per GPU (server.tp). The sweep only brackets it between those "
+                 "levels' throughputs; a GPU percentage is given only when two fabrics' brackets do not overlap "
+                 "(see analysis/capacity.py).")
 RUN_HEAD = ["record", "fabric", "workload", "model", "parallel", "global batch", "GPUs", "status", "transport (verified)"]
 VERDICT_HEAD = ["point", "metric", "baseline median", "fabric median", "ratio [95% CI]", "p", "verdict"]
 
@@ -77,9 +81,9 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     refusals = [f.message() for f in result.refusals]
     cap_lines: list[str] = []
     if slo_ms is not None:
-        caps = capacity.capacities(table, slo_ms, slo_metric)
-        cap_lines = [f"{c.fabric} {c.model} ({c.load}): capacity {c.capacity if c.capacity is not None else 'none'} "
-                     f"on {c.gpus:g} GPUs" for c in caps] + capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
+        caps = capacity.capacities(table, slo_ms, slo_metric, result.allow)
+        pct = slo_metric.split("_")[0]
+        cap_lines = [c.describe(slo_ms, pct) for c in caps] + capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
 
     md = [f"# {title}", "", f"{len(table)} records, fabrics: {', '.join(table.fabrics)}; baseline: {result.baseline}.",
           "Trials are records (one run each); medians with bootstrap 95% intervals; significance by a two-sided exact "
@@ -93,7 +97,8 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     if refusals:
         md += ["## Refused comparisons", "", *[f"- {r}" for r in refusals], ""]
     if cap_lines:
-        md += [f"## Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", "", *[f"- {c}" for c in cap_lines], ""]
+        md += [f"## Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", "", CAPACITY_NOTE, "",
+               *[f"- {c}" for c in cap_lines], ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images]
     if skipped:
         md += ["", f"Not drawn (no records of that kind): {', '.join(skipped)}."]
@@ -119,7 +124,7 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     if refusals:
         h += ["<h2>Refused comparisons</h2>", li(refusals)]
     if cap_lines:
-        h += ["<h2>Capacity at the SLO</h2>", li(cap_lines)]
+        h += ["<h2>Capacity at the SLO</h2>", f"<p>{html.escape(CAPACITY_NOTE)}</p>", li(cap_lines)]
     h += ["<h2>Plots</h2>", *[img(p) for p in images], "<h2>Runs</h2>", _html_table(RUN_HEAD, _runs_rows(table)), "</body></html>"]
     html_path = out / "report.html"
     html_path.write_text("\n".join(h))

@@ -117,8 +117,10 @@ class Comparison:
 
 
 def compare(values: Sequence[float], base: Sequence[float], fabric: str, baseline: str, metric: str,
-            higher_is_better: bool = True, alpha: float = 0.05, conf: float = 0.95, seed: int | None = None) -> Comparison:
-    """`fabric` against `baseline` on one metric's per-trial values."""
+            higher_is_better: bool = True, alpha: float = 0.05, conf: float = 0.95, seed: int | None = None,
+            word: str = "faster") -> Comparison:
+    """`fabric` against `baseline` on one metric's per-trial values. `word` names the winner's
+    edge: "faster" for times and rates, "better" for the rest (comm share, loss, failures)."""
     x, y = list(values), list(base)
     ratio, lo, hi = bootstrap_ratio(x, y, conf=conf, seed=seed)
     # "faster" in speed terms: throughput ratio, or the inverse ratio of a time/latency
@@ -126,14 +128,15 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
     if len(x) < 2 or len(y) < 2:
         p, sig = math.nan, False
         verdict = (f"insufficient trials ({len(x)} vs {len(y)}; need >= 2 each, >= 4 to detect a difference): "
-                   f"{fabric}/{baseline} speed ratio {s:.3f}, not tested")
+                   f"{fabric}/{baseline} {'speed ratio' if word == 'faster' else 'ratio (>1: ' + fabric + ' ' + word + ')'} "
+                   f"{s:.3f}, not tested")
     else:
         p = permutation_p(x, y, seed=seed)
         sig = bool(p < alpha and (slo > 1 or shi < 1))
         if sig and s > 1:
-            verdict = f"{fabric} is faster than {baseline} by {100 * (s - 1):.1f}% [{100 * (slo - 1):.1f}, {100 * (shi - 1):.1f}] (p={p:.3g}, n={len(x)} vs {len(y)})"
+            verdict = f"{fabric} is {word} than {baseline} by {100 * (s - 1):.1f}% [{100 * (slo - 1):.1f}, {100 * (shi - 1):.1f}] (p={p:.3g}, n={len(x)} vs {len(y)})"
         elif sig:
-            verdict = (f"{baseline} is faster than {fabric} by {100 * (1 / s - 1):.1f}% [{100 * (1 / shi - 1):.1f}, "
+            verdict = (f"{baseline} is {word} than {fabric} by {100 * (1 / s - 1):.1f}% [{100 * (1 / shi - 1):.1f}, "
                        f"{100 * (1 / slo - 1):.1f}] (p={p:.3g}, n={len(y)} vs {len(x)})")
         else:
             verdict = (f"no significant difference: {fabric} vs {baseline} {100 * (s - 1):+.1f}% "

@@ -1,0 +1,90 @@
+"""Which way is better, how the verdict words it, and the collectives headlines and chart
+series. Synthetic records with hand-chosen values (the statistics themselves are pinned in
+tests/test_analysis_stats.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.cli import main as cli_main
+from analysis.compare import compare_table, direction, headline
+from analysis.load import Table, run_from_record
+from analysis.plots import busbw_series
+from workloads.errors import UsageError
+from workloads.records import write_record
+
+
+def train(fabric: str, trial: int, **metrics) -> dict:
+    return {"schema": "fabricbench.record/1", "workload": "pretrain", "status": "ok", "run_id": f"{fabric}-{trial}",
+            "config": {"fabric": {"name": fabric}, "model": {"name": "neox-tiny"}, "trial": trial},
+            "fabric": {"name": fabric}, "world": {"world_size": 16, "nodes": 2},
+            "batch": {"micro_batch_size": 4, "global_batch_size": 64, "seq_length": 2048},
+            "metrics": {"samples_per_sec": 100.0, **metrics}}
+
+
+COMM = {"roce": [0.30, 0.31, 0.29, 0.305], "ib": [0.20, 0.21, 0.19, 0.205]}
+
+
+def test_comm_share_lower_is_better_and_is_not_speed():
+    t = Table(run_from_record(train(f, i, comm_share=v)) for f, vals in COMM.items() for i, v in enumerate(vals))
+    (( _, c),) = compare_table(t, baseline="ib", metrics=["comm_share"]).comparisons
+    # medians 0.3025 (roce) vs 0.2025 (ib): roce spends 49.4% more of its step communicating
+    assert c.fabric == "roce" and c.significant and c.speedup < 1
+    assert c.verdict.startswith("ib is better than roce by 49.4%"), c.verdict
+    assert "faster" not in c.verdict
+
+
+@pytest.mark.parametrize("metric, hib, word", [
+    ("comm_share", False, "better"), ("duration", False, "faster"), ("failed", False, "better"),
+    ("warmup_failed", False, "better"), ("final_loss", False, "better"), ("iteration_time(s)", False, "faster"),
+    ("p90_ttft_ms", False, "faster"), ("p99_send_lag_ms", False, "better"), ("p2p_min_latency(us)", False, "faster"),
+    ("samples_per_sec", True, "faster"), ("request_throughput", True, "faster"), ("mfu", True, "better"),
+    ("all_reduce/avg_busbw(GB/s)", True, "faster"), ("p2p_peak_bw(MB/s)", True, "faster"),
+])
+def test_direction_registry(metric, hib, word):
+    assert direction(metric) == (hib, word)
+
+
+def test_unknown_metric_is_refused_not_guessed(tmp_path, capsys):
+    for i, f in enumerate(("ib", "roce")):
+        write_record(tmp_path / f / "records", train(f, i, measured_steps=20), f"pretrain-{f}")
+    with pytest.raises(UsageError, match="measured_steps: no known direction"):
+        compare_table(Table(), metrics=["measured_steps"])
+    assert cli_main(["compare", str(tmp_path), "--metric", "measured_steps"]) == 2
+    assert "add it to DIRECTIONS" in capsys.readouterr().err
+
+
+def coll(fabric: str, trial: int, world: int = 8, dtype: str = "float", busbw: float = 40.0) -> dict:
+    ops = {"all_reduce": busbw, "alltoall": busbw / 4}
+    rows = [{"op": op, "size": size, "type": dtype, "group_size": world,
+             "out_of_place": {"busbw": bw * k}, "in_place": {"busbw": bw * k * 1.02}}
+            for op, bw in ops.items() for size, k in ((1 << 10, 0.1), (1 << 20, 1.0))]
+    return {"workload": "collectives", "status": "ok", "run_id": f"{fabric}-{world}-{dtype}-{trial}",
+            "config": {"fabric": {"name": fabric}, "trial": trial, "collectives": {"datatype": dtype}},
+            "fabric": {"name": fabric}, "world": {"world_size": world, "nodes": world // 8},
+            "collectives": {"ops": list(ops), "pattern": "all", "datatype": dtype},
+            "metrics": {"avg_busbw(GB/s)": sum(ops.values()) / 2, **{f"{op}/avg_busbw(GB/s)": v for op, v in ops.items()}},
+            "rows": rows}
+
+
+def test_collectives_headlines_are_per_op():
+    t = Table(run_from_record(coll(f, i, busbw=40.0 if f == "ib" else 30.0)) for f in ("ib", "roce") for i in range(2))
+    res = compare_table(t, baseline="ib")
+    assert sorted(c.metric for _, c in res.comparisons) == ["all_reduce/avg_busbw(GB/s)", "alltoall/avg_busbw(GB/s)"]
+    ar = next(c for _, c in res.comparisons if c.metric.startswith("all_reduce"))
+    assert ar.median == 30.0 and ar.median_base == 40.0 and ar.ratio == pytest.approx(0.75)
+    assert headline("collectives", ["avg_busbw(GB/s)", "x/avg_busbw(GB/s)", "peak_busbw(GB/s)"]) == ["x/avg_busbw(GB/s)"]
+
+
+def test_busbw_series_split_by_world_size_and_dtype_where_they_differ():
+    one = busbw_series(Table([run_from_record(coll("ib", 0))]))
+    assert sorted(one) == ["ib all_reduce", "ib alltoall"]  # nothing varies: plain labels
+    t = Table(run_from_record(r) for r in (coll("ib", 0, world=8), coll("ib", 0, world=16, busbw=80.0),
+                                           coll("ib", 0, world=16, dtype="bfloat16", busbw=90.0)))
+    s = busbw_series(t)
+    assert sorted(s) == ["ib all_reduce n=16 bfloat16", "ib all_reduce n=16 float", "ib all_reduce n=8 float",
+                         "ib alltoall n=16 bfloat16", "ib alltoall n=16 float", "ib alltoall n=8 float"]
+    xs, med, lo, hi = s["ib all_reduce n=16 float"]
+    # one record: its out-of-place 80 and in-place 81.6 GB/s at 1 MiB are the two cells of that size
+    assert list(xs) == [1024, 1 << 20] and med[1] == pytest.approx(80.8)
+    assert s["ib all_reduce n=8 float"][1][1] == pytest.approx(40.4)
