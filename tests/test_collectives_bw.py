@@ -150,3 +150,57 @@ def test_sizes_out_of_order_on_the_command_line_is_one_message(out_root):
     assert r.returncode == 2
     assert "error: collectives.minbytes (1048576) > collectives.maxbytes (1024): sizes are out of order" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_count0_rows_are_reported_at_busbw_0_and_averaged_as_nccl_tests():
+    """n=8 float all_gather, -b 8 -e 32M -f 2: 23 sizes. A rank's chunk is (bytes/4 // 8)
+    floats rounded down to 4 (16 B), so 8, 16, 32 and 64 B are count 0 (128 B is the first
+    with 4 floats per rank). nccl-tests' TimeTest still runs BenchTime on them in both
+    placements (bw[0] += 0, bw_count[0]++). The measurement itself is replaced here (8 ranks
+    of real collectives are the run tests' job): every measured cell reports 1.0 GB/s, so
+    the footer must be 19 x 2 x 1.0 / (23 x 2) = 38/46 = 0.826087, not 1.0 (the skipped-row
+    average, 46/38 = 1.21 x nccl-tests' as the review found)."""
+    from workloads.collectives.harness import Harness
+
+    s = _settings("collectives.ops=[all_gather]", "collectives.minbytes=8", "collectives.maxbytes=32M",
+                  "collectives.warmup_iters=0", world=8)
+    assert len(s.sizes) == 23
+    comm = ops.Comm(group=None, rank=0, size=8, global_ranks=tuple(range(8)))
+    lines: list[str] = []
+    h = Harness(s, comm, torch.device("cpu"), "gloo", 0, lines.append)
+    measured = []
+    h.measure = lambda op, lay, place: measured.append(lay.size) or Cell(2.0, 1.0, 1.0, 0)
+    rows = h.run_op(ops.get("all_gather"))
+    assert [r.requested for r in rows] == list(s.sizes)  # no size skipped
+    zero = [r for r in rows if r.count == 0]
+    assert [r.requested for r in zero] == [8, 16, 32, 64] and all(r.size == 0 for r in zero)
+    assert all(c.busbw == 0.0 and c.algbw == 0.0 and c.time_us is None and c.wrong == 0
+               for r in zero for c in r.cells())
+    assert 0 not in measured and len(measured) == 19 * 2  # a count-0 call is never made
+    assert summarize(rows)["avg_busbw"] == pytest.approx(38 / 46) and summarize(rows)["cells"] == 46
+    # printed like nccl-tests' count-0 line (time N/A: not called), and the footer agrees
+    table = [ln for ln in lines if not ln.startswith("#")]
+    assert len(table) == 23
+    assert table[0].split() == ["0", "0", "float", "none", "-1", "N/A", "0.00", "0.00", "0",
+                                "N/A", "0.00", "0.00", "0"]
+    assert "# Avg bus bandwidth    : 0.826087 " in lines
+    assert any("4 size(s) up to 64 B hold no whole float chunk per rank" in ln for ln in lines)
+
+
+def test_headline_metrics_per_op_cross_op_and_min_bw_per_op():
+    from workloads.collectives.runner import below_min_busbw, metrics
+
+    c = lambda bus: Cell(1.0, bus, bus, 0)  # noqa: E731
+    rows = [Row("all_reduce", 8, 8, 2, "float", "sum", -1, 2, None, c(10.0)),
+            Row("all_reduce", 16, 16, 4, "float", "sum", -1, 2, None, c(20.0)),
+            Row("alltoall", 0, 8, 0, "float", "none", -1, 2, c(0.0), None),  # a count-0 row
+            Row("alltoall", 16, 16, 2, "float", "none", -1, 2, c(4.0), None)]
+    m = metrics(rows, ("all_reduce", "alltoall"))
+    assert m["all_reduce/avg_busbw(GB/s)"] == pytest.approx(15.0)  # (10 + 20) / 2
+    assert m["alltoall/avg_busbw(GB/s)"] == pytest.approx(2.0)  # (0 + 4) / 2: the count-0 row counts
+    assert m["avg_busbw(GB/s)"] == pytest.approx(34 / 4) and m["measurements"] == 4  # every cell of every op
+    # NCCL_TESTS_MIN_BW per op: min 10 -> threshold 9: all_reduce 15 passes, alltoall 2 fails,
+    # although the blend (8.5) would fail both and a min of 9 (threshold 8.1) would pass both
+    assert below_min_busbw(rows, ("all_reduce", "alltoall"), 10.0) == [("alltoall", pytest.approx(2.0))]
+    assert below_min_busbw(rows, ("all_reduce", "alltoall"), 2.0) == []
+    assert below_min_busbw(rows, ("all_reduce", "alltoall"), None) == []

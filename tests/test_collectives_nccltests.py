@@ -139,3 +139,28 @@ cat {bindir}/table.txt
     assert block["status"] == "ok" and block["source"] == "json"
     assert block["avg_busbw"] == pytest.approx(55.2675) and len(block["rows"]) == 2
     assert "-J" in (bindir / "argv").read_text() and (tmp_path / "ext" / "all_reduce_perf.out").exists()
+
+
+def test_external_run_without_prefix_on_two_nodes_is_labelled_intra_node(tmp_path, monkeypatch):
+    # the same stand-in binary as above (all_reduce_perf needs a GPU), run as on rank 0 of
+    # a 2-node job with 8 GPUs per node and no collectives.external_prefix
+    from tests.test_collectives_bw import _settings
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "table.txt").write_text(TABLE)
+    fake = bindir / "all_reduce_perf"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = \"-h\" ]; then exit 0; fi\ncat {bindir}/table.txt\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    s = _settings("collectives.minbytes=1M", "collectives.maxbytes=4M", world=16)
+    block = nccltests.run_external(s, tmp_path / "ext", 8, nodes=2)
+    assert block["status"] == "ok" and block["scope"] == "intra-node" and block["avg_busbw"] == pytest.approx(52.235)
+    line = nccltests.summary_line(block)
+    assert line.startswith(f"# external {fake}: avg bus bandwidth 52.235 GB/s (table) -- INTRA-NODE ONLY: ")
+    assert "-g 8 on rank 0's node of a 2-node job" in line and "collectives.external_prefix" in line
+    # a launcher prefix spreads it over the job; one node is the whole job anyway
+    assert nccltests.external_scope(("mpirun", "-np", "2", "-N", "1"), 2) == "job"
+    assert nccltests.external_scope((), 1) == "job" and nccltests.external_scope([], 2) == "intra-node"
+    one_node = nccltests.run_external(s, tmp_path / "ext1", 8, nodes=1)
+    assert one_node["scope"] == "job" and "INTRA-NODE" not in nccltests.summary_line(one_node)

@@ -27,6 +27,9 @@ def _check_row_arithmetic(row):
         if place not in op.placements:
             assert cell is None
             continue
+        if row["count"] == 0:  # reported as nccl-tests does: 0 bytes moved, busbw 0, not called
+            assert row["size"] == 0 and cell["busbw"] == cell["algbw"] == 0.0 and cell["time_us"] is None
+            continue
         # the record's numbers recompute from its own size and time (DESIGN.md formulas)
         assert cell["algbw"] == pytest.approx(row["size"] / (cell["time_us"] * 1e-6) / 1e9, rel=1e-9)
         assert cell["busbw"] == pytest.approx(cell["algbw"] * op.bus_factor(n), rel=1e-9)
@@ -68,7 +71,10 @@ def test_world2_every_op_counts_the_corrupted_element_and_runs_p2p(out_root):
 
 @pytest.mark.slow
 def test_world3_every_op_is_correct_under_torchrun(out_root):
-    r = run_entry("collectives.py", f"output_root={out_root}", *SMALL, torchrun=3, timeout=400)
+    # from 8 B: sizes 8, 128, 2048; at n=3 float, 8 B is count 0 for all_gather, reduce_scatter
+    # and alltoall (2 floats // 3 ranks), which nccl-tests reports at busbw 0 and averages
+    r = run_entry("collectives.py", f"output_root={out_root}", *SMALL, "collectives.minbytes=8", torchrun=3,
+                  timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     (rec,) = records_in(out_root)
     assert rec["status"] == "ok" and rec["world"]["world_size"] == 3
@@ -76,9 +82,21 @@ def test_world3_every_op_is_correct_under_torchrun(out_root):
     rows = rec["rows"]
     assert {r["op"] for r in rows} == set(ops.REGISTRY)
     ag = [r for r in rows if r["op"] == "all_gather"]
-    # 1000 B at n=3: 250 floats -> 83 per rank -> 80 (16-B multiple) -> 960 B, said in the header
-    assert ag[0]["size"] == 960 and ag[0]["requested"] == 1000
-    assert "sizes rounded down as nccl-tests does for all_gather at n=3: 1000->960" in r.stdout
+    # 128 B at n=3: 32 floats -> 10 per rank -> 8 (16-B multiple) -> 96 B, said in the header
+    assert ag[1]["size"] == 96 and ag[1]["requested"] == 128
+    assert "sizes rounded down as nccl-tests does for all_gather at n=3: 8->0, 128->96, 2048->2016" in r.stdout
+    zero = [(r["op"], r["requested"]) for r in rows if r["count"] == 0]
+    assert sorted(zero) == [("all_gather", 8), ("alltoall", 8), ("reduce_scatter", 8)]
+    assert len(rows) == 3 * len(ops.REGISTRY)  # no size skipped
+    m = rec["metrics"]
+    for name in ops.REGISTRY:
+        cells = [c["busbw"] for row in rows if row["op"] == name for c in (row["out_of_place"], row["in_place"]) if c]
+        assert m[f"{name}/avg_busbw(GB/s)"] == pytest.approx(sum(cells) / len(cells))
+        # each op's footer prints that same average (nccl-tests' %g)
+        assert f"# Avg bus bandwidth    : {m[f'{name}/avg_busbw(GB/s)']:g} " in r.stdout
+    every = [c["busbw"] for row in rows for c in (row["out_of_place"], row["in_place"]) if c]
+    assert m["avg_busbw(GB/s)"] == pytest.approx(sum(every) / len(every))
+    assert f"over every row of all {len(ops.REGISTRY)} ops" in r.stdout
     for row in rows:
         assert row["group_size"] == 3
         _check_row_arithmetic(row)

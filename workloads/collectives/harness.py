@@ -11,6 +11,14 @@ Per op (as nccl-tests' TimeTest / BenchTime):
      the wrong-element counts of all ranks are summed.
 The table matches nccl-tests' (size, count, type, redop, root, then time/algbw/busbw/
 #wrong for out-of-place and in-place) and each op ends with nccl-tests' two footer lines.
+
+Sizes whose rounded count is 0 (e.g. all_gather of 8 B over 8 ranks) are reported, not
+skipped: nccl-tests' src/common.cu TimeTest calls BenchTime for every size of the sweep
+in both placements, and each BenchTime ends with `bw[0] += busBw; bw_count[0]++`, so a
+count-0 row prints size 0, count 0, busbw 0.00 and pulls "Avg bus bandwidth" down
+(run() divides bw[0] by bw_count[0]). We do the same, except that the zero-element call
+itself is not made (it moves no bytes; its time is launch overhead, and Gloo before
+pytorch/gloo#356 aborted with SIGFPE on an empty all_gather): its time column is N/A.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from workloads.errors import UsageError
 
 @dataclass
 class Cell:
-    time_us: float
+    time_us: float | None  # None: not timed (a count-0 row; see zero_cell)
     algbw: float  # GB/s
     busbw: float  # GB/s
     wrong: int | None  # None: not checked (printed N/A)
@@ -64,6 +72,12 @@ def time_block(run: Callable[[], None], iters: int, device: torch.device) -> flo
         run()
     fdist.synchronize(device)
     return (time.perf_counter() - t0) / iters
+
+
+def zero_cell(check: bool) -> Cell:
+    """A count-0 cell as nccl-tests reports it: algbw = busbw = 0 (0 bytes moved) and, when
+    checking, 0 wrong elements (there are none to be wrong). The call is not made, so no time."""
+    return Cell(None, 0.0, 0.0, 0 if check else None)
 
 
 def count_wrong(got: torch.Tensor | None, want: torch.Tensor | None) -> int:
@@ -170,10 +184,10 @@ class Harness:
         rows = []
         for nbytes in s.sizes:
             lay = op.layout(nbytes, self.type_size, self.comm.size)
-            if lay.count == 0:
-                self.print(f"# {nbytes} B is below one {s.datatype} per rank for {op.name} at n={self.comm.size}: skipped")
-                continue
-            cells = {p: self.measure(op, lay, p) for p in self.placements(op)}
+            if lay.count == 0:  # reported with busbw 0 and averaged, as nccl-tests does (module docstring)
+                cells = {p: zero_cell(s.check) for p in self.placements(op)}
+            else:
+                cells = {p: self.measure(op, lay, p) for p in self.placements(op)}
             row = Row(op=op.name, size=lay.size, requested=nbytes, count=lay.count, type=s.datatype,
                       redop=s.redop if op.uses_redop else "none", root=s.root if op.uses_root else -1,
                       group_size=self.comm.size, out_of_place=cells.get(ops.OUT_OF_PLACE),
@@ -199,6 +213,11 @@ class Harness:
         if rounded:
             shown = ", ".join(f"{a}->{b}" for a, b in rounded[:4]) + (" ..." if len(rounded) > 4 else "")
             self.print(f"# sizes rounded down as nccl-tests does for {op.name} at n={self.comm.size}: {shown}")
+        zeros = [n for n in s.sizes if op.layout(n, self.type_size, self.comm.size).count == 0]
+        if zeros:
+            self.print(f"# {len(zeros)} size(s) up to {max(zeros)} B hold no whole {s.datatype} chunk per rank for "
+                       f"{op.name} at n={self.comm.size}: printed as count 0, busbw 0 and counted in the average "
+                       "(as nccl-tests); not called, so time N/A")
         self.print("#")
         self.print(HEADER)
 
@@ -223,7 +242,8 @@ def format_cell(c: Cell | None) -> str:
     if c is None:
         return f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}"
     wrong = f"{'N/A':>6}" if c.wrong is None else f"{c.wrong:6d}"
-    return f"  {float_str(c.time_us, 7)}  {float_str(c.algbw, 6)}  {float_str(c.busbw, 6)}  {wrong}"
+    time = f"{'N/A':>7}" if c.time_us is None else float_str(c.time_us, 7)
+    return f"  {time}  {float_str(c.algbw, 6)}  {float_str(c.busbw, 6)}  {wrong}"
 
 
 def format_row(r: Row) -> str:
@@ -232,8 +252,9 @@ def format_row(r: Row) -> str:
 
 
 def summarize(rows: list[Row]) -> dict:
-    """nccl-tests' footer figures: mean busbw over every reported (measured) cell, and the
-    number of cells with wrong elements."""
+    """nccl-tests' footer figures: mean busbw over every reported cell (count-0 rows
+    included, at busbw 0, as common.cu's bw[0] / bw_count[0]; N/A placements, which torch
+    cannot run, are not reported), and the number of cells with wrong elements."""
     cells = [c for r in rows for c in r.cells()]
     busbw = [c.busbw for c in cells]
     return {

@@ -120,15 +120,37 @@ def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None) -
     return cmd
 
 
-def run_external(s: Settings, out_dir: Path, gpus: int) -> dict[str, Any]:
-    """Run the binary once (rank 0 only) and return the record's `external` block."""
+def external_scope(prefix: tuple[str, ...] | list[str], nodes: int) -> str:
+    """What the external run spans. Without a launcher prefix it is one process on rank 0's
+    node driving -g <local ranks> GPUs: on a multi-node job that measures NVLink/PCIe inside
+    one node, not the fabric, so it is labelled "intra-node". With a prefix (mpirun/srun) or
+    on a one-node job it covers the same ranks as our run: "job"."""
+    return "intra-node" if nodes > 1 and not prefix else "job"
+
+
+def summary_line(block: dict[str, Any]) -> str | None:
+    """The line printed under our tables; None when the binary gave no average."""
+    if block.get("avg_busbw") is None:
+        return None
+    line = f"# external {block['binary']}: avg bus bandwidth {block['avg_busbw']:g} GB/s ({block['source']})"
+    if block.get("scope") == "intra-node":
+        line += (f" -- INTRA-NODE ONLY: one process with -g {block['gpus']} on rank 0's node of a "
+                 f"{block['nodes']}-node job, so NVLink/PCIe, not the fabric; set collectives.external_prefix "
+                 "(an mpirun/srun command) to run it across the job")
+    return line
+
+
+def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1) -> dict[str, Any]:
+    """Run the binary once (rank 0 only) and return the record's `external` block. `gpus`
+    is -g (rank 0's local ranks); `nodes` the job's node count, for the block's `scope`."""
     binary = shutil.which(s.external_binary)
     if binary is None:
         return {"status": "skipped", "reason": f"{s.external_binary} is not on PATH"}
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{Path(binary).name}.json" if supports_json(binary) else None
     cmd = build_command(binary, s, gpus, json_path)
-    block: dict[str, Any] = {"binary": binary, "command": cmd}
+    block: dict[str, Any] = {"binary": binary, "command": cmd, "scope": external_scope(s.external_prefix, nodes),
+                             "nodes": nodes, "gpus": gpus}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s)
     except subprocess.TimeoutExpired:
