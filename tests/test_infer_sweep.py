@@ -1,7 +1,8 @@
 """launch/infer.py end to end: real processes, real HTTP on 127.0.0.1.
 
 - against the scripted SSE server (server=external): a sweep writes one record per point,
-  and a rerun with the same run_id and more points runs only the missing one;
+  and a rerun with the same run_id and more points runs only the missing one; no prompt
+  reaches the server twice over warm-up and all points (a prefix cache would answer it);
 - bad input: one `error:` line, exit 2, no traceback;
 - against the reference engine (launch/serve.py) at TP=2 over Gloo: a concurrency sweep.
 """
@@ -9,6 +10,7 @@
 import json
 import os
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,23 @@ def test_sweep_records_and_resume(tmp_path):
         assert "point c1: already recorded" in r.stdout and "point c4: already recorded" in r.stdout
         assert sorted(x["point"] for x in _records(out)) == ["c1", "c4", "c8"]
         assert len(list((wandb_dir / "wandb").glob("offline-run-*"))) == 1
+        # Three points over two invocations, 2 warm-up + 12 measured each: 42 requests, and
+        # the server saw 42 different prompts (ids lists): warm-up never resends a measured
+        # prompt, no point resends another's, and the resumed c8 is disjoint from c1 and c4.
+        seen = json.loads(urllib.request.urlopen(url + "/prompts", timeout=5).read())
+        assert len(seen["prompts"]) == 3 * (2 + 12) and len(set(seen["prompts"])) == 3 * (2 + 12)
+        for x in _records(out):
+            d = x["dataset"]
+            assert d["kind"] == "random" and d["prompts_unique"] == 12 and d["repeats_within_point"] == 0
+            assert d["prompts_seen_before"] == 0 and d["repeats_across_points"] is False
+        assert {x["point"]: x["dataset"]["seed"] for x in _records(out)} == {"c1": [0, 1], "c4": [0, 3], "c8": [0, 5]}
+        # load.flush_cache_path: one POST before each point, before its warm-up.
+        r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=sweep2", *SMALL,
+                   "load.points=[2,3]", "load.flush_cache_path=/flush_cache")
+        assert r.returncode == 0, r.stderr
+        flushes = json.loads(urllib.request.urlopen(url + "/prompts", timeout=5).read())["flushes"]
+        assert flushes == [42, 42 + 14]
+        assert all(x["dataset"]["cache_flushed"] for x in _records(out / "sweep2"))
         # Open loop: Poisson at 50 req/s, with the client's send lag recorded per request.
         r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=rate1", *SMALL,
                    "load=rate_sweep", "load.points=[50]", "load.duration_s=null", "load.slo=ttft:1000")
@@ -72,6 +91,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
         (["server=sglang", "model=llama-3.1-8b", "server.tp=3"], "does not divide model.num_attention_heads=32"),
         (["server=external", "server.url=http://x", "load.dataset.kind=sharegpt", "load.dataset.path=/nope.json",
           f"load.tokenizer={tmp_path}/no-tok"], "does not exist"),
+        (["server=external", "server.url=http://x", "load.flush_cache_path=flush_cache"], "starting with '/'"),
     ]
     for overrides, msg in cases:
         r = _infer(*overrides, f"output_root={out}", *SMALL, timeout=60)

@@ -10,8 +10,10 @@ import pytest
 from workloads.errors import UsageError
 from workloads.loadgen.arrivals import Arrival
 from workloads.loadgen.client import RequestResult
-from workloads.loadgen.datasets import RandomDataset, ShareGPTDataset, build_dataset, load_tokenizer
+from workloads.loadgen.datasets import (PromptPlan, RandomDataset, ShareGPTDataset, build_dataset, load_tokenizer,
+                                        prompt_key)
 from workloads.loadgen.metrics import parse_slo, summarize
+from workloads.loadgen.runner import planned_requests
 
 
 def _r(ttft, latency, out, itl, prompt):
@@ -141,3 +143,64 @@ def test_dataset_bad_input(tmp_path, tokenizer_dir):
         load_tokenizer(str(tmp_path))
     with pytest.raises(UsageError, match="dataset.kind"):
         build_dataset({"kind": "sonnet"}, 1, 10, 0)
+
+
+def _keys(specs):
+    return [prompt_key(s.prompt) for s in specs]
+
+
+def test_prompt_plan_random_never_resends_a_prompt():
+    # vocab 3, 2-token prompts: only 9 possible; 3 points x (2 warm-up + 2 measured) = 12
+    # requests cannot all differ. The first 9 do (redrawn), the rest are counted repeats.
+    tiny = PromptPlan({"kind": "random", "input_len": 2, "output_len": 1}, None, 3, 0, 2, [2, 2, 2], warn=None)
+    pts = [tiny.point(k) for k in range(3)]
+    every = [key for p in pts for key in _keys(p.warmup) + _keys(p.measured)]
+    assert len(set(every)) == 9
+    assert sum(p.info["prompts_seen_before"] + p.info["warmup_seen_before"] for p in pts) == 12 - 9
+    assert pts[2].info["repeats_across_points"] is True and pts[0].info["repeats_across_points"] is False
+    # A realistic size: all 3 x (4 + 50) distinct; each point's seeds are its own, and a point's
+    # prompts do not depend on which points were built (a resumed sweep gets the same ones).
+    cfg = {"kind": "random", "input_len": 8, "output_len": 4, "range_ratio": 0.5}
+    plan = PromptPlan(cfg, None, 1000, 7, 4, [50, 50, 50], warn=None)
+    pts = [plan.point(k) for k in range(3)]
+    every = [key for p in pts for key in _keys(p.warmup) + _keys(p.measured)]
+    assert len(every) == 3 * 54 and len(set(every)) == len(every)
+    assert [p.info["seed"] for p in pts] == [[7, 1], [7, 3], [7, 5]] and pts[1].info["warmup_seed"] == [7, 2]
+    assert all(p.info["prompts_unique"] == 50 and p.info["prompts_seen_before"] == 0 for p in pts)
+    assert _keys(PromptPlan(cfg, None, 1000, 7, 4, [50, 50, 50, 50], warn=None).point(2).measured) == _keys(pts[2].measured)
+    assert all(len(s.prompt) == s.prompt_len and 4 <= s.prompt_len <= 8 for p in pts for s in p.measured)
+
+
+def test_prompt_plan_sharegpt_deals_disjoint_points(tokenizer_dir, tmp_path):
+    tok = load_tokenizer(tokenizer_dir)
+    convs = [{"conversations": [{"from": "human", "value": " ".join(f"w{(i + j) % 100}" for j in range(5 + i % 7))},
+                                {"from": "gpt", "value": "w1 w2 w3 w4 w5"}]} for i in range(40)]
+    convs.append(convs[0])  # a repeated first turn is kept once
+    f = tmp_path / "sg.json"
+    f.write_text(json.dumps(convs))
+    cfg = {"kind": "sharegpt", "path": str(f), "output_len": 4}
+    warned = []
+    plan = PromptPlan(cfg, tok, 1000, 0, 2, [10, 10, 10], warn=warned.append)  # needs 36 of 40
+    pts = [plan.point(k) for k in range(3)]
+    every = [key for p in pts for key in _keys(p.warmup) + _keys(p.measured)]
+    assert len(every) == 36 and len(set(every)) == 36 and not warned
+    assert all(p.info["repeats_across_points"] is False and p.info["prompts_seen_before"] == 0 for p in pts)
+    # 3 x (2 + 20) = 66 > 40: warned and recorded; within a point warm-up and measured still
+    # differ, and each point's 20 measured prompts are distinct (none repeats within it).
+    plan = PromptPlan(cfg, tok, 1000, 0, 2, [20, 20, 20], warn=warned.append)
+    pts = [plan.point(k) for k in range(3)]
+    assert len(warned) == 1 and "repeat across points" in warned[0] and "flush_cache_path" in warned[0]
+    for p in pts:
+        assert len(set(_keys(p.measured))) == 20 and not set(_keys(p.warmup)) & set(_keys(p.measured))
+        assert p.info["repeats_across_points"] is True and p.info["file_prompts"] == 40
+    assert [p.info["prompts_seen_before"] for p in pts] == [0, 4, 20]
+    # More measured requests than the file holds: the point gets every prompt but its warm-up's.
+    assert len(PromptPlan(cfg, tok, 1000, 0, 2, [100], warn=warned.append).point(0).measured) == 38
+    with pytest.raises(UsageError, match="load.warmup_requests=40"):
+        PromptPlan(cfg, tok, 1000, 0, 40, [1], warn=None)
+
+
+def test_requests_per_point_are_planned_from_the_arrival():
+    assert planned_requests(Arrival("closed", concurrency=4), 256, None) == 256
+    assert planned_requests(Arrival("poisson", rate=10.0), None, 60.0) == 60 * 10 * 1.5 + 100
+    assert planned_requests(Arrival("closed", concurrency=4), None, 60.0) == 1000

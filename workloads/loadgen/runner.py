@@ -31,6 +31,7 @@ class PointResult:
     duration_s: float                  # first scheduled send -> last request done
     warmup: list[RequestResult] = field(default_factory=list)
     cap_wait_s: list[float] = field(default_factory=list)
+    prompt_repeats: int = 0            # measured requests that resent a prompt of this point
 
     @property
     def send_lags(self) -> list[float]:
@@ -45,7 +46,7 @@ class LoadPoint:
     base_url: str
     backend: Backend
     model: str
-    specs: Sequence                    # RequestSpec, cycled
+    specs: Sequence                    # RequestSpec, measured; cycled only when more are sent (warned)
     arrival: Arrival
     num_requests: int | None = None    # exactly this many measured requests ...
     duration_s: float | None = None    # ... or as many as are sent in this time
@@ -54,6 +55,9 @@ class LoadPoint:
     seed: int = 0
     extra_body: dict = field(default_factory=dict)
     lag_warn_ms: float = 1.0
+    # Warm-up's own prompts (cycled): never the measured ones, which a prefix cache would
+    # then answer from cache.
+    warmup_specs: Sequence = ()
 
 
 async def _until(target: float) -> None:
@@ -67,17 +71,23 @@ async def _until(target: float) -> None:
 async def run_point_async(p: LoadPoint, warn: Callable[[str], None] = print) -> PointResult:
     if not p.specs:
         raise ValueError("no requests to send")
+    if p.warmup_requests and not p.warmup_specs:
+        raise ValueError("warmup_requests needs warmup_specs: warm-up must not send the measured prompts")
     limit = p.arrival.concurrency if not p.arrival.open_loop else p.arrival.max_concurrency
     async with make_session(limit) as session:
         send = lambda spec, r=None: stream_request(session, p.base_url, p.backend, spec, p.model,  # noqa: E731
                                                    p.timeout_s, p.extra_body, r)
-        warm = [p.specs[i % len(p.specs)] for i in range(p.warmup_requests)]
+        warm = [p.warmup_specs[i % len(p.warmup_specs)] for i in range(p.warmup_requests)]
         warmup = list(await asyncio.gather(*(send(s) for s in warm))) if warm else []
         if p.arrival.open_loop:
             out = await _open_loop(p, send)
         else:
             out = await _closed_loop(p, send)
     out.warmup = warmup
+    if out.prompt_repeats:
+        warn(f"warning: this point sent {len(out.results)} requests but has {len(p.specs)} distinct prompts: "
+             f"{out.prompt_repeats} measured requests repeat a prompt of this point, which a server prefix cache may "
+             "answer from cache. Raise the prompts per point (load.num_requests) or shorten load.duration_s.")
     lag = out.lag_stats()
     if lag["p99_send_lag_ms"] is not None and lag["p99_send_lag_ms"] > p.lag_warn_ms:
         warn(f"warning: the client fell behind its schedule: p99 send lag {lag['p99_send_lag_ms']:.2f} ms, "
@@ -86,11 +96,23 @@ async def run_point_async(p: LoadPoint, warn: Callable[[str], None] = print) -> 
     return out
 
 
+CLOSED_DURATION_PROMPTS = 1000  # prompts for a closed-loop point that runs for a time (count unknown)
+
+
+def planned_requests(arrival: Arrival, num_requests: int | None, duration_s: float | None) -> int:
+    """How many measured requests a point may send, so it can get that many distinct prompts."""
+    if num_requests is not None:
+        return int(num_requests)
+    if arrival.open_loop and not math.isinf(arrival.rate):
+        # Enough arrivals to cover the duration at this rate, with room for randomness.
+        return int(max(duration_s * arrival.rate * 1.5 + 100, 100))
+    return CLOSED_DURATION_PROMPTS
+
+
 def _count(p: LoadPoint) -> int:
-    if p.num_requests is not None:
-        return int(p.num_requests)
-    # Enough arrivals to cover the duration at this rate, with room for randomness.
-    return int(max(p.duration_s * p.arrival.rate * 1.5 + 100, 100)) if not math.isinf(p.arrival.rate) else len(p.specs)
+    if p.num_requests is None and p.arrival.open_loop and math.isinf(p.arrival.rate):
+        return len(p.specs)
+    return planned_requests(p.arrival, p.num_requests, p.duration_s)
 
 
 async def _open_loop(p: LoadPoint, send) -> PointResult:
@@ -121,7 +143,8 @@ async def _open_loop(p: LoadPoint, send) -> PointResult:
         await _until(target)
         tasks.append(asyncio.create_task(one(i, target)))
     await asyncio.gather(*tasks)
-    return PointResult(results, time.perf_counter() - start, cap_wait_s=waits)
+    return PointResult(results, time.perf_counter() - start, cap_wait_s=waits,
+                       prompt_repeats=max(0, len(results) - len(p.specs)))
 
 
 async def _closed_loop(p: LoadPoint, send) -> PointResult:
@@ -142,7 +165,7 @@ async def _closed_loop(p: LoadPoint, send) -> PointResult:
             r.send_lag = r.start - r.scheduled
 
     await asyncio.gather(*(worker() for _ in range(p.arrival.concurrency)))
-    return PointResult(results, time.perf_counter() - start)
+    return PointResult(results, time.perf_counter() - start, prompt_repeats=max(0, len(results) - len(p.specs)))
 
 
 def run_point(p: LoadPoint, warn: Callable[[str], None] = print) -> PointResult:

@@ -9,13 +9,16 @@ then one token every `--itl-ms`, `max_tokens` tokens), or the script in a text p
 number of itl entries + 1 tokens). Modes exercise the client's failure handling:
 normal, comments, split, usage_late, no_usage, malformed, error_event, http400, http500,
 close, hang, no_done. Every chunk's send time (perf_counter, which is CLOCK_MONOTONIC and
-so shared with the client process) is kept and served at GET /trace.
+so shared with the client process) is kept and served at GET /trace. A digest of every
+prompt received, in arrival order, is served at GET /prompts (to check that a load
+generator never resends one), and POST /flush_cache counts its calls in that answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import socket
 import time
@@ -59,12 +62,16 @@ class Scripted:
     def __init__(self, ttft_ms: float, itl_ms: float) -> None:
         self.ttft_ms, self.itl_ms = ttft_ms, itl_ms
         self.trace: dict[str, dict] = {}
+        self.prompts: list[str] = []   # sha1 of each prompt's JSON (text or token ids), arrival order
+        self.flushes: list[int] = []   # len(self.prompts) at each POST /flush_cache
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrive = time.perf_counter()
         chat = request.path.endswith("/chat/completions")
         body = await request.json()
         s = _script(body, self.ttft_ms, self.itl_ms)
+        sent = body["prompt"] if "prompt" in body else body.get("messages")
+        self.prompts.append(hashlib.sha1(json.dumps(sent).encode()).hexdigest())
         mode = s["mode"]
         if mode == "http500":
             return web.Response(status=500, text="scripted internal error")
@@ -134,6 +141,13 @@ class Scripted:
     async def get_trace(self, request: web.Request) -> web.Response:
         return web.json_response(self.trace)
 
+    async def get_prompts(self, request: web.Request) -> web.Response:
+        return web.json_response({"prompts": self.prompts, "flushes": self.flushes})
+
+    async def flush(self, request: web.Request) -> web.Response:
+        self.flushes.append(len(self.prompts))
+        return web.Response(text="Cache flushed.")
+
 
 def make_app(ttft_ms: float = 5.0, itl_ms: float = 1.0) -> web.Application:
     s = Scripted(ttft_ms, itl_ms)
@@ -143,6 +157,8 @@ def make_app(ttft_ms: float = 5.0, itl_ms: float = 1.0) -> web.Application:
     app.router.add_get("/health", s.health)
     app.router.add_get("/v1/models", s.models)
     app.router.add_get("/trace", s.get_trace)
+    app.router.add_get("/prompts", s.get_prompts)
+    app.router.add_post("/flush_cache", s.flush)
     return app
 
 

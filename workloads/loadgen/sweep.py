@@ -24,9 +24,9 @@ from workloads.errors import TransportMismatch, UsageError
 from workloads.fabric import FabricProfile
 from workloads.loadgen.arrivals import Arrival
 from workloads.loadgen.backends import get_backend
-from workloads.loadgen.datasets import build_dataset, load_tokenizer
+from workloads.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.loadgen.metrics import parse_slo, summarize
-from workloads.loadgen.runner import LoadPoint, run_point
+from workloads.loadgen.runner import LoadPoint, planned_requests, run_point
 from workloads.loggers import build_loggers
 from workloads.records import new_record, write_record
 from workloads.verify import TRANSPORT_FILE_ENV, server_transport
@@ -93,10 +93,17 @@ def validate(cfg: DictConfig, overrides: list[str]):
     if float(load.request_timeout_s) <= 0:
         raise UsageError(f"load.request_timeout_s={load.request_timeout_s} must be positive")
     tokenizer = load_tokenizer(load.get("tokenizer"))
-    n = int(load.num_requests or 1000)
-    dataset = build_dataset(OmegaConf.to_container(load.dataset, resolve=True), n + int(load.warmup_requests),
-                            int(model.get("vocab_size") or 1000), int(load.seed))
-    specs = dataset.load(tokenizer)
+    nreq = int(load.num_requests) if load.num_requests is not None else None
+    dur = float(load.duration_s) if load.duration_s is not None else None
+    plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
+                      int(model.get("vocab_size") or 1000), int(load.seed), int(load.warmup_requests),
+                      [planned_requests(a, nreq, dur) for a in points], warn=lambda m: print(m, flush=True))
+    first = plan.point(0)
+    specs = first.warmup + first.measured
+    flush = load.get("flush_cache_path")
+    if flush is not None and not str(flush).startswith("/"):
+        raise UsageError(f"load.flush_cache_path={flush!r} must be a path on the server starting with '/' "
+                         "(e.g. /flush_cache for SGLang) or null")
     limit = model.get("max_position_embeddings")
     if limit and spec.adapter != "external":
         longest = max(s.prompt_len + s.output_len for s in specs)
@@ -110,7 +117,7 @@ def validate(cfg: DictConfig, overrides: list[str]):
     from workloads.train import check_writable
 
     check_writable(cfg.output_root)
-    return fabric, spec, launch, backend, points, slo, specs
+    return fabric, spec, launch, backend, points, slo, plan
 
 
 def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
@@ -141,7 +148,7 @@ def _on_sigterm(signum, frame):
 
 def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     overrides = list(overrides or [])
-    fabric, spec, launch, backend, points, slo, specs = validate(cfg, overrides)
+    fabric, spec, launch, backend, points, slo, plan = validate(cfg, overrides)
     run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     records = run_dir / "records"
     done = _done_points(records, cfg)
@@ -157,7 +164,6 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     reported = run_dir / "server" / f"transport-{os.getpid()}.json"
     env[TRANSPORT_FILE_ENV] = str(reported)  # the reference engine writes its own verdict here
     load = cfg.load
-    measured = specs  # the runner sends the first warmup_requests of these first, uncounted
     base = dict(run_id=run_dir.name, overrides=overrides, config=OmegaConf.to_container(cfg, resolve=True),
                 model=OmegaConf.to_container(cfg.model, resolve=True),
                 fabric={"name": fabric.name, "backend": fabric.backend, "env": applied, "expect": fabric.expect,
@@ -177,10 +183,12 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
                 if transport["verdict"] == "mismatch" and fabric.verify == "fail":
                     raise TransportMismatch(transport["message"] + " (fabric.verify=warn records it and goes on)")
                 print(f"warning: {transport['message']}", flush=True)
-            for a in points:
+            for k, a in enumerate(points):
                 if a.label() in done:
                     continue
-                failed += not _run_one(a, srv, backend, launch.model_name, measured, slo, load, base, fp, records, cfg)
+                failed += not _run_one(a, srv, backend, launch.model_name, plan.point(k), slo, load, base, fp,
+                                       records, cfg)
+                plan.release(k)
                 if not srv.alive():
                     raise UsageError(f"server={spec.adapter} exited during point {a.label()}; the end of its log "
                                      f"({srv.log_path}):\n{log_tail(srv.log_path)}")
@@ -191,20 +199,43 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _run_one(a: Arrival, srv, backend, model_name, measured, slo, load, base, fp, records: Path, cfg) -> bool:
+def flush_cache(base_url: str, path: str, timeout_s: float = 60.0) -> None:
+    """POST <server><path> (SGLang: /flush_cache) so this point starts with an empty prefix cache."""
+    import urllib.error
+    import urllib.request
+
+    url = base_url.rstrip("/") + path
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=timeout_s) as r:
+            r.read()
+    except urllib.error.HTTPError as e:
+        raise UsageError(f"load.flush_cache_path: POST {url} answered HTTP {e.code}; give the server's cache-flush "
+                         "endpoint (SGLang: /flush_cache) or null") from None
+    except (OSError, urllib.error.URLError) as e:
+        raise UsageError(f"load.flush_cache_path: POST {url} failed ({e}); give the server's cache-flush endpoint "
+                         "(SGLang: /flush_cache) or null") from None
+
+
+def _run_one(a: Arrival, srv, backend, model_name, prompts, slo, load, base, fp, records: Path, cfg) -> bool:
+    flush = load.get("flush_cache_path")
+    if flush:
+        flush_cache(srv.base_url, str(flush), float(load.request_timeout_s))
     rec = new_record(WORKLOAD, point=a.label(), arrival={"kind": a.kind, "rate": a.rate, "burstiness": a.burstiness,
                                                          "concurrency": a.concurrency, "max_concurrency": a.max_concurrency},
+                     dataset=prompts.info | {"cache_flushed": bool(flush)},
                      fingerprint=fp, metrics={}, samples={}, **base)
     stem = f"{WORKLOAD}-{cfg.fabric.name}-{cfg.model.name}-{base['server']['adapter']}-tp{base['server']['tp']}-{a.label()}"
-    point = LoadPoint(srv.base_url, backend, model_name, measured, a,
+    point = LoadPoint(srv.base_url, backend, model_name, prompts.measured, a,
                       num_requests=int(load.num_requests) if load.num_requests is not None else None,
                       duration_s=float(load.duration_s) if load.duration_s is not None else None,
                       warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s),
-                      seed=int(load.seed), extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms))
+                      seed=int(load.seed), extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
+                      warmup_specs=prompts.warmup)
     try:
-        res = run_point(point)
+        res = run_point(point, warn=lambda m: print(m, flush=True))
         m = summarize(res.results, res.duration_s, slo)
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
+        rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
         rec["status"] = "ok" if m["completed"] > 0 else "failed"
         if m["completed"] == 0:
