@@ -27,6 +27,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow", action="append", default=[], metavar="KEY",
                    help="identity key (dotted, prefix or glob) allowed to differ between compared runs (repeatable)")
     p.add_argument("--metric", action="append", default=None, help="metric to compare (default: the workload's headline ones)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also list the points no other fabric reached (by default only counted)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
 
 
@@ -51,19 +53,26 @@ def _load(args):
     return table, result
 
 
-def _print(result) -> None:
+def _print(result, verbose: bool = False) -> None:
     for p, c in result.comparisons:
         print(f"{p.label} [{c.metric}]: {c.verdict}")
-    for r in result.refusals:
+    for r in result.refusals:  # near misses only: the comparisons the user most likely meant
         print(f"refused: {r.message()}")
+    if (summary := result.unmatched_summary()) is not None:
+        print(summary if not verbose else summary.split(";")[0] + ":")
+        if verbose:
+            for line in result.unmatched_lines():
+                print(f"  {line}")
 
 
 def cmd_compare(args) -> int:
     table, result = _load(args)
-    _print(result)
+    _print(result, getattr(args, "verbose", False))
     if not result.comparisons:
         raise UsageError("no two fabrics share a point: " + (result.refusals[0].message() if result.refusals else
-                         f"the records hold only fabric(s) {', '.join(table.fabrics)}"))
+                         f"the records hold only fabric(s) {', '.join(table.fabrics)}" if len(table.fabrics) < 2 else
+                         f"no point that {result.baseline} reached was run under another fabric; pass --verbose to "
+                         f"list the points, or --baseline another fabric"))
     return 0
 
 
@@ -71,7 +80,7 @@ def cmd_report(args) -> int:
     from analysis.report import write_report
 
     table, result = _load(args)
-    _print(result)
+    _print(result, getattr(args, "verbose", False))
     rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms")
     print(f"report: {rep.markdown}\nreport: {rep.html}\nplots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
     return 0

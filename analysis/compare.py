@@ -7,7 +7,7 @@ the fabric. Its runs are grouped by fabric; each group's records are the trials.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Iterable
 
@@ -105,6 +105,19 @@ class Result:
     refusals: list[guard.Refusal]
     baseline: str | None
     allow: tuple[str, ...] = ()   # identity keys declared allowed to differ (capacity groups sweeps with it)
+    unmatched: list[Point] = field(default_factory=list)  # points neither compared nor a near miss
+
+    def unmatched_summary(self) -> str | None:
+        """One line counting the points that had no counterpart, or None when there are none."""
+        n = len(self.unmatched)
+        if not n:
+            return None
+        return (f"{n} point{'s' if n != 1 else ''} had no counterpart in another fabric (or no {self.baseline} run to "
+                f"compare with); --verbose lists them")
+
+    def unmatched_lines(self) -> list[str]:
+        return [f"{p.label}: only {', '.join(p.by_fabric)} ({len(p.runs)} record{'s' if len(p.runs) != 1 else ''})"
+                for p in self.unmatched]
 
 
 def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str] = (), metrics: Iterable[str] | None = None,
@@ -131,22 +144,40 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
                 if fabric == base or not vals or not base_vals:
                     continue
                 comparisons.append((p, stats.compare(vals, base_vals, fabric, base, metric, hib, alpha=alpha, word=word)))
-    # A point that only one fabric reached: say which keys keep it from its nearest neighbour.
+    refusals, matched = near_misses(pts, base, fabrics, allow)
+    unmatched = [p for p in pts if id(p) not in matched and not any(q is p for q, _ in comparisons)]
+    return Result(pts, comparisons, refusals, base, allow, unmatched)
+
+
+def near_misses(pts: list[Point], base: str | None, fabrics: list[str], allow: tuple[str, ...]) -> tuple[list[guard.Refusal], set[int]]:
+    """Refusals worth showing, and the ids of the points they cover.
+
+    A near miss is the comparison the user most likely meant: for the baseline and one other
+    fabric F, a point the baseline reached without F and a point F reached without the
+    baseline, of the same workload, each the other's nearest (same sweep coordinates first,
+    then fewest differing identity keys; mutual, so one stray point is not paired with a
+    whole sweep). Once the two fabrics share any point, only pairs at the same sweep
+    coordinates (model, parallel, GPUs, batch, load point) are near misses: an mb=1 run only
+    F made is a point F alone ran, not a confounded twin of the baseline's mb=8. Every other
+    unmatched point is counted, not paired: naming its nearest unrelated record only buries
+    the real misses.
+    """
     refusals: list[guard.Refusal] = []
-    seen: set[frozenset] = set()
-    for p in pts:
-        if len(p.by_fabric) > 1:
-            continue
-        me = p.runs[0]
-        others = [q.runs[0] for q in pts if q is not p and q.runs[0].workload == me.workload
-                  and any(f != me.fabric for f in q.by_fabric)]
-        others = [o for o in others if o.fabric != me.fabric] or others
-        if not others:
-            continue
-        near = min(others, key=lambda o: len(guard.differences(me.record, o.record, allow)))
-        pair = frozenset((id(me), id(near)))
-        ref = guard.check(me.record, near.record, allow)
-        if ref is not None and near.fabric != me.fabric and pair not in seen:
-            seen.add(pair)
-            refusals.append(ref)
-    return Result(pts, comparisons, refusals, base, allow)
+    matched: set[int] = set()
+    for other in (f for f in fabrics if f != base):
+        mine = [p for p in pts if base in p.by_fabric and other not in p.by_fabric]
+        theirs = [q for q in pts if other in q.by_fabric and base not in q.by_fabric]
+        rec = lambda p, f: p.by_fabric[f][0].record  # noqa: E731
+        shared = any(base in p.by_fabric and other in p.by_fabric for p in pts)
+        dist = {(i, j): (p.label != q.label, len(guard.differences(rec(p, base), rec(q, other), allow)))
+                for i, p in enumerate(mine) for j, q in enumerate(theirs)
+                if p.runs[0].workload == q.runs[0].workload and (p.label == q.label or not shared)}
+        for (i, j), d in sorted(dist.items()):
+            best_i = min(v for (a, _), v in dist.items() if a == i)
+            best_j = min(v for (_, b), v in dist.items() if b == j)
+            if d == best_i == best_j:
+                ref = guard.check(rec(mine[i], base), rec(theirs[j], other), allow)
+                if ref is not None:
+                    refusals.append(ref)
+                    matched |= {id(mine[i]), id(theirs[j])}
+    return refusals, matched

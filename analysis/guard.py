@@ -81,7 +81,7 @@ class Refusal:
         items = sorted(self.diffs.items())
         shown = ", ".join(f"{k} ({va!r} vs {vb!r})" for k, (va, vb) in items[:limit])
         more = f" and {len(items) - limit} more" if len(items) > limit else ""
-        keys = " ".join(f"--allow {k}" for k, _ in items[:3])
+        keys = " ".join(f"--allow {k}" for k, _ in items)  # every key: pasting the list must make it comparable
         return (f"{self.a} vs {self.b}: not compared, more than the fabric differs: {shown}{more}. "
                 f"Rerun with only the fabric changed, or declare keys allowed to differ ({keys}).")
 

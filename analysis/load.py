@@ -21,6 +21,13 @@ from workloads.errors import UsageError
 from workloads.records import load_records
 
 TRAINING = ("pretrain", "finetune")
+# Run fields that do not apply to a workload: the Hydra tree still carries their defaults
+# (a collectives run's config.model.name is neox-tiny, config.parallel.name ddp), which
+# measured nothing, so they are read as None and shown as "—". A registry, not a branch.
+NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
+    "collectives": ("model", "parallel"),
+    "inference": ("parallel",),  # the served model applies; the training parallel strategy does not
+}
 
 
 def dig(obj: Any, path: str, default: Any = None) -> Any:
@@ -110,6 +117,7 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         "max_concurrency": num(arrival.get("max_concurrency")) if kind != "closed" else None,
     }
     fabric = dig(rec, "fabric") or {}
+    na = NOT_APPLICABLE.get(workload, ())
     return Run(
         source=str(rec.get("_path") or ""),
         workload=workload,
@@ -118,8 +126,8 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         run_id=rec.get("run_id"),
         metrics=metrics,
         coords={k: v for k, v in coords.items() if v is not None},
-        model=_first(rec, "model.name", "config.model.name"),
-        parallel=_first(rec, "config.parallel.name"),
+        model=None if "model" in na else _first(rec, "model.name", "config.model.name"),
+        parallel=None if "parallel" in na else _first(rec, "config.parallel.name"),
         transport=fabric.get("transport") if isinstance(fabric, Mapping) and isinstance(fabric.get("transport"), Mapping) else None,
         rows=[r for r in rec.get("rows") or [] if isinstance(r, Mapping)],
         p2p=[r for r in rec.get("p2p") or [] if isinstance(r, Mapping)],

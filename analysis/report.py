@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,18 +32,41 @@ def _transport(r) -> str:
     return f"{r.transport_verdict or '?'}" + (f" ({net})" if net else "")
 
 
+NA = "—"  # a column that does not apply to the workload (collectives have no model or batch)
+
+
+def _names(table: Table) -> dict[int, str]:
+    """Each record's path relative to the directory all local records share: every run
+    directory writes the same file names (pretrain-mb4.json in each), so a bare name is
+    ambiguous. W&B sources (wandb://entity/project/id) are unique already."""
+    local = [str(Path(r.source).parent) for r in table if r.source and "://" not in r.source]
+    root = Path(os.path.commonpath(local)) if local else None
+    if root is not None and len({Path(r.source).parent for r in table if r.source and "://" not in r.source}) == 1:
+        root = root.parent.parent if root.name == "records" else root.parent  # keep the run id in the name
+    out = {}
+    for r in table:
+        if root is not None and r.source and "://" not in r.source:
+            out[id(r)] = str(Path(r.source).relative_to(root))
+        else:
+            out[id(r)] = r.source or "?"
+    return out
+
+
 def _runs_rows(table: Table) -> list[list[str]]:
-    rows = []
+    rows, names = [], _names(table)
     for r in table:
         c = r.coords
-        rows.append([Path(r.source).name or r.source, r.fabric, r.workload, str(r.model or ""), str(r.parallel or ""),
-                     f"{c['global_batch']:g}" if "global_batch" in c else "", f"{c['world_size']:g}" if "world_size" in c else "",
+        rows.append([names[id(r)], r.fabric, r.workload, NA if r.model is None else str(r.model),
+                     NA if r.parallel is None else str(r.parallel),
+                     f"{c['global_batch']:g}" if "global_batch" in c else NA, f"{c['world_size']:g}" if "world_size" in c else NA,
                      r.status, _transport(r)])
     return rows
 
 
 def _verdict_rows(result: Result) -> list[list[str]]:
-    return [[p.label, c.metric, f"{c.median_base:.4g}", f"{c.median:.4g}", f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}]",
+    # speed-up, not the raw median ratio: the same convention as the verdict text
+    # (>1: the fabric is faster/better; lower-is-better metrics are inverted).
+    return [[p.label, c.metric, f"{c.median_base:.4g}", f"{c.median:.4g}", f"{c.speedup:.3f} [{c.speedup_lo:.3f}, {c.speedup_hi:.3f}]",
              "n/a" if c.p != c.p else f"{c.p:.3g}", c.verdict] for p, c in result.comparisons]
 
 
@@ -64,7 +88,8 @@ CAPACITY_NOTE = ("Capacity is request_throughput (req/s) at the SLO crossing, in
                  "levels' throughputs; a GPU percentage is given only when two fabrics' brackets do not overlap "
                  "(see analysis/capacity.py).")
 RUN_HEAD = ["record", "fabric", "workload", "model", "parallel", "global batch", "GPUs", "status", "transport (verified)"]
-VERDICT_HEAD = ["point", "metric", "baseline median", "fabric median", "ratio [95% CI]", "p", "verdict"]
+VERDICT_HEAD = ["point", "metric", "baseline median", "fabric median",
+                "speed-up vs baseline [95% CI] (>1: fabric faster/better)", "p", "verdict"]
 
 
 def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: float | None = None,
@@ -74,11 +99,14 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     made = plots.make_all(table, out / "plots")
     images = [p for paths in made.values() for p in paths if p.suffix == ".png"]
     skipped = [name for name, paths in made.items() if not paths]
-    warnings = [f"{r.fabric}: {Path(r.source).name}: transport did not match the label ({_transport(r)}): "
+    names = _names(table)
+    warnings = [f"{r.fabric}: {names[id(r)]}: transport did not match the label ({_transport(r)}): "
                 f"{(r.transport or {}).get('message') or ''}".rstrip(": ") for r in table if r.transport_mismatch]
-    failed = [f"{Path(r.source).name}: status {r.status}" for r in table if r.status != "ok"]
+    failed = [f"{names[id(r)]}: status {r.status}" for r in table if r.status != "ok"]
     verdicts = [f"{p.label}: {c.verdict}" for p, c in result.comparisons]
     refusals = [f.message() for f in result.refusals]
+    unmatched = result.unmatched_summary()
+    unmatched_md = [f"{unmatched.split(';')[0]} (not compared):", "", *[f"- {u}" for u in result.unmatched_lines()]] if unmatched else []
     cap_lines: list[str] = []
     if slo_ms is not None:
         caps = capacity.capacities(table, slo_ms, slo_metric, result.allow)
@@ -96,13 +124,17 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     md += ["## Verdicts", "", _md_table(VERDICT_HEAD, _verdict_rows(result)) if result.comparisons else "No comparable points.", ""]
     if refusals:
         md += ["## Refused comparisons", "", *[f"- {r}" for r in refusals], ""]
+    if unmatched_md:  # last but one: a list of what was not run is not a finding
+        tail_md = ["## Points without a counterpart", "", *unmatched_md, ""]
+    else:
+        tail_md = []
     if cap_lines:
         md += [f"## Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", "", CAPACITY_NOTE, "",
                *[f"- {c}" for c in cap_lines], ""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images]
     if skipped:
         md += ["", f"Not drawn (no records of that kind): {', '.join(skipped)}."]
-    md += ["", "## Runs", "", _md_table(RUN_HEAD, _runs_rows(table)), ""]
+    md += ["", *tail_md, "## Runs", "", _md_table(RUN_HEAD, _runs_rows(table)), ""]
     md_path = out / "report.md"
     md_path.write_text("\n".join(md))
 
@@ -125,7 +157,11 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
         h += ["<h2>Refused comparisons</h2>", li(refusals)]
     if cap_lines:
         h += ["<h2>Capacity at the SLO</h2>", f"<p>{html.escape(CAPACITY_NOTE)}</p>", li(cap_lines)]
-    h += ["<h2>Plots</h2>", *[img(p) for p in images], "<h2>Runs</h2>", _html_table(RUN_HEAD, _runs_rows(table)), "</body></html>"]
+    h += ["<h2>Plots</h2>", *[img(p) for p in images]]
+    if unmatched:
+        h += ["<h2>Points without a counterpart</h2>", f"<p>{html.escape(unmatched.split(';')[0])} (not compared):</p>",
+              li(result.unmatched_lines())]
+    h += ["<h2>Runs</h2>", _html_table(RUN_HEAD, _runs_rows(table)), "</body></html>"]
     html_path = out / "report.html"
     html_path.write_text("\n".join(h))
     return Report(md_path, html_path, images, verdicts)

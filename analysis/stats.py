@@ -133,13 +133,21 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
     else:
         p = permutation_p(x, y, seed=seed)
         sig = bool(p < alpha and (slo > 1 or shi < 1))
-        if sig and s > 1:
-            verdict = f"{fabric} is {word} than {baseline} by {100 * (s - 1):.1f}% [{100 * (slo - 1):.1f}, {100 * (shi - 1):.1f}] (p={p:.3g}, n={len(x)} vs {len(y)})"
-        elif sig:
-            verdict = (f"{baseline} is {word} than {fabric} by {100 * (1 / s - 1):.1f}% [{100 * (1 / shi - 1):.1f}, "
-                       f"{100 * (1 / slo - 1):.1f}] (p={p:.3g}, n={len(y)} vs {len(x)})")
+        # One convention for every outcome: name the side with the better median first and
+        # say by how much, with the interval of that same percentage (a signed "-25.6%"
+        # leaves the reader guessing who is behind). Not significant: the same sentence,
+        # prefixed, and its interval may cross 0 (negative = the other side is ahead).
+        if s >= 1:
+            lead, trail, pct, plo, phi, n1, n2 = fabric, baseline, s - 1, slo - 1, shi - 1, len(x), len(y)
         else:
-            verdict = (f"no significant difference: {fabric} vs {baseline} {100 * (s - 1):+.1f}% "
-                       f"[{100 * (slo - 1):+.1f}, {100 * (shi - 1):+.1f}] (p={p:.3g}, n={len(x)} vs {len(y)})")
+            lead, trail, pct, plo, phi, n1, n2 = baseline, fabric, 1 / s - 1, 1 / shi - 1, 1 / slo - 1, len(y), len(x)
+        sign = "" if sig else "+"
+        tail = f"[{100 * plo:{sign}.1f}, {100 * phi:{sign}.1f}] (p={p:.3g}, n={n1} vs {n2})"
+        if sig:
+            verdict = f"{lead} is {word} than {trail} by {100 * pct:.1f}% {tail}"
+        elif s == 1:
+            verdict = f"not significant: {fabric} and {baseline} have equal medians {tail}"
+        else:
+            verdict = f"not significant: {lead} is {word} than {trail} by {100 * pct:.1f}% {tail}"
     return Comparison(metric, fabric, baseline, len(x), len(y), float(np.median(x)), float(np.median(y)),
                       ratio, lo, hi, p, s, slo, shi, sig, verdict)

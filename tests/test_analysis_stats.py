@@ -81,7 +81,7 @@ def test_no_difference_says_so():
     res = compare_table(Table(run_from_record(r) for r in synthetic(1.0, 0.05, 8, 7)), baseline="a")
     _, c = res.comparisons[0]
     assert not c.significant and c.lo <= 1.0 <= c.hi
-    assert c.verdict.startswith("no significant difference")
+    assert c.verdict.startswith("not significant: b is faster than a by 0.9% [-3.1, +4.8]"), c.verdict
 
 
 def test_lower_is_better_metric_inverts_speed():

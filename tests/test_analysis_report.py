@@ -1,0 +1,121 @@
+"""What a new user reads: which refusals are shown, the --allow hint, verdict wording, and
+the report's Runs and Verdicts tables. Synthetic records written to disk the way run
+directories hold them (each run directory has the same record file names)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from analysis import stats
+from analysis.cli import main as cli_main
+from analysis.compare import compare_table
+from analysis.load import load_table
+from analysis.report import write_report
+from tests.test_analysis_compare import coll
+from tests.test_analysis_stats import train_record
+from workloads.records import write_record
+
+# A driver/CUDA/GPU/torch upgrade between the two mb=8 runs: 4 differing keys, more than the
+# 3 the old --allow hint listed.
+UPGRADE = {"fingerprint__torch": "2.6.0", "fingerprint__cuda": "12.8", "fingerprint__driver": "570",
+           "fingerprint__gpu": "NVIDIA H200"}
+
+
+def sweep(root: Path) -> None:
+    """emu-veth (baseline) and loopback both at mb=4 (compared), a near miss at mb=8 (same
+    sweep point, software upgraded in between), and three points only loopback ran."""
+    def put(run: str, rec: dict) -> None:
+        write_record(root / run / "records", rec, "pretrain")  # the same file name in every run directory
+
+    for i, (base, fab) in enumerate(((100.0, 130.0), (101.0, 131.0), (99.0, 129.0), (100.5, 130.5))):
+        put(f"emu-mb4-t{i}", train_record("emu-veth", base, mb=4, trial=i))
+        put(f"lo-mb4-t{i}", train_record("loopback", fab, mb=4, trial=i))
+    for i in range(2):
+        put(f"emu-mb8-t{i}", train_record("emu-veth", 100.0 + i, mb=8, trial=i))
+        put(f"lo-mb8-t{i}", train_record("loopback", 120.0 + i, mb=8, trial=i, **UPGRADE))
+        put(f"lo-mb1-t{i}", train_record("loopback", 50.0 + i, mb=1, trial=i))
+        put(f"lo-mb2-t{i}", train_record("loopback", 70.0 + i, mb=2, trial=i))
+        put(f"lo-zero3-t{i}", train_record("loopback", 90.0 + i, mb=4, trial=i, config__parallel__name="zero3"))
+
+
+def test_only_near_misses_are_refused_and_the_allow_hint_pastes(tmp_path, capsys):
+    sweep(tmp_path)
+    res = compare_table(load_table([tmp_path]), baseline="emu-veth")
+    assert [c.fabric for _, c in res.comparisons] == ["loopback"]
+    # one refusal: the mb=8 pair, baseline first; mb=1, mb=2 and zero3 are counted, not paired
+    (ref,) = res.refusals
+    assert ref.a.startswith("emu-veth (") and ref.b.startswith("loopback (") and "emu-mb8" in ref.a and "lo-mb8" in ref.b
+    assert set(ref.diffs) == {"fingerprint.torch", "fingerprint.cuda", "fingerprint.driver", "fingerprint.gpu"}
+    assert sorted(p.label for p in res.unmatched) == ["pretrain neox-tiny ddp gpus=2 batch=2 mb=1",
+                                                      "pretrain neox-tiny ddp gpus=2 batch=4 mb=2",
+                                                      "pretrain neox-tiny zero3 gpus=2 batch=8 mb=4"]
+
+    assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("refused:") == 1 and "3 points had no counterpart in another fabric" in out and "--verbose" in out
+    assert "mb=1" not in out  # counted, not listed
+    # every differing key is in the hint, so pasting it gets the comparison
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("refused:")]
+    hint = re.findall(r"--allow (\S+?)[ )]", line)
+    assert sorted(hint) == sorted(ref.diffs) and not re.search(r"and \d+ more", line)
+    argv = [a for k in hint for a in ("--allow", k)]
+    assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "refused:" not in out and out.count("[samples_per_sec]") == 2, out
+
+    assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "pretrain neox-tiny zero3 gpus=2 batch=8 mb=4: only loopback (2 records)" in out and "mb=1" in out
+
+
+def test_confounded_only_pair_still_refused_with_keys(tmp_path, capsys):
+    # nothing comparable at all: the near miss is the error, with its keys and a full hint
+    write_record(tmp_path / "a" / "records", train_record("emu-veth", 100.0, mb=8), "pretrain")
+    write_record(tmp_path / "b" / "records", train_record("loopback", 120.0, mb=8, **UPGRADE), "pretrain")
+    assert cli_main(["compare", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "fingerprint.driver (None vs '570')" in err and all(f"--allow fingerprint.{k}" in err for k in ("cuda", "driver", "gpu", "torch"))
+
+
+@pytest.mark.parametrize("x, y, hib, start", [
+    # loopback's median 80 vs emu-veth's 100 samples/s: emu-veth is 1/0.8 - 1 = 25% faster
+    ([70.0, 80.0, 90.0], [100.0, 95.0, 105.0], True, "not significant: emu-veth is faster than loopback by 25.0% ["),
+    # TTFT 130 vs 100 ms, lower is better: emu-veth is 30% faster
+    ([130.0, 120.0, 140.0], [100.0, 95.0, 105.0], False, "not significant: emu-veth is faster than loopback by 30.0% ["),
+    ([120.0, 125.0, 130.0], [100.0, 95.0, 105.0], True, "not significant: loopback is faster than emu-veth by 25.0% ["),
+])
+def test_non_significant_verdict_names_who_is_ahead(x, y, hib, start):
+    # 3 vs 3 fully separated: p = 0.1 at best, never significant at 0.05
+    c = stats.compare(x, y, "loopback", "emu-veth", "m", higher_is_better=hib)
+    assert not c.significant and c.p == pytest.approx(0.1)
+    assert c.verdict.startswith(start), c.verdict
+    assert re.search(r"\[\+?\d", c.verdict), c.verdict  # the interval is of the named percentage: positive here
+
+
+def test_report_tables(tmp_path):
+    sweep(tmp_path / "results")
+    for i, (f, bw) in enumerate((("emu-veth", 40.0), ("loopback", 30.0))):
+        rec = {"schema": "fabricbench.record/1", **coll(f, i, busbw=bw)}
+        rec["config"].update(model={"name": "neox-tiny"}, parallel={"name": "ddp"})  # Hydra defaults, not measured
+        write_record(tmp_path / "results" / f"coll-{f}" / "records", rec, "pretrain")
+    table = load_table([tmp_path / "results"])
+    res = compare_table(table, baseline="emu-veth")
+    md = write_report(table, res, tmp_path / "rep").markdown.read_text()
+    runs = md[md.index("## Runs"):]
+    # each record named by its run directory: the bare name pretrain.json is in every one
+    assert "| emu-mb8-t1/records/pretrain-000.json | emu-veth |" in runs and "| lo-zero3-t0/records/pretrain-000.json |" in runs
+    assert "| coll-loopback/records/pretrain-000.json | loopback | collectives | — | — | — | 8 |" in runs
+    # collectives labels carry no model or parallel either
+    assert any(p.label == "collectives gpus=8" for p, _ in res.comparisons)
+    # the verdict column is the speed-up the text speaks of: medians 130.25 / 100.25 = 1.299
+    (row,) = [ln for ln in md.splitlines() if "| samples_per_sec |" in ln]
+    assert "| 1.299 [" in row and "loopback is faster than emu-veth by 29.9%" in row
+    # busbw 30 vs 40 GB/s (one trial each: not tested): the column and the text both say 0.750
+    (row,) = [ln for ln in md.splitlines() if "| all_reduce/avg_busbw(GB/s) |" in ln]
+    assert "| collectives gpus=8 |" in row and "| 0.750 [" in row and "speed ratio 0.750" in row
+    assert "speed-up vs baseline" in md and "ratio [95% CI]" not in md
+    assert md.count("not compared, more than the fabric differs") == 1
+    assert "3 points had no counterpart" in md
