@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # A CPU model big enough that a step is tens of milliseconds (less timer noise).
-DEFAULTS = ["model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=8", "train.seq_length=128",
-            "train.micro_batch_size=4", "train.steps=40", "train.warmup_steps=5", "run_id=bench-train-overhead"]
+DEFAULTS = ["model.name=neox-bench-4x256", "model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=8",
+            "train.seq_length=128", "train.micro_batch_size=4", "train.steps=40", "train.warmup_steps=5",
+            "run_id=bench-train-overhead", "output_root=bench-results"]
 ROUNDS = 7
 
 

@@ -22,6 +22,13 @@ def cfg_with(*overrides, tmp_path=None):
         return compose(config_name="config", overrides=[*overrides, *extra])
 
 
+def test_train_keys_are_the_workload_files_keys():
+    from workloads.train import TRAIN_KEYS
+
+    for workload in ("pretrain", "finetune"):
+        assert set(cfg_with(f"workload={workload}", "init.checkpoint=/x").train) == TRAIN_KEYS
+
+
 @pytest.mark.parametrize("group", ["fabric", "model", "parallel", "workload", "logger"])
 def test_every_file_in_every_group_composes(group):
     names = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
@@ -78,6 +85,9 @@ def test_model_shapes():
         (["train.steps=3", "train.warmup_steps=3"], 2, "must exceed train.warmup_steps"),
         (["train.warmup_steps=0"], 2, "warm-up must be at least 1 step"),
         (["train.precision=fp8"], 2, "train.precision='fp8'"),
+        (["+train.micro_batchsize=2"], 2, "did you mean train.micro_batch_size"),
+        (["train.steps=abc"], 2, "train.steps='abc' must be an integer"),
+        (["model=llama-3.1-8b"], 2, "has no GPT-NeoX shape"),
         (["train.precision=fp16"], 2, "fp16 needs a GPU"),
         (["fabric=roce"], 2, "needs a GPU"),
         (["workload=finetune"], 2, "needs init.checkpoint"),

@@ -56,3 +56,15 @@ def test_usage_errors(capsys):
     assert "--sysfs-root /nonexistent/sysfs is not a directory" in capsys.readouterr().err
     assert cli.main(["doctor", "--sysfs-root", str(SYSFS / "nordma_host"), "fabric=nosuchfabric"]) == 2
     assert "nosuchfabric" in capsys.readouterr().err
+
+
+def test_nccl_profile_without_a_gpu_is_not_ready():
+    """doctor says whether a profile can run here: NCCL needs a GPU, and this machine may have none."""
+    import torch
+
+    from workloads.doctor import check_profile
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    check = check_profile(["fabric=pcie"])
+    assert not check["ready"] and any("needs a GPU" in p for p in check["problems"])

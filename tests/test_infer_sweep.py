@@ -58,6 +58,10 @@ def test_sweep_records_and_resume(tmp_path):
         assert "point c1: already recorded" in r.stdout and "point c4: already recorded" in r.stdout
         assert sorted(x["point"] for x in _records(out)) == ["c1", "c4", "c8"]
         assert len(list((wandb_dir / "wandb").glob("offline-run-*"))) == 1
+        # The same run_id with another experiment is refused, not resumed from old points.
+        r = _infer(*common, "load.points=[1,4,8]", "load.dataset.output_len=7")
+        assert r.returncode == 2 and "already holds points measured with another configuration" in r.stderr
+        assert "load.dataset.output_len: 6 -> 7" in r.stderr
         # Three points over two invocations, 2 warm-up + 12 measured each: 42 requests, and
         # the server saw 42 different prompts (ids lists): warm-up never resends a measured
         # prompt, no point resends another's, and the resumed c8 is disjoint from c1 and c4.

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from workloads import preflight
+from workloads.errors import UsageError
 
 
 def add_arguments(p) -> None:
@@ -90,6 +91,11 @@ def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
     cfg = compose(str(REPO_ROOT / "conf"), overrides)
     profile = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     problems = preflight.check(profile, root=root)
+    if root is None:  # the live host: can its backend run here at all (NCCL needs a GPU)?
+        try:
+            profile.check_backend_usable()
+        except UsageError as e:
+            problems.append(str(e))
     env = preflight.effective_env(profile.env)
     shown = {k: env.get(k) for k in profile.env}
     return {"fabric": profile.name, "backend": profile.backend, "env": shown, "expect": profile.expect,

@@ -31,6 +31,7 @@ class FabricProfile:
     env: dict[str, str | None] = field(default_factory=dict)
     expect: dict[str, Any] = field(default_factory=dict)
     verify: str = "fail"
+    emulate: dict[str, Any] | None = None  # set for emulated fabrics (workloads/emulate.py builds them)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FabricProfile:
@@ -49,6 +50,7 @@ class FabricProfile:
             env=env,
             expect=dict(cfg.get("expect") or {}),
             verify=verify,
+            emulate=dict(cfg["emulate"]) if cfg.get("emulate") else None,
         )
 
     def check_backend_usable(self) -> None:

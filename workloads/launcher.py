@@ -13,6 +13,7 @@ this process only submits, and each job's Slurm tasks are the ranks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -57,6 +58,17 @@ def compose(conf_dir: str, overrides: list[str], config_name: str = "config", hy
         raise UsageError(str(e).strip()) from None
 
 
+@contextlib.contextmanager
+def config_errors():
+    """A config value that cannot be resolved or converted is the user's to fix: one line."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except OmegaConfBaseException as e:
+        raise UsageError(f"config: {str(e).splitlines()[0]}") from None
+
+
 def launched() -> bool:
     """True inside a rank that torchrun or Slurm started."""
     return "LOCAL_RANK" in os.environ or "SLURM_PROCID" in os.environ
@@ -83,7 +95,8 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             if validator is not None:
                 import importlib
 
-                importlib.import_module(validator).validate(cfg, nproc)
+                with config_errors():
+                    importlib.import_module(validator).validate(cfg, nproc)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -130,7 +143,8 @@ def hydra_entry(
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> None:
         try:
-            code = run(cfg, list(HydraConfig.get().overrides.task))
+            with config_errors():
+                code = run(cfg, list(HydraConfig.get().overrides.task))
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)

@@ -329,5 +329,7 @@ def preflight(profile, environ: Mapping[str, str] | None = None, root: str | os.
     problems = check(profile, environ, root)
     if problems:
         head = f"fabric={profile.name} cannot run on this host (preflight, {sysfs_root(root)}):"
-        raise UsageError("\n".join([head, *(f"  - {p}" for p in problems),
-                                    "  Fix the profile's env (conf/fabric/ or conf/local/default.yaml) or the host."]))
+        fix = ("  This is an emulated fabric: run it through launch/emulate.py (as root), which builds its links."
+               if getattr(profile, "emulate", None) else
+               "  Fix the profile's env (conf/fabric/ or conf/local/default.yaml) or the host.")
+        raise UsageError("\n".join([head, *(f"  - {p}" for p in problems), fix]))

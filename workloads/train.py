@@ -67,7 +67,27 @@ class BatchLayout:
 def model_config(cfg: DictConfig) -> NeoXConfig:
     if cfg.init.get("checkpoint"):
         return load_hf_config(cfg.init.checkpoint)
+    shape = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
+    missing = [k for k in shape if cfg.model.get(k) is None]
+    if missing:
+        raise UsageError(
+            f"model={cfg.model.get('name')} has no GPT-NeoX shape ({', '.join(missing)} missing): it describes a "
+            "served model for launch/infer.py; train neox-tiny, neox-125m ... neox-6.7b, pythia-160m or pythia-1.4b"
+        )
     return NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+
+
+# Every key of the `train:` section (conf/workload/pretrain.yaml); a `+train.<typo>=` override
+# would otherwise be accepted and silently ignored.
+TRAIN_KEYS = frozenset({"micro_batch_size", "grad_accum_steps", "global_batch_size", "seq_length", "steps",
+                        "warmup_steps", "lr", "weight_decay", "grad_clip", "precision", "activation_checkpointing"})
+
+
+def _int(name: str, value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name}={value!r} must be an integer") from None
 
 
 def check_writable(root: str) -> None:
@@ -88,8 +108,19 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
         raise UsageError("workload=finetune needs init.checkpoint=<local Hugging Face GPT-NeoX directory>")
     mcfg = model_config(cfg)
     t = cfg.train
+    unknown = sorted(set(t) - TRAIN_KEYS)
+    if unknown:
+        import difflib
+
+        hints = [f"train.{k}" + (f" (did you mean train.{m[0]}?)" if (m := difflib.get_close_matches(k, TRAIN_KEYS, 1))
+                                 else "") for k in unknown]
+        raise UsageError(f"unknown setting {', '.join(hints)}; the train settings are {', '.join(sorted(TRAIN_KEYS))}")
+    for key in ("micro_batch_size", "grad_accum_steps", "steps", "warmup_steps"):
+        _int(f"train.{key}", t[key])
+    if t.global_batch_size is not None:
+        _int("train.global_batch_size", t.global_batch_size)
     layout = BatchLayout.resolve(t.micro_batch_size, t.grad_accum_steps, t.global_batch_size, world)
-    seq = int(t.seq_length)
+    seq = _int("train.seq_length", t.seq_length)
     if seq <= 0:
         raise UsageError(f"train.seq_length must be positive, got {seq}")
     if seq > mcfg.max_position_embeddings:
@@ -115,6 +146,7 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
     elif cfg.data.kind != "synthetic":
         raise UsageError(f"data.kind={cfg.data.kind!r}; use synthetic or tokens")
     fabric.check_backend_usable()
+    preflight(fabric)  # sysfs: the HCAs, GID and interfaces the profile names exist and are up
     check_writable(cfg.output_root)
     return mcfg, layout, fabric
 
@@ -159,7 +191,6 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
     """Run one measured point. Returns the record path on rank 0, None elsewhere."""
     _, world, _, _ = fdist.launch_env()
     mcfg, layout, fabric = validate(cfg, world)
-    preflight(fabric)  # sysfs: the HCAs, GID and interfaces the profile names exist and are up
     info, run_dir, applied_env = session.start(cfg, fabric)
     loggers = build_loggers(cfg, info)  # rank 0's trackers (W&B); a no-op list elsewhere
     record = new_record(

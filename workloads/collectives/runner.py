@@ -22,6 +22,7 @@ from workloads.collectives.sweep import Settings, pattern_groups
 from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
 from workloads.loggers import build_loggers
+from workloads.preflight import preflight
 from workloads.records import fingerprint, new_record
 from workloads.train import check_writable
 
@@ -36,6 +37,7 @@ def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
         raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
                          "(or rccl-tests) or set collectives.external=auto")
     fabric.check_backend_usable()
+    preflight(fabric)
     check_writable(cfg.output_root)
     return s, fabric
 

@@ -8,6 +8,7 @@ server is started once for the remaining points and always stopped.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from workloads.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.loadgen.metrics import parse_slo, summarize
 from workloads.loadgen.runner import LoadPoint, planned_requests, run_point
 from workloads.loggers import build_loggers
+from workloads.preflight import preflight
 from workloads.records import new_record, write_record
 from workloads.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.servers import get_adapter
@@ -74,6 +76,11 @@ def validate(cfg: DictConfig, overrides: list[str]):
         scfg["tp"] = 1
     spec = ServerSpec.from_config(scfg)
     adapter = get_adapter(spec.adapter)
+    if spec.adapter != "external":  # a server started here runs on this host's fabric
+        preflight(fabric)
+    if spec.adapter == "sglang" and not spec.python and importlib.util.find_spec("sglang") is None:
+        raise UsageError("server=sglang: SGLang is not installed in this Python; run in the sglang container "
+                         "(Dockerfile target sglang) or set server.python (FB_ENGINE_PYTHON) to an interpreter that has it")
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if spec.adapter != "external":
         check_tp_divides(spec.tp, model)
@@ -120,20 +127,41 @@ def validate(cfg: DictConfig, overrides: list[str]):
     return fabric, spec, launch, backend, points, slo, plan
 
 
+# Config keys a resumed sweep may change without invalidating the points already measured.
+_RESUMABLE = ("load.points", "trial", "logger", "run_id", "output_root")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
 def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
-    """Points already measured in this run directory for the same trial, fabric, model
-    and server (a different trial under the same run_id is new work, not a resume)."""
-    same = (cfg.get("trial", 0), cfg.fabric.name, cfg.model.name, cfg.server.name)
+    """Points this run directory already measured for this trial. A record measured with
+    another configuration (other than the sweep's point list) is an error, not a resume:
+    reusing it would silently mix two experiments under one run_id."""
+    mine = _flat(OmegaConf.to_container(cfg, resolve=True))
     done = set()
-    for p in records_dir.glob("*.json"):
+    for p in sorted(records_dir.glob("*.json")):
         try:
             rec = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        c = rec.get("config") or {}
-        key = (c.get("trial", 0), (c.get("fabric") or {}).get("name"), (c.get("model") or {}).get("name"),
-               (c.get("server") or {}).get("name"))
-        if rec.get("workload") == WORKLOAD and rec.get("status") == "ok" and key == same:
+        if rec.get("workload") != WORKLOAD:
+            continue
+        theirs = _flat(rec.get("config") or {})
+        differ = sorted(k for k in set(mine) | set(theirs)
+                        if not k.startswith(_RESUMABLE) and mine.get(k) != theirs.get(k))
+        if differ:
+            shown = ", ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in differ[:6])
+            more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
+            raise UsageError(f"run_id={records_dir.parent.name} already holds points measured with another "
+                             f"configuration ({shown}{more}); pass a new run_id= to measure this one")
+        if rec.get("status") == "ok" and theirs.get("trial", 0) == mine.get("trial", 0):
             done.add(rec.get("point"))
     return done
 

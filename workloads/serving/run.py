@@ -23,6 +23,7 @@ from workloads import dist as fdist
 from workloads import rundir
 from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
+from workloads.preflight import preflight
 from workloads.verify import check_transport, report_transport
 from workloads.model import NeoXConfig
 from workloads.serving.engine import EngineSettings
@@ -49,6 +50,7 @@ def validate(cfg: DictConfig, world: int) -> ServePlan:
     s = cfg.server
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     fabric.check_backend_usable()
+    preflight(fabric)
     checkpoint = s.get("checkpoint") or None
     eos = s.get("eos_token_id")
     if checkpoint:
