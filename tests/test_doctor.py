@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+import pytest
 
 from workloads import cli
 
