@@ -78,12 +78,12 @@ def validate(cfg: DictConfig, overrides: list[str]):
     adapter = get_adapter(spec.adapter)
     if spec.adapter != "external":  # a server started here runs on this host's fabric
         preflight(fabric)
-    if spec.adapter == "sglang" and not spec.python and importlib.util.find_spec("sglang") is None:
-        raise UsageError("server=sglang: SGLang is not installed in this Python; run in the sglang container "
-                         "(Dockerfile target sglang) or set server.python (FB_ENGINE_PYTHON) to an interpreter that has it")
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if spec.adapter != "external":
         check_tp_divides(spec.tp, model)
+    if spec.adapter == "sglang" and not spec.python and importlib.util.find_spec("sglang") is None:
+        raise UsageError("server=sglang: SGLang is not installed in this Python; run in the sglang container "
+                         "(Dockerfile target sglang) or set server.python (FB_ENGINE_PYTHON) to an interpreter that has it")
     launch = adapter.command(spec, model, fabric.name,
                              _reference_overrides(overrides) if spec.adapter == "reference" else ())
     load = cfg.load
