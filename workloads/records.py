@@ -19,6 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from workloads.errors import UsageError
+
 SCHEMA = "fabricbench.record/1"
 # Whole words of a key name: WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY match;
 # tokens_per_sec and max_tokens do not.
@@ -114,6 +116,17 @@ def fingerprint() -> dict[str, Any]:
         if fp["driver"]:
             fp["driver"] = fp["driver"].splitlines()[0]
     return fp
+
+
+def check_writable(root: str) -> None:
+    p = Path(root)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"output directory {p} is not writable ({e.strerror}); set output_root= to a writable path") from None
 
 
 def new_record(workload: str, **fields: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from workloads.metrics import flops_per_iteration, peak_tflops_for, summarize_tr
 from workloads.model import GPTNeoX, NeoXConfig
 from workloads.nic import NicSampler, rails_for
 from workloads.preflight import preflight
-from workloads.records import fingerprint, new_record
+from workloads.records import check_writable, fingerprint, new_record
 from workloads.verify import check_transport
 
 
@@ -88,17 +88,6 @@ def _int(name: str, value) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise UsageError(f"{name}={value!r} must be an integer") from None
-
-
-def check_writable(root: str) -> None:
-    p = Path(root)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"output directory {p} is not writable ({e.strerror}); set output_root= to a writable path") from None
 
 
 def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, FabricProfile]:

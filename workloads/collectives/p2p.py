@@ -42,30 +42,36 @@ def bandwidth_mbs(size: int, window: int, iters: int, elapsed_s: float, directio
     return directions * size * window * iters / elapsed_s / 1e6
 
 
+def _timed(exchange, iters: int, warmup: int, device) -> float:
+    """Seconds for `iters` exchanges after `warmup` untimed ones, between device syncs
+    (the OSU benchmarks' burn-in-then-clock rule, shared by every p2p test)."""
+    for _ in range(warmup):
+        exchange()
+    fdist.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        exchange()
+    fdist.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _latency(me: int, peer: int, first: bool, sbuf, rbuf, iters: int, warmup: int, device) -> float:
-    t0 = 0.0
-    for i in range(warmup + iters):
-        if i == warmup:
-            fdist.synchronize(device)
-            t0 = time.perf_counter()
+    def ping_pong():
         if first:
             dist.send(sbuf, peer)
             dist.recv(rbuf, peer)
         else:
             dist.recv(rbuf, peer)
             dist.send(sbuf, peer)
-    fdist.synchronize(device)
-    return time.perf_counter() - t0
+
+    return _timed(ping_pong, iters, warmup, device)
 
 
 def _bw(me: int, peer: int, first: bool, sbuf, rbuf, iters: int, warmup: int, window: int, device,
         bidirectional: bool) -> float:
     ack = torch.zeros(1, dtype=torch.int32, device=device)  # the 4-byte ack
-    t0 = 0.0
-    for i in range(warmup + iters):
-        if i == warmup:
-            fdist.synchronize(device)
-            t0 = time.perf_counter()
+
+    def window_of_messages():
         if bidirectional:
             reqs = [dist.irecv(rbuf, peer) for _ in range(window)] + [dist.isend(sbuf, peer) for _ in range(window)]
             for w in reqs:
@@ -78,8 +84,8 @@ def _bw(me: int, peer: int, first: bool, sbuf, rbuf, iters: int, warmup: int, wi
             for w in [dist.irecv(rbuf, peer) for _ in range(window)]:
                 w.wait()
             dist.send(ack, peer)
-    fdist.synchronize(device)
-    return time.perf_counter() - t0
+
+    return _timed(window_of_messages, iters, warmup, device)
 
 
 def run_p2p(tests, sizes, ranks: tuple[int, int], iters: int, warmup: int, window: int, rank: int,

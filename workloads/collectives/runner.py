@@ -23,8 +23,7 @@ from workloads.errors import UsageError
 from workloads.fabric import FabricProfile
 from workloads.loggers import build_loggers
 from workloads.preflight import preflight
-from workloads.records import fingerprint, new_record
-from workloads.train import check_writable
+from workloads.records import check_writable, fingerprint, new_record
 
 
 def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:

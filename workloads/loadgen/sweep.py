@@ -28,9 +28,9 @@ from workloads.loadgen.backends import get_backend
 from workloads.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.loadgen.metrics import parse_slo, summarize
 from workloads.loadgen.runner import LoadPoint, planned_requests, run_point
-from workloads.loggers import build_loggers
+from workloads.loggers import build_loggers, flatten
 from workloads.preflight import preflight
-from workloads.records import new_record, write_record
+from workloads.records import check_writable, new_record, write_record
 from workloads.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.servers import get_adapter
 from workloads.servers.base import ServerSpec, check_tp_divides
@@ -121,8 +121,6 @@ def validate(cfg: DictConfig, overrides: list[str]):
                 "reference model) or choose a larger model=")
     if backend.name == "chat" and not isinstance(specs[0].prompt, str):
         raise UsageError("load.backend=chat needs text prompts: set load.tokenizer=<local tokenizer dir>")
-    from workloads.train import check_writable
-
     check_writable(cfg.output_root)
     return fabric, spec, launch, backend, points, slo, plan
 
@@ -131,20 +129,11 @@ def validate(cfg: DictConfig, overrides: list[str]):
 _RESUMABLE = ("load.points", "trial", "logger", "run_id", "output_root")
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out |= _flat(v, f"{prefix}.{k}" if prefix else str(k))
-    return out
-
-
 def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
     """Points this run directory already measured for this trial. A record measured with
     another configuration (other than the sweep's point list) is an error, not a resume:
     reusing it would silently mix two experiments under one run_id."""
-    mine = _flat(OmegaConf.to_container(cfg, resolve=True))
+    mine = flatten(OmegaConf.to_container(cfg, resolve=True), sep=".")
     done = set()
     for p in sorted(records_dir.glob("*.json")):
         try:
@@ -153,7 +142,7 @@ def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
             continue
         if rec.get("workload") != WORKLOAD:
             continue
-        theirs = _flat(rec.get("config") or {})
+        theirs = flatten(rec.get("config") or {}, sep=".")
         differ = sorted(k for k in set(mine) | set(theirs)
                         if not k.startswith(_RESUMABLE) and mine.get(k) != theirs.get(k))
         if differ:
