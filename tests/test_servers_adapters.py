@@ -189,8 +189,11 @@ def test_ctrl_c_stops_the_server_group(tmp_path):
     """A real SIGINT to a process that holds a ManagedServer: no orphan survives."""
     pidfile = tmp_path / "child.pid"
     port = _free_port()
+    # A shell that starts jobs in the background without job control hands them SIGINT
+    # ignored, and Python keeps it so; the process under test is a user's Ctrl-C-able one.
     script = textwrap.dedent(f"""
-        import os, sys, time
+        import os, signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.path.abspath(os.path.join(CONF, '..'))!r})
         from workloads.servers.base import ServerSpec, Launch
         from workloads.servers.orchestrator import ManagedServer
