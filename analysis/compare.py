@@ -13,7 +13,7 @@ from typing import Iterable
 
 from analysis import guard, stats
 from analysis.load import Run, Table
-from workloads.errors import UsageError
+from workloads.core.errors import UsageError
 
 # Headline metrics per workload: (record metric key or fnmatch pattern over the record's
 # metrics). A registry, so a new workload adds a line here, not a branch. Collectives: one

@@ -1,8 +1,8 @@
 """Result records -> one typed table of runs.
 
-Sources: local directories (workloads.records.load_records, recursively) and W&B
+Sources: local directories (workloads.core.records.load_records, recursively) and W&B
 projects (`entity/project`, filtered by group, tags or config keys). A W&B run is turned
-back into a record by workloads.loggers.record_from_wandb, the exact inverse of what the
+back into a record by workloads.core.loggers.record_from_wandb, the exact inverse of what the
 W&B logger wrote, so both sources share one reader. Readers are defensive: collectives
 and inference records carry other sections than training ones, and a value that is not a
 number (missing, None, "<redacted>") becomes None rather than an error.
@@ -17,8 +17,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from workloads.errors import UsageError
-from workloads.records import load_records
+from workloads.core.errors import UsageError
+from workloads.core.records import load_records
 
 TRAINING = ("pretrain", "finetune")
 # Run fields that do not apply to a workload: the Hydra tree still carries their defaults
@@ -70,7 +70,7 @@ class Run:
     coords: dict[str, float]         # sweep coordinates: global_batch, micro_batch, world_size, concurrency, rate, ...
     model: str | None
     parallel: str | None
-    transport: dict | None           # record["fabric"]["transport"] from workloads/verify.py, if any
+    transport: dict | None           # record["fabric"]["transport"] from workloads/fabric/verify.py, if any
     rows: list[dict] = field(default_factory=list)   # collectives rows (nccl-tests columns)
     p2p: list[dict] = field(default_factory=list)    # point-to-point rows
     record: dict = field(default_factory=dict, repr=False)
@@ -109,7 +109,7 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         # all nodes (SGLang --tp, vLLM --tensor-parallel-size), so nnodes is not a factor.
         "world_size": num(_first(rec, "world.world_size", "config.world_size", "server.tp")),
         "nodes": num(_first(rec, "world.nodes", "server.nnodes")),
-        # inference: the load point, as workloads/loadgen/sweep.py records it. The config's
+        # inference: the load point, as workloads/inference/run.py records it. The config's
         # load section describes the whole sweep, not the point, so it is not read here.
         "concurrency": num(arrival.get("concurrency")) if kind == "closed" else None,
         "rate": num(arrival.get("rate")) if kind != "closed" else None,  # burst: inf -> absent
@@ -188,7 +188,7 @@ def wandb_filters(group: str | None = None, tags: Iterable[str] = (), config: Ma
 def load_wandb(path: str, group: str | None = None, tags: Iterable[str] = (), config: Mapping[str, Any] | None = None,
                api: Any = None) -> list[dict]:
     """Runs of W&B project `entity/project` as records. `api` is a wandb.Api (injectable)."""
-    from workloads.loggers import record_from_wandb
+    from workloads.core.loggers import record_from_wandb
 
     if path.count("/") != 1:
         raise UsageError(f"--wandb {path!r}: write entity/project")

@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from workloads.collectives import ops  # noqa: E402
 from workloads.collectives.harness import Harness  # noqa: E402
-from workloads.collectives.sweep import Settings  # noqa: E402
+from workloads.collectives.settings import Settings  # noqa: E402
 
 
 def bare_busbw(x: torch.Tensor, iters: int, device: torch.device) -> float:

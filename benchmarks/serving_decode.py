@@ -15,7 +15,7 @@ the TP>1 launch, so that load from other processes falls on both sides of each r
   steps' wall times (the prefill step excluded). HF: generate(new_tokens) − generate(1),
   both with the KV cache (use_cache=True), so its prefill and setup cancel out.
 - all_reduce per decode step: the union of the intervals during which an all_reduce was
-  in flight inside the step's forward (workloads/commtimer.py; CUDA events on GPU), mean
+  in flight inside the step's forward (workloads/training/commtimer.py; CUDA events on GPU), mean
   over decode steps; the step's share is that over the mean decode-step time.
 TP>1 runs as a torchrun child of this script (`--worker`), which writes its figures as JSON.
 """
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 def model_config(name: str):
     from omegaconf import OmegaConf
 
-    from workloads.model import NeoXConfig
+    from workloads.models.neox import NeoXConfig
 
     return NeoXConfig.from_dict(OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model" / f"{name}.yaml")))
 
@@ -56,8 +56,8 @@ class OurEngine:
     def __init__(self, a, rank: int, world: int, device):
         import torch
 
-        from workloads.commtimer import CommTimer
-        from workloads.serving.engine import EngineSettings, build_engine
+        from workloads.training.commtimer import CommTimer
+        from workloads.inference.engine.engine import EngineSettings, build_engine
 
         self.a, self.cfg, self.device = a, model_config(a.model), device
         kv = a.batch * (a.prompt_len + a.new_tokens + 16)
@@ -81,7 +81,7 @@ class OurEngine:
         self.eng.execute = timed
 
     def once(self) -> dict:
-        from workloads.serving.engine import SamplingParams
+        from workloads.inference.engine.engine import SamplingParams
 
         a, done = self.a, []
         self.rows.clear()
@@ -111,11 +111,11 @@ class HFGenerate:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from workloads.hf import save_hf
-        from workloads.model import GPTNeoX
+        from workloads.models.hf import save_hf
+        from workloads.models.neox import GPTNeoX
 
         self.a, cfg = a, model_config(a.model)
-        from workloads.serving.tp import RandomWeights
+        from workloads.inference.engine.tp import RandomWeights
 
         model = GPTNeoX(cfg)
         model.load_state_dict(RandomWeights(cfg, 1234).state_dict())  # the weights build_engine(seed=1234) shards

@@ -36,8 +36,8 @@ def bare_loop(cfg, info) -> float:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workloads.data import synthetic_batches
-    from workloads.model import GPTNeoX, NeoXConfig
+    from workloads.training.data import synthetic_batches
+    from workloads.models.neox import GPTNeoX, NeoXConfig
     from omegaconf import OmegaConf
 
     torch.manual_seed(int(cfg.seed))
@@ -70,9 +70,9 @@ def main(overrides: list[str]) -> None:
 
     from hydra import compose, initialize_config_dir
 
-    from workloads import dist as fdist
-    from workloads.rundir import register_resolvers
-    from workloads.train import run_training
+    from workloads.core import dist as fdist
+    from workloads.core.rundir import register_resolvers
+    from workloads.training.run import run_training
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run(cfg, overrides):
-    from workloads.collectives.runner import run_collectives
-    from workloads.errors import UsageError
+    from workloads.collectives.run import run_collectives
+    from workloads.core.errors import UsageError
 
     if cfg.workload.name != "collectives":
         raise UsageError(f"launch/collectives.py runs workload=collectives, not {cfg.workload.name}; "
@@ -29,6 +29,6 @@ def run(cfg, overrides):
 
 
 if __name__ == "__main__":
-    from workloads.launcher import hydra_entry
+    from workloads.core.launcher import hydra_entry
 
     hydra_entry(__file__, run, workload="collectives")

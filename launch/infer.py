@@ -8,7 +8,7 @@
 
 A plain process (the load generator is asyncio, one process); the server runs as a child
 process group that is always stopped. Rerun with the same run_id= to resume a sweep at
-its first missing point. The work lives in workloads/loadgen/sweep.py.
+its first missing point. The work lives in workloads/inference/run.py.
 """
 
 import sys
@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run(cfg, overrides):
-    from workloads.loadgen.sweep import run_sweep
+    from workloads.inference.run import run_sweep
 
     return run_sweep(cfg, overrides=overrides)
 
 
 if __name__ == "__main__":
-    from workloads.launcher import hydra_entry
+    from workloads.core.launcher import hydra_entry
 
     hydra_entry(__file__, run, config_name="infer", distributed=False)

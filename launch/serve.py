@@ -22,7 +22,7 @@ Launch and readiness contract (what a load generator's `reference` adapter relie
   `ignore_eos`, `temperature`, `top_p`, `seed` honoured.
 - SIGTERM (to torchrun, which forwards it, or to rank 0) stops every rank cleanly.
 
-The work lives in workloads/serving/ (run.py orchestrates).
+The work lives in workloads/inference/engine/ (run.py orchestrates).
 """
 
 import sys
@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run(cfg, overrides):
-    from workloads.serving.run import run_server
+    from workloads.inference.engine.run import run_server
 
     return run_server(cfg)
 
 
 if __name__ == "__main__":
-    from workloads.launcher import hydra_entry
+    from workloads.core.launcher import hydra_entry
 
     # torchrun places the ranks (one per TP shard); see the contract above.
     hydra_entry(__file__, run, config_name="serve", distributed=False)

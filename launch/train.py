@@ -7,7 +7,7 @@
 
 Started with plain `python` it validates the config first, then launches
 `launcher.nproc_per_node` local ranks itself (torchrun's machinery, without its
-traceback on failure). The work lives in workloads/train.py.
+traceback on failure). The work lives in workloads/training/run.py.
 """
 
 import sys
@@ -17,12 +17,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run(cfg, overrides):
-    from workloads.train import run_training
+    from workloads.training.run import run_training
 
     run_training(cfg, overrides=overrides)
 
 
 if __name__ == "__main__":
-    from workloads.launcher import hydra_entry
+    from workloads.core.launcher import hydra_entry
 
     hydra_entry(__file__, run)

@@ -10,8 +10,8 @@ from analysis.cli import main as cli_main
 from analysis.compare import compare_table, direction, headline
 from analysis.load import Table, run_from_record
 from analysis.plots import busbw_series
-from workloads.errors import UsageError
-from workloads.records import write_record
+from workloads.core.errors import UsageError
+from workloads.core.records import write_record
 
 
 def train(fabric: str, trial: int, **metrics) -> dict:

@@ -1,7 +1,7 @@
 """Inference analysis: load points, the guard across run directories, capacity at an SLO.
 
 The records are synthetic (no GPU serving engine runs here), written with the real record
-writer in the layout workloads/loadgen/sweep.py gives them: `point`, `arrival.*`,
+writer in the layout workloads/inference/run.py gives them: `point`, `arrival.*`,
 `server.{adapter,tp,nnodes,url,argv,log}`, vLLM metric names; server.argv is the real
 reference adapter's command line, which names the fabric. The numbers are the reviewer's
 example: roce 1-5% slower than ib at every level, p90 TTFT at c32 505 ms vs 480 ms
@@ -19,9 +19,9 @@ from analysis import capacity, guard
 from analysis.compare import compare_table
 from analysis.load import Table, load_table, run_from_record
 from analysis.report import write_report
-from workloads.records import write_record
-from workloads.servers.base import ServerSpec
-from workloads.servers.reference import command
+from workloads.core.records import write_record
+from workloads.inference.adapters.base import ServerSpec
+from workloads.inference.adapters.reference import command
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64]
 # p90 TTFT (ms) and request_throughput (req/s, both GPUs of tp=2) per closed-loop concurrency

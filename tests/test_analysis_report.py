@@ -16,7 +16,7 @@ from analysis.load import load_table
 from analysis.report import write_report
 from tests.test_analysis_compare import coll
 from tests.test_analysis_stats import train_record
-from workloads.records import write_record
+from workloads.core.records import write_record
 
 # A driver/CUDA/GPU/torch upgrade between the two mb=8 runs: 4 differing keys, more than the
 # 3 the old --allow hint listed.

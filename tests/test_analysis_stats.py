@@ -13,7 +13,7 @@ from analysis import guard, stats
 from analysis.cli import main as cli_main
 from analysis.compare import compare_table
 from analysis.load import Table, load_table, run_from_record
-from workloads.records import write_record
+from workloads.core.records import write_record
 
 
 def train_record(fabric: str, sps: float, mb: int = 4, world: int = 2, trial: int = 0, **over) -> dict:

@@ -11,9 +11,9 @@ import torch
 from tests.conftest import REPO, run_entry
 from workloads.collectives import ops
 from workloads.collectives.harness import Cell, Row, count_wrong, format_row, min_bw_verdict, summarize
-from workloads.collectives.sweep import Settings, float_str, parse_size, pattern_groups, sweep_sizes
-from workloads.errors import UsageError
-from workloads.launcher import compose
+from workloads.collectives.settings import Settings, float_str, parse_size, pattern_groups, sweep_sizes
+from workloads.core.errors import UsageError
+from workloads.core.launcher import compose
 
 S, T = 12_000_000, 0.004
 # busbw by hand: all_reduce 3.0 x 2(n-1)/n -> n=2: 3.0, n=3: 3.0 x 4/3 = 4.0, n=4: 3.0 x 6/4 = 4.5
@@ -188,7 +188,7 @@ def test_count0_rows_are_reported_at_busbw_0_and_averaged_as_nccl_tests():
 
 
 def test_headline_metrics_per_op_cross_op_and_min_bw_per_op():
-    from workloads.collectives.runner import below_min_busbw, metrics
+    from workloads.collectives.run import below_min_busbw, metrics
 
     c = lambda bus: Cell(1.0, bus, bus, 0)  # noqa: E731
     rows = [Row("all_reduce", 8, 8, 2, "float", "sum", -1, 2, None, c(10.0)),

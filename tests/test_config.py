@@ -6,11 +6,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from workloads.errors import UsageError
-from workloads.fabric import FabricProfile
-from workloads.model import NeoXConfig
-from workloads.rundir import derive_run_id, register_resolvers
-from workloads.train import BatchLayout, validate
+from workloads.core.errors import UsageError
+from workloads.fabric.profile import FabricProfile
+from workloads.models.neox import NeoXConfig
+from workloads.core.rundir import derive_run_id, register_resolvers
+from workloads.training.run import BatchLayout, validate
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 register_resolvers()
@@ -23,7 +23,7 @@ def cfg_with(*overrides, tmp_path=None):
 
 
 def test_train_keys_are_the_workload_files_keys():
-    from workloads.train import TRAIN_KEYS
+    from workloads.training.run import TRAIN_KEYS
 
     for workload in ("pretrain", "finetune"):
         assert set(cfg_with(f"workload={workload}", "init.checkpoint=/x").train) == TRAIN_KEYS
@@ -124,7 +124,7 @@ def test_run_id_every_rank_derives_the_same():
 
 
 def test_secrets_are_redacted_and_metrics_are_not():
-    from workloads.records import redact
+    from workloads.core.records import redact
 
     out = redact({"env": {"WANDB_API_KEY": "abc", "HF_TOKEN": "x", "NCCL_IB_HCA": "mlx5"},
                   "metrics": {"tokens_per_sec": 5.0}, "max_tokens": 3, "aws_secret_access_key": "k"})

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 import pytest
 
-from workloads import cli
+from workloads.core import cli
 
 ROOT = Path(__file__).parent.parent
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
@@ -63,7 +63,7 @@ def test_nccl_profile_without_a_gpu_is_not_ready():
     """doctor says whether a profile can run here: NCCL needs a GPU, and this machine may have none."""
     import torch
 
-    from workloads.doctor import check_profile
+    from workloads.fabric.doctor import check_profile
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

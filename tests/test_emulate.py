@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, child_env, records_in
-from workloads.emulate import EmuSpec, Topology, agent_argv, leftovers, rate_bits_per_s
-from workloads.errors import UsageError
+from workloads.fabric.emulate import EmuSpec, Topology, agent_argv, leftovers, rate_bits_per_s
+from workloads.core.errors import UsageError
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root for network namespaces, veth and tc")
@@ -66,7 +66,7 @@ def test_spec_from_profile_block_and_its_errors():
 def test_agents_use_static_rendezvous_on_node0_veth():
     spec = EmuSpec(nodes=3, rate="1gbit")
     argv = agent_argv("py", spec, 2, 4, "launch/train.py", ["fabric=emu-1g", "a=b c"])
-    assert argv[:4] == ["py", "-m", "workloads.emulate", "--agent"]
+    assert argv[:4] == ["py", "-m", "workloads.fabric.emulate", "--agent"]
     assert "--nnodes=3" in argv and "--node_rank=2" in argv and "--nproc_per_node=4" in argv
     assert "--master_addr=10.77.0.1" in argv and "--local_addr=10.77.0.3" in argv
     assert argv[-3:] == ["launch/train.py", "fabric=emu-1g", "a=b c"]  # one word each, never a shell
@@ -85,13 +85,13 @@ def test_bad_input_is_one_message():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "2 different emulated fabrics" in p.stderr, p.stderr
     # The same command through the `fabricbench` registry.
-    p = subprocess.run([sys.executable, "-m", "workloads.cli", "emulate", "--nodes", "1", "launch/train.py",
+    p = subprocess.run([sys.executable, "-m", "workloads.core.cli", "emulate", "--nodes", "1", "launch/train.py",
                         "fabric=emu-100m"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "emulate.nodes=1; use 2 to 64" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_non_root_is_told_so(monkeypatch):
-    import workloads.emulate as emu
+    import workloads.fabric.emulate as emu
 
     monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
     with pytest.raises(UsageError, match="need root"):
@@ -182,7 +182,7 @@ def test_training_is_slower_on_100mbit_than_unshaped(emu_training):
     assert sps["emu-100m"] < 0.8 * sps["emu-veth"], sps
 
     # The comparison a user would run calls it significant, with its interval.
-    cmp = subprocess.run([sys.executable, "-m", "workloads.cli", "compare", str(out), "--baseline", "emu-veth"],
+    cmp = subprocess.run([sys.executable, "-m", "workloads.core.cli", "compare", str(out), "--baseline", "emu-veth"],
                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
     assert cmp.returncode == 0, cmp.stdout + cmp.stderr
     assert "emu-veth is faster than emu-100m by" in cmp.stdout and f"n={TRIALS} vs {TRIALS}" in cmp.stdout, cmp.stdout
@@ -196,8 +196,6 @@ def test_all_reduce_busbw_matches_100mbit_link(tmp_path):
     = 0.01195 GB/s. tbf counts whole frames."""
     if not IS_ROOT:
         pytest.skip("needs root for network namespaces, veth and tc")
-    if not (REPO / "launch" / "collectives.py").exists():
-        pytest.skip("launch/collectives.py does not exist yet (collectives are another issue)")
     p = subprocess.run(EMULATE + ["launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}",
                                   "collectives.ops=[all_reduce]", "collectives.minbytes=4M", "collectives.maxbytes=4M",
                                   "collectives.iters=5", "collectives.warmup_iters=2"],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.loadgen.scripted_server import Running
+from workloads.testing.scripted_server import Running
 
 REPO = Path(__file__).resolve().parent.parent
 

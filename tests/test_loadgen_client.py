@@ -1,5 +1,5 @@
 """The streaming client against a real aiohttp SSE server in its own process on 127.0.0.1
-(workloads/loadgen/scripted_server.py), whose chunk send times are the truth.
+(workloads/testing/scripted_server.py), whose chunk send times are the truth.
 
 Truth: the server stamps each chunk with perf_counter() (CLOCK_MONOTONIC, shared by both
 processes) just before writing it. The client's TTFT, ITL and E2E must match those stamps
@@ -21,12 +21,12 @@ import urllib.request
 
 import pytest
 
-from workloads.loadgen.arrivals import Arrival
-from workloads.loadgen.backends import get_backend
-from workloads.loadgen.client import SSEParser, make_session, stream_request
-from workloads.loadgen.datasets import RequestSpec
-from workloads.loadgen.runner import LoadPoint, run_point
-from workloads.loadgen.scripted_server import Running
+from workloads.inference.loadgen.arrivals import Arrival
+from workloads.inference.loadgen.backends import get_backend
+from workloads.inference.loadgen.client import SSEParser, make_session, stream_request
+from workloads.inference.loadgen.datasets import RequestSpec
+from workloads.inference.loadgen.point import LoadPoint, run_point
+from workloads.testing.scripted_server import Running
 
 # Client vs truth is typically 0.2-0.4 ms here. On 2 cores shared by client, server and
 # pytest, a rare preemption delays one chunk by ~10 ms; that moves the mean and p99 of 64

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from workloads.errors import UsageError
-from workloads.loadgen.arrivals import Arrival
-from workloads.loadgen.client import RequestResult
-from workloads.loadgen.datasets import (PromptPlan, RandomDataset, ShareGPTDataset, build_dataset, load_tokenizer,
+from workloads.core.errors import UsageError
+from workloads.inference.loadgen.arrivals import Arrival
+from workloads.inference.loadgen.client import RequestResult
+from workloads.inference.loadgen.datasets import (PromptPlan, RandomDataset, ShareGPTDataset, build_dataset, load_tokenizer,
                                         prompt_key)
-from workloads.loadgen.metrics import parse_slo, summarize
-from workloads.loadgen.runner import planned_requests
+from workloads.inference.metrics import parse_slo, summarize
+from workloads.inference.loadgen.point import planned_requests
 
 
 def _r(ttft, latency, out, itl, prompt):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from workloads.metrics import (
+from workloads.training.metrics import (
     flops_per_iteration,
     pad_vocab_size,
     peak_tflops_for,

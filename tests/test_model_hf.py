@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from workloads.errors import UsageError
-from workloads.hf import load_hf, save_hf
-from workloads.model import GPTNeoX, NeoXConfig
+from workloads.core.errors import UsageError
+from workloads.models.hf import load_hf, save_hf
+from workloads.models.neox import GPTNeoX, NeoXConfig
 
 # fp32 on CPU; the two implementations order a few reductions differently.
 ATOL = 1e-5

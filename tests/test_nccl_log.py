@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workloads import nccl_log, verify
-from workloads.dist import DistInfo
-from workloads.errors import TransportMismatch
-from workloads.fabric import FabricProfile
+from workloads.fabric import nccl_log, verify
+from workloads.core.dist import DistInfo
+from workloads.core.errors import TransportMismatch
+from workloads.fabric.profile import FabricProfile
 
 FIX = Path(__file__).parent / "fixtures"
 LOGS = FIX / "nccl_logs"

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workloads import preflight
-from workloads.errors import UsageError
-from workloads.fabric import FabricProfile
-from workloads.preflight import NameList
+from workloads.fabric import preflight
+from workloads.core.errors import UsageError
+from workloads.fabric.profile import FabricProfile
+from workloads.fabric.preflight import NameList
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 CONF = Path(__file__).parent.parent / "conf" / "fabric"

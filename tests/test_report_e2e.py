@@ -83,7 +83,7 @@ def test_report_end_to_end(sweeps, tmp_path):
     out = tmp_path / "report"
     # Other engineers commit to this tree while the two sweeps run: the git commit of
     # fabricbench may differ between them, so it is declared as allowed to differ.
-    cmd = [sys.executable, "-m", "workloads.cli", "report", str(root / "results"), "--baseline", "loopback",
+    cmd = [sys.executable, "-m", "workloads.core.cli", "report", str(root / "results"), "--baseline", "loopback",
            "--out", str(out), "--allow", "fingerprint.git"]
     res = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr

@@ -13,8 +13,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from hydra import compose, initialize_config_dir
 
-from workloads.fabric import FabricProfile
-from workloads.verify import report_transport, server_transport
+from workloads.fabric.profile import FabricProfile
+from workloads.fabric.verify import report_transport, server_transport
 
 FIX = Path(__file__).parent / "fixtures" / "nccl_logs"
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -42,7 +42,7 @@ def test_server_nccl_logs_decide_the_verdict(tmp_path):
 
 
 def test_training_summary_line_reads_both_kinds():
-    from workloads.train import _transport_line
+    from workloads.training.run import _transport_line
 
     roce = server_transport(profile("roce"), run_dir_with(Path(__import__("tempfile").mkdtemp()), "nccl_roce"))
     assert _transport_line(roce) == "ok: IB mlx5_0:1/RoCE,mlx5_1:1/RoCE [NET/IB x4]"

@@ -18,11 +18,11 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-from workloads.errors import UsageError
-from workloads.fabric import FabricProfile
-from workloads.servers import get_adapter
-from workloads.servers.base import Launch, ServerSpec, check_tp_divides
-from workloads.servers.orchestrator import ManagedServer
+from workloads.core.errors import UsageError
+from workloads.fabric.profile import FabricProfile
+from workloads.inference.adapters import get_adapter
+from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
+from workloads.inference.adapters.orchestrator import ManagedServer
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "conf")
 
@@ -195,8 +195,8 @@ def test_ctrl_c_stops_the_server_group(tmp_path):
         import os, signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.path.abspath(os.path.join(CONF, '..'))!r})
-        from workloads.servers.base import ServerSpec, Launch
-        from workloads.servers.orchestrator import ManagedServer
+        from workloads.inference.adapters.base import ServerSpec, Launch
+        from workloads.inference.adapters.orchestrator import ManagedServer
         spec = ServerSpec(adapter="standin", port={port}, ready_timeout_s=30, stop_timeout_s=1)
         argv = [sys.executable, "-c", {STANDIN!r}, "normal", "{port}", {str(pidfile)!r}]
         with ManagedServer(spec, Launch(argv, {{}}, "m"), {str(tmp_path)!r}, dict(os.environ)) as s:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from workloads.errors import UsageError
-from workloads.model import GPTNeoX
-from workloads.serving import parity
-from workloads.serving.engine import BlockAllocator, EngineSettings, RequestError, SamplingParams, build_engine, sample
-from workloads.serving.tp import RandomWeights, shard_state_dict
+from workloads.core.errors import UsageError
+from workloads.models.neox import GPTNeoX
+from workloads.testing import parity
+from workloads.inference.engine.engine import BlockAllocator, EngineSettings, RequestError, SamplingParams, build_engine, sample
+from workloads.inference.engine.tp import RandomWeights, shard_state_dict
 
 CPU = torch.device("cpu")
 
@@ -162,7 +162,7 @@ def test_block_allocator_refuses_beyond_capacity():
 def test_serve_config_composes_and_validates():
     from hydra import compose, initialize_config_dir
 
-    from workloads.serving.run import validate
+    from workloads.inference.engine.run import validate
 
     conf = str(Path(__file__).resolve().parent.parent / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
@@ -184,13 +184,13 @@ def test_hf_checkpoint_is_sharded_on_load_and_matches_transformers(tmp_path):
     logits and greedy tokens equal transformers' own GPTNeoXForCausalLM (fp32, atol 1e-4)."""
     from transformers import AutoModelForCausalLM
 
-    from workloads.hf import save_hf
+    from workloads.models.hf import save_hf
 
     cfg = parity.tiny_config(True)
     ours = GPTNeoX(cfg)
     ours.load_state_dict(RandomWeights(cfg, 99).state_dict())
     save_hf(ours, tmp_path)
-    from workloads.hf import load_hf_config
+    from workloads.models.hf import load_hf_config
 
     eng = build_engine(load_hf_config(tmp_path), EngineSettings(max_kv_tokens=512), 0, 1, CPU, seed=0,
                        checkpoint=str(tmp_path))
@@ -206,7 +206,7 @@ def test_hf_checkpoint_is_sharded_on_load_and_matches_transformers(tmp_path):
     out, _ = run_all(eng2, {"x": (prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))})
     assert out["x"] == gen
     # The TP=2 shards read lazily equal slices of the full tensors.
-    from workloads.serving.tp import CheckpointWeights, shard_slice
+    from workloads.inference.engine.tp import CheckpointWeights, shard_slice
 
     src = CheckpointWeights(str(tmp_path))
     sd = ours.state_dict()

@@ -32,9 +32,9 @@ def tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    from workloads.serving import parity
-    from workloads.serving.engine import EngineSettings, build_engine
-    from workloads.serving.server import Server, serve
+    from workloads.testing import parity
+    from workloads.inference.engine.engine import EngineSettings, build_engine
+    from workloads.inference.engine.server import Server, serve
 
     engine = build_engine(parity.tiny_config(True), EngineSettings(max_kv_tokens=1024), 0, 1, torch.device("cpu"),
                           seed=3, eos_token_id=None)

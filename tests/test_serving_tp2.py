@@ -1,6 +1,6 @@
 """Tensor parallelism over real processes: two torchrun launches in this file.
 
-1. `workloads.serving.parity` at TP=2 (Gloo) against the same scenario at TP=1 in this
+1. `workloads.testing.parity` at TP=2 (Gloo) against the same scenario at TP=1 in this
    process: every step's logits (prefill, mixed prefill+decode, decode) and the greedy tokens.
 2. One TP=2 server (launch/serve.py under torchrun, real HTTP), shared by the tests below
    and shut down by SIGTERM in the last one (tests run in file order).
@@ -33,13 +33,13 @@ def _env():
 
 
 def test_tp2_logits_equal_tp1_every_step(tmp_path):
-    from workloads.serving import parity
-    from workloads.serving.engine import EngineSettings, build_engine
+    from workloads.testing import parity
+    from workloads.inference.engine.engine import EngineSettings, build_engine
 
     out = tmp_path / "tp2.pt"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "workloads.serving.parity", "--out", str(out)],
+         "-m", "workloads.testing.parity", "--out", str(out)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tp2 = torch.load(out)
@@ -103,8 +103,8 @@ def reference():
     """Greedy tokens of the same random neox-tiny (seed 1234) on one rank, in this process."""
     from hydra import compose, initialize_config_dir
 
-    from workloads.serving.engine import EngineSettings, SamplingParams, build_engine
-    from workloads.serving.run import validate
+    from workloads.inference.engine.engine import EngineSettings, SamplingParams, build_engine
+    from workloads.inference.engine.run import validate
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         plan = validate(compose(config_name="serve"), world=1)

@@ -26,14 +26,6 @@ needs_slurm = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 TRAIN = ["fabric=loopback", "train.micro_batch_size=2", "train.steps=4", "train.warmup_steps=1"]
 
 
-def _launch_path_handles_submitit() -> bool:
-    """launch/train.py self-launches torchrun when neither torchrun nor Slurm started it;
-    for a submitit sweep the submitting process must instead run Hydra itself (the ranks
-    are the jobs' Slurm tasks). Until the entry point knows that, the sweep cannot work."""
-    text = (REPO / "launch" / "train.py").read_text() + (REPO / "workloads" / "launcher.py").read_text()
-    return "submitit" in text
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if REASON:
@@ -61,14 +53,12 @@ def slurm_runs(cluster, tmp_path_factory):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
-    sweep = None
-    if _launch_path_handles_submitit():
-        sweep = subprocess.run(
-            [sys.executable, "launch/train.py", "-m", "hydra/launcher=submitit_slurm",
-             "hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10",
-             *TRAIN[:1], "train.steps=4", "train.warmup_steps=1", "train.micro_batch_size=1,2",
-             f"output_root={out / 'sweep'}"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    sweep = subprocess.run(
+        [sys.executable, "launch/train.py", "-m", "hydra/launcher=submitit_slurm",
+         "hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10",
+         *TRAIN[:1], "train.steps=4", "train.warmup_steps=1", "train.micro_batch_size=1,2",
+         f"output_root={out / 'sweep'}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         q = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env, capture_output=True, text=True)
@@ -96,9 +86,6 @@ def test_batch_file_runs_two_node_torchrun(slurm_runs):
 
 @needs_slurm
 @pytest.mark.slow
-@pytest.mark.skipif(not _launch_path_handles_submitit(),
-                    reason="launch/train.py self-launches torchrun before Hydra can submit: a submitit sweep needs "
-                           "the entry point to run Hydra in-process when hydra/launcher=submitit_* (see issue 8 report)")
 def test_submitit_sweep_of_two_points(slurm_runs):
     p = slurm_runs["sweep"]
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.conftest import records_in, run_entry
-from workloads.hf import save_hf
-from workloads.metrics import flops_per_iteration
-from workloads.model import GPTNeoX, NeoXConfig
+from workloads.models.hf import save_hf
+from workloads.training.metrics import flops_per_iteration
+from workloads.models.neox import GPTNeoX, NeoXConfig
 
 FAST = ["train.steps=6", "train.warmup_steps=2"]
 

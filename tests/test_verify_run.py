@@ -12,8 +12,8 @@ from statistics import median
 import pytest
 import yaml
 
-from workloads import nic
-from workloads.fabric import FabricProfile
+from workloads.fabric import nic
+from workloads.fabric.profile import FabricProfile
 
 ROOT = Path(__file__).parent.parent
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
@@ -59,7 +59,7 @@ def _launch(tmp: Path, run_id: str, *extra: str) -> subprocess.Popen:
 
 
 def _grad_bytes() -> int:
-    from workloads.model import GPTNeoX, NeoXConfig
+    from workloads.models.neox import GPTNeoX, NeoXConfig
 
     cfg = yaml.safe_load((ROOT / "conf" / "model" / "neox-tiny.yaml").read_text())
     model = GPTNeoX(NeoXConfig.from_dict(cfg))

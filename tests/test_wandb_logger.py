@@ -16,7 +16,7 @@ import pytest
 from analysis.compare import compare_table
 from analysis.load import load_table, wandb_filters
 from tests.test_analysis_stats import synthetic
-from workloads.loggers import WandbLogger, build_loggers, flatten, record_to_wandb, unflatten
+from workloads.core.loggers import WandbLogger, build_loggers, flatten, record_to_wandb, unflatten
 
 
 class FakeRun:
@@ -135,7 +135,7 @@ def test_build_loggers_rank0_only(rank, expect, monkeypatch):
 def test_collectives_and_inference_records_round_trip_through_the_wandb_layout():
     """What analysis needs from W&B for every workload: identity sections, metrics, and the
     per-size tables (busbw vs size, p2p latency) come back as they were written."""
-    from workloads.loggers import record_from_wandb
+    from workloads.core.loggers import record_from_wandb
 
     coll = {"workload": "collectives", "status": "ok", "collectives": {"ops": ["all_reduce"], "pattern": "all"},
             "fabric": {"name": "roce"}, "world": {"world_size": 16},

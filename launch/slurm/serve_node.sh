@@ -2,7 +2,7 @@
 # One inference engine process on this node (srun starts one per node; see inference.sbatch).
 # Node 0: launch/infer.py with the multi-node server settings (it starts the engine's head
 # and runs the load sweep against it). Other nodes: the engine's worker, the same flags the
-# adapters in workloads/servers/ give it. "$@" are Hydra overrides for launch/infer.py.
+# adapters in workloads/inference/adapters/ give it. "$@" are Hydra overrides for launch/infer.py.
 set -euo pipefail
 : "${FB_ENGINE:?}" "${FB_MODEL_PATH:?}" "${FB_TP:?}" "${FB_DIST_ADDR:?}" "${FB_SERVE_PORT:?}"
 rank="${SLURM_NODEID:?run under srun}"

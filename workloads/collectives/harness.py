@@ -30,10 +30,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from workloads import dist as fdist
+from workloads.core import dist as fdist
 from workloads.collectives import ops
-from workloads.collectives.sweep import Settings, float_str
-from workloads.errors import UsageError
+from workloads.collectives.settings import Settings, float_str
+from workloads.core.errors import UsageError
 
 
 @dataclass

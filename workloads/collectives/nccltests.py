@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from workloads.collectives.sweep import Settings
+from workloads.collectives.settings import Settings
 
 AVERAGE_FLAG = {"rank0": "0", "mean": "1", "min": "2", "max": "3"}
 _AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)", re.I)

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from workloads.errors import UsageError
+from workloads.core.errors import UsageError
 
 OUT_OF_PLACE, IN_PLACE = "out_of_place", "in_place"
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from workloads import dist as fdist
+from workloads.core import dist as fdist
 
 
 @dataclass

@@ -1,0 +1,182 @@
+"""The collectives workload: validate, apply the fabric, init, sweep, record.
+
+`run_collectives(cfg)` is called once per sweep point by launch/collectives.py, in the
+same order as the training workload (workloads/training/run.py): the fabric's environment is
+exported before the process group exists, everything checkable without a process group
+is checked first, and one record per run is written by rank 0 even when the run fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from workloads.core import dist as fdist
+from workloads.core import session
+from workloads.collectives import ops
+from workloads.collectives.harness import Harness, Row, min_bw_verdict, summarize
+from workloads.collectives.settings import Settings, pattern_groups
+from workloads.core.errors import UsageError
+from workloads.fabric.profile import FabricProfile
+from workloads.core.loggers import build_loggers
+from workloads.fabric.preflight import preflight
+from workloads.core.records import check_writable, fingerprint
+
+
+def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
+    """Everything checkable before a process group exists. Raises UsageError."""
+    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    if "collectives" not in cfg:
+        raise UsageError("no collectives: section in the config; select it with workload=collectives")
+    s = Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)
+    if s.external == "on" and shutil.which(s.external_binary) is None:
+        raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
+                         "(or rccl-tests) or set collectives.external=auto")
+    fabric.check_backend_usable()
+    preflight(fabric)
+    check_writable(cfg.output_root)
+    return s, fabric
+
+
+def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
+    """Every rank creates every group, in the same order (torch requires it)."""
+    mine = None
+    for ranks in groups:
+        group = None if len(groups) == 1 else dist.new_group(ranks)
+        if rank in ranks:
+            mine = ops.Comm(group=group, rank=ranks.index(rank), size=len(ranks), global_ranks=tuple(ranks))
+    assert mine is not None
+    return mine
+
+
+def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
+    """Run one sweep. Returns the record path on rank 0, None elsewhere."""
+    from workloads.collectives.nccltests import run_external, summary_line
+    from workloads.collectives.p2p import run_p2p
+    from workloads.fabric.verify import check_transport
+
+    _, world, _, _ = fdist.launch_env()
+    s, fabric = validate(cfg, world)
+    info, run_dir, applied_env = session.start(cfg, fabric)
+    say = (lambda line: print(line, flush=True)) if info.is_main else None
+    rpn = s.ranks_per_node or info.local_world_size
+
+    record = session.base_record(
+        "collectives", cfg, fabric, applied_env, run_dir.name, overrides,
+        world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
+        collectives={"ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
+                     "op": s.redop, "root": s.root, "iters": s.iters, "warmup_iters": s.warmup_iters,
+                     "average": s.average, "check": s.check, "min_busbw": s.min_busbw},
+        fingerprint=fingerprint(),
+        metrics={},
+        rows=[],
+        p2p=[],
+        external=None,
+    )
+    stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
+    try:
+        with recorded:
+            groups = pattern_groups(s.pattern, info.world_size, rpn)
+            record["collectives"]["groups"] = groups
+            comm = make_comm(groups, info.rank)
+            harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
+            # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
+            harness.barrier()
+            record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
+            rows = []
+            for name in s.ops:
+                rows += harness.run_op(ops.get(name))
+                record["rows"] = [r.as_dict() for r in rows]
+            if s.p2p:
+                pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
+                p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
+                              info.device, say)
+                record["p2p"] = [r.as_dict() for r in p2p]
+            record["metrics"] = metrics(rows, s.ops)
+            if say and len(s.ops) > 1 and rows:
+                say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
+                    f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
+            if s.p2p and "latency" in s.p2p:
+                lat = [r for r in p2p if r.test == "latency"]
+                record["metrics"]["p2p_min_latency(us)"] = min(r.value for r in lat)
+            for test in ("bw", "bibw"):
+                if test in s.p2p:
+                    record["metrics"][f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
+            if info.is_main and s.external != "off":
+                if s.external == "on" or (fabric.backend == "nccl"):
+                    record["external"] = run_external(s, run_dir / "external", info.local_world_size, info.nodes)
+                    if say and (line := summary_line(record["external"])):
+                        say(line)
+                else:
+                    record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
+            m = record["metrics"]
+            slow = below_min_busbw(rows, s.ops, s.min_busbw)
+            if rows and m["wrong_elements"]:
+                record["status"] = "failed"
+                record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
+            elif slow:
+                record["status"] = "failed"
+                record["error"] = ("avg bus bandwidth below 0.9 x collectives.min_busbw="
+                                   f"{s.min_busbw:g} GB/s (the NCCL_TESTS_MIN_BW rule, per op as each footer "
+                                   "says) for " + ", ".join(f"{op} ({bw:g} GB/s)" for op, bw in slow))
+            else:
+                record["status"] = "ok"
+    finally:
+        if info.is_main:
+            print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
+                  flush=True)
+            loggers = build_loggers(cfg, info)  # after the local record is safely written
+            loggers.log_summary(record)
+            loggers.close()
+    if record["status"] != "ok":
+        raise CollectivesFailed(record["error"])
+    return recorded.path
+
+
+class CollectivesFailed(UsageError):
+    """Measured, recorded, and wrong (bad elements or below min_busbw): exit 1."""
+
+    exit_code = 1
+
+
+def metrics(rows: list[Row], op_names) -> dict:
+    """The record's headline numbers; keys carry units.
+
+    `<op>/avg_busbw(GB/s)` is that op's nccl-tests "Avg bus bandwidth" (the mean busbw of
+    every reported cell of the op, count-0 rows at 0): the figure to compare per op.
+    `avg_busbw(GB/s)` applies the same rule to every reported cell of every op that ran.
+    With one op it is exactly that op's footer; with several it blends ops whose busbw
+    means different traffic (all_reduce's 2(n-1)/n ring vs sendrecv's one link), so it is
+    comparable only between runs of the same op list (the analysis identity holds the op
+    list), and the table prints it as a separate, labelled footer. nccl-tests has no such
+    figure: each binary runs one op.
+    """
+    total = summarize(rows)
+    out = {
+        "avg_busbw(GB/s)": total["avg_busbw"],
+        "peak_busbw(GB/s)": total["peak_busbw"],
+        "wrong_elements": total["wrong_elements"],
+        "rows_with_wrong": total["rows_with_wrong"],
+        "measurements": total["cells"],
+    }
+    for name in op_names:
+        mine = summarize([r for r in rows if r.op == name])
+        out[f"{name}/avg_busbw(GB/s)"] = mine["avg_busbw"]
+    return out
+
+
+def below_min_busbw(rows: list[Row], op_names, min_busbw: float | None) -> list[tuple[str, float]]:
+    """(op, its average) for every op whose footer says FAILED under NCCL_TESTS_MIN_BW's rule.
+    Per op, as nccl-tests applies it per binary: a blend of ops would let a fast all_reduce
+    hide a slow alltoall (or a slow sendrecv fail a healthy all_reduce)."""
+    out = []
+    for name in op_names:
+        mine = [r for r in rows if r.op == name]
+        avg = summarize(mine)["avg_busbw"]
+        if mine and min_bw_verdict(avg, min_busbw) == "FAILED":
+            out.append((name, avg))
+    return out

@@ -1,0 +1,191 @@
+"""Pure pieces of a collective sweep: sizes, settings, traffic patterns, formatting.
+
+No process group here, so everything is checkable before one exists (and unit-tested).
+Option names and meanings follow nccl-tests' flags (-b -e -i -f -n -w -d -o -r -c -a).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from workloads.collectives import ops
+from workloads.core.errors import UsageError
+
+AVERAGES = ("rank0", "mean", "min", "max")  # nccl-tests -a 0/1/2/3; mean is its default
+PATTERNS = ("all", "one_per_node", "pairs")
+P2P_TESTS = ("latency", "bw", "bibw")
+
+
+def parse_size(value: Any, key: str) -> int:
+    """Bytes from 1024, "1K", "32M", "1G" (binary units, as nccl-tests' parsesize)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)[iI]?[bB]?\s*", str(value))
+    if not m:
+        raise UsageError(f"{key}={value!r} is not a size; write bytes or a number with K, M or G (e.g. 32M)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def sweep_sizes(minbytes: int, maxbytes: int, stepbytes: int | None, stepfactor: int | None) -> list[int]:
+    """nccl-tests' loop: from min to max inclusive, multiplying by the factor when it is
+    above 1, else adding the fixed step."""
+    if minbytes <= 0:
+        raise UsageError(f"collectives.minbytes must be positive, got {minbytes}")
+    if minbytes > maxbytes:
+        raise UsageError(f"collectives.minbytes ({minbytes}) > collectives.maxbytes ({maxbytes}): sizes are out "
+                         "of order; give minbytes <= maxbytes")
+    if stepbytes is not None and stepfactor is not None:
+        raise UsageError("set only one of collectives.stepbytes and collectives.stepfactor (as nccl-tests' -i / -f)")
+    if stepfactor is not None and int(stepfactor) < 1:
+        raise UsageError(f"collectives.stepfactor must be >= 1, got {stepfactor}")
+    if stepbytes is not None and int(stepbytes) <= 0 and minbytes != maxbytes:
+        raise UsageError(f"collectives.stepbytes must be positive, got {stepbytes}")
+    sizes, s = [], minbytes
+    while s <= maxbytes:
+        sizes.append(s)
+        if stepfactor is not None and int(stepfactor) > 1:
+            s *= int(stepfactor)
+        elif stepbytes is not None and int(stepbytes) > 0:
+            s += int(stepbytes)
+        else:
+            break
+    return sizes
+
+
+@dataclass(frozen=True)
+class Settings:
+    ops: tuple[str, ...]
+    sizes: tuple[int, ...]
+    iters: int
+    warmup_iters: int
+    datatype: str  # nccl-tests type name
+    redop: str
+    root: int
+    out_of_place: bool
+    in_place: bool
+    check: bool
+    average: str
+    min_busbw: float | None
+    pattern: str
+    ranks_per_node: int | None
+    p2p: tuple[str, ...]
+    p2p_ranks: tuple[int, int] | None
+    p2p_sizes: tuple[int, ...]
+    p2p_iters: int
+    p2p_warmup: int
+    p2p_window: int
+    external: str  # auto | on | off
+    external_binary: str
+    external_prefix: tuple[str, ...]
+    external_timeout_s: float
+    corrupt: tuple[int, str] | None  # test hook: (world rank, op)
+
+    @classmethod
+    def from_config(cls, c: Mapping[str, Any], world: int) -> Settings:
+        names = [c["ops"]] if isinstance(c["ops"], str) else list(c["ops"] or [])
+        if names == ["all"]:
+            names = list(ops.REGISTRY)
+        op_names = tuple(ops.get(n).name for n in names)
+        step_b = None if c.get("stepbytes") is None else parse_size(c["stepbytes"], "collectives.stepbytes")
+        step_f = None if c.get("stepfactor") is None else int(c["stepfactor"])
+        sizes = sweep_sizes(parse_size(c["minbytes"], "collectives.minbytes"),
+                            parse_size(c["maxbytes"], "collectives.maxbytes"), step_b, step_f)
+        dtype = ops.dtype_name(c["datatype"])
+        redop = str(c["op"]).lower()
+        if redop not in ops.REDOPS:
+            raise UsageError(f"collectives.op={c['op']!r} is unknown; use one of {', '.join(ops.REDOPS)}")
+        if redop == "avg" and not ops.DTYPES[dtype].is_floating_point:
+            raise UsageError(f"collectives.op=avg needs a floating-point datatype, not {dtype}")
+        if int(c["iters"]) <= 0:
+            raise UsageError(f"collectives.iters must be positive, got {c['iters']}")
+        if int(c["warmup_iters"]) < 0:
+            raise UsageError(f"collectives.warmup_iters must be >= 0, got {c['warmup_iters']}")
+        average = str(c["average"])
+        if average not in AVERAGES:
+            raise UsageError(f"collectives.average={average!r}; use one of {', '.join(AVERAGES)}")
+        pattern = str(c["pattern"])
+        if pattern not in PATTERNS:
+            raise UsageError(f"collectives.pattern={pattern!r}; use one of {', '.join(PATTERNS)}")
+        if not (c["out_of_place"] or c["in_place"]):
+            raise UsageError("collectives.out_of_place and collectives.in_place are both false: nothing to measure")
+        p2p = tuple(str(t) for t in (c.get("p2p") or []))
+        for t in p2p:
+            if t not in P2P_TESTS:
+                raise UsageError(f"collectives.p2p names {t!r}; use any of {', '.join(P2P_TESTS)}")
+        if not op_names and not p2p:
+            raise UsageError("collectives.ops is empty and collectives.p2p is empty: nothing to run")
+        pr = c.get("p2p_ranks")
+        p2p_ranks = None if pr is None else tuple(int(x) for x in pr)
+        if p2p and p2p_ranks is not None:
+            if len(p2p_ranks) != 2 or p2p_ranks[0] == p2p_ranks[1] or not all(0 <= x < world for x in p2p_ranks):
+                raise UsageError(f"collectives.p2p_ranks={list(p2p_ranks)} must be two different ranks in [0, {world})")
+        if p2p and world < 2:
+            raise UsageError("collectives.p2p needs at least 2 ranks; launch 2 or more")
+        p2p_sizes = tuple(sweep_sizes(parse_size(c["p2p_minbytes"], "collectives.p2p_minbytes"),
+                                      parse_size(c["p2p_maxbytes"], "collectives.p2p_maxbytes"), None, 2))
+        ext = str(c.get("external", "auto")).lower()
+        ext = {"true": "on", "false": "off", "none": "off"}.get(ext, ext)
+        if ext not in ("auto", "on", "off"):
+            raise UsageError(f"collectives.external={c.get('external')!r}; use auto, on or off")
+        corrupt = None
+        if c.get("test_corrupt"):
+            rank_s, _, op_s = str(c["test_corrupt"]).partition(":")
+            corrupt = (int(rank_s), ops.get(op_s).name)
+        rpn = c.get("ranks_per_node")
+        return cls(
+            ops=op_names, sizes=tuple(sizes), iters=int(c["iters"]), warmup_iters=int(c["warmup_iters"]),
+            datatype=dtype, redop=redop, root=int(c["root"]), out_of_place=bool(c["out_of_place"]),
+            in_place=bool(c["in_place"]), check=bool(c["check"]), average=average,
+            min_busbw=None if c.get("min_busbw") is None else float(c["min_busbw"]), pattern=pattern,
+            ranks_per_node=None if rpn is None else int(rpn), p2p=p2p, p2p_ranks=p2p_ranks, p2p_sizes=p2p_sizes,
+            p2p_iters=int(c["p2p_iters"]), p2p_warmup=int(c["p2p_warmup"]), p2p_window=int(c["p2p_window"]),
+            external=ext, external_binary=str(c["external_binary"]),
+            external_prefix=tuple(str(x) for x in (c.get("external_prefix") or [])),
+            external_timeout_s=float(c["external_timeout_s"]), corrupt=corrupt,
+        )
+
+
+def pattern_groups(pattern: str, world: int, ranks_per_node: int) -> list[list[int]]:
+    """The world split into communicators that run side by side (nccl-tests'
+    NCCL_TESTS_SPLIT: a color per rank, one communicator per color).
+
+    all           one group of every rank
+    one_per_node  color = rank % ranks_per_node ("MOD <gpus per node>"): each group has
+                  one rank per node, so only the network carries its traffic
+    pairs         color = rank % (world / 2): rank r with r + world/2, i.e. across the
+                  two halves of the job (across nodes when there are two)
+    """
+    if pattern == "all":
+        return [list(range(world))]
+    if pattern == "one_per_node":
+        if ranks_per_node <= 0 or world % ranks_per_node:
+            raise UsageError(f"pattern=one_per_node: world size {world} is not a whole number of nodes of "
+                             f"{ranks_per_node} ranks; set collectives.ranks_per_node")
+        if world // ranks_per_node < 2:
+            raise UsageError(f"pattern=one_per_node needs 2 or more nodes; this job has {world} ranks on one "
+                             f"node of {ranks_per_node} (set collectives.ranks_per_node to emulate nodes)")
+        mod = ranks_per_node
+    elif pattern == "pairs":
+        if world < 2 or world % 2:
+            raise UsageError(f"pattern=pairs needs an even world size, got {world}")
+        mod = world // 2
+    else:
+        raise UsageError(f"collectives.pattern={pattern!r}; use one of {', '.join(PATTERNS)}")
+    return [[r for r in range(world) if r % mod == color] for color in range(mod)]
+
+
+def float_str(value: float, width: int) -> str:
+    """nccl-tests' getFloatStr: 2 decimals while they fit the column, then fewer, then
+    scientific notation."""
+    power, v = 0, 1
+    while value >= v:
+        power += 1
+        v *= 10
+    if power < width - 2:
+        return f"{value:{width}.2f}"
+    if power < width - 1:
+        return f"{value:{width}.1f}"
+    if power < width + 1:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}"

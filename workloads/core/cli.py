@@ -1,0 +1,47 @@
+"""`fabricbench <command> ...`: a registry of subcommands.
+
+A command is a module with `add_arguments(parser)` and `run(args) -> int`; registering
+one is one line in COMMANDS. Modules are imported only when their command runs, so
+`fabricbench doctor` does not pay for what `compare` imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from workloads.core.errors import UsageError
+
+COMMANDS: dict[str, str] = {
+    "doctor": "workloads.fabric.doctor",  # fabric inventory of this machine, and a profile checked against it
+    "compare": "analysis.cli_compare",  # fabrics point by point: verdicts with 95% intervals
+    "report": "analysis.cli_report",  # Markdown + self-contained HTML: verdicts, capacity, plots
+    "emulate": "workloads.fabric.emulate",  # N namespaces + shaped veth links, one torchrun agent each (root)
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="fabricbench", description="What does this interconnect do to my AI workloads?")
+    sub = parser.add_subparsers(dest="command", metavar="command", required=True)
+    for name in COMMANDS:
+        sub.add_parser(name, add_help=False)
+    # Parse the command name first, then let only that module build its parser.
+    name = argv[0] if argv and argv[0] in COMMANDS else None
+    if name is None:
+        parser.parse_args(argv)  # prints usage (or help) and exits 2
+        return 2
+    module = importlib.import_module(COMMANDS[name])
+    cmd = argparse.ArgumentParser(prog=f"fabricbench {name}", description=(module.__doc__ or "").strip().splitlines()[0])
+    module.add_arguments(cmd)
+    args = cmd.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

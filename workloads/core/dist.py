@@ -1,0 +1,127 @@
+"""Distributed init, once per process.
+
+A Hydra multirun under torchrun calls the task function once per sweep point in the
+same process; the process group must outlive them all, so it is created on first use
+and destroyed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from workloads.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_INFO: DistInfo | None = None
+_FABRIC: str | None = None
+
+
+def launch_env(environ: dict | None = None) -> tuple[int, int, int, int]:
+    """(rank, world, local_rank, local_world) from torchrun's or Slurm's variables;
+    a single process when neither launched us."""
+    e = os.environ if environ is None else environ
+    if "RANK" in e and "WORLD_SIZE" in e:
+        world = int(e["WORLD_SIZE"])
+        return int(e["RANK"]), world, int(e.get("LOCAL_RANK", 0)), int(e.get("LOCAL_WORLD_SIZE", world))
+    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e:
+        world = int(e["SLURM_NTASKS"])
+        local_world = int(e.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
+        return int(e["SLURM_PROCID"]), world, int(e.get("SLURM_LOCALID", 0)), local_world
+    return 0, 1, 0, 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
+    global _INFO, _FABRIC
+    if _INFO is not None:
+        if fabric_name != _FABRIC:
+            raise UsageError(
+                f"fabric changed from '{_FABRIC}' to '{fabric_name}' inside one process; its "
+                "environment is fixed when the process group starts. Sweep fabrics as separate "
+                "jobs (one torchrun per fabric, or hydra/launcher=submitit_slurm)."
+            )
+        return _INFO
+    rank, world, local_rank, local_world = launch_env()
+    if world == 1:
+        # Nothing launched us: a private one-rank group on a free local port.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device  # eager NCCL communicator init: errors surface here
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+    except (RuntimeError, ValueError) as e:
+        addr = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise UsageError(
+            f"distributed init failed (backend {backend}, rank {rank}/{world}, master {addr}, "
+            f"timeout {timeout_s:g}s): {str(e).splitlines()[0]}. Check that every rank started "
+            "and that MASTER_ADDR is reachable on the fabric's interface."
+        ) from None
+    atexit.register(shutdown)
+    _INFO = DistInfo(rank, world, local_rank, local_world, backend, device)
+    _FABRIC = fabric_name
+    return _INFO
+
+
+def shutdown() -> None:
+    global _INFO
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _INFO = None
+
+
+def agree(value, info: DistInfo):
+    """Rank 0's value, and the set of ranks whose own value differed."""
+    if info.world_size == 1:
+        return value, []
+    values = [None] * info.world_size
+    dist.all_gather_object(values, value)
+    return values[0], [r for r, v in enumerate(values) if v != values[0]]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

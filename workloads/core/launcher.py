@@ -1,0 +1,161 @@
+"""What every launch/*.py entry point shares.
+
+`hydra_entry` turns a workload function into a Hydra main that prints a UsageError as
+one `error:` line (exit 2, or the error's own code) and Ctrl-C as one line (exit 130).
+
+For distributed entry points started with plain `python` (no torchrun, no Slurm task),
+`self_launch` validates every sweep point's config in this process (a bad value is one
+message, before any rank starts), then starts `launcher.nproc_per_node` local ranks with
+torchrun's own machinery and reports a failed rank in one line instead of torchrun's
+traceback. A sweep sent to Slurm by `hydra/launcher=submitit_slurm` is not self-launched:
+this process only submits, and each job's Slurm tasks are the ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from workloads import CONF_DIR
+from workloads.core.errors import UsageError
+
+
+# workload name -> module whose validate(cfg, world) checks a config before any rank starts
+VALIDATORS = {
+    "pretrain": "workloads.training.run",
+    "finetune": "workloads.training.run",
+    "collectives": "workloads.collectives.run",
+}
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Every job of a basic-sweeper multirun, as lists of plain overrides."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise UsageError(str(e).strip()) from None
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def compose(conf_dir: str, overrides: list[str], config_name: str = "config", hydra_config: bool = False):
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            return hcompose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_config)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UsageError(str(e).strip()) from None
+
+
+@contextlib.contextmanager
+def config_errors():
+    """A config value that cannot be resolved or converted is the user's to fix: one line."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except OmegaConfBaseException as e:
+        raise UsageError(f"config: {str(e).splitlines()[0]}") from None
+
+
+def launched() -> bool:
+    """True inside a rank that torchrun or Slurm started."""
+    return "LOCAL_RANK" in os.environ or "SLURM_PROCID" in os.environ
+
+
+def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_name: str = "config") -> int | None:
+    """Validate, then run `script` as local ranks. None: run it in this process instead
+    (a launcher plugin such as submitit places the ranks)."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        jobs = expand_sweep(overrides) if multirun else [overrides]
+        if multirun:
+            target = str(compose(conf_dir, jobs[0], config_name, hydra_config=True).hydra.launcher.get("_target_", ""))
+            if "submitit" in target.lower():
+                return None
+        nproc = None
+        for job in jobs:
+            cfg = compose(conf_dir, job, config_name)
+            nproc = int(cfg.launcher.nproc_per_node)
+            if nproc <= 0:
+                raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
+            validator = VALIDATORS.get(str(cfg.workload.name))
+            if validator is not None:
+                import importlib
+
+                with config_errors():
+                    importlib.import_module(validator).validate(cfg, nproc)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+    try:
+        run(args)
+    except ChildFailedError as e:
+        first = min(e.failures.values(), key=lambda f: f.timestamp)
+        print(f"error: rank {first.local_rank} exited with code {first.exitcode}; "
+              "its message is above", file=sys.stderr)
+        return first.exitcode if first.exitcode > 0 else 1
+    return 0
+
+
+def hydra_entry(
+    script: str,
+    run: Callable[..., int | None],
+    *,
+    config_name: str = "config",
+    workload: str | None = None,
+    distributed: bool = True,
+) -> None:
+    """The body of a launch/*.py `if __name__ == "__main__":` block.
+
+    `run(cfg, overrides)` does the work and returns an exit code (None = 0). `workload`
+    is selected unless the command line names one. `distributed` entry points
+    self-launch their ranks when started with plain python."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    from workloads.core.rundir import register_resolvers
+
+    register_resolvers()
+    if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
+        sys.argv.insert(1, f"workload={workload}")
+    if os.environ.get("RANK", "0") != "0":
+        sys.argv.append("hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
+
+    @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
+    def main(cfg: DictConfig) -> None:
+        try:
+            with config_errors():
+                code = run(cfg, list(HydraConfig.get().overrides.task))
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            print("interrupted: measured points are kept", file=sys.stderr, flush=True)
+            sys.exit(130)
+        if code:
+            sys.exit(code)
+
+    if distributed and not launched():
+        code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
+        if code is not None:
+            sys.exit(code)
+    main()

@@ -1,0 +1,256 @@
+"""Loggers: the same metric dicts fanned out to tracking backends; none computes anything.
+
+The console summary and the JSON record are written by the workload itself; this module
+adds optional trackers chosen by `logger=` (conf/logger/*.yaml):
+
+    none   nothing (the default)
+    wandb  Weights & Biases, rank 0 only; offline (files under WANDB_DIR) unless an API
+           key is set. A W&B failure warns once and is then ignored: it never fails the
+           workload, and the local record is written before W&B is told anything.
+
+It also owns the W&B layout of a record (`record_to_wandb` / `record_from_wandb`), so
+analysis/ reads runs back from W&B through the exact inverse of what was written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Mapping
+
+from workloads.core.errors import UsageError
+from workloads.core.records import redact
+
+SEP = "/"  # flat W&B config keys: "config/train/micro_batch_size"; W&B panels group by it
+# Record sections that describe a run (identity, to the W&B config); metrics go to the summary.
+IDENTITY_SECTIONS = ("workload", "run_id", "status", "error", "overrides", "config", "model", "fabric", "world",
+                     "batch", "fingerprint", "collectives", "server", "point", "arrival")
+# Per-size tables that analysis plots (busbw vs size, p2p latency vs size): kept whole in
+# the summary under these keys, and put back where a record has them.
+TABLE_SECTIONS = ("rows", "p2p")
+TABLE = "table"  # summary prefix of those (W&B reserves keys that start with "_")
+
+
+def flatten(obj: Mapping[str, Any], sep: str = SEP, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a/b": 1}. Lists stay values (W&B stores them as such)."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, sep, key))
+        else:
+            out[key] = v
+    return out
+
+
+def unflatten(flat: Mapping[str, Any], sep: str = SEP) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        node = out
+        *parents, leaf = str(key).split(sep)
+        for p in parents:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        node[leaf] = v
+    return out
+
+
+def record_to_wandb(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config, summary) for W&B: identity sections flattened and redacted; metrics as
+    summary keys unchanged (units in the names); the verified transport under
+    `transport/...`."""
+    ident = {k: record[k] for k in IDENTITY_SECTIONS if k in record}
+    config = flatten(redact(ident))  # redact also hides secret-looking `key=value` overrides
+    summary = {k: v for k, v in dict(record.get("metrics") or {}).items() if isinstance(v, (int, float)) or v is None}
+    summary |= {f"{TABLE}{SEP}{k}": record[k] for k in TABLE_SECTIONS if record.get(k)}
+    return config, summary
+
+
+def record_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The inverse of `record_to_wandb`: a record analysis/ can read like a local one."""
+    rec = unflatten({k: v for k, v in config.items() if not str(k).startswith("_")})
+    rec.setdefault("schema", "fabricbench.record/1")
+    rec["metrics"] = {k: v for k, v in summary.items() if not str(k).startswith(("_", TABLE + SEP))}
+    for k in TABLE_SECTIONS:
+        table = summary.get(f"{TABLE}{SEP}{k}")
+        if table:
+            rec[k] = list(table)
+    rec["_path"] = source
+    return rec
+
+
+class Logger:
+    """The no-op logger: what `logger=none` and every rank but 0 get."""
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def log_summary(self, record: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Loggers(list):
+    """A list of loggers that is itself a logger: one call fans out to all."""
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for lg in self:
+            lg.log_step(step, metrics)
+
+    def log_summary(self, record: Mapping[str, Any]) -> None:
+        for lg in self:
+            lg.log_summary(record)
+
+    def close(self) -> None:
+        for lg in self:
+            lg.close()
+
+
+def _tag(s: str) -> str:
+    return str(s)[:64]  # W&B rejects tags longer than 64 characters
+
+
+class WandbLogger(Logger):
+    """Weights & Biases on rank 0.
+
+    With `live: false` (the default) per-step metrics are kept in a list and W&B is
+    started only after the timed loop, in `log_summary`: its background service then
+    never competes for CPU with the steps being timed. `live: true` starts it at build
+    time and logs every step as it happens (for long runs you want to watch).
+    Every call into wandb goes through `_guard`: the first failure warns once and turns
+    the logger into a no-op.
+    """
+
+    def __init__(self, settings: Mapping[str, Any], init_config: dict[str, Any], name: str,
+                 group: str, job_type: str, tags: list[str], wandb_module: Any = None):
+        self.s = dict(settings)
+        self.init_config, self.name, self.group, self.job_type, self.tags = init_config, name, group, job_type, tags
+        self._wandb = wandb_module
+        self._run = None
+        self._dead = False
+        self._pending: list[tuple[int, dict[str, Any]]] = []
+        if self.s.get("live"):
+            self._guard("init", self._start)
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self._dead:
+            return None
+        try:
+            return fn()
+        except BaseException as e:  # noqa: BLE001 - W&B must never take the workload down
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            self._dead = True
+            msg = f"W&B {what} failed ({type(e).__name__}: {e}); W&B logging is off for this run, the local record is unaffected"
+            print(f"warning: {msg}", file=sys.stderr, flush=True)
+            return None
+
+    def mode(self) -> str:
+        explicit = self.s.get("mode") or os.environ.get("WANDB_MODE")
+        if explicit:
+            return str(explicit)
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+    def _start(self) -> None:
+        if self._run is not None:
+            return
+        if self._wandb is None:
+            import wandb
+
+            self._wandb = wandb
+        wb = self._wandb
+        self._run = wb.init(
+            entity=self.s.get("entity"), project=self.s.get("project") or "fabricbench",
+            dir=self.s.get("dir") or os.environ.get("WANDB_DIR") or None,
+            name=self.name, group=self.group, job_type=self.job_type, tags=self.tags,
+            config=self.init_config, mode=self.mode(), reinit="finish_previous",
+            settings=wb.Settings(init_timeout=float(self.s.get("init_timeout_s") or 30), silent=True,
+                                 x_disable_stats=not self.s.get("live"), disable_git=True, console="off",
+                                 # metadata carries sys.argv, and argv can carry a secret override
+                                 x_disable_meta=True),
+        )
+
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if self._dead:
+            return
+        if self._run is None:
+            self._pending.append((step, dict(metrics)))
+            return
+        self._guard("log", lambda: self._run.log(dict(metrics), step=step))
+
+    def log_summary(self, record: Mapping[str, Any]) -> None:
+        def send():
+            self._start()
+            for step, m in self._pending:
+                self._run.log(m, step=step)
+            self._pending.clear()
+            config, summary = record_to_wandb(record)
+            self._run.config.update(config, allow_val_change=True)
+            for k, v in summary.items():
+                self._run.summary[k] = v
+            self._run.summary["status"] = record.get("status")
+
+        self._guard("summary", send)
+
+    def close(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            self._guard("finish", lambda: run.finish(exit_code=0))
+
+
+def _default_group(cfg: Any, world: int) -> str:
+    """Runs of one comparison share everything but the fabric: group them by that."""
+    workload = str(cfg.workload.name)
+    if workload == "collectives":
+        return f"collectives-ws{world}"
+    if workload == "inference":
+        return f"inference-{cfg.model.name}-{cfg.server.name}-tp{world}"
+    parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
+    return f"{workload}-{cfg.model.name}-{parallel}-ws{world}"
+
+
+def _wandb_logger(cfg: Any, info: Any, label: str | None = None) -> Logger:
+    from omegaconf import OmegaConf
+
+    settings = OmegaConf.to_container(cfg.logger, resolve=True) if hasattr(cfg, "logger") else {}
+    workload = str(cfg.workload.name)
+    fabric = str(cfg.fabric.name)
+    model = str(cfg.model.name)
+    parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
+    world = int(info.world_size)
+    group = settings.get("group") or _default_group(cfg, world)
+    mb = cfg.get("train", {}).get("micro_batch_size") if "train" in cfg else None
+    run_id = os.path.basename(str(cfg.get("run_id") or "")) or None
+    name = "-".join(str(p) for p in (fabric, model, parallel, f"mb{mb}" if mb is not None else None, label, run_id)
+                    if p)
+    tags = [_tag(t) for t in (f"fabric:{fabric}", f"model:{model}", f"parallel:{parallel}", *(settings.get("tags") or []))]
+    init_config = flatten(redact({"workload": workload, "config": OmegaConf.to_container(cfg, resolve=True),
+                                  "world": {"world_size": world, "nodes": info.nodes}}))
+    return WandbLogger(settings, init_config, name, group, workload, tags)
+
+
+LOGGERS: dict[str, Callable[..., Logger | None]] = {
+    "none": lambda cfg, info, label=None: None,
+    "wandb": _wandb_logger,
+}
+
+
+def build_loggers(cfg: Any, info: Any, label: str | None = None) -> Loggers:
+    """The trackers `cfg.logger.name` selects, on rank 0 only (other ranks: none).
+    `info` needs is_main, world_size and nodes; `label` names a sweep point in the run name."""
+    name = str(cfg.logger.name) if "logger" in cfg and cfg.logger is not None else "none"
+    if name not in LOGGERS:
+        raise UsageError(f"logger.name={name!r}; use one of {', '.join(LOGGERS)} (logger=<name>)")
+    if not info.is_main:
+        return Loggers()
+    try:
+        lg = LOGGERS[name](cfg, info, label)
+    except Exception as e:  # a tracker must never take the workload down
+        print(f"warning: logger {name} not started ({type(e).__name__}: {e}); the local record is unaffected",
+              file=sys.stderr, flush=True)
+        lg = None
+    return Loggers([lg] if lg is not None else [])

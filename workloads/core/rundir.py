@@ -1,0 +1,65 @@
+"""Where a run's files go, agreed by every rank without talking to each other.
+
+Hydra's `${now:}` differs per rank, so the run directory is derived from what all ranks
+of one job share before the process group exists: an explicit `run_id`, Slurm's job id,
+torchrun's rendezvous id, or (single-node torchrun with the default static rendezvous,
+whose id is "none") the temporary directory of the torchrun agent that started them.
+After init the ranks check that they agree (see workloads/core/dist.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def _safe(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "run"
+
+
+@lru_cache(maxsize=None)
+def resolve_run_id(explicit: str | None = None) -> str:
+    """Cached: the single-process fallback reads the clock, and Hydra and the workload
+    must get the same answer within one process."""
+    return derive_run_id(explicit, os.environ)
+
+
+def derive_run_id(explicit: str | None, env) -> str:
+    if explicit not in (None, "", "None", "null"):
+        return _safe(str(explicit))
+    if env.get("FABRICBENCH_RUN_ID"):
+        return _safe(env["FABRICBENCH_RUN_ID"])
+    if env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID")
+        return _safe(f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else ""))
+    rdzv = env.get("TORCHELASTIC_RUN_ID", "")
+    if rdzv and rdzv != "none":
+        return _safe(f"rdzv-{rdzv}")
+    err = env.get("TORCHELASTIC_ERROR_FILE")
+    if err:
+        # .../torchelastic_<rand>/<run_id>_<rand>/attempt_<n>/<local_rank>/error.json:
+        # everything above <local_rank> is shared by the agent's local workers.
+        agent_dir = Path(err).parent.parent
+        try:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(agent_dir.stat().st_mtime))
+        except OSError:
+            stamp = "torchrun"
+        digest = hashlib.sha1(str(agent_dir).encode()).hexdigest()[:6]
+        return f"{stamp}-{digest}"
+    # A single process that launched nothing: its own start time and pid.
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-p{os.getpid()}"
+
+
+def run_dir(output_root: str, run_id: str | None = None) -> str:
+    return str(Path(output_root) / resolve_run_id(run_id))
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("fb_run_dir"):
+        OmegaConf.register_new_resolver("fb_run_dir", lambda root, rid=None: run_dir(root, rid), use_cache=True)

@@ -1,0 +1,154 @@
+"""Fabric inventory of this machine, and a fabric profile checked against it.
+
+    fabricbench doctor                       # RDMA ports, GIDs, interfaces, GPUs, NCCL
+    fabricbench doctor fabric=roce           # ... and is this host ready for fabric=roce?
+    fabricbench doctor fabric=roce fabric.env.NCCL_IB_HCA==mlx5_0 --json
+
+Read-only: sysfs, `nvidia-smi`/`rocm-smi` where installed, torch's NCCL version. It never
+needs root and changes nothing. Exit status 1 when the checked profile has problems.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+from dataclasses import asdict
+from typing import Any
+
+from workloads.fabric import preflight
+from workloads.core.errors import UsageError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("overrides", nargs="*", help="Hydra overrides choosing the profile to check, e.g. fabric=roce")
+    p.add_argument("--json", action="store_true", help="print the inventory and check as JSON")
+    p.add_argument("--sysfs-root", default=None, help="read this tree instead of /sys (a fixture, a copy)")
+
+
+def _run(cmd: list[str]) -> str | None:
+    if not shutil.which(cmd[0]):
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def gpus() -> dict[str, Any]:
+    nv = _run(["nvidia-smi", "-L"])
+    if nv:
+        return {"tool": "nvidia-smi", "devices": nv.splitlines(), "topology": _run(["nvidia-smi", "topo", "-m"])}
+    rocm = _run(["rocm-smi", "--showproductname"])
+    if rocm:
+        return {"tool": "rocm-smi", "devices": [x for x in rocm.splitlines() if x.strip()],
+                "topology": _run(["rocm-smi", "--showtopo"])}
+    return {"tool": None, "devices": [], "topology": None}
+
+
+def nccl_version() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"library": None, "version": None}
+    lib = "RCCL" if getattr(torch.version, "hip", None) else "NCCL"
+    try:
+        v = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # torch built without NCCL
+        v = None
+    return {"library": lib, "version": v, "source": f"torch {torch.__version__} (torch.cuda.nccl.version())"}
+
+
+def inventory(root=None) -> dict[str, Any]:
+    live = preflight.sysfs_root(root).resolve() == preflight.sysfs_root("/sys").resolve()
+    addrs: dict[str, list[str]] = {}
+    if live:  # addresses are not in sysfs; only the live host has them
+        from workloads.fabric.verify import interface_addresses
+
+        for ip, name in interface_addresses().items():
+            addrs.setdefault(name, []).append(ip)
+    return {
+        "host": socket.gethostname(),
+        "sysfs": str(preflight.sysfs_root(root)),
+        "rdma": [asdict(p) | {"label": p.label, "nccl_link_layer": p.nccl_link_layer} for p in preflight.rdma_ports(root)],
+        "net": [asdict(i) | {"up": i.up, "addresses": sorted(addrs.get(i.name, []))} for i in preflight.net_ifaces(root)],
+        "gpus": gpus() if live else {"tool": None, "devices": [], "topology": None, "note": "not the live host"},
+        "nccl": nccl_version() if live else {"library": None, "version": None, "source": "not the live host"},
+    }
+
+
+def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from workloads.fabric.profile import FabricProfile
+    from workloads.core.launcher import compose
+    from workloads import CONF_DIR
+    from workloads.core.rundir import register_resolvers
+
+    register_resolvers()
+    cfg = compose(CONF_DIR, overrides)
+    profile = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    problems = preflight.check(profile, root=root)
+    if root is None:  # the live host: can its backend run here at all (NCCL needs a GPU)?
+        try:
+            profile.check_backend_usable()
+        except UsageError as e:
+            problems.append(str(e))
+    env = preflight.effective_env(profile.env)
+    shown = {k: env.get(k) for k in profile.env}
+    return {"fabric": profile.name, "backend": profile.backend, "env": shown, "expect": profile.expect,
+            "ready": not problems, "problems": problems}
+
+
+def render(inv: dict, check: dict | None) -> str:
+    out = [f"fabricbench doctor: host {inv['host']} (sysfs {inv['sysfs']})", "", "RDMA ports"]
+    if not inv["rdma"]:
+        out.append("  none (no /sys/class/infiniband: no RDMA devices on this host)")
+    else:
+        out.append(f"  {'port':<12} {'state':<8} {'link layer':<12} rate")
+        for p in inv["rdma"]:
+            out.append(f"  {p['label']:<12} {p['state']:<8} {p['link_layer']:<12} {p['rate'] or '-'}")
+            for g in p["gids"]:
+                out.append(f"    GID {g['index']:<3} {g['type'] or '-':<11} {g['gid']}  {g['ndev'] or ''}".rstrip())
+    out += ["", "Network interfaces", f"  {'name':<14} {'state':<6} {'mtu':>6}  {'speed':>11}  addresses"]
+    for i in inv["net"]:
+        speed = f"{i['speed_mbps']} Mb/s" if i["speed_mbps"] else "-"
+        out.append(f"  {i['name']:<14} {'up' if i['up'] else 'down':<6} {i['mtu'] or '-':>6}  {speed:>11}  "
+                   f"{', '.join(i['addresses']) or '-'}")
+    g = inv["gpus"]
+    out += ["", "GPUs"]
+    if g["devices"]:
+        out += [f"  {d}" for d in g["devices"]]
+        if g.get("topology"):
+            out += ["  topology:"] + [f"    {line}" for line in g["topology"].splitlines()]
+    else:
+        out.append("  none found (no nvidia-smi or rocm-smi answered)" if not g.get("note") else f"  ({g['note']})")
+    n = inv["nccl"]
+    out += ["", "NCCL", f"  {n['library']} {n['version'] or 'not built in'} from {n.get('source', '-')}"
+            if n["library"] else f"  ({n.get('source')})"]
+    if check is not None:
+        out += ["", f"Check fabric={check['fabric']} ({check['backend']})"]
+        for k, v in check["env"].items():
+            out.append(f"  {k}={'(unset)' if v is None else v}")
+        if check["ready"]:
+            out.append("  OK: everything the profile names is present and up")
+        else:
+            out += [f"  FAIL: {p}" for p in check["problems"]]
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    root = args.sysfs_root
+    if root and not preflight.sysfs_root(root).is_dir():
+        from workloads.core.errors import UsageError
+
+        raise UsageError(f"--sysfs-root {root} is not a directory")
+    inv = inventory(root)
+    check = check_profile(args.overrides, root) if args.overrides else None
+    if args.json:
+        print(json.dumps({"inventory": inv, "check": check}, indent=1))
+    else:
+        print(render(inv, check))
+    return 0 if check is None or check["ready"] else 1

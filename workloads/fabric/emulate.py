@@ -1,0 +1,397 @@
+"""Emulated multi-node fabrics on one Linux machine (needs root).
+
+N network namespaces ("nodes") joined by veth pairs — directly for N = 2, through a
+bridge in its own namespace for N > 2 — each node's link shaped on egress with
+`tc ... tbf rate R` (or an `htb` class), optionally with netem delay when the kernel has
+it. One torchrun agent runs per namespace (static rendezvous: --node_rank, --master_addr
+= node 0's veth address), so Gloo's traffic between "nodes" crosses a link of known rate.
+
+    python launch/emulate.py launch/train.py fabric=emu-100m
+    python launch/emulate.py --nodes 4 launch/collectives.py fabric=emu-1g
+
+The shaping comes from the fabric profile's `emulate:` block (conf/fabric/emu-*.yaml):
+
+    emulate: {nodes: 2, rate: 100mbit, qdisc: tbf, burst: null, latency: null, mtu: 1500}
+
+Everything is built with argv lists (no shell); namespaces are named fb-<pid>-<i> and
+removed afterwards — also after a failure, Ctrl-C or SIGTERM — which removes their veths
+and qdiscs with them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from workloads import CONF_DIR
+from workloads.core.errors import UsageError
+
+IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
+SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
+MASTER_PORT = 29500      # free by construction: node 0's namespace is new
+PREFIX = "fb-"           # every namespace we create: fb-<pid>-<suffix>
+# tc's rate syntax: a number and a unit (bit/s or bytes/s); see tc(8) "PARAMETERS".
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
+_UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+_TIME = re.compile(r"^\d+(?:\.\d+)?(us|ms|s)$")
+
+
+def rate_bits_per_s(rate: str) -> float:
+    """'100mbit' -> 1e8. tc's units are decimal (1mbit = 1e6 bit/s); 'mbps' is bytes/s."""
+    m = _RATE.match(str(rate).strip())
+    if not m:
+        raise UsageError(f"emulate.rate={rate!r} is not a tc rate; use e.g. 100mbit, 1gbit or 10gbit (or null = unshaped)")
+    return float(m.group(1)) * _UNIT_BITS[m.group(2).lower()]
+
+
+@dataclass(frozen=True)
+class EmuSpec:
+    nodes: int = 2
+    rate: str | None = None          # None: the veth is not shaped
+    qdisc: str = "tbf"               # tbf | htb
+    burst: int | None = None         # bytes; None = max(128 KiB, 4 ms at the rate)
+    latency: str | None = None       # one-way netem delay per link, e.g. "1ms"
+    mtu: int = 1500
+
+    @classmethod
+    def from_config(cls, block: Mapping[str, Any] | None, **overrides: Any) -> EmuSpec:
+        b = {k: v for k, v in dict(block or {}).items() if v is not None}
+        b.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(b) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"fabric.emulate has unknown keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        rate = b.get("rate")
+        if rate in ("none", "null", "unshaped", ""):
+            rate = None
+        spec = cls(nodes=int(b.get("nodes", 2)), rate=None if rate is None else str(rate),
+                   qdisc=str(b.get("qdisc", "tbf")), burst=None if b.get("burst") is None else int(b["burst"]),
+                   latency=b.get("latency"), mtu=int(b.get("mtu", 1500)))
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        if not 2 <= self.nodes <= 64:
+            raise UsageError(f"emulate.nodes={self.nodes}; use 2 to 64 namespaces")
+        if self.rate is not None:
+            rate_bits_per_s(self.rate)
+        if self.qdisc not in ("tbf", "htb"):
+            raise UsageError(f"emulate.qdisc={self.qdisc!r}; use tbf or htb")
+        if self.burst is not None and self.burst < 1600:
+            raise UsageError(f"emulate.burst={self.burst} bytes is below one packet; use >= 1600 or null")
+        if self.latency is not None and not _TIME.match(str(self.latency)):
+            raise UsageError(f"emulate.latency={self.latency!r}; use e.g. 500us or 2ms (or null)")
+        if not 576 <= self.mtu <= 65535:
+            raise UsageError(f"emulate.mtu={self.mtu}; use 576..65535")
+
+    def burst_bytes(self) -> int:
+        # tbf needs burst >= rate/HZ; veth hands it GSO packets up to 64 KiB, which tbf
+        # would have to split: 128 KiB keeps every one in a single token bucket fill.
+        return self.burst or max(128 * 1024, int(rate_bits_per_s(self.rate) / 8 * 0.004))
+
+    def addr(self, node: int) -> str:
+        return f"{SUBNET}.{node + 1}"
+
+
+def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"`{shlex.join(argv)}` failed ({p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("emulated fabrics need root (network namespaces, veth and tc); run as root, "
+                         "or use fabric=loopback for a single-machine run without shaping")
+    for tool in ("ip", "tc", "nsenter"):
+        if not any((Path(d) / tool).exists() for d in os.environ.get("PATH", "/usr/sbin:/usr/bin").split(":") + ["/usr/sbin", "/sbin"]):
+            raise UsageError(f"`{tool}` is not installed; install iproute2 and util-linux")
+
+
+def netem_available() -> bool:
+    """Probe in a throwaway namespace: sch_netem is a module many minimal kernels lack."""
+    ns = f"{PREFIX}{os.getpid()}-probe"
+    try:
+        _run(["ip", "netns", "add", ns])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        return _run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"], check=False).returncode == 0
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+class Topology:
+    """The namespaces, veths and qdiscs of one emulated cluster; a context manager that
+    always tears them down."""
+
+    def __init__(self, spec: EmuSpec, tag: str | None = None):
+        self.spec = spec
+        self.tag = tag or str(os.getpid())
+        self.nodes = [f"{PREFIX}{self.tag}-{i}" for i in range(spec.nodes)]
+        self.bridge_ns = f"{PREFIX}{self.tag}-br" if spec.nodes > 2 else None
+        self.created: list[str] = []
+        self.netem = False
+
+    def namespaces(self) -> list[str]:
+        return self.nodes + ([self.bridge_ns] if self.bridge_ns else [])
+
+    def ns_path(self, node: int) -> str:
+        return f"/run/netns/{self.nodes[node]}"
+
+    def __enter__(self) -> Topology:
+        try:
+            self.build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def build(self) -> None:
+        s = self.spec
+        if s.latency is not None:
+            self.netem = netem_available()
+            if not self.netem:
+                raise UsageError(f"emulate.latency={s.latency} needs the kernel's netem qdisc (sch_netem), which this "
+                                 "kernel lacks; set fabric.emulate.latency=null (rate shaping with tbf/htb still works)")
+        for ns in self.namespaces():
+            _run(["ip", "netns", "add", ns])
+            self.created.append(ns)
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        if self.bridge_ns is None:
+            # Two nodes: one veth pair, emu0 at both ends.
+            _run(["ip", "link", "add", "name", IFNAME, "netns", self.nodes[0], "mtu", str(s.mtu), "type", "veth",
+                  "peer", "name", IFNAME, "netns", self.nodes[1]])
+        else:
+            br = self.bridge_ns
+            _run(["ip", "-n", br, "link", "add", "name", "br0", "type", "bridge"])
+            _run(["ip", "-n", br, "link", "set", "br0", "up"])
+            for i, ns in enumerate(self.nodes):
+                port = f"p{i}"
+                _run(["ip", "link", "add", "name", IFNAME, "netns", ns, "mtu", str(s.mtu), "type", "veth",
+                      "peer", "name", port, "netns", br])
+                _run(["ip", "-n", br, "link", "set", port, "mtu", str(s.mtu), "master", "br0", "up"])
+                # The bridge port's egress is the node's ingress: shaped too, so a node
+                # receives at most R as a real NIC port would.
+                self._shape(br, port)
+        for i, ns in enumerate(self.nodes):
+            _run(["ip", "-n", ns, "addr", "add", f"{s.addr(i)}/24", "dev", IFNAME])
+            _run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
+            self._shape(ns, IFNAME)
+
+    def _shape(self, ns: str, dev: str) -> None:
+        s = self.spec
+        if s.rate is None and not self.netem:
+            return
+        tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
+        parent = "root"
+        if s.rate is not None:
+            burst = str(s.burst_bytes())
+            if s.qdisc == "tbf":
+                # latency: how long a packet may wait for tokens before tbf drops it.
+                _run(tc + ["root", "handle", "1:", "tbf", "rate", s.rate, "burst", burst, "latency", "100ms"])
+                parent = "1:1"
+            else:
+                _run(tc + ["root", "handle", "1:", "htb", "default", "10"])
+                _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+                      "rate", s.rate, "ceil", s.rate, "burst", burst, "cburst", burst])
+                parent = "1:10"
+        if self.netem:
+            where = ["root"] if parent == "root" else ["parent", parent, "handle", "10:"]
+            _run(tc + where + ["netem", "delay", str(s.latency)])
+
+    def teardown(self) -> None:
+        """Deleting a namespace deletes its veth ends (and so the pairs) and their qdiscs."""
+        for ns in reversed(self.created):
+            _run(["ip", "netns", "del", ns], check=False)
+        self.created.clear()
+
+    def describe(self) -> str:
+        s = self.spec
+        shape = "unshaped" if s.rate is None else f"{s.qdisc} rate {s.rate} burst {s.burst_bytes()}B"
+        if s.latency:
+            shape += f", netem delay {s.latency}"
+        via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
+        return f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
+
+
+def leftovers(prefix: str = PREFIX) -> list[str]:
+    """Namespaces of ours still present (tests assert this is empty)."""
+    p = _run(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
+
+
+def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, overrides: Sequence[str]) -> list[str]:
+    """One torchrun agent for `node`, static rendezvous on node 0's veth address (run by
+    agent_main below: torchrun's own machinery, a failed rank reported in one line)."""
+    return [python, "-m", "workloads.fabric.emulate", "--agent", f"--nnodes={spec.nodes}", f"--node_rank={node}",
+            f"--nproc_per_node={nproc}", f"--master_addr={spec.addr(0)}", f"--master_port={MASTER_PORT}",
+            f"--local_addr={spec.addr(node)}", "--max_restarts=0", entry, *overrides]
+
+
+def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
+               python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
+    """Start one agent per namespace (nsenter --net: the namespace's network only; the
+    filesystem, users and /sys stay the host's), wait for all, return the first failure's
+    exit code (0 when all succeeded). A timeout or Ctrl-C stops every agent."""
+    base = dict(os.environ if env is None else env)
+    # Every node's ranks must agree on the run directory; static rendezvous has no shared id.
+    base.setdefault("FABRICBENCH_RUN_ID", f"emu-{time.strftime('%Y%m%d-%H%M%S')}-{topo.tag}")
+    base.setdefault("OMP_NUM_THREADS", "1")
+    base["GLOO_SOCKET_IFNAME"] = IFNAME
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(topo.spec.nodes):
+            # `ip netns exec`, not bare nsenter: it also gives the agent a mount namespace
+            # whose /sys shows this namespace's interfaces (preflight reads them there).
+            argv = ["ip", "netns", "exec", topo.nodes[i], *agent_argv(python, topo.spec, i, nproc, entry, overrides)]
+            procs.append(subprocess.Popen(argv, env=base, start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        codes: dict[int, int] = {}
+        while len(codes) < len(procs):
+            for i, p in enumerate(procs):
+                if i not in codes and p.poll() is not None:
+                    codes[i] = p.returncode
+            if any(codes.values()):
+                break  # one node failed: the others would wait for it until their timeout
+            if time.monotonic() > deadline:
+                print(f"error: emulated run exceeded {timeout_s:g}s; stopping all agents", file=sys.stderr)
+                return 124
+            time.sleep(0.2)
+        bad = {i: c for i, c in codes.items() if c}
+        if bad:
+            i, c = min(bad.items())
+            print(f"error: node {i} ({topo.nodes[i]}) exited with code {c}; its message is above", file=sys.stderr)
+            return c if c > 0 else 1
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _killpg(p, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _killpg(p, signal.SIGKILL)
+                p.wait(timeout=5)
+
+
+def _killpg(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
+    raise KeyboardInterrupt
+
+
+def spec_from_overrides(conf_dir: str, overrides: Sequence[str], **cli: Any) -> tuple[EmuSpec, str]:
+    """Compose the Hydra config the entry will see (every point, for a -m sweep such as
+    trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
+    from workloads.core.launcher import compose, expand_sweep
+
+    plain = [o for o in overrides if o not in ("-m", "--multirun")]
+    points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]
+    found = {_spec_of(compose(conf_dir, point), cli) for point in points}
+    if len(found) > 1:
+        raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
+                         "builds one topology: sweep fabrics as separate emulate runs")
+    return found.pop()
+
+
+def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate")
+    if block is None:
+        raise UsageError(f"fabric={cfg.fabric.name} has no emulate: block; use fabric=emu-100m or fabric=emu-1g "
+                         "(or add an emulate: block to your fabric profile)")
+    if str(cfg.fabric.get("env", {}).get("GLOO_SOCKET_IFNAME")) != IFNAME:
+        raise UsageError(f"fabric={cfg.fabric.name} must set env.GLOO_SOCKET_IFNAME: {IFNAME} (the emulated link's name)")
+    return EmuSpec.from_config(block, **cli), str(cfg.fabric.name)
+
+
+def add_arguments(ap) -> None:
+    """`fabricbench emulate ...` and launch/emulate.py share this parser."""
+    import argparse
+
+    ap.description = ("Run a fabricbench entry point across emulated nodes (network namespaces joined by "
+                      "shaped veth links), one torchrun agent per namespace. Needs root.")
+    ap.add_argument("--nodes", type=int, help="namespaces (overrides fabric.emulate.nodes)")
+    ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per namespace [1]")
+    ap.add_argument("--rate", help="tc rate, e.g. 100mbit (overrides fabric.emulate.rate; 'none' = unshaped)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds before every agent is stopped [900]")
+    ap.add_argument("entry", help="launch/train.py or launch/collectives.py")
+    ap.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides, e.g. fabric=emu-100m")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="launch/emulate.py")
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args, conf_dir: str | None = None) -> int:
+    conf_dir = conf_dir or CONF_DIR
+    old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        if not Path(args.entry).is_file():
+            raise UsageError(f"entry point {args.entry} does not exist; use launch/train.py or launch/collectives.py")
+        if args.nproc_per_node < 1:
+            raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
+        if Path(args.entry).name == "collectives.py" and not any(
+                o.lstrip("+").startswith("workload=") for o in args.overrides):
+            args.overrides.insert(0, "workload=collectives")  # as that entry point does itself
+        spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate)
+        if args.rate is not None:
+            # The record must not claim a shaping the link did not have: the rate goes into
+            # the config, and the fabric gets a name of its own unless the user gave one.
+            args.overrides.append(f"fabric.emulate.rate={'null' if spec.rate is None else spec.rate}")
+            if not any(o.startswith("fabric.name=") for o in args.overrides):
+                args.overrides.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
+        require_root()
+        with Topology(spec) as topo:
+            print(f"emulate: {topo.describe()}", flush=True)
+            return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: agents stopped, namespaces removed", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def agent_main(torchrun_args: Sequence[str]) -> int:
+    """`python -m workloads.fabric.emulate --agent <torchrun args>`: torchrun in this namespace."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    try:
+        run(get_args_parser().parse_args(list(torchrun_args)))
+    except ChildFailedError as e:
+        first = min(e.failures.values(), key=lambda f: f.timestamp)
+        print(f"error: rank {first.rank} exited with code {first.exitcode}; its message is above", file=sys.stderr)
+        return first.exitcode if first.exitcode > 0 else 1
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--agent"]:
+        sys.exit(agent_main(sys.argv[2:]))
+    sys.exit(main())

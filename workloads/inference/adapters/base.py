@@ -1,0 +1,98 @@
+"""What a serving adapter is: the command that starts an engine, and where it answers.
+
+An adapter is data plus one function (`command`); the orchestrator (orchestrator.py)
+does everything else — environment, process group, readiness, logs, stopping — the same
+way for every engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from workloads.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    adapter: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None   # host:port of node 0, for multi-node
+    model_path: str | None = None       # null = the model config's `path`
+    served_model_name: str | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    url: str | None = None              # external: an already running server
+    health_path: str = "/health"
+    ready_timeout_s: float = 1800.0
+    stop_timeout_s: float = 30.0
+    # The program that starts the engine, where it is not fabricbench's own Python: in the
+    # serving images SGLang/vLLM live in the image's interpreter, fabricbench in a venv.
+    python: str | None = None           # sglang: interpreter that has SGLang (null = this one)
+    executable: str | None = None       # vllm: the `vllm` CLI (null = "vllm" on PATH)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> ServerSpec:
+        known = cls.__dataclass_fields__
+        kw = {k: v for k, v in cfg.items() if k in known and v is not None}
+        launch = dict(cfg.get("launch") or {})  # the reference engine's own yaml keeps these here
+        if "ready_timeout_s" not in kw and launch.get("ready_timeout_s"):
+            kw["ready_timeout_s"] = float(launch["ready_timeout_s"])
+        if launch.get("ready_path"):
+            kw["health_path"] = str(launch["ready_path"])
+        kw["adapter"] = str(cfg.get("adapter") or cfg.get("name"))
+        kw["extra_args"] = tuple(str(a) for a in (cfg.get("extra_args") or ()))
+        kw["env"] = {str(k): str(v) for k, v in dict(cfg.get("env") or {}).items()}
+        for k in ("tp", "nnodes", "node_rank", "port"):
+            if k in kw and kw[k] is not None:
+                kw[k] = int(kw[k])
+        spec = cls(**kw)
+        if spec.tp <= 0:
+            raise UsageError(f"server.tp={spec.tp} must be a positive tensor-parallel degree")
+        if spec.nnodes <= 0 or not 0 <= spec.node_rank < spec.nnodes:
+            raise UsageError(f"server.node_rank={spec.node_rank} must be in [0, server.nnodes={spec.nnodes})")
+        if spec.nnodes > 1 and not spec.dist_init_addr:
+            raise UsageError("server.nnodes > 1 needs server.dist_init_addr=<node-0 host>:<port> for the engine's rendezvous")
+        return spec
+
+    @property
+    def base_url(self) -> str:
+        if self.url:
+            return self.url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def check_tp_divides(tp: int, model: Mapping[str, Any]) -> None:
+    """Tensor parallelism splits attention heads across ranks; the degree must divide them.
+    KV heads (grouped-query attention) may be fewer than tp if tp is a multiple of them
+    (engines then replicate KV heads), as vLLM and SGLang allow."""
+    heads = model.get("num_attention_heads")
+    if heads and int(heads) % tp:
+        raise UsageError(f"server.tp={tp} does not divide model.num_attention_heads={heads} "
+                         f"({model.get('name')}); use a tp that divides {heads}")
+    kv = model.get("num_key_value_heads")
+    if kv and int(kv) % tp and tp % int(kv):
+        raise UsageError(f"server.tp={tp} and model.num_key_value_heads={kv} ({model.get('name')}): one must "
+                         "divide the other; choose another tp")
+
+
+def model_path(spec: ServerSpec, model: Mapping[str, Any]) -> str:
+    path = spec.model_path or model.get("path")
+    if not path:
+        raise UsageError(f"server={spec.adapter} needs a model to load: set server.model_path=<HF id or local dir> "
+                         f"or a `path:` in conf/model/{model.get('name')}.yaml")
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A server process to start: argv, extra environment, and the name requests must use."""
+
+    argv: list[str] | None          # None: nothing to start (external)
+    env: dict[str, str]
+    model_name: str

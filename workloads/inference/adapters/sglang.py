@@ -1,0 +1,24 @@
+"""SGLang: `python -m sglang.launch_server` (docs.sglang.io, "Multi-Node Deployment").
+
+Multi-node tensor parallelism: the same command on every node with `--tp` the total
+degree, `--dist-init-addr` node 0's host:port, `--nnodes` and `--node-rank`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+
+
+def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
+    path = model_path(spec, model)
+    argv = [spec.python or sys.executable, "-m", "sglang.launch_server", "--model-path", path, "--tp", str(spec.tp),
+            "--host", spec.host, "--port", str(spec.port)]
+    if spec.nnodes > 1:
+        argv += ["--dist-init-addr", str(spec.dist_init_addr), "--nnodes", str(spec.nnodes),
+                 "--node-rank", str(spec.node_rank)]
+    name = spec.served_model_name
+    if name:
+        argv += ["--served-model-name", name]
+    return Launch(argv + list(spec.extra_args), dict(spec.env), name or path)

@@ -1,0 +1,206 @@
+"""The one streaming function: send a request, read its SSE stream, time it.
+
+Timing follows DESIGN.md "Inference" (as SGLang's and vLLM's serving benchmarks):
+- t0 = perf_counter() just before the request is sent;
+- TTFT = first event whose choice has non-empty content, minus t0;
+- ITL = gaps between consecutive content events;
+- latency (E2E) = the last event that carries a choice, minus t0. The usage-only final
+  chunk (`choices: []`) does not move it; it only supplies `completion_tokens`.
+Events are stamped when the read that completed them returned, so a chunk split across
+reads counts when its last byte arrived.
+
+Every failure (HTTP status, timeout, closed stream, malformed SSE, an error event) ends
+the request with ok=False and the error text kept; nothing raises out of here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from workloads.inference.loadgen.backends import Backend
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str | None = None
+    prompt_len: int = 0
+    output_len: int = 0            # what was asked (max_tokens)
+    output_tokens: int = 0         # what came back: usage.completion_tokens, else content events
+    output_tokens_from: str = "none"  # "usage" | "chunks" | "none"
+    ttft: float = 0.0              # s
+    itl: list[float] = field(default_factory=list)  # s, one per content event after the first
+    latency: float = 0.0           # s, E2E
+    start: float = 0.0             # perf_counter() at send (t0)
+    scheduled: float | None = None  # perf_counter() the arrival process asked for
+    send_lag: float = 0.0          # s, start - scheduled (the client's own lateness)
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "error": self.error, "prompt_len": self.prompt_len, "output_len": self.output_len,
+            "output_tokens": self.output_tokens, "output_tokens_from": self.output_tokens_from,
+            "ttft_s": self.ttft, "latency_s": self.latency, "itl_s": self.itl, "send_lag_s": self.send_lag,
+        }
+
+
+class SSEParser:
+    """Incremental text/event-stream parser (WHATWG rules, tolerant): lines end in \\n,
+    \\r\\n or \\r; ':' starts a comment; fields other than `data` are ignored; an event
+    ends at a blank line; several data lines join with \\n."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._buf += chunk
+        out: list[str] = []
+        while True:
+            i = min((j for j in (self._buf.find(b"\n"), self._buf.find(b"\r")) if j >= 0), default=-1)
+            if i < 0:
+                break
+            line, rest = self._buf[:i], self._buf[i + 1:]
+            if self._buf[i:i + 1] == b"\r":
+                if not rest:  # a \r at the end of a read may be half of \r\n: wait for more
+                    break
+                if rest[:1] == b"\n":
+                    rest = rest[1:]
+            self._buf = rest
+            self._line(line.decode("utf-8", errors="replace"), out)
+        return out
+
+    def close(self) -> list[str]:
+        """End of stream: a last event without its blank line still counts."""
+        out: list[str] = []
+        if self._buf:
+            self._line(self._buf.decode("utf-8", errors="replace").rstrip("\r"), out)
+            self._buf = b""
+        self._line("", out)
+        return out
+
+    def _line(self, line: str, out: list[str]) -> None:
+        if not line:
+            if self._data:
+                out.append("\n".join(self._data))
+                self._data = []
+            return
+        if line.startswith(":"):
+            return
+        name, _, value = line.partition(":")
+        if name == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+
+
+def raise_fd_limit() -> None:
+    """Thousands of concurrent streams need as many sockets: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def make_session(max_connections: int | None = None, read_bufsize: int = 1 << 18) -> aiohttp.ClientSession:
+    """One session for a whole load point. No per-host cap (aiohttp's default is 100,
+    which would silently queue concurrency 128 in the client)."""
+    raise_fd_limit()
+    conn = aiohttp.TCPConnector(limit=max_connections or 0, limit_per_host=0, keepalive_timeout=60,
+                                ttl_dns_cache=None, force_close=False)
+    return aiohttp.ClientSession(connector=conn, read_bufsize=read_bufsize, trust_env=False)
+
+
+async def stream_request(session: aiohttp.ClientSession, base_url: str, backend: Backend, spec, model: str,
+                         timeout_s: float, extra: dict[str, Any] | None = None,
+                         result: RequestResult | None = None) -> RequestResult:
+    r = result or RequestResult()
+    r.prompt_len, r.output_len = int(spec.prompt_len), int(spec.output_len)
+    body = backend.build(spec, model, extra or {})
+    url = base_url.rstrip("/") + backend.path
+    parser = SSEParser()
+    last_content = None   # perf_counter of the previous content event
+    end = None            # perf_counter of the last event carrying a choice
+    content_events = 0
+    usage = None
+    done = finished = False
+    r.start = time.perf_counter()
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:500]
+                r.error = f"HTTP {resp.status} from {url}: {text.strip()}"
+                return r
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()
+                for data in parser.feed(chunk):
+                    state = _event(data, backend, now, r)
+                    if state is _DONE:
+                        done = True
+                        break
+                    if isinstance(state, _Error):
+                        r.error = state.message
+                        return r
+                    text, has_choice, fin, u = state
+                    usage = u or usage
+                    finished |= fin
+                    if has_choice:
+                        end = now
+                    if text:
+                        if last_content is None:
+                            r.ttft = now - r.start
+                        else:
+                            r.itl.append(now - last_content)
+                        last_content = now
+                        content_events += 1
+                if done:
+                    break
+            if not done:
+                for data in parser.close():
+                    if data.strip() == "[DONE]":
+                        done = True
+    except asyncio.TimeoutError:
+        r.error = f"timeout: no complete response within {timeout_s:g} s (load.request_timeout_s)"
+        return r
+    except aiohttp.ClientError as e:
+        r.error = f"{type(e).__name__}: {e}"
+        return r
+    if not (done or finished):
+        r.error = "stream ended before 'data: [DONE]' or a finish_reason (server closed it mid-way)"
+        return r
+    if content_events == 0:
+        r.error = "stream finished without any content (no output tokens)"
+        return r
+    r.latency = end - r.start
+    if usage and usage.get("completion_tokens") is not None:
+        r.output_tokens, r.output_tokens_from = int(usage["completion_tokens"]), "usage"
+    else:
+        r.output_tokens, r.output_tokens_from = content_events, "chunks"
+    r.ok = True
+    return r
+
+
+_DONE = object()
+
+
+@dataclass
+class _Error:
+    message: str
+
+
+def _event(data: str, backend: Backend, now: float, r: RequestResult):
+    if data.strip() == "[DONE]":
+        return _DONE
+    try:
+        ev = json.loads(data)
+    except json.JSONDecodeError:
+        return _Error(f"malformed SSE data (not JSON): {data[:200]!r}")
+    if not isinstance(ev, dict):
+        return _Error(f"malformed SSE data (not a JSON object): {data[:200]!r}")
+    if "error" in ev or ev.get("object") == "error":
+        return _Error(f"server error in stream: {json.dumps(ev.get('error', ev))[:300]}")
+    text, has_choice, fin = backend.parse(ev)
+    return text, has_choice, fin, ev.get("usage")
