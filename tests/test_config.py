@@ -133,3 +133,65 @@ def test_secrets_are_redacted_and_metrics_are_not():
     assert out["aws_secret_access_key"] == "<redacted>"
     assert redact(["+fabric.env.MY_SECRET_TOKEN=hunter2", "train.max_tokens=3", "fabric=roce"]) == [
         "+fabric.env.MY_SECRET_TOKEN=<redacted>", "train.max_tokens=3", "fabric=roce"]
+
+
+# Which groups each root config composes, and the object each group's file builds.
+ROOTS = {"config": ["fabric", "model", "parallel", "workload", "logger"],
+         "infer": ["fabric", "model", "server", "load", "logger"],
+         "serve": ["fabric", "model"]}
+
+
+def _build(root: str, group: str, cfg, tmp_path, monkeypatch):
+    """The object a group's file selects, built the way its workload builds it."""
+    if group == "fabric":
+        return FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    if group == "model":
+        return NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    if group in ("parallel", "workload") and cfg.workload.name != "collectives":
+        return validate(cfg, 2)  # a TrainPlan: batch layout, engine settings, the parallel dict
+    if group == "workload":
+        from workloads.collectives.run import validate as validate_collectives
+
+        return validate_collectives(cfg, 2)[0]
+    if group == "logger":
+        from types import SimpleNamespace
+
+        from workloads.core.loggers import build_loggers
+
+        monkeypatch.setenv("WANDB_MODE", "disabled")
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+        loggers = build_loggers(cfg, SimpleNamespace(is_main=True, world_size=1, nodes=1))
+        loggers.close()
+        return loggers if cfg.logger.name == "none" else loggers[0]
+    from workloads.inference.run import validate as validate_sweep
+
+    return validate_sweep(cfg, [])  # server and load: the SweepPlan (adapter command, points, prompts)
+
+
+@pytest.mark.parametrize("root,group", [(r, g) for r, groups in ROOTS.items() for g in groups])
+def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monkeypatch):
+    names = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    assert names, group
+    for name in names:
+        extra = [f"output_root={tmp_path}"]
+        if name == "finetune":
+            extra.append("init.checkpoint=/nonexistent")
+        if root == "infer" and group == "server":
+            extra += {"external": ["server.url=http://127.0.0.1:9"], "sglang": ["model=llama-3.1-8b", "server.python=/x"],
+                      "vllm": ["model=llama-3.1-8b"]}.get(name, [])
+        if root == "infer" and group == "load":  # GPU-sized loads: against a server of that size
+            extra += ["server=external", "server.url=http://127.0.0.1:9", "model=llama-3.1-8b"]
+        if root == "config" and group == "fabric" or group == "model" and root != "serve":
+            # fabric/model files are checked as objects here; a GPU fabric or a served-only
+            # model cannot also pass a CPU workload's validation.
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                cfg = compose(config_name=root, overrides=[f"{group}={name}", *extra])
+            assert _build(root, group, cfg, tmp_path, monkeypatch) is not None
+            continue
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name=root, overrides=[f"{group}={name}", *extra])
+        if name == "finetune":
+            with pytest.raises(UsageError, match="checkpoint"):
+                _build(root, group, cfg, tmp_path, monkeypatch)
+            continue
+        assert _build(root, group, cfg, tmp_path, monkeypatch) is not None, (root, group, name)

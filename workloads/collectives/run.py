@@ -22,22 +22,18 @@ from workloads.collectives.settings import Settings, pattern_groups
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.core.loggers import build_loggers
-from workloads.fabric.preflight import preflight
-from workloads.core.records import check_writable, fingerprint
+from workloads.core.records import fingerprint
 
 
 def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
     """Everything checkable before a process group exists. Raises UsageError."""
-    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    fabric = session.prepare(cfg)
     if "collectives" not in cfg:
         raise UsageError("no collectives: section in the config; select it with workload=collectives")
     s = Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)
     if s.external == "on" and shutil.which(s.external_binary) is None:
         raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
                          "(or rccl-tests) or set collectives.external=auto")
-    fabric.check_backend_usable()
-    preflight(fabric)
-    check_writable(cfg.output_root)
     return s, fabric
 
 
@@ -54,10 +50,6 @@ def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
 
 def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one sweep. Returns the record path on rank 0, None elsewhere."""
-    from workloads.collectives.nccltests import run_external, summary_line
-    from workloads.collectives.p2p import run_p2p
-    from workloads.fabric.verify import check_transport
-
     _, world, _, _ = fdist.launch_env()
     s, fabric = validate(cfg, world)
     info, run_dir, applied_env = session.start(cfg, fabric)
@@ -80,51 +72,8 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
     recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
     try:
         with recorded:
-            groups = pattern_groups(s.pattern, info.world_size, rpn)
-            record["collectives"]["groups"] = groups
-            comm = make_comm(groups, info.rank)
-            harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
-            # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
-            harness.barrier()
-            record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
-            rows = []
-            for name in s.ops:
-                rows += harness.run_op(ops.get(name))
-                record["rows"] = [r.as_dict() for r in rows]
-            if s.p2p:
-                pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
-                p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
-                              info.device, say)
-                record["p2p"] = [r.as_dict() for r in p2p]
-            record["metrics"] = metrics(rows, s.ops)
-            if say and len(s.ops) > 1 and rows:
-                say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
-                    f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
-            if s.p2p and "latency" in s.p2p:
-                lat = [r for r in p2p if r.test == "latency"]
-                record["metrics"]["p2p_min_latency(us)"] = min(r.value for r in lat)
-            for test in ("bw", "bibw"):
-                if test in s.p2p:
-                    record["metrics"][f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
-            if info.is_main and s.external != "off":
-                if s.external == "on" or (fabric.backend == "nccl"):
-                    record["external"] = run_external(s, run_dir / "external", info.local_world_size, info.nodes)
-                    if say and (line := summary_line(record["external"])):
-                        say(line)
-                else:
-                    record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
-            m = record["metrics"]
-            slow = below_min_busbw(rows, s.ops, s.min_busbw)
-            if rows and m["wrong_elements"]:
-                record["status"] = "failed"
-                record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
-            elif slow:
-                record["status"] = "failed"
-                record["error"] = ("avg bus bandwidth below 0.9 x collectives.min_busbw="
-                                   f"{s.min_busbw:g} GB/s (the NCCL_TESTS_MIN_BW rule, per op as each footer "
-                                   "says) for " + ", ".join(f"{op} ({bw:g} GB/s)" for op, bw in slow))
-            else:
-                record["status"] = "ok"
+            rows = _measure(s, fabric, info, run_dir, record, rpn, say)
+            _judge(s, rows, record)
     finally:
         if info.is_main:
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
@@ -135,6 +84,72 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
     if record["status"] != "ok":
         raise CollectivesFailed(record["error"])
     return recorded.path
+
+
+def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: Path, record: dict, rpn: int,
+             say) -> list[Row]:
+    """Verify the transport, then run every op, the p2p tests and (rank 0) the external
+    nccl-tests binary; fill the record's rows and metrics."""
+    from workloads.collectives.nccltests import run_external, summary_line
+    from workloads.collectives.p2p import run_p2p
+    from workloads.fabric.verify import check_transport
+
+    groups = pattern_groups(s.pattern, info.world_size, rpn)
+    record["collectives"]["groups"] = groups
+    comm = make_comm(groups, info.rank)
+    harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
+    # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
+    harness.barrier()
+    record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
+    rows: list[Row] = []
+    for name in s.ops:
+        rows += harness.run_op(ops.get(name))
+        record["rows"] = [r.as_dict() for r in rows]
+    p2p = []
+    if s.p2p:
+        pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
+        p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
+                      info.device, say)
+        record["p2p"] = [r.as_dict() for r in p2p]
+    record["metrics"] = metrics(rows, s.ops) | p2p_metrics(p2p, s.p2p)
+    if say and len(s.ops) > 1 and rows:
+        say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
+            f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
+    if info.is_main and s.external != "off":
+        if s.external == "on" or (fabric.backend == "nccl"):
+            record["external"] = run_external(s, run_dir / "external", info.local_world_size, info.nodes)
+            if say and (line := summary_line(record["external"])):
+                say(line)
+        else:
+            record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
+    return rows
+
+
+def p2p_metrics(p2p: list, tests) -> dict:
+    """Headline figures of the osu-style tests: the lowest latency and the peak bandwidths."""
+    out = {}
+    if "latency" in tests:
+        out["p2p_min_latency(us)"] = min(r.value for r in p2p if r.test == "latency")
+    for test in ("bw", "bibw"):
+        if test in tests:
+            out[f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
+    return out
+
+
+def _judge(s: Settings, rows: list[Row], record: dict) -> None:
+    """A run is ok only when every element was right and every op met min_busbw."""
+    m = record["metrics"]
+    slow = below_min_busbw(rows, s.ops, s.min_busbw)
+    if rows and m["wrong_elements"]:
+        record["status"] = "failed"
+        record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
+    elif slow:
+        record["status"] = "failed"
+        record["error"] = ("avg bus bandwidth below 0.9 x collectives.min_busbw="
+                           f"{s.min_busbw:g} GB/s (the NCCL_TESTS_MIN_BW rule, per op as each footer "
+                           "says) for " + ", ".join(f"{op} ({bw:g} GB/s)" for op, bw in slow))
+    else:
+        record["status"] = "ok"
 
 
 class CollectivesFailed(UsageError):

@@ -109,19 +109,9 @@ class Settings:
             raise UsageError(f"collectives.pattern={pattern!r}; use one of {', '.join(PATTERNS)}")
         if not (c["out_of_place"] or c["in_place"]):
             raise UsageError("collectives.out_of_place and collectives.in_place are both false: nothing to measure")
-        p2p = tuple(str(t) for t in (c.get("p2p") or []))
-        for t in p2p:
-            if t not in P2P_TESTS:
-                raise UsageError(f"collectives.p2p names {t!r}; use any of {', '.join(P2P_TESTS)}")
+        p2p, p2p_ranks = _p2p_tests(c, world)
         if not op_names and not p2p:
             raise UsageError("collectives.ops is empty and collectives.p2p is empty: nothing to run")
-        pr = c.get("p2p_ranks")
-        p2p_ranks = None if pr is None else tuple(int(x) for x in pr)
-        if p2p and p2p_ranks is not None:
-            if len(p2p_ranks) != 2 or p2p_ranks[0] == p2p_ranks[1] or not all(0 <= x < world for x in p2p_ranks):
-                raise UsageError(f"collectives.p2p_ranks={list(p2p_ranks)} must be two different ranks in [0, {world})")
-        if p2p and world < 2:
-            raise UsageError("collectives.p2p needs at least 2 ranks; launch 2 or more")
         p2p_sizes = tuple(sweep_sizes(parse_size(c["p2p_minbytes"], "collectives.p2p_minbytes"),
                                       parse_size(c["p2p_maxbytes"], "collectives.p2p_maxbytes"), None, 2))
         ext = str(c.get("external", "auto")).lower()
@@ -144,6 +134,22 @@ class Settings:
             external_prefix=tuple(str(x) for x in (c.get("external_prefix") or [])),
             external_timeout_s=float(c["external_timeout_s"]), corrupt=corrupt,
         )
+
+
+def _p2p_tests(c: Mapping[str, Any], world: int) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+    """The osu-style tests asked for, and the pair of ranks they run between (None = auto)."""
+    p2p = tuple(str(t) for t in (c.get("p2p") or []))
+    for t in p2p:
+        if t not in P2P_TESTS:
+            raise UsageError(f"collectives.p2p names {t!r}; use any of {', '.join(P2P_TESTS)}")
+    pr = c.get("p2p_ranks")
+    p2p_ranks = None if pr is None else tuple(int(x) for x in pr)
+    if p2p and p2p_ranks is not None:
+        if len(p2p_ranks) != 2 or p2p_ranks[0] == p2p_ranks[1] or not all(0 <= x < world for x in p2p_ranks):
+            raise UsageError(f"collectives.p2p_ranks={list(p2p_ranks)} must be two different ranks in [0, {world})")
+    if p2p and world < 2:
+        raise UsageError("collectives.p2p needs at least 2 ranks; launch 2 or more")
+    return p2p, p2p_ranks
 
 
 def pattern_groups(pattern: str, world: int, ranks_per_node: int) -> list[list[int]]:

@@ -101,16 +101,20 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 
+    return torchrun(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+
+
+def torchrun(args: list[str]) -> int:
+    """torchrun in this process; a failed rank becomes one line and its exit code instead
+    of torch's ChildFailedError traceback (the rank printed its own message already)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
     try:
-        run(args)
+        run(get_args_parser().parse_args(args))
     except ChildFailedError as e:
-        first = min(e.failures.values(), key=lambda f: f.timestamp)
-        print(f"error: rank {first.local_rank} exited with code {first.exitcode}; "
-              "its message is above", file=sys.stderr)
+        rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
+        print(f"error: rank {rank} exited with code {first.exitcode}; its message is above", file=sys.stderr)
         return first.exitcode if first.exitcode > 0 else 1
     return 0
 

@@ -143,9 +143,6 @@ class Topology:
     def namespaces(self) -> list[str]:
         return self.nodes + ([self.bridge_ns] if self.bridge_ns else [])
 
-    def ns_path(self, node: int) -> str:
-        return f"/run/netns/{self.nodes[node]}"
-
     def __enter__(self) -> Topology:
         try:
             self.build()
@@ -241,9 +238,9 @@ def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, ov
 
 def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
                python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
-    """Start one agent per namespace (nsenter --net: the namespace's network only; the
-    filesystem, users and /sys stay the host's), wait for all, return the first failure's
-    exit code (0 when all succeeded). A timeout or Ctrl-C stops every agent."""
+    """Start one agent per namespace (`ip netns exec`: the namespace's network, and a /sys
+    that shows its interfaces), wait for all, return the first failure's exit code (0 when
+    all succeeded). A timeout or Ctrl-C stops every agent."""
     base = dict(os.environ if env is None else env)
     # Every node's ranks must agree on the run directory; static rendezvous has no shared id.
     base.setdefault("FABRICBENCH_RUN_ID", f"emu-{time.strftime('%Y%m%d-%H%M%S')}-{topo.tag}")
@@ -379,16 +376,9 @@ def run(args, conf_dir: str | None = None) -> int:
 
 def agent_main(torchrun_args: Sequence[str]) -> int:
     """`python -m workloads.fabric.emulate --agent <torchrun args>`: torchrun in this namespace."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from workloads.core.launcher import torchrun
 
-    try:
-        run(get_args_parser().parse_args(list(torchrun_args)))
-    except ChildFailedError as e:
-        first = min(e.failures.values(), key=lambda f: f.timestamp)
-        print(f"error: rank {first.rank} exited with code {first.exitcode}; its message is above", file=sys.stderr)
-        return first.exitcode if first.exitcode > 0 else 1
-    return 0
+    return torchrun(list(torchrun_args))
 
 
 if __name__ == "__main__":

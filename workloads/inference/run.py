@@ -8,17 +8,17 @@ server is started once for the remaining points and always stopped.
 
 from __future__ import annotations
 
-import importlib.util
 import copy
 import json
 import math
 import os
 import signal
-from types import SimpleNamespace
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,19 +30,55 @@ from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, planned_requests, run_point
+from workloads.core import session
 from workloads.core.loggers import build_loggers, flatten
-from workloads.fabric.preflight import preflight
-from workloads.core.records import check_writable, write_record
-from workloads.core.session import base_record
+from workloads.core.records import write_record
 from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
-from workloads.inference.adapters import get_adapter
-from workloads.inference.adapters.base import ServerSpec, check_tp_divides
+from workloads.inference.adapters import Adapter, get_adapter
+from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
 
 WORKLOAD = "inference"
-# server.* keys that belong to the orchestrator, not to the reference engine's own config.
-_ORCHESTRATOR_KEYS = {"adapter", "host", "port", "nnodes", "node_rank", "dist_init_addr", "model_path", "extra_args",
-                      "env", "url", "health_path", "ready_timeout_s", "stop_timeout_s"}
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How every point of the sweep is driven (conf/load/*.yaml), validated once."""
+
+    num_requests: int | None
+    duration_s: float | None
+    warmup_requests: int
+    timeout_s: float
+    seed: int
+    extra_body: dict
+    lag_warn_ms: float
+    flush_cache_path: str | None
+
+    def point(self, base_url: str, backend, model_name: str, prompts, arrival: Arrival) -> LoadPoint:
+        return LoadPoint(base_url, backend, model_name, prompts.measured, arrival, num_requests=self.num_requests,
+                         duration_s=self.duration_s, warmup_requests=self.warmup_requests, timeout_s=self.timeout_s,
+                         seed=self.seed, extra_body=self.extra_body, lag_warn_ms=self.lag_warn_ms,
+                         warmup_specs=prompts.warmup)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """One inference sweep, validated before any server starts; below run_sweep nothing
+    reads the Hydra config."""
+
+    fabric: FabricProfile
+    spec: ServerSpec
+    adapter: Adapter
+    launch: Launch
+    backend: Any              # loadgen.backends.Backend
+    points: tuple[Arrival, ...]
+    slo: dict
+    prompts: PromptPlan       # per-point prompts, never reused within the sweep
+    load: LoadSettings
+    model_name: str           # the config's model label (records and file names)
+
+    def stem(self, a: Arrival) -> str:
+        return f"{WORKLOAD}-{self.fabric.name}-{self.model_name}-{self.spec.adapter}-tp{self.spec.tp}-{a.label()}"
 
 
 def arrivals(load: DictConfig) -> list[Arrival]:
@@ -54,44 +90,15 @@ def arrivals(load: DictConfig) -> list[Arrival]:
     out = []
     for v in pts:
         if kind == "closed":
+            if v != int(v):
+                raise UsageError(f"load.points={pts}: a closed loop's points are concurrencies, whole numbers")
             out.append(Arrival("closed", concurrency=int(v)))
         else:
             out.append(Arrival(kind, rate=float(v), burstiness=float(load.burstiness), max_concurrency=cap))
     return out
 
 
-def _reference_overrides(overrides: list[str]) -> tuple[str, ...]:
-    """CLI overrides the reference engine must see too (its model shape, its server knobs)."""
-    keep = []
-    for o in overrides:
-        key = o.lstrip("+~").split("=", 1)[0]
-        if key.startswith("model.") or key == "seed" or key.startswith("dist."):
-            keep.append(o)
-        elif key.startswith("server.") and key.split(".")[1] not in _ORCHESTRATOR_KEYS | {"tp"}:
-            keep.append(o)
-    return tuple(keep)
-
-
-def validate(cfg: DictConfig, overrides: list[str]):
-    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
-    scfg = OmegaConf.to_container(cfg.server, resolve=True)
-    if scfg.get("name") == "reference" and not scfg.get("tp"):
-        scfg["tp"] = 1
-    spec = ServerSpec.from_config(scfg)
-    adapter = get_adapter(spec.adapter)
-    if spec.adapter != "external":  # a server started here runs on this host's fabric
-        preflight(fabric)
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    if spec.adapter != "external":
-        check_tp_divides(spec.tp, model)
-    if spec.adapter == "sglang" and not spec.python and importlib.util.find_spec("sglang") is None:
-        raise UsageError("server=sglang: SGLang is not installed in this Python; run in the sglang container "
-                         "(Dockerfile target sglang) or set server.python (FB_ENGINE_PYTHON) to an interpreter that has it")
-    launch = adapter.command(spec, model, fabric.name,
-                             _reference_overrides(overrides) if spec.adapter == "reference" else ())
-    load = cfg.load
-    backend = get_backend(str(load.backend))
-    points = arrivals(load)
+def _load_settings(load: DictConfig, points: list[Arrival]) -> LoadSettings:
     if load.num_requests is None and load.duration_s is None:
         raise UsageError("set load.num_requests (requests per point) or load.duration_s (seconds per point)")
     if load.num_requests is not None and int(load.num_requests) <= 0:
@@ -99,23 +106,25 @@ def validate(cfg: DictConfig, overrides: list[str]):
     if load.duration_s is not None and load.num_requests is None and any(
             not a.open_loop or math.isinf(a.rate) for a in points) and str(load.arrival) == "burst":
         raise UsageError("load.arrival=burst sends a fixed batch: use load.num_requests, not load.duration_s")
-    slo = parse_slo(load.get("slo"))
     if float(load.request_timeout_s) <= 0:
         raise UsageError(f"load.request_timeout_s={load.request_timeout_s} must be positive")
-    tokenizer = load_tokenizer(load.get("tokenizer"))
-    nreq = int(load.num_requests) if load.num_requests is not None else None
-    dur = float(load.duration_s) if load.duration_s is not None else None
-    plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
-                      int(model.get("vocab_size") or 1000), int(load.seed), int(load.warmup_requests),
-                      [planned_requests(a, nreq, dur) for a in points], warn=lambda m: print(m, flush=True))
-    first = plan.point(0)
-    specs = first.warmup + first.measured
     flush = load.get("flush_cache_path")
     if flush is not None and not str(flush).startswith("/"):
         raise UsageError(f"load.flush_cache_path={flush!r} must be a path on the server starting with '/' "
                          "(e.g. /flush_cache for SGLang) or null")
+    return LoadSettings(
+        num_requests=int(load.num_requests) if load.num_requests is not None else None,
+        duration_s=float(load.duration_s) if load.duration_s is not None else None,
+        warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s), seed=int(load.seed),
+        extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
+        flush_cache_path=None if flush is None else str(flush))
+
+
+def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> None:
+    first = plan.point(0)
+    specs = first.warmup + first.measured
     limit = model.get("max_position_embeddings")
-    if limit and spec.adapter != "external":
+    if limit and adapter.starts_process:
         longest = max(s.prompt_len + s.output_len for s in specs)
         if longest > int(limit):
             raise UsageError(
@@ -124,8 +133,32 @@ def validate(cfg: DictConfig, overrides: list[str]):
                 "reference model) or choose a larger model=")
     if backend.name == "chat" and not isinstance(specs[0].prompt, str):
         raise UsageError("load.backend=chat needs text prompts: set load.tokenizer=<local tokenizer dir>")
-    check_writable(cfg.output_root)
-    return fabric, spec, launch, backend, points, slo, plan
+
+
+def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
+    """Everything checkable before a server starts. Raises UsageError."""
+    spec = ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True))
+    adapter = get_adapter(spec.adapter)
+    # A server started here runs on this host's fabric; an external one is not ours to check.
+    # The engine's own interpreter (its torch, its NCCL) runs the backend, not this one.
+    fabric = session.prepare(cfg, local=adapter.starts_process, backend=False)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if adapter.starts_process:
+        check_tp_divides(spec.tp, model)
+    adapter.check_available(spec)
+    launch = adapter.command(spec, model, fabric.name, adapter.forwarded_overrides(overrides))
+    load = cfg.load
+    backend = get_backend(str(load.backend))
+    points = arrivals(load)
+    settings = _load_settings(load, points)
+    slo = parse_slo(load.get("slo"))
+    tokenizer = load_tokenizer(load.get("tokenizer"))
+    plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
+                      int(model.get("vocab_size") or 1000), settings.seed, settings.warmup_requests,
+                      [planned_requests(a, settings.num_requests, settings.duration_s) for a in points],
+                      warn=lambda m: print(m, flush=True))
+    _check_prompts(plan, model, adapter, backend)
+    return SweepPlan(fabric, spec, adapter, launch, backend, tuple(points), slo, plan, settings, str(cfg.model.name))
 
 
 # Config keys a resumed sweep may change without invalidating the points already measured.
@@ -168,26 +201,31 @@ def _on_sigterm(signum, frame):
 
 def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     overrides = list(overrides or [])
-    fabric, spec, launch, backend, points, slo, plan = validate(cfg, overrides)
+    plan = validate(cfg, overrides)
     run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     records = run_dir / "records"
     done = _done_points(records, cfg)
-    todo = [a for a in points if a.label() not in done]
-    for a in points:
+    for a in plan.points:
         if a.label() in done:
             print(f"point {a.label()}: already recorded in {records}, skipped", flush=True)
-    if not todo:
+    if all(a.label() in done for a in plan.points):
         print("every point of this sweep is recorded; nothing to do", flush=True)
         return 0
     env = dict(os.environ)
-    applied = fabric.apply(run_dir, env)  # the server's environment, not this process's
+    applied = plan.fabric.apply(run_dir, env)  # the server's environment, not this process's
     reported = run_dir / "server" / f"transport-{os.getpid()}.json"
     env[TRANSPORT_FILE_ENV] = str(reported)  # the reference engine writes its own verdict here
-    load = cfg.load
-    base = base_record(WORKLOAD, cfg, fabric, applied, run_dir.name, overrides,
-                model=OmegaConf.to_container(cfg.model, resolve=True),
-                server={"adapter": spec.adapter, "tp": spec.tp, "nnodes": spec.nnodes, "url": spec.base_url,
-                        "argv": launch.argv, "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
+    spec, launch = plan.spec, plan.launch
+    base = session.base_record(
+        WORKLOAD, cfg, plan.fabric, applied, run_dir.name, overrides,
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        server={"adapter": spec.adapter, "tp": spec.tp, "nnodes": spec.nnodes, "url": spec.base_url,
+                "argv": launch.argv, "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
+
+    def loggers(label: str):  # one W&B run per point, as one record per point
+        info = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
+        return build_loggers(cfg, info, label=label)
+
     failed = 0
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -195,18 +233,12 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
 
         fp = fingerprint()
         with ManagedServer(spec, launch, run_dir, env) as srv:
-            transport = server_transport(fabric, run_dir, reported)
-            base["fabric"]["transport"] = transport
-            if transport.get("message"):
-                if transport["verdict"] == "mismatch" and fabric.verify == "fail":
-                    raise TransportMismatch(transport["message"] + " (fabric.verify=warn records it and goes on)")
-                print(f"warning: {transport['message']}", flush=True)
-            for k, a in enumerate(points):
+            _verify_server(plan.fabric, run_dir, reported, base)
+            for k, a in enumerate(plan.points):
                 if a.label() in done:
                     continue
-                failed += not _run_one(a, srv, backend, launch.model_name, plan.point(k), slo, load, base, fp,
-                                       records, cfg)
-                plan.release(k)
+                failed += not _run_one(plan, k, srv, base, fp, records, loggers)
+                plan.prompts.release(k)
                 if not srv.alive():
                     raise UsageError(f"server={spec.adapter} exited during point {a.label()}; the end of its log "
                                      f"({srv.log_path}):\n{log_tail(srv.log_path)}")
@@ -215,6 +247,17 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 1 if failed else 0
+
+
+def _verify_server(fabric: FabricProfile, run_dir: Path, reported: Path, base: dict) -> None:
+    """The transport the server's ranks used, into every point's record; a mismatch stops
+    the sweep under fabric.verify=fail."""
+    transport = server_transport(fabric, run_dir, reported)
+    base["fabric"]["transport"] = transport
+    if transport.get("message"):
+        if transport["verdict"] == "mismatch" and fabric.verify == "fail":
+            raise TransportMismatch(transport["message"] + " (fabric.verify=warn records it and goes on)")
+        print(f"warning: {transport['message']}", flush=True)
 
 
 def flush_cache(base_url: str, path: str, timeout_s: float = 60.0) -> None:
@@ -234,26 +277,21 @@ def flush_cache(base_url: str, path: str, timeout_s: float = 60.0) -> None:
                          "(SGLang: /flush_cache) or null") from None
 
 
-def _run_one(a: Arrival, srv, backend, model_name, prompts, slo, load, base, fp, records: Path, cfg) -> bool:
-    flush = load.get("flush_cache_path")
+def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
+             loggers: Callable[[str], Any]) -> bool:
+    a, prompts, flush = plan.points[k], plan.prompts.point(k), plan.load.flush_cache_path
     if flush:
-        flush_cache(srv.base_url, str(flush), float(load.request_timeout_s))
+        flush_cache(srv.base_url, flush, plan.load.timeout_s)
     # Each point's record starts from the sweep's shared fields, stamped when the point starts.
     rec = copy.deepcopy(base) | dict(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), point=a.label(),
         arrival={"kind": a.kind, "rate": a.rate, "burstiness": a.burstiness, "concurrency": a.concurrency,
                  "max_concurrency": a.max_concurrency},
         dataset=prompts.info | {"cache_flushed": bool(flush)}, fingerprint=fp, metrics={}, samples={})
-    stem = f"{WORKLOAD}-{cfg.fabric.name}-{cfg.model.name}-{base['server']['adapter']}-tp{base['server']['tp']}-{a.label()}"
-    point = LoadPoint(srv.base_url, backend, model_name, prompts.measured, a,
-                      num_requests=int(load.num_requests) if load.num_requests is not None else None,
-                      duration_s=float(load.duration_s) if load.duration_s is not None else None,
-                      warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s),
-                      seed=int(load.seed), extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
-                      warmup_specs=prompts.warmup)
+    point = plan.load.point(srv.base_url, plan.backend, plan.launch.model_name, prompts, a)
     try:
         res = run_point(point, warn=lambda m: print(m, flush=True))
-        m = summarize(res.results, res.duration_s, slo)
+        m = summarize(res.results, res.duration_s, plan.slo)
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
@@ -267,12 +305,10 @@ def _run_one(a: Arrival, srv, backend, model_name, prompts, slo, load, base, fp,
         rec["status"], rec["error"] = "failed", f"{type(e).__name__}: {e}"
         rec["traceback"] = traceback.format_exc()
     finally:
-        path = write_record(records, rec, stem)
-        # One W&B run per point, as one record per point (after the record is on disk).
-        loggers = build_loggers(cfg, SimpleNamespace(is_main=True, world_size=base["server"]["tp"],
-                                                     nodes=base["server"]["nnodes"]), label=a.label())
-        loggers.log_summary(rec)
-        loggers.close()
+        path = write_record(records, rec, plan.stem(a))
+        log = loggers(a.label())  # after the record is on disk
+        log.log_summary(rec)
+        log.close()
     _print_point(rec, path)
     return rec["status"] == "ok"
 

@@ -63,33 +63,6 @@ def config_to_hf(cfg: NeoXConfig) -> dict:
     }
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    st = sorted(path.glob("*.safetensors"))
-    if st:
-        from safetensors.torch import load_file
-
-        sd: dict[str, torch.Tensor] = {}
-        for f in st:
-            sd.update(load_file(str(f)))
-        return sd
-    bins = sorted(path.glob("pytorch_model*.bin"))
-    if bins:
-        sd = {}
-        for f in bins:
-            sd.update(torch.load(f, map_location="cpu", weights_only=True))
-        return sd
-    raise UsageError(f"no model.safetensors or pytorch_model.bin in {path}")
-
-
-def to_our_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in sd.items():
-        if k.endswith(_IGNORED_SUFFIXES):
-            continue
-        out["embed_out.weight" if k == "lm_head.weight" else k] = v
-    return out
-
-
 def check_checkpoint_dir(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if not p.is_dir():
@@ -100,6 +73,53 @@ def check_checkpoint_dir(path: str | Path) -> Path:
     if not (p / "config.json").is_file():
         raise UsageError(f"{p} has no config.json; it is not a Hugging Face model directory")
     return p
+
+
+class CheckpointWeights:
+    """A local HF GPT-NeoX directory, the one reader of its weights, read slice by slice: safetensors slices are read
+    lazily (only this rank's bytes); pytorch_model*.bin files are memory-mapped."""
+
+    def __init__(self, path: str):
+        p = check_checkpoint_dir(path)
+        self.handles: dict[str, object] = {}
+        files = sorted(p.glob("*.safetensors"))
+        if files:
+            from safetensors import safe_open
+
+            for f in files:
+                h = safe_open(str(f), framework="pt")
+                for k in h.keys():
+                    self.handles[k] = h
+            self.tensors = None
+        else:
+            bins = sorted(p.glob("pytorch_model*.bin"))
+            if not bins:
+                raise UsageError(f"no model.safetensors or pytorch_model.bin in {p}")
+            self.tensors = {}
+            for f in bins:
+                self.tensors.update(torch.load(f, map_location="cpu", weights_only=True, mmap=True))
+        names = self.handles.keys() if self.tensors is None else self.tensors.keys()
+        self.names = {("embed_out.weight" if k == "lm_head.weight" else k): k for k in names
+                      if not k.endswith(_IGNORED_SUFFIXES)}
+        self.path = p
+
+    def get(self, name: str, spec) -> torch.Tensor:
+        if name not in self.names:
+            raise UsageError(f"checkpoint {self.path} has no tensor {name}; it is not a GPT-NeoX checkpoint")
+        key = self.names[name]
+        if self.tensors is not None:
+            t = self.tensors[key]
+            return (t if spec is None else t.narrow(spec[0], spec[1], spec[2] - spec[1])).clone()
+        sl = self.handles[key].get_slice(key)
+        if spec is None:
+            return sl[:]
+        dim, a, b = spec
+        return sl[a:b] if dim == 0 else sl[:, a:b]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor, under GPTNeoX's names."""
+        return {name: self.get(name, None) for name in self.names}
+
 
 
 def load_hf_config(path: str | Path) -> NeoXConfig:
@@ -114,7 +134,7 @@ def load_hf(path: str | Path) -> GPTNeoX:
     """A GPTNeoX with the weights of a local HF GPT-NeoX directory."""
     cfg = load_hf_config(path)
     model = GPTNeoX(cfg)
-    missing, unexpected = model.load_state_dict(to_our_names(_read_state_dict(Path(path))), strict=False)
+    missing, unexpected = model.load_state_dict(CheckpointWeights(str(path)).state_dict(), strict=False)
     if missing or unexpected:
         raise UsageError(
             f"checkpoint {path} does not match GPT-NeoX: missing {missing[:4]}, unexpected {unexpected[:4]}"
@@ -132,3 +152,4 @@ def save_hf(model: GPTNeoX, path: str | Path) -> Path:
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(sd, str(p / "model.safetensors"), metadata={"format": "pt"})
     return p
+

@@ -25,6 +25,10 @@ from workloads.core.errors import UsageError
 from workloads.training.metrics import pad_vocab_size
 
 
+# The precisions a model runs in (train.precision, server.dtype); fp16 needs a GPU.
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 @dataclass(frozen=True)
 class NeoXConfig:
     num_layers: int
@@ -196,6 +200,3 @@ class GPTNeoX(nn.Module):
             else:
                 x = layer(x, cos, sin)
         return self.embed_out(self.gpt_neox.final_layer_norm(x))
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

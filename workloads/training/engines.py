@@ -17,8 +17,8 @@ from torch import nn
 
 from workloads.training.commtimer import CommTimer
 from workloads.core.errors import UsageError
+from workloads.models.neox import PRECISIONS
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)

@@ -123,25 +123,13 @@ def summarize_training(
     it = statistics.fmean(timed)
     std = statistics.stdev(timed) if len(timed) > 1 else 0.0
     sps = global_batch / it
-    flops = flops_per_iteration(
-        global_batch=global_batch,
-        seq_length=seq_length,
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        padded_vocab=padded_vocab,
-        checkpoint_activations=checkpoint_activations,
-    )
+    shape = dict(global_batch=global_batch, seq_length=seq_length, num_layers=num_layers, hidden_size=hidden_size,
+                 padded_vocab=padded_vocab)
+    flops = flops_per_iteration(**shape, checkpoint_activations=checkpoint_activations)
     mfu = None
     if peak_tflops:
         # MFU counts model FLOPs only: recomputation is not useful work, so f = 3.
-        model_flops = flops_per_iteration(
-            global_batch=global_batch,
-            seq_length=seq_length,
-            num_layers=num_layers,
-            hidden_size=hidden_size,
-            padded_vocab=padded_vocab,
-            checkpoint_activations=False,
-        )
+        model_flops = flops_per_iteration(**shape, checkpoint_activations=False)
         mfu = tflops_per_gpu(model_flops, it, world_size) / peak_tflops
     comm_share = None
     if comm_times_s is not None and len(comm_times_s) == len(step_times_s):

@@ -19,7 +19,8 @@ from workloads.core import dist as fdist
 from workloads.core import session
 from workloads.training.commtimer import CommTimer
 from workloads.training.data import synthetic_batches, token_file_batches
-from workloads.training.engines import PRECISIONS, TrainSettings, build_engine
+from workloads.models.neox import PRECISIONS
+from workloads.training.engines import TrainSettings, build_engine
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.models.hf import load_hf, load_hf_config
@@ -27,8 +28,7 @@ from workloads.core.loggers import build_loggers
 from workloads.training.metrics import flops_per_iteration, peak_tflops_for, summarize_training, tflops_per_gpu
 from workloads.models.neox import GPTNeoX, NeoXConfig
 from workloads.fabric.nic import NicSampler, rails_for
-from workloads.fabric.preflight import preflight
-from workloads.core.records import check_writable, fingerprint
+from workloads.core.records import fingerprint
 from workloads.fabric.verify import check_transport
 
 
@@ -90,13 +90,32 @@ def _int(name: str, value) -> int:
         raise UsageError(f"{name}={value!r} must be an integer") from None
 
 
-def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, FabricProfile]:
-    """Everything checkable before a process group exists. Raises UsageError."""
-    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
-    if cfg.workload.name == "finetune" and OmegaConf.is_missing(cfg.init, "checkpoint"):
-        raise UsageError("workload=finetune needs init.checkpoint=<local Hugging Face GPT-NeoX directory>")
-    mcfg = model_config(cfg)
-    t = cfg.train
+@dataclass(frozen=True)
+class TrainPlan:
+    """One training point, validated once before any rank starts; everything below the
+    entry function reads this, never the Hydra config."""
+
+    workload: str            # pretrain | finetune
+    model: NeoXConfig
+    model_name: str
+    layout: BatchLayout
+    fabric: FabricProfile
+    settings: TrainSettings
+    seq_length: int
+    steps: int
+    warmup_steps: int
+    seed: int
+    checkpoint: str | None   # finetune: the local HF directory the weights come from
+    data: dict               # kind (synthetic | tokens), path, dtype
+    parallel: dict           # conf/parallel/*.yaml as a plain dict (name, engine, ZeRO stage ...)
+    peak_tflops: float | None
+
+    @property
+    def stem(self) -> str:
+        return f"{self.workload}-{self.fabric.name}-{self.model_name}-{self.parallel['name']}-mb{self.layout.micro_batch_size}"
+
+
+def _check_train_keys(t) -> None:
     unknown = sorted(set(t) - TRAIN_KEYS)
     if unknown:
         import difflib
@@ -108,7 +127,9 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
         _int(f"train.{key}", t[key])
     if t.global_batch_size is not None:
         _int("train.global_batch_size", t.global_batch_size)
-    layout = BatchLayout.resolve(t.micro_batch_size, t.grad_accum_steps, t.global_batch_size, world)
+
+
+def _check_steps(t, mcfg: NeoXConfig, fabric: FabricProfile) -> int:
     seq = _int("train.seq_length", t.seq_length)
     if seq <= 0:
         raise UsageError(f"train.seq_length must be positive, got {seq}")
@@ -126,6 +147,19 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
         raise UsageError(f"train.precision={t.precision!r}; use one of {', '.join(PRECISIONS)}")
     if fabric.backend == "gloo" and t.precision == "fp16":
         raise UsageError("train.precision=fp16 needs a GPU; on CPU use fp32 or bf16")
+    return seq
+
+
+def validate(cfg: DictConfig, world: int) -> TrainPlan:
+    """Everything checkable before a process group exists. Raises UsageError."""
+    fabric = session.prepare(cfg)
+    if cfg.workload.name == "finetune" and OmegaConf.is_missing(cfg.init, "checkpoint"):
+        raise UsageError("workload=finetune needs init.checkpoint=<local Hugging Face GPT-NeoX directory>")
+    mcfg = model_config(cfg)
+    t = cfg.train
+    _check_train_keys(t)
+    layout = BatchLayout.resolve(t.micro_batch_size, t.grad_accum_steps, t.global_batch_size, world)
+    seq = _check_steps(t, mcfg, fabric)
     if cfg.parallel.engine not in ("ddp", "deepspeed"):
         raise UsageError(f"parallel.engine={cfg.parallel.engine!r}; use ddp or deepspeed")
     if cfg.data.kind == "tokens":
@@ -134,10 +168,15 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
         check_token_file(cfg.data.path, cfg.data.dtype)
     elif cfg.data.kind != "synthetic":
         raise UsageError(f"data.kind={cfg.data.kind!r}; use synthetic or tokens")
-    fabric.check_backend_usable()
-    preflight(fabric)  # sysfs: the HCAs, GID and interfaces the profile names exist and are up
-    check_writable(cfg.output_root)
-    return mcfg, layout, fabric
+    settings = TrainSettings(layout.micro_batch_size, layout.grad_accum_steps, float(t.lr), float(t.weight_decay),
+                             float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
+    peak = cfg.metrics.get("peak_tflops")
+    return TrainPlan(
+        workload=str(cfg.workload.name), model=mcfg, model_name=str(cfg.model.name), layout=layout, fabric=fabric,
+        settings=settings, seq_length=seq, steps=int(t.steps), warmup_steps=int(t.warmup_steps), seed=int(cfg.seed),
+        checkpoint=cfg.init.get("checkpoint") or None,
+        data={"kind": str(cfg.data.kind), "path": cfg.data.get("path"), "dtype": cfg.data.get("dtype")},
+        parallel=OmegaConf.to_container(cfg.parallel, resolve=True), peak_tflops=None if peak is None else float(peak))
 
 
 def _transport_line(transport: dict | None) -> str:
@@ -152,16 +191,16 @@ def _transport_line(transport: dict | None) -> str:
     return f"{transport.get('verdict')}: {seen or 'no evidence'}"
 
 
-def _print_summary(record: dict, info: fdist.DistInfo, layout: BatchLayout, cfg: DictConfig, path: Path) -> None:
-    metrics = record["metrics"]
+def _print_summary(record: dict, info: fdist.DistInfo, plan: TrainPlan, path: Path) -> None:
+    metrics, layout = record["metrics"], plan.layout
 
     def fmt(v, spec):
         return "n/a" if v is None else format(v, spec)
 
     rows = [
-        ("fabric", f"{cfg.fabric.name} ({info.backend})"),
+        ("fabric", f"{plan.fabric.name} ({info.backend})"),
         ("transport", _transport_line(record["fabric"].get("transport"))),
-        ("model", f"{cfg.model.name}, {cfg.parallel.name}, {cfg.train.precision}"),
+        ("model", f"{plan.model_name}, {plan.parallel['name']}, {plan.settings.precision}"),
         ("world", f"{info.world_size} ranks on {info.nodes} node(s)"),
         ("global batch", f"{layout.global_batch} = {layout.micro_batch_size} x {layout.grad_accum_steps} x {layout.data_parallel}"),
         ("iteration time", f"{fmt(metrics['iteration_time(s)'], '.4f')} s  (std {fmt(metrics['iteration_time_std(s)'], '.4f')}, {metrics['measured_steps']} steps)"),
@@ -179,28 +218,28 @@ def _print_summary(record: dict, info: fdist.DistInfo, layout: BatchLayout, cfg:
 def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one measured point. Returns the record path on rank 0, None elsewhere."""
     _, world, _, _ = fdist.launch_env()
-    mcfg, layout, fabric = validate(cfg, world)
-    info, run_dir, applied_env = session.start(cfg, fabric)
+    plan = validate(cfg, world)
+    info, run_dir, applied_env = session.start(cfg, plan.fabric)
     loggers = build_loggers(cfg, info)  # rank 0's trackers (W&B); a no-op list elsewhere
+    layout, mcfg = plan.layout, plan.model
     record = session.base_record(
-        cfg.workload.name, cfg, fabric, applied_env, run_dir.name, overrides,
-        model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": cfg.model.name},
+        plan.workload, cfg, plan.fabric, applied_env, run_dir.name, overrides,
+        model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": plan.model_name},
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         batch={"micro_batch_size": layout.micro_batch_size, "grad_accum_steps": layout.grad_accum_steps,
-               "global_batch_size": layout.global_batch, "seq_length": int(cfg.train.seq_length)},
+               "global_batch_size": layout.global_batch, "seq_length": plan.seq_length},
         fingerprint=fingerprint(),
         metrics={},
         samples={},
     )
-    stem = f"{cfg.workload.name}-{fabric.name}-{cfg.model.name}-{cfg.parallel.name}-mb{layout.micro_batch_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
+    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main)
     try:
         with recorded:
-            _measure(cfg, mcfg, layout, fabric, info, run_dir, record, loggers)
+            _measure(plan, info, run_dir, record, loggers)
     finally:
         if info.is_main:
             if record["status"] == "ok":
-                _print_summary(record, info, layout, cfg, recorded.path)
+                _print_summary(record, info, plan, recorded.path)
             else:
                 print(f"run failed; record with the error: {recorded.path}", flush=True)
             loggers.log_summary(record)  # after the local record is safely written
@@ -208,31 +247,23 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
     return recorded.path
 
 
-def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: FabricProfile,
-             info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
+def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
     """Build, warm up, time every step; fill the record's metrics and samples."""
-    t = cfg.train
-    torch.manual_seed(int(cfg.seed))  # the same initial weights on every rank
-    model = load_hf(cfg.init.checkpoint) if cfg.init.get("checkpoint") else GPTNeoX(mcfg)
-    model.checkpoint_activations = bool(t.activation_checkpointing)
-    settings = TrainSettings(layout.micro_batch_size, layout.grad_accum_steps, float(t.lr), float(t.weight_decay),
-                             float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
-    seq, warmup, accum = int(t.seq_length), int(t.warmup_steps), layout.grad_accum_steps
-    data_kw = dict(seed=int(cfg.seed), rank=info.rank, vocab=min(mcfg.vocab_size, mcfg.padded_vocab),
-                   micro_batch=layout.micro_batch_size, seq=seq, device=info.device)
-    if cfg.data.kind == "tokens":
-        pool = token_file_batches(path=cfg.data.path, dtype=cfg.data.dtype, world=info.world_size, **data_kw)
-    else:
-        pool = synthetic_batches(**data_kw)
+    mcfg, layout, settings = plan.model, plan.layout, plan.settings
+    torch.manual_seed(plan.seed)  # the same initial weights on every rank
+    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(mcfg)
+    model.checkpoint_activations = settings.activation_checkpointing
+    seq, warmup, accum = plan.seq_length, plan.warmup_steps, layout.grad_accum_steps
+    pool = _batches(plan, info)
     timer = CommTimer(info.device)
-    engine = build_engine(OmegaConf.to_container(cfg.parallel, resolve=True), model, settings, info.device)
+    engine = build_engine(plan.parallel, model, settings, info.device)
     flops = flops_per_iteration(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
                                 hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-                                checkpoint_activations=bool(t.activation_checkpointing))
+                                checkpoint_activations=settings.activation_checkpointing)
     nic = NicSampler()
     step_times, comm_times, losses = [], [], []
     with timer.active():
-        for step in range(int(t.steps)):
+        for step in range(plan.steps):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
             fdist.synchronize(info.device)
             if step >= warmup:
@@ -246,7 +277,7 @@ def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: Fab
             if step >= warmup:
                 nic.end_step()
             if step == 0:  # after the first collectives, before anything is timed for the summary
-                record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
+                record["fabric"]["transport"] = check_transport(plan.fabric, run_dir, info)
             losses.append(float(loss))
             dt = step_times[-1]  # W&B buffers these unless logger.live
             loggers.log_step(step, {"step_time(s)": dt, "samples_per_sec": layout.global_batch / dt,
@@ -255,12 +286,21 @@ def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: Fab
     summary = summarize_training(
         step_times_s=step_times, warmup_steps=warmup, global_batch=layout.global_batch, seq_length=seq,
         num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-        checkpoint_activations=bool(t.activation_checkpointing), world_size=info.world_size,
-        peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", cfg.metrics.get("peak_tflops"),
-                                    str(t.precision)),
+        checkpoint_activations=settings.activation_checkpointing, world_size=info.world_size,
+        peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", plan.peak_tflops, settings.precision),
         comm_times_s=comm_times,
     )
-    record["nic"] = nic.summary(rails_for(fabric, os.environ, record["fabric"].get("transport")))
+    record["nic"] = nic.summary(rails_for(plan.fabric, os.environ, record["fabric"].get("transport")))
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
     record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
                          "warmup_steps": warmup}
+
+
+def _batches(plan: TrainPlan, info: fdist.DistInfo) -> list:
+    """This rank's pool of micro-batches: synthetic tokens, or its shard of a token file."""
+    mcfg = plan.model
+    data_kw = dict(seed=plan.seed, rank=info.rank, vocab=min(mcfg.vocab_size, mcfg.padded_vocab),
+                   micro_batch=plan.layout.micro_batch_size, seq=plan.seq_length, device=info.device)
+    if plan.data["kind"] == "tokens":
+        return token_file_batches(path=plan.data["path"], dtype=plan.data["dtype"], world=info.world_size, **data_kw)
+    return synthetic_batches(**data_kw)

@@ -1,18 +1,62 @@
-"""Serving engines behind one interface: each adapter module's `command(spec, model,
-fabric, overrides) -> Launch`; the orchestrator starts, watches and stops them alike."""
+"""Serving engines behind one interface. An engine is one adapter module plus one
+conf/server/<name>.yaml whose `adapter:` names it: a module of this package by its short
+name (`vllm`), or any importable module by its dotted path (`mypkg.myengine`).
+
+A module provides `command(spec, model, fabric, overrides) -> Launch` and, where the
+default does not fit:
+- `STARTS_PROCESS = False`: nothing is started here (an external server), so this host's
+  fabric, TP degree and model limits are not checked;
+- `check_available(spec)`: raise UsageError when the engine cannot start from here;
+- `forwarded_overrides(overrides)`: command-line overrides the engine must see too.
+The orchestrator (orchestrator.py) starts, watches and stops every engine alike.
+"""
 
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
 
 from workloads.core.errors import UsageError
-from workloads.inference.adapters import external, reference, sglang, vllm
+from workloads.inference.adapters.base import Launch, ServerSpec
 
-ADAPTERS: dict[str, ModuleType] = {"sglang": sglang, "vllm": vllm, "reference": reference, "external": external}
+_NOT_ADAPTERS = {"base", "orchestrator"}
 
 
-def get_adapter(name: str) -> ModuleType:
+def _nothing(*_args) -> None:
+    return None
+
+
+def _no_overrides(_overrides: list[str]) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    command: Callable[..., Launch]
+    starts_process: bool = True
+    check_available: Callable[[ServerSpec], None] = _nothing
+    forwarded_overrides: Callable[[list[str]], tuple[str, ...]] = _no_overrides
+
+
+def builtin() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_ADAPTERS)
+
+
+def get_adapter(name: str) -> Adapter:
+    module = name if "." in name else f"{__name__}.{name}"
+    if name in _NOT_ADAPTERS:
+        module = ""
     try:
-        return ADAPTERS[name]
-    except KeyError:
-        raise UsageError(f"server adapter {name!r}; use one of {', '.join(ADAPTERS)}") from None
+        mod = importlib.import_module(module) if module else None
+    except ModuleNotFoundError as e:
+        if not module.startswith(str(e.name)):
+            raise  # the adapter exists but one of its own imports is missing
+        mod = None
+    if mod is None or not callable(getattr(mod, "command", None)):
+        raise UsageError(f"server adapter {name!r} is not a module with a command() function; use one of "
+                         f"{', '.join(builtin())}, or a dotted module path (see workloads/inference/adapters/__init__.py)")
+    return Adapter(name, mod.command, bool(getattr(mod, "STARTS_PROCESS", True)),
+                   getattr(mod, "check_available", _nothing), getattr(mod, "forwarded_overrides", _no_overrides))

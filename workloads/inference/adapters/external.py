@@ -5,6 +5,8 @@ from __future__ import annotations
 from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec
 
+STARTS_PROCESS = False  # someone else's server: nothing to start, stop, or check on this host
+
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
     if not spec.url:

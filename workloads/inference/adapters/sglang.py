@@ -6,9 +6,17 @@ degree, `--dist-init-addr` node 0's host:port, `--nnodes` and `--node-rank`.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
+from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+
+
+def check_available(spec: ServerSpec) -> None:
+    if not spec.python and importlib.util.find_spec("sglang") is None:
+        raise UsageError("server=sglang: SGLang is not installed in this Python; run in the sglang container "
+                         "(Dockerfile target sglang) or set server.python (FB_ENGINE_PYTHON) to an interpreter that has it")
 
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:

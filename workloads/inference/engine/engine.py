@@ -29,10 +29,9 @@ import torch
 import torch.distributed as dist
 
 from workloads.core.errors import UsageError
-from workloads.models.neox import NeoXConfig
+from workloads.models.neox import PRECISIONS, NeoXConfig
 from workloads.inference.engine.tp import StepInput, TPNeoX, check_tp, weight_source
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class RequestError(Exception):
@@ -59,8 +58,8 @@ class EngineSettings:
         if self.max_kv_tokens < self.kv_block_size:
             raise UsageError(f"server.max_kv_tokens={self.max_kv_tokens} is below one KV block "
                              f"(server.kv_block_size={self.kv_block_size}); raise it")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"server.dtype={self.dtype!r}; use one of {', '.join(DTYPES)}")
+        if self.dtype not in PRECISIONS:
+            raise UsageError(f"server.dtype={self.dtype!r}; use one of {', '.join(PRECISIONS)}")
 
     @property
     def num_blocks(self) -> int:
@@ -352,5 +351,5 @@ def build_engine(model_cfg: NeoXConfig, settings: EngineSettings, rank: int, wor
     if settings.dtype == "fp16" and device.type != "cuda":
         raise UsageError("server.dtype=fp16 needs a GPU; on CPU use fp32 or bf16")
     model = TPNeoX.load(weight_source(model_cfg, seed, checkpoint), model_cfg, world, rank, device,
-                        DTYPES[settings.dtype])
+                        PRECISIONS[settings.dtype])
     return Engine(model, model_cfg, settings, rank, world, device, eos_token_id)

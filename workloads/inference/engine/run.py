@@ -20,10 +20,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import rundir
+from workloads.core import session
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
-from workloads.fabric.preflight import preflight
 from workloads.fabric.verify import check_transport, report_transport
 from workloads.models.neox import NeoXConfig
 from workloads.inference.engine.engine import EngineSettings
@@ -48,9 +47,7 @@ def _has_tokenizer(p: Path) -> bool:
 def validate(cfg: DictConfig, world: int) -> ServePlan:
     """Everything checkable before a process group exists. Raises UsageError."""
     s = cfg.server
-    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
-    fabric.check_backend_usable()
-    preflight(fabric)
+    fabric = session.prepare(cfg)
     checkpoint = s.get("checkpoint") or None
     eos = s.get("eos_token_id")
     if checkpoint:
@@ -91,18 +88,17 @@ def run_server(cfg: DictConfig) -> int:
     import torch
 
     from workloads.inference.engine.engine import build_engine
-    from workloads.inference.engine.server import Server, load_tokenizer
+    from workloads.inference.engine.server import Server
+    from workloads.models.tokenizer import load_tokenizer
 
     _, world, _, _ = fdist.launch_env()
     plan = validate(cfg, world)
-    tokenizer = load_tokenizer(plan.tokenizer)
+    tokenizer = load_tokenizer(plan.tokenizer, "server.tokenizer")
     eos = plan.eos_token_id
     if eos is None and tokenizer is not None:
         eos = tokenizer.eos_token_id
-    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
-    plan.fabric.apply(run_dir)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
-    info = fdist.init_once(plan.fabric.backend, plan.fabric.name, float(cfg.dist.timeout_s))
+    info, run_dir, _ = session.start(cfg, plan.fabric)
     engine = build_engine(plan.model, plan.settings, info.rank, info.world_size, info.device, int(cfg.seed),
                           plan.checkpoint, eos)
     # Every rank, before serving: which wire the TP all_reduces use (a mismatch under

@@ -33,21 +33,6 @@ from workloads.inference.engine.engine import Engine, RequestError, SamplingPara
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, also vLLM's
 
 
-def load_tokenizer(path: str | None):
-    if not path:
-        return None
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise UsageError(f"server.tokenizer={p} is not a directory; point it at a local Hugging Face tokenizer "
-                         "directory (tokenizer.json / tokenizer_config.json), or leave it null and send token ids")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot load a tokenizer from {p}: {str(e).splitlines()[0]}") from None
-
-
 class Detokenizer:
     """Incremental text of a growing token list; holds back an incomplete UTF-8 tail."""
 

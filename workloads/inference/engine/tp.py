@@ -35,20 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.core.errors import UsageError
+from workloads.inference.adapters.base import check_tp_divides
+from workloads.models.hf import CheckpointWeights  # noqa: F401  (a weight source, as RandomWeights)
 from workloads.models.neox import MLP, Attention, GPTNeoX, NeoXConfig, apply_rotary, rotary_cos_sin
 
 
 def check_tp(cfg: NeoXConfig, tp: int) -> None:
-    if tp <= 0:
-        raise UsageError(f"server.tp must be positive, got {tp}")
-    if cfg.num_attention_heads % tp:
-        raise UsageError(
-            f"tensor parallel degree {tp} does not divide model.num_attention_heads="
-            f"{cfg.num_attention_heads}; choose tp in "
-            f"{[d for d in range(1, cfg.num_attention_heads + 1) if cfg.num_attention_heads % d == 0 and cfg.ffn_size % d == 0]}"
-        )
-    if cfg.ffn_size % tp:
-        raise UsageError(f"tensor parallel degree {tp} does not divide the MLP size {cfg.ffn_size}")
+    check_tp_divides(tp, {"name": "the served model", "num_attention_heads": cfg.num_attention_heads,
+                          "ffn_size": cfg.ffn_size})
 
 
 def shard_slice(name: str, cfg: NeoXConfig, rank: int, tp: int) -> tuple[int, int, int] | None:
@@ -111,50 +105,6 @@ class RandomWeights:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: self.full(k) for k in self.shapes}
-
-
-class CheckpointWeights:
-    """A local HF GPT-NeoX directory, read slice by slice: safetensors slices are read
-    lazily (only this rank's bytes); pytorch_model*.bin files are memory-mapped."""
-
-    def __init__(self, path: str):
-        from workloads.models.hf import _IGNORED_SUFFIXES, check_checkpoint_dir
-
-        p = check_checkpoint_dir(path)
-        self.handles: dict[str, object] = {}
-        files = sorted(p.glob("*.safetensors"))
-        if files:
-            from safetensors import safe_open
-
-            for f in files:
-                h = safe_open(str(f), framework="pt")
-                for k in h.keys():
-                    self.handles[k] = h
-            self.tensors = None
-        else:
-            bins = sorted(p.glob("pytorch_model*.bin"))
-            if not bins:
-                raise UsageError(f"no model.safetensors or pytorch_model.bin in {p}")
-            self.tensors = {}
-            for f in bins:
-                self.tensors.update(torch.load(f, map_location="cpu", weights_only=True, mmap=True))
-        names = self.handles.keys() if self.tensors is None else self.tensors.keys()
-        self.names = {("embed_out.weight" if k == "lm_head.weight" else k): k for k in names
-                      if not k.endswith(_IGNORED_SUFFIXES)}
-        self.path = p
-
-    def get(self, name: str, spec) -> torch.Tensor:
-        if name not in self.names:
-            raise UsageError(f"checkpoint {self.path} has no tensor {name}; it is not a GPT-NeoX checkpoint")
-        key = self.names[name]
-        if self.tensors is not None:
-            t = self.tensors[key]
-            return (t if spec is None else t.narrow(spec[0], spec[1], spec[2] - spec[1])).clone()
-        sl = self.handles[key].get_slice(key)
-        if spec is None:
-            return sl[:]
-        dim, a, b = spec
-        return sl[a:b] if dim == 0 else sl[:, a:b]
 
 
 class TPLayer(nn.Module):

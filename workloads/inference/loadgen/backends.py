@@ -1,7 +1,9 @@
 """Request backends: the only place that knows the shape of an OpenAI request and chunk.
 
 A backend builds the JSON body for a `RequestSpec` and reads one parsed SSE event into
-(content text or None, usage dict or None). Timing lives in client.py, never here.
+(content text or None, whether it carried a choice, whether that choice finished); the
+usage block is read by client.py for every backend alike. Timing lives in client.py,
+never here.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from workloads.core.errors import UsageError
+from workloads.models.tokenizer import load_tokenizer  # noqa: F401  (re-exported for the load side)
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,6 @@ def prompt_key(prompt: str | list[int]) -> bytes:
 
 
 _REDRAWS = 20  # attempts to draw a prompt not yet sent before accepting a repeat (tiny vocab^len)
-
-
-def load_tokenizer(path: str | None):
-    if path in (None, "", "null"):
-        return None
-    p = Path(str(path)).expanduser()
-    if not p.exists():
-        raise UsageError(f"load.tokenizer={path!r} does not exist; give a local tokenizer directory "
-                         "(one with tokenizer.json or tokenizer_config.json) or null to send token ids")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except Exception as e:  # transformers raises many types for a bad directory
-        raise UsageError(f"load.tokenizer={path!r} is not a loadable tokenizer ({type(e).__name__}: {e}); "
-                         "point it at a Hugging Face tokenizer directory") from None
 
 
 def _lengths(rng: np.random.Generator, n: int, length: int, ratio: float, what: str) -> np.ndarray:

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import Backend
@@ -181,7 +180,3 @@ def run_point(p: LoadPoint, warn: Callable[[str], None] = print) -> PointResult:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def lag_array(res: PointResult) -> np.ndarray:
-    return np.asarray(res.send_lags)
