@@ -55,7 +55,20 @@ def compose(conf_dir: str, overrides: list[str], config_name: str = "config", hy
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             return hcompose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
-        raise UsageError(str(e).strip()) from None
+        raise UsageError(_one_line(str(e))) from None
+
+
+def _one_line(message: str) -> str:
+    """Hydra's multi-line composition errors as one line: the problem, and for a missing
+    group option, the options there are ("Could not find 'fabric/x'" + its list)."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "config error"
+    head, rest = lines[0], lines[1:]
+    if rest and rest[0].startswith("Available options"):
+        options = [ln for ln in rest[1:] if not ln.startswith(("Config search path", "provider="))]
+        return f"{head}; available: {', '.join(options)}"
+    return head
 
 
 @contextlib.contextmanager
@@ -67,6 +80,15 @@ def config_errors():
         yield
     except OmegaConfBaseException as e:
         raise UsageError(f"config: {str(e).splitlines()[0]}") from None
+
+
+def _should_say(e: UsageError) -> bool:
+    """Before the process group exists every rank of a node checks the same config, so
+    local rank 0 speaks for its node (a node-specific error, a missing HCA, still shows);
+    after init an error may be one rank's own, so every rank says it."""
+    pg = sys.modules.get("torch.distributed")
+    started = pg is not None and pg.is_available() and pg.is_initialized()
+    return started or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
 def launched() -> bool:
@@ -150,7 +172,8 @@ def hydra_entry(
             with config_errors():
                 code = run(cfg, list(HydraConfig.get().overrides.task))
         except UsageError as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            if _should_say(e):
+                print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             print("interrupted: measured points are kept", file=sys.stderr, flush=True)
@@ -162,4 +185,20 @@ def hydra_entry(
         code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
         if code is not None:
             sys.exit(code)
+    elif launched():
+        _compose_or_exit(sys.argv[1:], config_name)
     main()
+
+
+def _compose_or_exit(argv: list[str], config_name: str) -> None:
+    """Under torchrun/Slurm, a config that does not compose is one line from one rank per
+    node and exit 2, as everywhere else (Hydra itself would print its message per rank)."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra/hydra_logging=")]
+    try:
+        for job in expand_sweep(overrides) if multirun else [overrides]:
+            compose(CONF_DIR, job, config_name)
+    except UsageError as e:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)

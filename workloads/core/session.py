@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import rundir
+from workloads.core import rundir, schema
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.core.records import check_writable, new_record, write_record
@@ -22,10 +22,12 @@ from workloads.fabric.preflight import preflight
 
 
 def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> FabricProfile:
-    """The checks every workload makes before a process group exists: the fabric profile is valid, what it names is present on this host (`local`: this
+    """The checks every workload makes before a process group exists: every value has its
+    type, the fabric profile is valid, what it names is present on this host (`local`: this
     host carries the traffic; an external server's fabric is not ours to check), its backend
     can run in this Python (`backend`: false where another interpreter, an engine's own,
     runs it), and the output directory is writable. Raises UsageError."""
+    schema.check(cfg)
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     if local and backend:
         fabric.check_backend_usable()

@@ -83,13 +83,6 @@ TRAIN_KEYS = frozenset({"micro_batch_size", "grad_accum_steps", "global_batch_si
                         "warmup_steps", "lr", "weight_decay", "grad_clip", "precision", "activation_checkpointing"})
 
 
-def _int(name: str, value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{name}={value!r} must be an integer") from None
-
-
 @dataclass(frozen=True)
 class TrainPlan:
     """One training point, validated once before any rank starts; everything below the
@@ -123,16 +116,10 @@ def _check_train_keys(t) -> None:
         hints = [f"train.{k}" + (f" (did you mean train.{m[0]}?)" if (m := difflib.get_close_matches(k, TRAIN_KEYS, 1))
                                  else "") for k in unknown]
         raise UsageError(f"unknown setting {', '.join(hints)}; the train settings are {', '.join(sorted(TRAIN_KEYS))}")
-    for key in ("micro_batch_size", "grad_accum_steps", "steps", "warmup_steps"):
-        _int(f"train.{key}", t[key])
-    if t.global_batch_size is not None:
-        _int("train.global_batch_size", t.global_batch_size)
 
 
 def _check_steps(t, mcfg: NeoXConfig, fabric: FabricProfile) -> int:
-    seq = _int("train.seq_length", t.seq_length)
-    if seq <= 0:
-        raise UsageError(f"train.seq_length must be positive, got {seq}")
+    seq = int(t.seq_length)  # a positive integer (core/schema.py)
     if seq > mcfg.max_position_embeddings:
         raise UsageError(
             f"train.seq_length={seq} exceeds the model's max_position_embeddings="
