@@ -59,10 +59,13 @@ def _first(rec: Mapping, *paths: str) -> Any:
 
 @dataclass
 class Run:
-    """One record: one trial of one point under one fabric."""
+    """One record: one trial of one point under one arm."""
 
     source: str                      # file path or wandb://entity/project/run_id
     workload: str
+    # The label runs are grouped and compared by: the study arm (record["study"]["arm"]) when a
+    # study ran it, else the fabric's name. An A/A study runs one fabric under two arm labels,
+    # so grouping by the fabric would pool the control into the baseline.
     fabric: str
     status: str
     run_id: str | None
@@ -76,6 +79,13 @@ class Run:
     record: dict = field(default_factory=dict, repr=False)
     point: str | None = None         # inference: the sweep point's label ("c32", "poisson-r8")
     arrival: str | None = None       # inference: closed | poisson | gamma | burst
+    fabric_name: str | None = None   # the fabric profile that ran (equal to `fabric` outside a study)
+    study: dict | None = None        # record["study"]: name, id, arm, baseline, control, block, position, design, ...
+
+    @property
+    def control(self) -> bool:
+        """The arm is the study's A/A control: the baseline's fabric under a second label."""
+        return bool((self.study or {}).get("control"))
 
     @property
     def transport_verdict(self) -> str | None:
@@ -118,10 +128,12 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
     }
     fabric = dig(rec, "fabric") or {}
     na = NOT_APPLICABLE.get(workload, ())
+    fabric_name = str(_first(rec, "fabric.name", "config.fabric.name") or "unknown")
+    study = rec.get("study") if isinstance(rec.get("study"), Mapping) else None
     return Run(
         source=str(rec.get("_path") or ""),
         workload=workload,
-        fabric=str(_first(rec, "fabric.name", "config.fabric.name") or "unknown"),
+        fabric=str(study["arm"]) if study and study.get("arm") is not None else fabric_name,
         status=str(rec.get("status") or "unknown"),
         run_id=rec.get("run_id"),
         metrics=metrics,
@@ -134,6 +146,8 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         record=dict(rec),
         point=str(rec["point"]) if rec.get("point") is not None else None,
         arrival=str(kind) if kind is not None else None,
+        fabric_name=fabric_name,
+        study=dict(study) if study else None,
     )
 
 
@@ -151,6 +165,10 @@ class Table(list):
 
     def ok(self) -> Table:
         return Table(r for r in self if r.status == "ok")
+
+    def not_ok(self) -> Table:
+        """Failed or partial records: never analysed, always counted and named."""
+        return Table(r for r in self if r.status != "ok")
 
     @property
     def fabrics(self) -> list[str]:
