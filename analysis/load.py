@@ -101,9 +101,29 @@ class Run:
         return self.metrics.get(name)
 
 
+def cell_busbw(row: Mapping[str, Any]) -> list[float]:
+    """busbw (GB/s) of a collectives row's reported cells, out-of-place and in-place (nccl-tests'
+    two placements of one size; "N/A" cells, e.g. sendrecv in place, are absent)."""
+    cells = (row.get(place) for place in ("out_of_place", "in_place"))
+    return [f for c in cells if isinstance(c, Mapping) and (f := num(c.get("busbw"))) is not None]
+
+
+def size_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """`<op>/busbw@<bytes>(GB/s)` per (op, message size): the mean busbw of that size's cells, as
+    `<op>/avg_busbw(GB/s)` averages every cell of the op. One test per size, so a study (or
+    its A/A control) can be judged size by size: `compare --metric 'all_reduce/busbw@*'`."""
+    cells: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("op") and row.get("size"):
+            cells.setdefault(f"{row['op']}/busbw@{int(row['size'])}(GB/s)", []).extend(cell_busbw(row))
+    return {k: sum(v) / len(v) for k, v in cells.items() if v}
+
+
 def run_from_record(rec: Mapping[str, Any]) -> Run:
     workload = str(rec.get("workload") or "unknown")
     metrics = {k: f for k, v in dict(rec.get("metrics") or {}).items() if (f := num(v)) is not None}
+    rows = [r for r in rec.get("rows") or [] if isinstance(r, Mapping)]
+    metrics.update({k: v for k, v in size_metrics(rows).items() if k not in metrics})
     if workload in TRAINING and "tokens_per_sec" not in metrics:
         # tokens/s = sps x seq_length (DESIGN.md); recomputed when the stored value is not a number
         sps, seq = metrics.get("samples_per_sec"), num(dig(rec, "batch.seq_length"))
@@ -141,7 +161,7 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         model=None if "model" in na else _first(rec, "model.name", "config.model.name"),
         parallel=None if "parallel" in na else _first(rec, "config.parallel.name"),
         transport=fabric.get("transport") if isinstance(fabric, Mapping) and isinstance(fabric.get("transport"), Mapping) else None,
-        rows=[r for r in rec.get("rows") or [] if isinstance(r, Mapping)],
+        rows=rows,
         p2p=[r for r in rec.get("p2p") or [] if isinstance(r, Mapping)],
         record=dict(rec),
         point=str(rec["point"]) if rec.get("point") is not None else None,
