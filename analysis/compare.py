@@ -194,6 +194,9 @@ class Result:
                 continue
             m, corr = len(tested), stats.CORRECTION_NAMES[self.correction]
             after = "uncorrected" if self.correction == "none" else f"after {corr}"
+            if not any(c.can_call for c in tested):  # quiet by construction says nothing
+                out.append(f"A/A control{where}: cannot speak — {self._floor_reason(tested)}")
+                continue
             raw = sum(c.p < self.alpha for c in tested)
             sig = [c for c in tested if c.significant]
             if not sig:
@@ -204,6 +207,25 @@ class Result:
                 out.append(f"A/A control{where} NOT quiet: {len(sig)} of {m} tests significant {after} ({named}); "
                            f"the control arm runs the baseline's own fabric, so treat every verdict with suspicion")
         return out
+
+
+    def _floor_reason(self, family: list[stats.Comparison]) -> str:
+        c = min(family, key=lambda c: c.floor_adj)
+        corr = "uncorrected" if self.correction == "none" else \
+            f"after {stats.CORRECTION_NAMES[self.correction]} over {c.family} test{'s' if c.family != 1 else ''}"
+        fix = (f"run >= {stats.blocks_needed(c.family, self.alpha, self.correction)} blocks" if c.blocks else
+               "run more trials per arm") + (", fewer tests (--metric) or --correction bh" if self.correction == "holm" else "")
+        return (f"no test could reach p < {self.alpha:g} {corr} ({c.design}: the smallest p is {c.floor:.3g}, "
+                f"{c.floor_adj:.3g} corrected); {fix}")
+
+    def floor_lines(self) -> list[str]:
+        """Per family of real verdicts that cannot call any difference, why (and what would)."""
+        fams: dict[tuple, list[stats.Comparison]] = defaultdict(list)
+        for p, c in self.comparisons:
+            if not c.control and c.tested:
+                fams[_family(p, c)[0]].append(c)
+        return [f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can be significant: {self._floor_reason(cs)}"
+                for ids, cs in sorted(fams.items()) if not any(c.can_call for c in cs)]
 
 
 def default_baseline(table: Table) -> str | None:
@@ -221,7 +243,8 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
     allow = tuple(allow)
     metrics = list(metrics or [])
     for m in metrics:
-        direction(m)  # an unknown direction is refused before anything is compared
+        if not any(ch in m for ch in "*?["):
+            direction(m)  # an unknown direction is refused before anything is compared; patterns when expanded
     if correction not in stats.CORRECTIONS:
         raise UsageError(f"--correction {correction}: write one of {', '.join(stats.CORRECTIONS)}")
     pts = points(table, allow)

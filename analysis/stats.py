@@ -181,6 +181,17 @@ class Comparison:
     family: int = 1       # tests in the correction's family
     control: bool = False     # the arm is the study's A/A control (a duplicate of the baseline)
     alpha: float = 0.05
+    floor: float = math.nan   # the smallest p the test can give with these trials (NaN: not tested)
+
+    @property
+    def floor_adj(self) -> float:
+        """The smallest corrected p any test of this family could reach: Holm multiplies the
+        smallest p by the family's size; BH leaves a family of equal smallest p's as is."""
+        return min(1.0, self.floor * self.family) if self.correction == "holm" else self.floor
+
+    @property
+    def can_call(self) -> bool:
+        return self.tested and self.floor_adj < self.alpha
 
     @property
     def tested(self) -> bool:
@@ -200,14 +211,17 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
     if blocks is not None:
         ratio, lo, hi = blocked_ratio(blocks, conf=conf, seed=seed)
         p = sign_flip_p(blocks, seed=seed) if len(blocks) >= 2 else math.nan
+        floor = min(1.0, 2 / 2 ** len(blocks))  # all blocks one way: 1 of 2^k flips per tail
     else:
         ratio, lo, hi = bootstrap_ratio(x, y, conf=conf, seed=seed)
         p = permutation_p(x, y, seed=seed) if len(x) >= 2 and len(y) >= 2 else math.nan
+        floor = min(1.0, 2 / math.comb(len(x) + len(y), len(x)))  # fully separated: 1 of C(n+m, n) per tail
     # "faster" in speed terms: throughput ratio, or the inverse ratio of a time/latency
     s, slo, shi = (ratio, lo, hi) if higher_is_better else (1 / ratio, 1 / hi, 1 / lo)
     c = Comparison(metric, fabric, baseline, len(x), len(y), float(np.median(x)), float(np.median(y)),
                    ratio, lo, hi, p, s, slo, shi, False, "", word, design or Comparison.design,
-                   0 if blocks is None else len(blocks), p, control=control, alpha=alpha)
+                   0 if blocks is None else len(blocks), p, control=control, alpha=alpha,
+                   floor=floor if not math.isnan(p) else math.nan)
     return correct([c], "holm", alpha)[0]
 
 
@@ -225,6 +239,12 @@ def correct(family: Sequence[Comparison], method: str = "holm", alpha: float = 0
         sig = bool(c.tested and c.p_adj < alpha and (c.speedup_lo > 1 or c.speedup_hi < 1))
         out[i] = replace(c, significant=sig, verdict=verdict(c, sig))
     return out
+
+
+def blocks_needed(tests: int, alpha: float, correction: str) -> int:
+    """Fewest blocks with which the blocked test can call a difference: 2/2^k (x tests under Holm) < alpha."""
+    m = tests if correction == "holm" else 1
+    return math.floor(math.log2(2 * m / alpha)) + 1
 
 
 def method_note(c: Comparison) -> str:

@@ -148,6 +148,25 @@ def test_control_not_quiet_is_said_first(tmp_path, capsys):
     assert "treat every verdict with suspicion" in lines[0]
 
 
+def test_a_control_that_cannot_fire_says_so_not_quiet():
+    # 5 blocks: the smallest p is 2/32 = 0.0625, so nothing can fire; a "quiet" control would say nothing
+    recs = study_records({"a": 100.0, "a~aa": 100.0, "b": 100.0, "c": 100.0}, blocks=5, control="a~aa")
+    res = compare_table(table_of(recs))
+    (line,) = res.control_lines()
+    assert line == ("A/A control: cannot speak — no test could reach p < 0.05 after Holm over 1 test (interleaved "
+                    "ABBA, 5 blocks: the smallest p is 0.0625, 0.0625 corrected); run >= 6 blocks, fewer tests "
+                    "(--metric) or --correction bh")
+    (note,) = res.floor_lines()
+    assert note.startswith("no verdict of study s1 can be significant: no test could reach p < 0.05 after Holm over "
+                           "2 tests (interleaved ABBA, 5 blocks: the smallest p is 0.0625, 0.125 corrected); run >= 7 blocks")
+    # 6 blocks: Holm over the 2 real tests still cannot (2 x 2/64); BH can
+    six = study_records({"a": 100.0, "a~aa": 100.0, "b": 100.0, "c": 100.0}, blocks=6, control="a~aa")
+    assert len(compare_table(table_of(six)).floor_lines()) == 1
+    assert compare_table(table_of(six), correction="bh").floor_lines() == []
+    assert stats.blocks_needed(2, 0.05, "holm") == 7 and stats.blocks_needed(36, 0.05, "holm") == 11
+    assert stats.blocks_needed(36, 0.05, "bh") == 6
+
+
 def test_failed_records_are_counted_and_named(tmp_path, capsys):
     recs = study_records({"a": 100.0, "b": 100.0}, blocks=4)
     recs[1]["status"] = "failed"
@@ -186,9 +205,9 @@ def test_blocked_needs_every_run_in_a_block():
 
 
 def test_json_and_csv_exports_round_trip(tmp_path, capsys):
-    recs = study_records({"loopback": 100.0, "loopback~aa": 100.0, "fast": 130.0}, blocks=6, noise=0.01, seed=3,
+    recs = study_records({"loopback": 100.0, "loopback~aa": 100.0, "fast": 130.0}, blocks=7, noise=0.01, seed=3,
                          control="loopback~aa")
-    recs[0]["status"] = "failed"
+    recs[0]["status"] = "failed"  # block 0 loses the baseline: 6 complete blocks remain
     for r in recs:
         write_record(tmp_path / "res" / r["study"]["arm"], r, f"rec-{r['study']['position']}")
     assert cli_main(["compare", str(tmp_path / "res"), "--json"]) == 0
@@ -252,3 +271,22 @@ def test_exhaustive_null_level_of_the_blocked_test():
     d = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     calls = sum(stats.sign_flip_p(d * np.array(s)) < ALPHA for s in product((1, -1), repeat=6))
     assert calls == 2
+
+
+def test_report_opens_with_the_control_and_writes_the_json(tmp_path):
+    from analysis.report import write_report
+
+    recs = study_records({"loopback": 100.0, "loopback~aa": 100.0, "fast": 130.0}, blocks=6, noise=0.01, seed=5,
+                         control="loopback~aa")
+    recs[3]["status"] = "partial"
+    table = table_of(recs)
+    res = compare_table(table)
+    rep = write_report(table, res, tmp_path / "rep")
+    md = rep.markdown.read_text().splitlines()
+    assert md[2].startswith("**A/A control: quiet — 0 of 1 tests significant after Holm")
+    assert "status partial" in "\n".join(md) and "corrected p" in "\n".join(md)
+    assert rep.json == tmp_path / "rep" / "report.json"
+    doc = json.loads(rep.json.read_text())
+    assert [v["verdict"] for v in doc["verdicts"]] == [c.verdict for _, c in res.comparisons]
+    html = rep.html.read_text()
+    assert html.index("A/A control: quiet") < html.index("<h2>Verdicts</h2>")
