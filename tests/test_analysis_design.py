@@ -181,6 +181,15 @@ def test_failed_records_are_counted_and_named(tmp_path, capsys):
     assert res.comparisons[0][1].design == "interleaved ABBA, 2 blocks (2 incomplete dropped)"
 
 
+def test_too_few_blocks_are_not_tested():
+    recs = study_records({"a": 100.0, "b": 120.0}, blocks=3)
+    recs[0]["status"] = recs[3]["status"] = recs[5]["status"] = "failed"  # a in blocks 0 and 1, b in block 2: no block keeps both
+    (( _, c),) = compare_table(table_of(recs)).comparisons
+    assert not c.tested and c.blocks == 0 and c.ratio == pytest.approx(1.2)
+    assert c.verdict.startswith("insufficient trials (2 vs 1; need 2 blocks, >= 6 to detect a difference)")
+    assert "interleaved ABBA, 0 blocks (3 incomplete dropped)" in c.verdict
+
+
 def test_two_studies_are_not_pooled_silently():
     one = study_records({"a": 100.0, "b": 100.0}, blocks=3, sid="s1")
     two = study_records({"a": 100.0, "b": 100.0}, blocks=3, sid="s2")
