@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from workloads.core.errors import UsageError
 
@@ -30,6 +31,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also list the points no other fabric reached (by default only counted)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--correction", default="holm", choices=["holm", "bh", "none"],
+                   help="over every verdict of a study: holm (family-wise error, default), bh (Benjamini-Hochberg "
+                        "false-discovery rate) or none")
 
 
 def _load(args):
@@ -48,12 +52,18 @@ def _load(args):
     if not table:
         raise UsageError(f"no result records found in {', '.join(args.dirs) or args.wandb}")
     if args.baseline and args.baseline not in table.fabrics:
-        raise UsageError(f"--baseline {args.baseline}: no such fabric in the records; they hold {', '.join(table.fabrics)}")
-    result = compare_table(table, args.baseline, args.allow, args.metric, args.alpha)
+        raise UsageError(f"--baseline {args.baseline}: no such arm or fabric in the records; they hold {', '.join(table.fabrics)}")
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha {args.alpha:g}: write a level between 0 and 1, e.g. 0.05")
+    result = compare_table(table, args.baseline, args.allow, args.metric, args.alpha, args.correction)
     return table, result
 
 
 def _print(result, verbose: bool = False) -> None:
+    for line in result.control_lines() + result.floor_lines():  # first: whether any verdict below can be trusted
+        print(line)
+    if (excluded := result.excluded_summary()) is not None:
+        print(excluded)
     for p, c in result.comparisons:
         print(f"{p.label} [{c.metric}]: {c.verdict}")
     for r in result.refusals:  # near misses only: the comparisons the user most likely meant
@@ -65,9 +75,31 @@ def _print(result, verbose: bool = False) -> None:
                 print(f"  {line}")
 
 
+def _exports(args, result) -> bool:
+    """Write --json/--csv; True when one of them went to stdout (then it is all stdout holds)."""
+    from analysis import export
+
+    outs = {"json": getattr(args, "json", None), "csv": getattr(args, "csv", None)}
+    if list(outs.values()).count("-") > 1:
+        raise UsageError("--json and --csv cannot both go to stdout; give one of them a file name")
+    for kind, dest in outs.items():
+        if dest is None:
+            continue
+        text = export.to_json(result) if kind == "json" else export.to_csv(result)
+        if dest == "-":
+            sys.stdout.write(text)
+        else:
+            try:
+                Path(dest).write_text(text)
+            except OSError as e:
+                raise UsageError(f"--{kind} {dest}: cannot write ({e.strerror}); give a writable file name") from None
+    return "-" in outs.values()
+
+
 def cmd_compare(args) -> int:
     table, result = _load(args)
-    _print(result, getattr(args, "verbose", False))
+    if not _exports(args, result):
+        _print(result, getattr(args, "verbose", False))
     if not result.comparisons:
         raise UsageError("no two fabrics share a point: " + (result.refusals[0].message() if result.refusals else
                          f"the records hold only fabric(s) {', '.join(table.fabrics)}" if len(table.fabrics) < 2 else
@@ -82,18 +114,28 @@ def cmd_report(args) -> int:
     table, result = _load(args)
     _print(result, getattr(args, "verbose", False))
     rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms")
-    print(f"report: {rep.markdown}\nreport: {rep.html}\nplots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
+    print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\n"
+          f"plots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
     return 0
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="compare fabrics: verdicts with 95%% intervals")
     _common(p)
+    _export_arguments(p)
     p.set_defaults(func=cmd_compare)
     p = subparsers.add_parser("report", help="Markdown + self-contained HTML report with plots")
     _common(p)
     _report_arguments(p)
     p.set_defaults(func=cmd_report)
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write every verdict as JSON to FILE (no FILE: to stdout, instead of the text)")
+    p.add_argument("--csv", nargs="?", const="-", metavar="FILE",
+                   help="one CSV row per verdict (workload, point, metric, baseline, other, ratio, lo, hi, p, "
+                        "p_corrected, n, design, ...) to FILE (no FILE: to stdout, instead of the text)")
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,12 +1,17 @@
-"""Points, and each fabric against the baseline at every point the guard allows.
+"""Points, and each arm against the baseline at every point the guard allows.
 
 A point is a set of runs with equal identity (analysis/guard.py): same everything but
-the fabric. Its runs are grouped by fabric; each group's records are the trials.
+the fabric. Its runs are grouped by arm (the study's arm label, else the fabric's name);
+each group's records are the trials. Where the records carry a study's blocks the test
+pairs the arms within blocks (analysis/stats.py); every verdict of a study is then
+corrected together (one family per study; the A/A control arm's tests are a family of
+their own, so the control faces exactly the correction the real verdicts face).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Iterable
@@ -53,17 +58,22 @@ def direction(metric: str) -> tuple[bool, str]:
                      f"analysis/compare.py")
 
 
+def expand(wanted: Iterable[str], names: Iterable[str]) -> list[str]:
+    """Metric names and fnmatch patterns ("all_reduce/busbw@*") expanded over `names`, in order."""
+    names = sorted(set(names))
+    out: list[str] = []
+    for pattern in wanted:
+        out += [n for n in names if (n == pattern or fnmatchcase(n, pattern)) and n not in out]
+    return out
+
+
 def higher_is_better(metric: str) -> bool:
     return direction(metric)[0]
 
 
 def headline(workload: str, names: Iterable[str]) -> list[str]:
     """The workload's headline metrics present in `names`, patterns expanded, in registry order."""
-    names = sorted(set(names))
-    out: list[str] = []
-    for pattern in METRICS.get(workload, []):
-        out += [n for n in names if (n == pattern or fnmatchcase(n, pattern)) and n not in out]
-    return out
+    return expand(METRICS.get(workload, []), names)
 
 
 @dataclass
@@ -98,6 +108,44 @@ def points(table: Table, allow: Iterable[str] = ()) -> list[Point]:
     return sorted((Point(k, v) for k, v in groups.items()), key=lambda p: (p.runs[0].workload, sorted(p.runs[0].coords.items())))
 
 
+DESIGNS = {"abba": "interleaved ABBA", "permuted": "permuted within blocks"}
+
+
+def blocked(runs: list[Run], base_runs: list[Run], metric: str) -> tuple[list[float], str] | None:
+    """Per-block log-ratios of `metric` (arm vs baseline) and the design's name, when every run
+    of both sides carries a study block and a positive value; else None (the rank test).
+
+    A block holding both sides gives one log-ratio, mean log(arm) - mean log(baseline); a
+    block is keyed by (study id, block) so pooled studies never mix their blocks. A block
+    with unequal counts of the two sides (a failed run) is dropped, and the design says so:
+    swapping the sides as a whole is a relabelling of the block only when they are equally
+    many."""
+    every = [*runs, *base_runs]
+    if not every or any(r.study is None or r.study.get("block") is None for r in every):
+        return None
+    cells: dict[tuple, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for side, group in ((0, runs), (1, base_runs)):
+        for r in group:
+            v = r.metric(metric)
+            if v is None:
+                continue
+            if v <= 0:
+                return None  # no log-ratio of a zero; the rank test handles it
+            cells[(r.study.get("id"), r.study["block"])][side].append(math.log(v))
+    d = [sum(a) / len(a) - sum(b) / len(b) for a, b in cells.values() if a and b and len(a) == len(b)]
+    dropped = len(cells) - len(d)
+    designs = sorted({str(r.study.get("design")) for r in every})
+    name = DESIGNS.get(designs[0], f"{designs[0]} blocks") if len(designs) == 1 else f"blocked ({'/'.join(designs)})"
+    note = f"{name}, {len(d)} block{'s' if len(d) != 1 else ''}" + (f" ({dropped} incomplete dropped)" if dropped else "")
+    return d, note
+
+
+def _family(p: Point, c: stats.Comparison) -> tuple:
+    """The correction family: the study (None outside one) and whether the arm is its A/A control."""
+    ids = sorted({str((r.study or {}).get("id")) for r in p.runs if r.study})
+    return tuple(ids), c.control
+
+
 @dataclass
 class Result:
     points: list[Point]
@@ -106,6 +154,9 @@ class Result:
     baseline: str | None
     allow: tuple[str, ...] = ()   # identity keys declared allowed to differ (capacity groups sweeps with it)
     unmatched: list[Point] = field(default_factory=list)  # points neither compared nor a near miss
+    excluded: list[Run] = field(default_factory=list)     # records whose status is not "ok": never analysed
+    correction: str = "holm"
+    alpha: float = 0.05
 
     def unmatched_summary(self) -> str | None:
         """One line counting the points that had no counterpart, or None when there are none."""
@@ -119,34 +170,128 @@ class Result:
         return [f"{p.label}: only {', '.join(p.by_fabric)} ({len(p.runs)} record{'s' if len(p.runs) != 1 else ''})"
                 for p in self.unmatched]
 
+    def excluded_summary(self) -> str | None:
+        """'2 records not analysed (failed 1, partial 1): a/records/x.json, ...' or None."""
+        if not self.excluded:
+            return None
+        counts = Counter(r.status for r in self.excluded)
+        n = len(self.excluded)
+        return (f"{n} record{'s' if n != 1 else ''} not analysed ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}): "
+                + ", ".join(f"{r.fabric}: {r.source}" for r in self.excluded))
+
+    def control_lines(self) -> list[str]:
+        """Per study with an A/A control arm: did the control stay quiet? Said before any verdict."""
+        out = []
+        fams: dict[tuple, list[stats.Comparison]] = defaultdict(list)
+        for p, c in self.comparisons:
+            if c.control:
+                fams[_family(p, c)[0]].append(c)
+        for ids, cs in sorted(fams.items()):
+            where = f" (study {', '.join(ids)})" if len(fams) > 1 else ""
+            tested = [c for c in cs if c.tested]
+            if not tested:
+                out.append(f"A/A control{where}: not tested (too few trials or blocks); nothing is known about false positives")
+                continue
+            m, corr = len(tested), stats.CORRECTION_NAMES[self.correction]
+            after = "uncorrected" if self.correction == "none" else f"after {corr}"
+            if not any(c.can_call for c in tested):  # quiet by construction says nothing
+                out.append(f"A/A control{where}: cannot speak — {self._floor_reason(tested)}")
+                continue
+            raw = sum(c.p < self.alpha for c in tested)
+            sig = [c for c in tested if c.significant]
+            if not sig:
+                out.append(f"A/A control{where}: quiet — 0 of {m} tests significant {after} ({raw} with uncorrected "
+                           f"p < {self.alpha:g}; {self.alpha * m:.2g} expected by chance)")
+            else:
+                named = "; ".join(f"{c.metric}: {c.verdict}" for c in sig[:3]) + (f"; and {len(sig) - 3} more" if len(sig) > 3 else "")
+                out.append(f"A/A control{where} NOT quiet: {len(sig)} of {m} tests significant {after} ({named}); "
+                           f"the control arm runs the baseline's own fabric, so treat every verdict with suspicion")
+        return out
+
+
+    def _floor_reason(self, family: list[stats.Comparison]) -> str:
+        c = min(family, key=lambda c: c.floor_adj)
+        corr = "uncorrected" if self.correction == "none" else \
+            f"after {stats.CORRECTION_NAMES[self.correction]} over {c.family} test{'s' if c.family != 1 else ''}"
+        fix = (f"run >= {stats.blocks_needed(c.family, self.alpha, self.correction)} blocks" if c.blocks else
+               "run more trials per arm") + (", fewer tests (--metric) or --correction bh" if self.correction == "holm" else "")
+        return (f"no test could reach p < {self.alpha:g} {corr} ({c.design}: the smallest p is {c.floor:.3g}, "
+                f"{c.floor_adj:.3g} corrected); {fix}")
+
+    def floor_lines(self) -> list[str]:
+        """Per family of real verdicts that cannot call any difference, why (and what would)."""
+        fams: dict[tuple, list[stats.Comparison]] = defaultdict(list)
+        for p, c in self.comparisons:
+            if not c.control and c.tested:
+                fams[_family(p, c)[0]].append(c)
+        return [f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can be significant: {self._floor_reason(cs)}"
+                for ids, cs in sorted(fams.items()) if not any(c.can_call for c in cs)]
+
+
+def default_baseline(table: Table) -> str | None:
+    """The studies' declared baseline when they agree on one, else the first label by name."""
+    ok = table.ok()
+    declared = {str(r.study["baseline"]) for r in ok if r.study and r.study.get("baseline") is not None}
+    labels = sorted({r.fabric for r in ok})
+    if len(declared) == 1 and (b := declared.pop()) in labels:
+        return b
+    return labels[0] if labels else None
+
 
 def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str] = (), metrics: Iterable[str] | None = None,
-                  alpha: float = 0.05) -> Result:
+                  alpha: float = 0.05, correction: str = "holm") -> Result:
     allow = tuple(allow)
     metrics = list(metrics or [])
     for m in metrics:
-        direction(m)  # an unknown direction is refused before anything is compared
+        if not any(ch in m for ch in "*?["):
+            direction(m)  # an unknown direction is refused before anything is compared; patterns when expanded
+    if correction not in stats.CORRECTIONS:
+        raise UsageError(f"--correction {correction}: write one of {', '.join(stats.CORRECTIONS)}")
     pts = points(table, allow)
     fabrics = sorted({r.fabric for r in table.ok()})
-    base = baseline or (fabrics[0] if fabrics else None)
-    comparisons: list[tuple[Point, stats.Comparison]] = []
+    base = baseline or default_baseline(table)
+    raw: list[tuple[Point, stats.Comparison]] = []
     for p in pts:
         groups = p.by_fabric
         if base not in groups or len(groups) < 2:
             continue
         wl = p.runs[0].workload
-        wanted = list(metrics) if metrics else headline(wl, (m for r in p.runs for m in r.metrics))
+        names = [m for r in p.runs for m in r.metrics]
+        wanted = expand(metrics, names) if metrics else headline(wl, names)
         for metric in wanted:
-            hib, word = direction(metric)
-            base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
-            for fabric, runs in groups.items():
-                vals = [v for r in runs if (v := r.metric(metric)) is not None]
-                if fabric == base or not vals or not base_vals:
-                    continue
-                comparisons.append((p, stats.compare(vals, base_vals, fabric, base, metric, hib, alpha=alpha, word=word)))
+            raw += [(p, c) for c in _compare_point(groups, base, metric, alpha)]
+    comparisons = _correct(raw, correction, alpha)
     refusals, matched = near_misses(pts, base, fabrics, allow)
     unmatched = [p for p in pts if id(p) not in matched and not any(q is p for q, _ in comparisons)]
-    return Result(pts, comparisons, refusals, base, allow, unmatched)
+    return Result(pts, comparisons, refusals, base, allow, unmatched, list(table.not_ok()), correction, alpha)
+
+
+def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: float) -> list[stats.Comparison]:
+    hib, word = direction(metric)
+    base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
+    out = []
+    for arm, runs in groups.items():
+        vals = [v for r in runs if (v := r.metric(metric)) is not None]
+        if arm == base or not vals or not base_vals:
+            continue
+        design = blocked(runs, groups[base], metric)
+        control = any(r.control for r in runs)
+        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
+                                 blocks=design[0] if design else None, design=design[1] if design else None,
+                                 control=control))
+    return out
+
+
+def _correct(raw: list[tuple[Point, stats.Comparison]], correction: str, alpha: float) -> list[tuple[Point, stats.Comparison]]:
+    """Every comparison corrected within its family, in the original order."""
+    fams: dict[tuple, list[int]] = defaultdict(list)
+    for i, (p, c) in enumerate(raw):
+        fams[_family(p, c)].append(i)
+    out = list(raw)
+    for idx in fams.values():
+        for i, c in zip(idx, stats.correct([raw[i][1] for i in idx], correction, alpha)):
+            out[i] = (raw[i][0], c)
+    return out
 
 
 def near_misses(pts: list[Point], base: str | None, fabrics: list[str], allow: tuple[str, ...]) -> tuple[list[guard.Refusal], set[int]]:

@@ -8,6 +8,12 @@ what is being compared) and bookkeeping that does not change a measurement (run 
 output paths, logger, launcher, timeouts, the trial index and seed). Everything else must
 be equal, or the comparison is refused and the differing keys are named. The user may
 declare more keys as allowed to differ (exact key, prefix, or fnmatch pattern).
+
+A study's cell (arm, block, position, design, seed) is the design's bookkeeping, not identity;
+which study a record belongs to (study.name, study.id) is. Two studies, or a study and loose
+runs, are never pooled silently: each keeps its own blocks and its own correction family, and
+a record of one is refused against the other with study.id named. `--allow study` pools them
+deliberately (their blocks stay apart: analysis/compare.py keys a block by study id).
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ FINGERPRINT = (  # hardware and software; hostname and OS build are not identity
 IGNORED = (
     "config.fabric", "config.run_id", "config.output_root", "config.logger", "config.launcher",
     "config.dist.timeout_s", "config.trial", "config.seed", "config.hydra", "config.wandb",
+    "config.study",  # the study cell; its name and id are identity through STUDY_IDENTITY
     # The started server's command line names the fabric (fabric=<name>) and the run directory,
     # and its log and URL sit in the run directory or on the host: all derive from the config,
     # which is identity already.
     # An external server's address is where it runs, not what it runs.
     "server.argv", "server.log", "server.url", "config.server.url",
 )
+
+STUDY_IDENTITY = ("name", "id")
 
 
 def _matches(key: str, patterns: Iterable[str]) -> bool:
@@ -51,6 +60,8 @@ def identity(record: Mapping[str, Any], allow: Iterable[str] = ()) -> dict[str, 
             flat.update(flatten(v, ".", section) if isinstance(v, Mapping) else {section: v})
     fp = flatten(record.get("fingerprint") or {}, ".")
     flat.update({f"fingerprint.{k}": fp.get(k) for k in FINGERPRINT})
+    study = record.get("study") if isinstance(record.get("study"), Mapping) else {}
+    flat.update({f"study.{k}": study.get(k) for k in STUDY_IDENTITY})
     skip = (*IGNORED, *allow)
     return {k: _hashable(v) for k, v in flat.items() if not _matches(k, skip)}
 
@@ -97,5 +108,5 @@ def check(a: Mapping[str, Any], b: Mapping[str, Any], allow: Iterable[str] = ())
     d = differences(a, b, allow)
     if not d:
         return None
-    label = lambda r: f"{(r.get('fabric') or {}).get('name', '?')} ({r.get('_path', '?')})"  # noqa: E731
+    label = lambda r: f"{(r.get('study') or {}).get('arm') or (r.get('fabric') or {}).get('name', '?')} ({r.get('_path', '?')})"  # noqa: E731
     return Refusal(label(a), label(b), d)

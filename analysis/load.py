@@ -59,10 +59,13 @@ def _first(rec: Mapping, *paths: str) -> Any:
 
 @dataclass
 class Run:
-    """One record: one trial of one point under one fabric."""
+    """One record: one trial of one point under one arm."""
 
     source: str                      # file path or wandb://entity/project/run_id
     workload: str
+    # The label runs are grouped and compared by: the study arm (record["study"]["arm"]) when a
+    # study ran it, else the fabric's name. An A/A study runs one fabric under two arm labels,
+    # so grouping by the fabric would pool the control into the baseline.
     fabric: str
     status: str
     run_id: str | None
@@ -76,6 +79,13 @@ class Run:
     record: dict = field(default_factory=dict, repr=False)
     point: str | None = None         # inference: the sweep point's label ("c32", "poisson-r8")
     arrival: str | None = None       # inference: closed | poisson | gamma | burst
+    fabric_name: str | None = None   # the fabric profile that ran (equal to `fabric` outside a study)
+    study: dict | None = None        # record["study"]: name, id, arm, baseline, control, block, position, design, ...
+
+    @property
+    def control(self) -> bool:
+        """The arm is the study's A/A control: the baseline's fabric under a second label."""
+        return bool((self.study or {}).get("control"))
 
     @property
     def transport_verdict(self) -> str | None:
@@ -91,9 +101,29 @@ class Run:
         return self.metrics.get(name)
 
 
+def cell_busbw(row: Mapping[str, Any]) -> list[float]:
+    """busbw (GB/s) of a collectives row's reported cells, out-of-place and in-place (nccl-tests'
+    two placements of one size; "N/A" cells, e.g. sendrecv in place, are absent)."""
+    cells = (row.get(place) for place in ("out_of_place", "in_place"))
+    return [f for c in cells if isinstance(c, Mapping) and (f := num(c.get("busbw"))) is not None]
+
+
+def size_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """`<op>/busbw@<bytes>(GB/s)` per (op, message size): the mean busbw of that size's cells, as
+    `<op>/avg_busbw(GB/s)` averages every cell of the op. One test per size, so a study (or
+    its A/A control) can be judged size by size: `compare --metric 'all_reduce/busbw@*'`."""
+    cells: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("op") and row.get("size"):
+            cells.setdefault(f"{row['op']}/busbw@{int(row['size'])}(GB/s)", []).extend(cell_busbw(row))
+    return {k: sum(v) / len(v) for k, v in cells.items() if v}
+
+
 def run_from_record(rec: Mapping[str, Any]) -> Run:
     workload = str(rec.get("workload") or "unknown")
     metrics = {k: f for k, v in dict(rec.get("metrics") or {}).items() if (f := num(v)) is not None}
+    rows = [r for r in rec.get("rows") or [] if isinstance(r, Mapping)]
+    metrics.update({k: v for k, v in size_metrics(rows).items() if k not in metrics})
     if workload in TRAINING and "tokens_per_sec" not in metrics:
         # tokens/s = sps x seq_length (DESIGN.md); recomputed when the stored value is not a number
         sps, seq = metrics.get("samples_per_sec"), num(dig(rec, "batch.seq_length"))
@@ -118,10 +148,12 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
     }
     fabric = dig(rec, "fabric") or {}
     na = NOT_APPLICABLE.get(workload, ())
+    fabric_name = str(_first(rec, "fabric.name", "config.fabric.name") or "unknown")
+    study = rec.get("study") if isinstance(rec.get("study"), Mapping) else None
     return Run(
         source=str(rec.get("_path") or ""),
         workload=workload,
-        fabric=str(_first(rec, "fabric.name", "config.fabric.name") or "unknown"),
+        fabric=str(study["arm"]) if study and study.get("arm") is not None else fabric_name,
         status=str(rec.get("status") or "unknown"),
         run_id=rec.get("run_id"),
         metrics=metrics,
@@ -129,11 +161,13 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         model=None if "model" in na else _first(rec, "model.name", "config.model.name"),
         parallel=None if "parallel" in na else _first(rec, "config.parallel.name"),
         transport=fabric.get("transport") if isinstance(fabric, Mapping) and isinstance(fabric.get("transport"), Mapping) else None,
-        rows=[r for r in rec.get("rows") or [] if isinstance(r, Mapping)],
+        rows=rows,
         p2p=[r for r in rec.get("p2p") or [] if isinstance(r, Mapping)],
         record=dict(rec),
         point=str(rec["point"]) if rec.get("point") is not None else None,
         arrival=str(kind) if kind is not None else None,
+        fabric_name=fabric_name,
+        study=dict(study) if study else None,
     )
 
 
@@ -151,6 +185,10 @@ class Table(list):
 
     def ok(self) -> Table:
         return Table(r for r in self if r.status == "ok")
+
+    def not_ok(self) -> Table:
+        """Failed or partial records: never analysed, always counted and named."""
+        return Table(r for r in self if r.status != "ok")
 
     @property
     def fabrics(self) -> list[str]:

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from analysis.load import TRAINING, Run, Table, dig  # noqa: E402
+from analysis.load import TRAINING, Run, Table, cell_busbw, dig  # noqa: E402
 from analysis.stats import bootstrap_median  # noqa: E402
 
 
@@ -155,10 +155,8 @@ def busbw_series(table: Table) -> dict:
                     "n": f"n={ws:g}" if ws is not None else f"group={row.get('group_size', '?')}",
                     "pattern": f"pattern={dig(r.record, 'collectives.pattern', '?')}",
                     "dtype": str(row.get("type", dig(r.record, "collectives.datatype", "?")))}
-            for place in ("out_of_place", "in_place"):  # both placements are trials of one size
-                cell = row.get(place)
-                if isinstance(cell, dict) and cell.get("busbw") is not None and row.get("size"):
-                    cells.append((dims, float(row["size"]), float(cell["busbw"])))
+            if row.get("size"):  # both placements are trials of one size
+                cells += [(dims, float(row["size"]), bw) for bw in cell_busbw(row)]
     vary = [k for k in ("n", "pattern", "dtype") if len({d[k] for d, _, _ in cells}) > 1]
     pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for dims, size, bw in cells:

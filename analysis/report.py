@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import capacity, plots
+from analysis import capacity, export, plots
 from analysis.compare import Result
 from analysis.load import Table
 
@@ -22,6 +22,7 @@ class Report:
     html: Path
     images: list[Path]
     verdicts: list[str]
+    json: Path | None = None      # report.json: every verdict, the rows of `compare --json`
 
 
 def _transport(r) -> str:
@@ -63,11 +64,15 @@ def _runs_rows(table: Table) -> list[list[str]]:
     return rows
 
 
+def _p(v: float) -> str:
+    return "n/a" if v != v else f"{v:.3g}"
+
+
 def _verdict_rows(result: Result) -> list[list[str]]:
     # speed-up, not the raw median ratio: the same convention as the verdict text
     # (>1: the fabric is faster/better; lower-is-better metrics are inverted).
     return [[p.label, c.metric, f"{c.median_base:.4g}", f"{c.median:.4g}", f"{c.speedup:.3f} [{c.speedup_lo:.3f}, {c.speedup_hi:.3f}]",
-             "n/a" if c.p != c.p else f"{c.p:.3g}", c.verdict] for p, c in result.comparisons]
+             _p(c.p), _p(c.p_adj), c.verdict] for p, c in result.comparisons]
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -87,9 +92,14 @@ CAPACITY_NOTE = ("Capacity is request_throughput (req/s) at the SLO crossing, in
                  "passing and the first failing load level, per GPU (server.tp). The sweep only brackets it between those "
                  "levels' throughputs; a GPU percentage is given only when two fabrics' brackets do not overlap "
                  "(see analysis/capacity.py).")
+METHOD_NOTE = ("Trials are records (one run each). Study records are paired within their blocks (the within-block "
+               "log-ratio, exact sign-flip test over blocks; the ratio is the geometric mean of the block ratios); "
+               "records without a recorded design get the exact Mann-Whitney rank test on medians. Intervals are 95% "
+               "bootstrap; p is corrected over every verdict of a study (the A/A control's tests separately); a winner "
+               "is named only when the corrected p < alpha and the interval excludes 1 (see analysis/stats.py).")
 RUN_HEAD = ["record", "fabric", "workload", "model", "parallel", "global batch", "GPUs", "status", "transport (verified)"]
 VERDICT_HEAD = ["point", "metric", "baseline median", "fabric median",
-                "speed-up vs baseline [95% CI] (>1: fabric faster/better)", "p", "verdict"]
+                "speed-up vs baseline [95% CI] (>1: fabric faster/better)", "p", "corrected p", "verdict"]
 
 
 def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: float | None = None,
@@ -102,7 +112,8 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     names = _names(table)
     warnings = [f"{r.fabric}: {names[id(r)]}: transport did not match the label ({_transport(r)}): "
                 f"{(r.transport or {}).get('message') or ''}".rstrip(": ") for r in table if r.transport_mismatch]
-    failed = [f"{names[id(r)]}: status {r.status}" for r in table if r.status != "ok"]
+    failed = [f"{names[id(r)]}: status {r.status}" for r in result.excluded]
+    control = result.control_lines()
     verdicts = [f"{p.label}: {c.verdict}" for p, c in result.comparisons]
     refusals = [f.message() for f in result.refusals]
     unmatched = result.unmatched_summary()
@@ -113,10 +124,10 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
         pct = slo_metric.split("_")[0]
         cap_lines = [c.describe(slo_ms, pct) for c in caps] + capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
 
-    md = [f"# {title}", "", f"{len(table)} records, fabrics: {', '.join(table.fabrics)}; baseline: {result.baseline}.",
-          "Trials are records (one run each); medians with bootstrap 95% intervals; significance by a two-sided exact "
-          "Mann-Whitney (rank-sum) permutation test; a winner is named only when p < alpha and the interval excludes 1 "
-          "(see analysis/stats.py).", ""]
+    md = [f"# {title}", ""]
+    if control:  # before anything else: whether any verdict below can be trusted
+        md += [*[f"**{c}**" for c in control], ""]
+    md += [f"{len(table)} records, arms: {', '.join(table.fabrics)}; baseline: {result.baseline}.", METHOD_NOTE, ""]
     if warnings:
         md += ["## Warnings", "", *[f"- **transport mismatch**: {w}" for w in warnings], ""]
     if failed:
@@ -147,7 +158,9 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
          "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
          "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}.warn{color:#b00;font-weight:bold}"
          "img{max-width:640px}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
-         f"<p>{len(table)} records, fabrics: {html.escape(', '.join(table.fabrics))}; baseline: {html.escape(str(result.baseline))}.</p>"]
+         *[f"<p class='warn'>{html.escape(c)}</p>" if "NOT quiet" in c else f"<p><b>{html.escape(c)}</b></p>" for c in control],
+         f"<p>{len(table)} records, arms: {html.escape(', '.join(table.fabrics))}; baseline: {html.escape(str(result.baseline))}.</p>",
+         f"<p>{html.escape(METHOD_NOTE)}</p>"]
     if warnings:
         h += ["<h2>Warnings</h2>", li([f"transport mismatch: {w}" for w in warnings], "warn")]
     if failed:
@@ -164,4 +177,6 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     h += ["<h2>Runs</h2>", _html_table(RUN_HEAD, _runs_rows(table)), "</body></html>"]
     html_path = out / "report.html"
     html_path.write_text("\n".join(h))
-    return Report(md_path, html_path, images, verdicts)
+    json_path = out / "report.json"
+    json_path.write_text(export.to_json(result))
+    return Report(md_path, html_path, images, verdicts, json_path)
