@@ -146,3 +146,15 @@ def rails_for(profile, env, transport: dict | None, root=None) -> list[str]:
         nl = preflight.NameList.parse(env["NCCL_SOCKET_IFNAME"])
         return [f"net:{i.name}" for i in preflight.net_ifaces(root) if nl.matches(i.name) and i.up]
     return []
+
+
+def gather_from_nodes(value, info) -> list | None:
+    """Every node's `value` as its local-rank-0 process gives it, in node order, on rank 0
+    (None on the other ranks). One all_gather_object over the world: small, once per run."""
+    import torch.distributed as dist
+
+    if info.world_size == 1 or not dist.is_initialized():
+        return [value]
+    got: list = [None] * info.world_size
+    dist.all_gather_object(got, (info.local_rank, value))
+    return [v for local_rank, v in got if local_rank == 0] if info.is_main else None
