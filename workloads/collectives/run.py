@@ -8,6 +8,7 @@ is checked first, and one record per run is written by rank 0 even when the run 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     nccl-tests binary; fill the record's rows and metrics."""
     from workloads.collectives.nccltests import run_external, summary_line
     from workloads.collectives.p2p import run_p2p
+    from workloads.fabric import linerate, nic
     from workloads.fabric.verify import check_transport
 
     groups = pattern_groups(s.pattern, info.world_size, rpn)
@@ -102,10 +104,17 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     harness.barrier()
     record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
     harness.line_rate = _line_rate(fabric, record, info, say)
+    sampler = nic.NicSampler(enabled=info.local_rank == 0)  # the whole sweep is one window
+    sampler.begin_step()
     rows: list[Row] = []
     for name in s.ops:
         rows += harness.run_op(ops.get(name))
         record["rows"] = [r.as_dict() for r in rows]
+    sampler.end_step()
+    rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
+    record["nic"] = nic.gather_summaries(sampler, rails, linerate.node_line_rate(rails, fabric.emulate)["rails"], info)
+    for key, line in nic.summary_rows(record["nic"]) if say else []:
+        say(f"# {key:<20} : {line}")
     if info.is_main:
         _flag_above_line_rate(record, harness.line_rate, info.nodes, run_dir, say)
     p2p = []
@@ -133,8 +142,6 @@ def _line_rate(fabric: FabricProfile, record: dict, info: fdist.DistInfo, say) -
     """Every node's line rate over the run's rails (workloads/fabric/linerate.py), gathered
     to rank 0 into record["line_rate"]; returns the per-rank GB/s that busbw is compared
     with on rank 0 of a multi-node run (None elsewhere: one node's traffic never leaves it)."""
-    import os
-
     from workloads.fabric import linerate, nic
 
     rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
