@@ -63,3 +63,25 @@ def test_both_namespaces_counters_are_gathered(emu_collectives):
     # the ring sends the same bytes each way: an even spread over the 2 rails of 2 nodes
     assert rec["nic"]["jain_index"] > 0.95 and rec["nic"]["rails_all_nodes"] == 2
     assert "NIC node 1" in out and "over 2 rail(s) of 2 node(s)" in out
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_training_gathers_both_namespaces_and_its_comm_window_rate(tmp_path):
+    """Training's NIC block: both namespaces, each rail as % of the shaped line rate, and the
+    rate while gradients were in flight, which cannot be below the whole step's average."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces, veth and tc")
+    p = subprocess.run(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                  "train.micro_batch_size=1", "train.seq_length=32", "train.steps=6",
+                                  "train.warmup_steps=2"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (rec,) = records_in(tmp_path)
+    nodes = rec["nic"]["nodes"]
+    assert len(nodes) == 2 and rec["nic"]["jain_index_per_node"] == [1.0, 1.0]
+    for n in nodes:
+        v = n["per_rail"]["net:emu0"]
+        assert v["line_rate(Gbit/s)"] == pytest.approx(0.1)
+        assert 0 < v["tx_pct_line"] <= v["comm_tx_pct_line"] <= 105, v
+    assert "NIC node 1" in p.stdout and "while communicating" in p.stdout

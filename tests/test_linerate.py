@@ -41,6 +41,10 @@ def test_sysfs_rates_of_rdma_ports_and_interfaces():
     assert linerate.job_line_rate([roce, ib], 1)["per_node(GB/s)"] == 1.25
     assert linerate.job_line_rate([roce, {"bits_per_s": None}], 1)["per_rank(GB/s)"] is None
     assert linerate.pct(0.0118, 0.0125) == pytest.approx(94.4) and linerate.pct(1.0, None) is None
+    assert linerate.describe(job) == ("line rate 3.125 GB/s per rank = 25 GB/s per node (rdma:mlx5_0:1, "
+                                      "rdma:mlx5_1:1; sysfs) / 8 rank(s) per node")
+    lo = linerate.job_line_rate([linerate.node_line_rate(["net:lo"], None, SYSFS / "nordma_host")], 2)
+    assert linerate.describe(lo) == "line rate unknown (no rate for net:lo in sysfs or the emulate block): % of line rate is n/a"
 
 
 def test_algorithm_lines_both_formats():

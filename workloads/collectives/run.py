@@ -103,7 +103,9 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
     harness.barrier()
     record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
-    harness.line_rate = _line_rate(fabric, record, info, say)
+    rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
+    node_rate = linerate.node_line_rate(rails, fabric.emulate)
+    harness.line_rate = _line_rate(node_rate, record, info, say)
     sampler = nic.NicSampler(enabled=info.local_rank == 0)  # the whole sweep is one window
     sampler.begin_step()
     rows: list[Row] = []
@@ -111,8 +113,7 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
         rows += harness.run_op(ops.get(name))
         record["rows"] = [r.as_dict() for r in rows]
     sampler.end_step()
-    rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
-    record["nic"] = nic.gather_summaries(sampler, rails, linerate.node_line_rate(rails, fabric.emulate)["rails"], info)
+    record["nic"] = nic.gather_summaries(sampler, rails, node_rate["rails"], info)
     for key, line in nic.summary_rows(record["nic"]) if say else []:
         say(f"# {key:<20} : {line}")
     if info.is_main:
@@ -138,14 +139,13 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     return rows
 
 
-def _line_rate(fabric: FabricProfile, record: dict, info: fdist.DistInfo, say) -> float | None:
+def _line_rate(node_rate: dict, record: dict, info: fdist.DistInfo, say) -> float | None:
     """Every node's line rate over the run's rails (workloads/fabric/linerate.py), gathered
     to rank 0 into record["line_rate"]; returns the per-rank GB/s that busbw is compared
     with on rank 0 of a multi-node run (None elsewhere: one node's traffic never leaves it)."""
     from workloads.fabric import linerate, nic
 
-    rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
-    nodes = nic.gather_from_nodes(linerate.node_line_rate(rails, fabric.emulate), info)
+    nodes = nic.gather_from_nodes(node_rate, info)
     if not info.is_main:
         return None
     job = linerate.job_line_rate(nodes, info.local_world_size)

@@ -203,8 +203,10 @@ def describe(job: dict) -> str:
     """One line for the printed summary."""
     per_rank = job.get("per_rank(GB/s)")
     if per_rank is None:
-        srcs = {n.get("source") for n in job["nodes"]}
-        return f"line rate unknown ({', '.join(sorted(s for s in srcs if s)) or 'no rails'}): % of line rate is n/a"
+        unknown = sorted({r for n in job["nodes"] for r, v in (n.get("rails") or {}).items() if v is None})
+        why = (f"no rate for {', '.join(unknown)} in sysfs or the emulate block" if unknown
+               else "no rails found for this fabric")
+        return f"line rate unknown ({why}): % of line rate is n/a"
     node = job["nodes"][0]
     rails = ", ".join(node.get("rails") or {}) or "no rails"
     line = (f"line rate {per_rank:g} GB/s per rank = {job['per_node(GB/s)']:g} GB/s per node ({rails}; "
