@@ -38,7 +38,8 @@ from pathlib import Path
 from workloads.fabric.preflight import sysfs_root
 
 _IB_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
-_ALGO_NEW = re.compile(r"\b(?P<func>[A-Za-z]+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>[A-Z_]+) proto (?P<proto>[A-Z0-9_]+)")
+_ALGO_NEW = re.compile(r"\b(?P<func>[A-Za-z]+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>[A-Z_]+) "
+                       r"proto (?P<proto>[A-Z0-9_]+)")
 _ALGO_OLD = re.compile(r"NCCL INFO (?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+) time")
 ALGO_NUMBERS = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS", 5: "NVLS_TREE", 6: "PAT"}
 PROTO_NUMBERS = {0: "LL", 1: "LL128", 2: "SIMPLE"}
@@ -95,7 +96,8 @@ def node_line_rate(rails: list[str], emulate: dict | None = None, root=None) -> 
         rate = emulate.get("rate")
         bits = rate_bits_per_s(str(rate)) if rate else None
         mtu = int(emulate.get("mtu") or 1500)
-        return {"source": f"emulated ({'tc ' + str(emulate.get('qdisc') or 'tbf') + ' rate ' + str(rate) if rate else 'unshaped veth: no rate'})",
+        shaping = f"tc {emulate.get('qdisc') or 'tbf'} rate {rate}" if rate else "unshaped veth: no rate"
+        return {"source": f"emulated ({shaping})",
                 "rails": {r: bits for r in rails}, "bits_per_s": bits if rails else None,
                 "payload_bits_per_s": None if bits is None else bits * tcp_payload_fraction(mtu)}
     rates = {r: rail_rate(r, root) for r in rails}
