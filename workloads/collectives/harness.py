@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.core import dist as fdist
-from workloads.collectives import ops
+from workloads.collectives import ops, stability
 from workloads.collectives.settings import Settings, float_str
 from workloads.core.errors import UsageError
 
@@ -42,6 +42,7 @@ class Cell:
     algbw: float  # GB/s
     busbw: float  # GB/s
     wrong: int | None  # None: not checked (printed N/A)
+    pct_line_rate: float | None = None  # busbw as % of the per-rank line rate (multi-node runs; linerate.py)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Row:
     group_size: int
     out_of_place: Cell | None  # None: this placement is not measured (N/A)
     in_place: Cell | None
+    stability: dict | None = None  # per-call samples across ranks (stability.py), rank 0 only
 
     def cells(self) -> list[Cell]:
         return [c for c in (self.out_of_place, self.in_place) if c is not None]
@@ -72,6 +74,30 @@ def time_block(run: Callable[[], None], iters: int, device: torch.device) -> flo
         run()
     fdist.synchronize(device)
     return (time.perf_counter() - t0) / iters
+
+
+def time_each(run: Callable[[], None], n: int, device: torch.device, delay_s: float = 0.0) -> list[float]:
+    """Seconds inside each of `n` calls: a CUDA event pair per call on GPU (the stream's own
+    clock, so a call's wait for its peers is counted), the clock around the blocking call on
+    CPU. `delay_s` is the straggler test hook (collectives.test_slow_rank): a sleep before each."""
+    if device.type == "cuda":
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in pairs:
+            if delay_s:
+                time.sleep(delay_s)
+            start.record()
+            run()
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) / 1e3 for start, end in pairs]  # ms -> s
+    out = []
+    for _ in range(n):
+        if delay_s:
+            time.sleep(delay_s)
+        t0 = time.perf_counter()
+        run()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def zero_cell(check: bool) -> Cell:
@@ -95,8 +121,12 @@ def count_wrong(got: torch.Tensor | None, want: torch.Tensor | None) -> int:
 
 class Harness:
     def __init__(self, s: Settings, comm: ops.Comm, device: torch.device, backend: str, world_rank: int,
-                 printer: Callable[[str], None] | None = None):
+                 printer: Callable[[str], None] | None = None, groups: list[list[int]] | None = None,
+                 ranks_per_node: int = 1):
         self.s, self.comm, self.device, self.backend, self.world_rank = s, comm, device, backend, world_rank
+        self.groups = groups or [list(comm.global_ranks)]  # every communicator, for lateness within each
+        self.ranks_per_node = ranks_per_node
+        self.line_rate: float | None = None  # per-rank GB/s (run.py sets it on multi-node runs); None: no %
         self.dtype = ops.DTYPES[s.datatype]
         self.type_size = torch.empty((), dtype=self.dtype).element_size()
         self.print = printer or (lambda line: None)
@@ -173,7 +203,9 @@ class Harness:
             if s.corrupt == (self.world_rank, op.name) and b.checked is not None and b.checked.numel():
                 b.checked.view(-1)[0] += 1  # test hook (collectives.test_corrupt): one bad element
             wrong = int(self._world_reduce(float(count_wrong(b.checked, want)), "sum"))
-        return Cell(seconds * 1e6, algbw, busbw, wrong)
+        from workloads.fabric.linerate import pct
+
+        return Cell(seconds * 1e6, algbw, busbw, wrong, pct(busbw, self.line_rate))
 
     def run_op(self, op: ops.Collective) -> list[Row]:
         s = self.s
@@ -194,8 +226,33 @@ class Harness:
                       in_place=cells.get(ops.IN_PLACE))
             self.print(format_row(row))
             rows.append(row)
+        for row, nbytes in zip(rows, s.sizes):  # after every headline row: sampling never touches them
+            row.stability = self.sample(op, op.layout(nbytes, self.type_size, self.comm.size))
         self.print_footer(rows)
+        self.print_insight(rows)
         return rows
+
+    # ---- per-call samples (stability.py): after the block timing, which stays the headline ----
+    def sample(self, op: ops.Collective, lay: ops.Layout) -> dict | None:
+        """`sample_iters` calls timed one by one on every rank, gathered to rank 0 (one
+        all_gather per size); rank 0 returns the size's spread and straggler figures."""
+        s, places = self.s, self.placements(op)
+        if s.sample_iters <= 0 or lay.count == 0 or not places or not dist.is_initialized():
+            return None  # (no process group: a harness driven by a unit test, nothing to call)
+        b = op.buffers(lay, self.comm, s.root, self.dtype, self.device, places[0])
+        run = self._call(op, b)
+        delay = s.slow_rank[1] if s.slow_rank and s.slow_rank[0] == self.world_rank else 0.0
+        self.barrier()
+        mine = time_each(run, s.sample_iters, self.device, delay)
+        times = {self.world_rank: mine}
+        if dist.get_world_size() > 1:
+            t = torch.tensor(mine, dtype=torch.float64, device=self.device)
+            parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, t)
+            times = {r: p.tolist() for r, p in enumerate(parts)}
+        if self.world_rank != 0:
+            return None
+        return stability.size_stats(times, self.groups, self.ranks_per_node)
 
     # ---- printing (rank 0 passes a real printer) ----
     def print_header(self, op: ops.Collective) -> None:
@@ -226,6 +283,31 @@ class Harness:
         bad = summary["rows_with_wrong"]
         self.print(f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}")
         self.print(f"# {'Avg bus bandwidth':<20} : {summary['avg_busbw']:g} {min_bw_verdict(summary['avg_busbw'], self.s.min_busbw)}")
+        self.print("#")
+
+
+    def print_insight(self, rows: list[Row]) -> None:
+        """Beside nccl-tests' table, never inside it: % of line rate and the per-call spread."""
+        sampled = [r for r in rows if r.stability and r.stability.get("samples")]
+        if not sampled and self.line_rate is None:
+            return
+        self.print(f"# {rows[0].op if rows else ''}: % of line rate"
+                   + (f" ({self.line_rate:g} GB/s per rank)" if self.line_rate else " (n/a)")
+                   + f" and {self.s.sample_iters} calls per size timed one by one after the block "
+                   "(p50/p95/p99 of the slowest rank's time, CV, the latest rank)")
+        self.print(f"# {'size':>10}  {'busbw':>7}  {'%line':>6}  {'p50(us)':>9}  {'p95(us)':>9}  {'p99(us)':>9}  "
+                   f"{'cv':>5}  verdict")
+        for r in rows:
+            cells = r.cells()
+            busbw = max((c.busbw for c in cells), default=0.0)
+            pcts = [c.pct_line_rate for c in cells if c.pct_line_rate is not None]
+            st = r.stability or {}
+            if st.get("samples"):
+                spread = f"{st['p50(us)']:9.1f}  {st['p95(us)']:9.1f}  {st['p99(us)']:9.1f}  {st['cv']:5.2f}"
+            else:
+                spread = f"{'N/A':>9}  {'N/A':>9}  {'N/A':>9}  {'N/A':>5}"
+            pct = f"{max(pcts):6.1f}" if pcts else f"{'n/a':>6}"
+            self.print(f"# {r.size:>10}  {float_str(busbw, 7)}  {pct}  {spread}  {stability.verdict_line(st)}")
         self.print("#")
 
 

@@ -8,6 +8,7 @@ is checked first, and one record per run is written by rank 0 even when the run 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -92,26 +93,39 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     nccl-tests binary; fill the record's rows and metrics."""
     from workloads.collectives.nccltests import run_external, summary_line
     from workloads.collectives.p2p import run_p2p
+    from workloads.fabric import linerate, nic
     from workloads.fabric.verify import check_transport
 
     groups = pattern_groups(s.pattern, info.world_size, rpn)
     record["collectives"]["groups"] = groups
     comm = make_comm(groups, info.rank)
-    harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
+    harness = Harness(s, comm, info.device, fabric.backend, info.rank, say, groups=groups, ranks_per_node=rpn)
     # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
     harness.barrier()
     record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
+    rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
+    node_rate = linerate.node_line_rate(rails, fabric.emulate)
+    harness.line_rate = _line_rate(node_rate, record, info, say)
+    sampler = nic.NicSampler(enabled=info.local_rank == 0)  # the whole sweep is one window
+    sampler.begin_step()
     rows: list[Row] = []
     for name in s.ops:
         rows += harness.run_op(ops.get(name))
         record["rows"] = [r.as_dict() for r in rows]
+    sampler.end_step()
+    record["nic"] = nic.gather_summaries(sampler, rails, node_rate["rails"], info)
+    for key, line in nic.summary_rows(record["nic"]) if say else []:
+        say(f"# {key:<20} : {line}")
+    if info.is_main:
+        _flag_above_line_rate(record, harness.line_rate, info.nodes, run_dir, say)
     p2p = []
     if s.p2p:
         pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
         p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
                       info.device, say)
         record["p2p"] = [r.as_dict() for r in p2p]
-    record["metrics"] = metrics(rows, s.ops) | p2p_metrics(p2p, s.p2p)
+    record["metrics"] = metrics(rows, s.ops) | p2p_metrics(p2p, s.p2p) | line_rate_metrics(rows, s.ops,
+                                                                                            harness.line_rate)
     if say and len(s.ops) > 1 and rows:
         say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
             f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
@@ -123,6 +137,51 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
         else:
             record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
     return rows
+
+
+def _line_rate(node_rate: dict, record: dict, info: fdist.DistInfo, say) -> float | None:
+    """Every node's line rate over the run's rails (workloads/fabric/linerate.py), gathered
+    to rank 0 into record["line_rate"]; returns the per-rank GB/s that busbw is compared
+    with on rank 0 of a multi-node run (None elsewhere: one node's traffic never leaves it)."""
+    from workloads.fabric import linerate, nic
+
+    nodes = nic.gather_from_nodes(node_rate, info)
+    if not info.is_main:
+        return None
+    job = linerate.job_line_rate(nodes, info.local_world_size)
+    if info.nodes < 2:
+        job["scope"] = "one node: its traffic does not cross these rails, so busbw is not compared with them"
+    record["line_rate"] = job
+    if say:
+        say("# " + linerate.describe(job) + ("" if info.nodes > 1 else " (one node: not compared)"))
+    return job["per_rank(GB/s)"] if info.nodes > 1 else None
+
+
+def _flag_above_line_rate(record: dict, per_rank: float | None, nodes: int, run_dir: Path, say) -> None:
+    """A busbw above the physical per-rank rate across nodes: name NCCL's algorithm and the remedy."""
+    from workloads.fabric import linerate
+
+    if "line_rate" not in record:
+        return
+    flags = linerate.above_line_rate(record["rows"], per_rank, nodes, linerate.algorithms_in(run_dir / "nccl"))
+    record["line_rate"]["above_line_rate"] = flags
+    for f in flags:
+        if say:
+            say(f"# warning: {f['message']}")
+
+
+def line_rate_metrics(rows: list[Row], op_names, per_rank: float | None) -> dict:
+    """busbw figures as % of the per-rank line rate (multi-node runs with a known rate)."""
+    from workloads.fabric.linerate import pct
+
+    if per_rank is None:
+        return {}
+    total = summarize(rows)
+    out = {"line_rate(GB/s)": per_rank, "avg_busbw(%line)": pct(total["avg_busbw"], per_rank),
+           "peak_busbw(%line)": pct(total["peak_busbw"], per_rank)}
+    for name in op_names:
+        out[f"{name}/avg_busbw(%line)"] = pct(summarize([r for r in rows if r.op == name])["avg_busbw"], per_rank)
+    return out
 
 
 def p2p_metrics(p2p: list, tests) -> dict:

@@ -80,6 +80,8 @@ class Settings:
     external_prefix: tuple[str, ...]
     external_timeout_s: float
     corrupt: tuple[int, str] | None  # test hook: (world rank, op)
+    sample_iters: int = 0  # calls per size timed one by one after the block (stability.py); 0 = none
+    slow_rank: tuple[int, float] | None = None  # test hook: (world rank, seconds slept before each sampled call)
 
     @classmethod
     def from_config(cls, c: Mapping[str, Any], world: int) -> Settings:
@@ -123,6 +125,9 @@ class Settings:
             rank_s, _, op_s = str(c["test_corrupt"]).partition(":")
             corrupt = (int(rank_s), ops.get(op_s).name)
         rpn = c.get("ranks_per_node")
+        sample_iters = int(c.get("sample_iters") or 0)
+        if sample_iters < 0:
+            raise UsageError(f"collectives.sample_iters must be >= 0, got {sample_iters}")
         return cls(
             ops=op_names, sizes=tuple(sizes), iters=int(c["iters"]), warmup_iters=int(c["warmup_iters"]),
             datatype=dtype, redop=redop, root=int(c["root"]), out_of_place=bool(c["out_of_place"]),
@@ -133,7 +138,23 @@ class Settings:
             external=ext, external_binary=str(c["external_binary"]),
             external_prefix=tuple(str(x) for x in (c.get("external_prefix") or [])),
             external_timeout_s=float(c["external_timeout_s"]), corrupt=corrupt,
+            sample_iters=sample_iters, slow_rank=_slow_rank(c.get("test_slow_rank"), world),
         )
+
+
+def _slow_rank(value: Any, world: int) -> tuple[int, float] | None:
+    """Test hook "<world rank>:<ms>": that rank sleeps before each sampled call."""
+    if value in (None, ""):
+        return None
+    rank_s, _, ms_s = str(value).partition(":")
+    try:
+        rank, ms = int(rank_s), float(ms_s)
+    except ValueError:
+        rank, ms = -1, -1.0
+    if not 0 <= rank < max(world, 1) or ms < 0:
+        raise UsageError(f"collectives.test_slow_rank={value!r}; write <rank>:<milliseconds> with a rank in "
+                         f"[0, {world}), e.g. 1:5")
+    return rank, ms / 1e3
 
 
 def _p2p_tests(c: Mapping[str, Any], world: int) -> tuple[tuple[str, ...], tuple[int, int] | None]:

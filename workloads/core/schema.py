@@ -90,6 +90,7 @@ SCHEMA: dict[str, Num | Flag | Many] = {
     "collectives.iters": COUNT, "collectives.warmup_iters": INDEX, "collectives.root": INDEX,
     "collectives.stepfactor": Num(True, 1, lo_open=True, optional=True), "collectives.ranks_per_node": OPT_COUNT,
     "collectives.p2p_iters": COUNT, "collectives.p2p_warmup": INDEX, "collectives.p2p_window": COUNT,
+    "collectives.sample_iters": INDEX,
     "collectives.min_busbw": Num(False, 0, optional=True), "collectives.external_timeout_s": SECONDS,
     "collectives.check": Flag(), "collectives.in_place": Flag(), "collectives.out_of_place": Flag(),
     "load.points": Many(Num(False, 0, lo_open=True, finite=False)), "load.num_requests": OPT_COUNT,

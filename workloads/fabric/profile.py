@@ -79,7 +79,7 @@ class FabricProfile:
             logs.mkdir(parents=True, exist_ok=True)
             defaults = {
                 "NCCL_DEBUG": "INFO",
-                "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH,ENV",
+                "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH,ENV,TUNING",  # TUNING: the algorithm per call (linerate.py)
                 # %h host, %p pid: NCCL expands them, so ranks never share a file.
                 "NCCL_DEBUG_FILE": str(logs / "nccl.%h.%p.log"),
             }

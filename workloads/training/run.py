@@ -27,7 +27,8 @@ from workloads.models.hf import load_hf, load_hf_config
 from workloads.core.loggers import build_loggers
 from workloads.training.metrics import flops_per_iteration, peak_tflops_for, summarize_training, tflops_per_gpu
 from workloads.models.neox import GPTNeoX, NeoXConfig
-from workloads.fabric.nic import NicSampler, rails_for
+from workloads.fabric.linerate import node_line_rate
+from workloads.fabric.nic import NicSampler, gather_summaries, rails_for, summary_rows
 from workloads.core.records import fingerprint
 from workloads.fabric.verify import check_transport
 
@@ -196,6 +197,7 @@ def _print_summary(record: dict, info: fdist.DistInfo, plan: TrainPlan, path: Pa
         ("TFLOPS/GPU", fmt(metrics["tflops_per_gpu"], ".4f")),
         ("MFU", fmt(metrics["mfu"], ".2%")),
         ("comm share", fmt(metrics["comm_share"], ".1%")),
+        *summary_rows(record.get("nic")),
         ("record", str(path)),
     ]
     width = max(len(k) for k, _ in rows)
@@ -247,7 +249,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
     flops = flops_per_iteration(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
                                 hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
                                 checkpoint_activations=settings.activation_checkpointing)
-    nic = NicSampler()
+    nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
     step_times, comm_times, losses = [], [], []
     with timer.active():
         for step in range(plan.steps):
@@ -277,7 +279,10 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
         peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", plan.peak_tflops, settings.precision),
         comm_times_s=comm_times,
     )
-    record["nic"] = nic.summary(rails_for(plan.fabric, os.environ, record["fabric"].get("transport")))
+    rails = rails_for(plan.fabric, os.environ, record["fabric"].get("transport"))
+    timed_comm = comm_times[warmup:]
+    window = sum(timed_comm) if timed_comm and all(c is not None for c in timed_comm) else None
+    record["nic"] = gather_summaries(nic, rails, node_line_rate(rails, plan.fabric.emulate)["rails"], info, window)
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
     record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
                          "warmup_steps": warmup}
