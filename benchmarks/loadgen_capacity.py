@@ -68,7 +68,7 @@ def main() -> None:
                     help="run client and server SCHED_FIFO (root): measures the client, not other jobs on a shared box")
     a = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
-    srv = Running(ttft_ms=0, itl_ms=0, cpu=cpus[-1])
+    srv = Running(cpu=cpus[-1], instant=True)
     with srv as url:
         os.sched_setaffinity(0, {cpus[0]})
         if a.realtime:

@@ -3,6 +3,7 @@ by side against one scripted server that answers instantly, so the clients are t
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/loadgen_vs_vllm.py [--rounds 3] [--requests 2000]
         [--concurrency 64] [--output-len 16] [--vllm-python PATH] [--no-capacity] [--realtime]
+        [--server instant|aiohttp]
 
 Both clients run closed loop (`--concurrency` requests in flight; vLLM: --max-concurrency
 with --request-rate inf), `--requests` requests of `--input-len` words in and `--output-len`
@@ -11,11 +12,17 @@ tokens out (ignore_eos, stream usage on), completions endpoint, the same prompts
 own req/s over its measured requests only (vLLM: its "Request throughput"; fabricbench: the
 point's measured duration), as each would in use.
 
+The server is workloads/testing/scripted_server.py in its --instant mode (a bare protocol
+writing each whole stream at once, one HTTP chunk per SSE event, as a real server frames
+them): its aiohttp mode saturates its core near 3,500 req/s, so with it both clients
+measure the server (`--server aiohttp` shows that).
+
 Pinning: the scripted server on the last CPU, both clients on the first (the vLLM client is
 a child of this process, so it inherits the pinning). Burn-in: one unreported round each.
 Then `--rounds` rounds in ABBA order (fabricbench, vLLM, vLLM, fabricbench, ...), so load
 from other jobs on a shared machine and any drift fall on both sides alike. The figure is
-the ratio of the medians. Then, unless --no-capacity, fabricbench's highest Poisson rate with
+the ratio of the medians. --realtime (root) makes the server and both clients SCHED_FIFO once
+vLLM's client is imported, so other jobs on a shared machine stay out of the figure. Then, unless --no-capacity, fabricbench's highest Poisson rate with
 p99 send lag < 1 ms (benchmarks/loadgen_capacity.py).
 
 vLLM's client comes from a vLLM install in its own venv (vLLM pins its own torch):
@@ -132,6 +139,8 @@ def main() -> None:
     ap.add_argument("--event-loop", default="auto", choices=("auto", "uvloop", "asyncio"))
     ap.add_argument("--vllm-python", help="python of a venv with vLLM (default: $FABRICBENCH_VLLM_PYTHON, "
                                           ".engines/vllm/bin/python)")
+    ap.add_argument("--server", default="instant", choices=("instant", "aiohttp"),
+                    help="the scripted server's bare --instant mode, or its aiohttp one (which saturates first)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the Poisson capacity search")
     ap.add_argument("--realtime", action="store_true",
                     help="clients and server SCHED_FIFO (root): measures the clients, not other jobs on a shared box")
@@ -141,16 +150,16 @@ def main() -> None:
     if vpy is None:
         print("vLLM side skipped: no vLLM venv found (give --vllm-python, set FABRICBENCH_VLLM_PYTHON, "
               "or run `make engines` to create .engines/vllm); measuring fabricbench alone.", flush=True)
-    srv = Running(ttft_ms=0, itl_ms=0, cpu=cpus[-1])
+    srv = Running(ttft_ms=0, itl_ms=0, cpu=cpus[-1], instant=a.server == "instant")
     with tempfile.TemporaryDirectory() as tmp, srv as url:
         tok = Path(tmp) / "tokenizer"
         word_tokenizer(tok)
         specs = RandomDataset(a.requests, a.input_len, a.output_len).load(load_tokenizer(str(tok)))
-        os.sched_setaffinity(0, {cpus[0]})
-        if a.realtime:
-            for pid in (0, srv.proc.pid):  # the vLLM client, started below, inherits it
-                os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
+        os.sched_setaffinity(0, {cpus[0]})  # the vLLM client, started next, inherits it
         vllm = VllmClient(vpy, url, tok, a) if vpy else None
+        if a.realtime:  # after vLLM's minute-long import, which would otherwise hold a CPU from everyone
+            for pid in (0, srv.proc.pid) + ((vllm.proc.pid,) if vllm else ()):
+                os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
         sides = {"fabricbench": lambda: fabricbench_round(url, specs, a)} | ({"vllm": vllm.round} if vllm else {})
         try:
             rates = run_rounds(sides, a.rounds)
@@ -185,7 +194,8 @@ def run_rounds(sides: dict, rounds: int) -> dict[str, list[float]]:
 def report(rates: dict[str, list[float]], a, cpus: list[int]) -> None:
     fb = statistics.median(rates["fabricbench"])
     print(f"\nclosed loop, concurrency {a.concurrency}, {a.requests} requests, {a.input_len} in / "
-          f"{a.output_len} out tokens; clients on CPU {cpus[0]}, instant scripted server on CPU {cpus[-1]}; "
+          f"{a.output_len} out tokens; clients on CPU {cpus[0]}, {a.server} scripted server on CPU {cpus[-1]}"
+          f"{' (SCHED_FIFO)' if a.realtime else ''}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"fabricbench: median {fb:.0f} req/s  (rounds: {', '.join(f'{x:.0f}' for x in rates['fabricbench'])})")
     if "vllm" in rates:

@@ -250,13 +250,14 @@ def _run_one(a: Arrival, srv, backend, model_name, prompts, slo, load, base, fp,
                       duration_s=float(load.duration_s) if load.duration_s is not None else None,
                       warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s),
                       seed=int(load.seed), extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
-                      warmup_specs=prompts.warmup)
+                      warmup_specs=prompts.warmup, event_loop=str(load.get("event_loop") or "auto"))
     try:
         res = run_point(point, warn=lambda m: print(m, flush=True))
         m = summarize(res.results, res.duration_s, slo)
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
+        rec["client"] = {"event_loop": res.event_loop}
         rec["status"] = "ok" if m["completed"] > 0 else "failed"
         if m["completed"] == 0:
             rec["error"] = f"no request completed; errors: {m['errors'][:3]}"

@@ -63,6 +63,9 @@ class LoadPoint:
     warmup_specs: Sequence = ()
     event_loop: str = "auto"           # auto (uvloop when importable) | uvloop | asyncio
 
+    def __post_init__(self) -> None:
+        loop_factory(self.event_loop)  # a bad load.event_loop fails here, before the point starts
+
 
 async def _until(target: float) -> None:
     delay = target - time.perf_counter()
