@@ -29,7 +29,7 @@ from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.inference.metrics import parse_slo, summarize
-from workloads.inference.loadgen.point import LoadPoint, planned_requests, run_point
+from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.core.loggers import build_loggers, flatten
 from workloads.fabric.preflight import preflight
 from workloads.core.records import check_writable, write_record
@@ -91,6 +91,7 @@ def validate(cfg: DictConfig, overrides: list[str]):
                              _reference_overrides(overrides) if spec.adapter == "reference" else ())
     load = cfg.load
     backend = get_backend(str(load.backend))
+    loop_factory(str(load.get("event_loop") or "auto"))  # a bad load.event_loop fails before the server starts
     points = arrivals(load)
     if load.num_requests is None and load.duration_s is None:
         raise UsageError("set load.num_requests (requests per point) or load.duration_s (seconds per point)")
