@@ -85,6 +85,9 @@ def word_tokenizer(path: Path, vocab: int = 1000) -> None:
 
 
 def find_vllm_python(arg: str | None) -> Path | None:
+    if arg and not Path(arg).is_file():
+        print(f"--vllm-python {arg}: no such file; give the python of a venv with vLLM installed", file=sys.stderr)
+        raise SystemExit(2)
     for cand in (arg, os.environ.get("FABRICBENCH_VLLM_PYTHON"), str(ROOT / ".engines/vllm/bin/python")):
         if cand and Path(cand).is_file():
             return Path(cand)
