@@ -50,6 +50,7 @@ def test_sweep_records_and_resume(tmp_path):
             assert m["total_output_tokens"] == 12 * 6  # ignore_eos + usage: exactly what was asked
             assert m["mean_ttft_ms"] >= 4 and m["median_tpot_ms"] > 0 and len(x["samples"]["requests"]) == 12
             assert x["fabric"]["name"] == "loopback" and x["server"]["adapter"] == "external"
+            assert x["client"] == {"event_loop": "uvloop"}  # load.event_loop=auto, uvloop installed
         # Interrupted after c1, c4 ... : a rerun with one more point runs only that one,
         # and tells W&B (offline here) about that one point: one W&B run per record.
         wandb_dir = tmp_path / "wandb"
@@ -96,6 +97,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
         (["server=external", "server.url=http://x", "load.dataset.kind=sharegpt", "load.dataset.path=/nope.json",
           f"load.tokenizer={tmp_path}/no-tok"], "does not exist"),
         (["server=external", "server.url=http://x", "load.flush_cache_path=flush_cache"], "starting with '/'"),
+        (["server=external", "server.url=http://x", "load.event_loop=tokio"], "use one of auto, uvloop, asyncio"),
     ]
     for overrides, msg in cases:
         r = _infer(*overrides, f"output_root={out}", *SMALL, timeout=60)

@@ -17,10 +17,12 @@ import os
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 
 import pytest
 
+from workloads.core.errors import UsageError
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.client import SSEParser, make_session, stream_request
@@ -157,3 +159,50 @@ def test_sse_parser_rules():
     got = p.feed(b"\n\r\nevent: x\ndata: l1\ndata: l2\n\ndata:[DONE]\n\n")
     assert got == ['{"a": 1}', "l1\nl2", "[DONE]"]
     assert p.feed(b"data: tail") == [] and p.close() == ["tail"]
+    # A field name alone is a field with an empty value; a longer name is another field;
+    # a value keeps everything after one optional space (and the event's lines join).
+    assert SSEParser().feed(b"data\ndata:  x\ndatum: no\ndata_x: no\n\n") == ["\n x"]
+    # A \r ending a read may be half of \r\n: the line waits, then counts once.
+    p = SSEParser()
+    assert p.feed(b"data: a\r") == [] and p.feed(b"\n\r") == [] and p.feed(b"\n") == ["a"]
+    # Bytes split inside a UTF-8 character are decoded once the event is whole.
+    p = SSEParser()
+    raw = "data: é\n\n".encode()
+    assert p.feed(raw[:7]) == [] and p.feed(raw[7:]) == ["é"]
+
+
+def _raw_events(url, n):
+    body = json.dumps({"model": "m", "prompt": "w1 w2", "max_tokens": n, "stream": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Transfer-Encoding"] == "chunked"
+        return SSEParser().feed(r.read())
+
+
+def test_instant_server_streams_what_the_scripted_one_does():
+    """The client benchmarks' --instant server must send the same events as the scripted
+    truth at zero delay, so a client is benchmarked on what it is tested on."""
+    with Running(ttft_ms=0, itl_ms=0) as slow, Running(instant=True) as fast:
+        for n in (1, 16):
+            assert _raw_events(fast, n) == _raw_events(slow, n)
+            assert len(_raw_events(fast, n)) == n + 3  # content, finish, usage, [DONE]
+        r = _one(fast, "w1 w2", n_out=5)
+        assert r.ok and r.output_tokens == 5 and len(r.itl) == 4
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # e.g. vLLM client's /tokenize probe
+            urllib.request.urlopen(urllib.request.Request(fast + "/tokenize", data=b"{}"), timeout=5)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "auto"])
+def test_event_loop_setting(server, loop):
+    spec = RequestSpec("ttft=2;itl=1,1", 4, 3)
+    p = LoadPoint(server, get_backend("completions"), "scripted", [spec] * 4, Arrival("closed", concurrency=2),
+                  num_requests=4, timeout_s=10, event_loop=loop)
+    res = run_point(p, warn=lambda m: None)
+    assert [r.output_tokens for r in res.results] == [3] * 4
+    assert res.event_loop == ("asyncio" if loop == "asyncio" else "uvloop")
+
+
+def test_bad_event_loop_is_a_usage_error():
+    with pytest.raises(UsageError, match="load.event_loop='tokio'; use one of auto, uvloop, asyncio"):
+        LoadPoint("http://x", get_backend("completions"), "m", [RequestSpec("x", 1, 1)],
+                  Arrival("closed", concurrency=1), event_loop="tokio")

@@ -29,7 +29,7 @@ from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.inference.metrics import parse_slo, summarize
-from workloads.inference.loadgen.point import LoadPoint, planned_requests, run_point
+from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.core import session
 from workloads.core.loggers import build_loggers, flatten
 from workloads.core.records import write_record
@@ -53,12 +53,13 @@ class LoadSettings:
     extra_body: dict
     lag_warn_ms: float
     flush_cache_path: str | None
+    event_loop: str           # auto | uvloop | asyncio (loadgen/point.py loop_factory)
 
     def point(self, base_url: str, backend, model_name: str, prompts, arrival: Arrival) -> LoadPoint:
         return LoadPoint(base_url, backend, model_name, prompts.measured, arrival, num_requests=self.num_requests,
                          duration_s=self.duration_s, warmup_requests=self.warmup_requests, timeout_s=self.timeout_s,
                          seed=self.seed, extra_body=self.extra_body, lag_warn_ms=self.lag_warn_ms,
-                         warmup_specs=prompts.warmup)
+                         warmup_specs=prompts.warmup, event_loop=self.event_loop)
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,14 @@ def _load_settings(load: DictConfig, points: list[Arrival]) -> LoadSettings:
     if flush is not None and not str(flush).startswith("/"):
         raise UsageError(f"load.flush_cache_path={flush!r} must be a path on the server starting with '/' "
                          "(e.g. /flush_cache for SGLang) or null")
+    event_loop = str(load.get("event_loop") or "auto")
+    loop_factory(event_loop)  # a bad load.event_loop fails before the server starts
     return LoadSettings(
         num_requests=int(load.num_requests) if load.num_requests is not None else None,
         duration_s=float(load.duration_s) if load.duration_s is not None else None,
         warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s), seed=int(load.seed),
         extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
-        flush_cache_path=None if flush is None else str(flush))
+        flush_cache_path=None if flush is None else str(flush), event_loop=event_loop)
 
 
 def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> None:
@@ -295,6 +298,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
+        rec["client"] = {"event_loop": res.event_loop}
         rec["status"] = "ok" if m["completed"] > 0 else "failed"
         if m["completed"] == 0:
             rec["error"] = f"no request completed; errors: {m['errors'][:3]}"

@@ -12,6 +12,11 @@ close, hang, no_done. Every chunk's send time (perf_counter, which is CLOCK_MONO
 so shared with the client process) is kept and served at GET /trace. A digest of every
 prompt received, in arrival order, is served at GET /prompts (to check that a load
 generator never resends one), and POST /flush_cache counts its calls in that answer.
+
+`--instant` serves only the default schedule at zero delay (the same chunks, one HTTP chunk
+per SSE event, written in one go) from a bare asyncio protocol: aiohttp's server tops out
+near 3,500 req/s on one core, below the load generator, so client benchmarks use this one.
+It keeps no trace; GET /health answers ok, anything else but POST /v1/completions 404.
 """
 
 from __future__ import annotations
@@ -164,17 +169,68 @@ def make_app(ttft_ms: float = 5.0, itl_ms: float = 1.0) -> web.Application:
     return app
 
 
+class Instant(asyncio.Protocol):
+    """Minimal HTTP/1.1 keep-alive server: each POST /v1/completions gets its whole stream
+    (max_tokens content chunks, a finish chunk, usage, [DONE]) in one write."""
+
+    _cache: dict[int, bytes] = {}
+    _404 = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+    _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    def connection_made(self, transport) -> None:
+        self.transport, self.buf = transport, b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+            head = self.buf[:end].decode("latin-1")
+            length = next((int(v) for k, _, v in (h.partition(":") for h in head.split("\r\n")[1:])
+                           if k.strip().lower() == "content-length"), 0)
+            if len(self.buf) < end + 4 + length:
+                return  # the body is still on its way
+            body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
+            if not head.startswith("POST /v1/completions "):
+                self.transport.write(self._OK if head.startswith("GET /health ") else self._404)
+                continue
+            n = int(json.loads(body).get("max_tokens") or 16)
+            self.transport.write(self._cache.get(n) or self._cache.setdefault(n, self._stream(n)))
+
+    @staticmethod
+    def _stream(n: int) -> bytes:
+        events = [_chunk(False, f"t{k} ") for k in range(n)] + [_chunk(False, "", finish="length")]
+        events.append(_chunk(False, "", usage={"prompt_tokens": 4, "completion_tokens": n, "total_tokens": n + 4}))
+        out = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n"]
+        for ev in [json.dumps(e) for e in events] + ["[DONE]"]:
+            raw = f"data: {ev}\n\n".encode()
+            out.append(b"%x\r\n%s\r\n" % (len(raw), raw))
+        return b"".join(out + [b"0\r\n\r\n"])
+
+
+def _serve_instant(sock: socket.socket) -> None:
+    try:
+        import uvloop
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    loop.run_until_complete(loop.create_server(Instant, sock=sock, backlog=4096))
+    loop.run_forever()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--ttft-ms", type=float, default=5.0)
     ap.add_argument("--itl-ms", type=float, default=1.0)
+    ap.add_argument("--instant", action="store_true", help="the bare zero-delay server for client benchmarks")
     a = ap.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((a.host, a.port))
     print(f"PORT {sock.getsockname()[1]}", flush=True)
+    if a.instant:
+        return _serve_instant(sock)
     web.run_app(make_app(a.ttft_ms, a.itl_ms), sock=sock, print=None, backlog=4096, access_log=None)
 
 
@@ -185,8 +241,9 @@ if __name__ == "__main__":
 class Running:
     """`with Running() as url:` the scripted server in its own process on 127.0.0.1."""
 
-    def __init__(self, ttft_ms: float = 5.0, itl_ms: float = 1.0, cpu: int | None = None) -> None:
-        self.args = ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+    def __init__(self, ttft_ms: float = 5.0, itl_ms: float = 1.0, cpu: int | None = None,
+                 instant: bool = False) -> None:
+        self.args = ["--instant"] if instant else ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
         self.cpu = cpu
 
     def __enter__(self) -> str:

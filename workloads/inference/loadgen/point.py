@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 
+from workloads.core.errors import UsageError
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import Backend
 from workloads.inference.loadgen.client import RequestResult, make_session, stream_request
@@ -29,6 +30,7 @@ _SPIN_S = 0.0015
 class PointResult:
     results: list[RequestResult]
     duration_s: float                  # first scheduled send -> last request done
+    event_loop: str = ""               # the loop that ran the point: uvloop | asyncio
     warmup: list[RequestResult] = field(default_factory=list)
     cap_wait_s: list[float] = field(default_factory=list)
     prompt_repeats: int = 0            # measured requests that resent a prompt of this point
@@ -58,6 +60,10 @@ class LoadPoint:
     # Warm-up's own prompts (cycled): never the measured ones, which a prefix cache would
     # then answer from cache.
     warmup_specs: Sequence = ()
+    event_loop: str = "auto"           # auto (uvloop when importable) | uvloop | asyncio
+
+    def __post_init__(self) -> None:
+        loop_factory(self.event_loop)  # a bad load.event_loop fails here, before the point starts
 
 
 async def _until(target: float) -> None:
@@ -168,15 +174,39 @@ async def _closed_loop(p: LoadPoint, send) -> PointResult:
     return PointResult(results, time.perf_counter() - start, prompt_repeats=max(0, len(results) - len(p.specs)))
 
 
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def loop_factory(name: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """(the loop's name, its factory). uvloop (libuv) roughly halves the event loop's own
+    cost per read and write, which is most of the client's work at high request rates."""
+    if name not in EVENT_LOOPS:
+        raise UsageError(f"load.event_loop={name!r}; use one of {', '.join(EVENT_LOOPS)}")
+    if name != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if name == "uvloop":
+                raise UsageError("load.event_loop=uvloop but uvloop is not installed; `uv sync`, "
+                                 "or use load.event_loop=auto|asyncio") from None
+        else:
+            return "uvloop", uvloop.new_event_loop
+    return "asyncio", asyncio.new_event_loop
+
+
 def run_point(p: LoadPoint, warn: Callable[[str], None] = print) -> PointResult:
     # A cyclic-GC pass over a point's worth of response objects can stall the event loop
     # for milliseconds, which would be charged to TTFT/ITL: collect first, hold it during
     # the point (memory use of one point is small), and restore it after.
+    name, factory = loop_factory(p.event_loop)
     was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
-        return asyncio.run(run_point_async(p, warn))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            res = runner.run(run_point_async(p, warn))
+        res.event_loop = name
+        return res
     finally:
         if was_enabled:
             gc.enable()
