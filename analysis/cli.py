@@ -114,7 +114,7 @@ def cmd_report(args) -> int:
     table, result = _load(args)
     _print(result, getattr(args, "verbose", False))
     rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms")
-    print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\n"
+    print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\nmetrics: {rep.csv}\n"
           f"plots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
     return 0
 

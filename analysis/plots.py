@@ -1,12 +1,21 @@
-"""The charts of a fabric study, PNG and SVG, with error bars wherever there are trials.
+"""The charts of a fabric study, PNG and SVG, with 95% intervals wherever there are trials.
 
-Each chart is one function `(table, out_dir) -> list[Path]` in PLOTS; it returns [] when
-the table has nothing it can draw (a training-only study has no busbw chart). Points
-are medians over trials; error bars are the bootstrap 95% interval of the median.
+A chart never mixes runs the comparison guard keeps apart: runs are grouped by their guard
+identity (analysis/guard.py) without the chart's x axis (micro batch, load level), so each
+comparable group gets its own chart, captioned with what sets it apart. Every arm keeps one
+colour, marker and line style in every chart (ARM_STYLES: the Okabe-Ito palette, which stays
+apart in greyscale through markers and dashes). Points are medians over trials; error bars
+are the bootstrap 95% interval of the median (stats.bootstrap_median). Ratio panels show the
+verdicts' own speed-up and interval (training: analysis/compare.py's comparisons; bus
+bandwidth per message size: stats.compare on that size's cells), on a log axis labelled as
+the report speaks: "+30%" = the arm is 30% faster, "-30%" = the baseline is 30% faster.
+
+make_all returns [(png, caption)]; the SVG lies beside each PNG.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable
@@ -16,209 +25,348 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from analysis import capacity, guard, stats  # noqa: E402
 from analysis.load import TRAINING, Run, Table, cell_busbw, dig  # noqa: E402
-from analysis.stats import bootstrap_median  # noqa: E402
+
+Chart = tuple[Path, str]
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
+DASHES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3))]
+EXTERNAL = {"color": "#777777", "marker": "x", "linestyle": (0, (2, 2))}  # nccl-tests / rccl-tests overlays
 
 
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
+def arm_styles(arms: Iterable[str], baseline: str | None) -> dict[str, dict]:
+    """One style per arm, the baseline first, the same in every chart of the report."""
+    order = sorted(set(arms), key=lambda a: (a != baseline, a))
+    return {a: {"color": PALETTE[i % 7], "marker": MARKERS[i % 7], "linestyle": DASHES[i % 7]} for i, a in enumerate(order)}
+
+
+def _save(fig, out_dir: Path, name: str, caption: str) -> list[Chart]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    for ax in fig.axes:  # 1, 2, 4 ... on a log-2 axis, not 2^0, 2^1
+        if ax.get_xscale() == "log":
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v < 1e4 else _bytes(v)))
     fig.tight_layout()
-    for p in paths:
-        fig.savefig(p, dpi=120)
+    for suffix in (".png", ".svg"):
+        fig.savefig(out_dir / f"{name}{suffix}", dpi=100)
     plt.close(fig)
-    return paths
+    return [(out_dir / f"{name}.png", caption)]
 
 
-# What splits a chart's lines besides the fabric, when it varies: a run's attribute or coordinate.
-LINE_KEYS: dict[str, Callable[[Run], str]] = {
-    "model": lambda r: str(r.model),
-    "parallel": lambda r: str(r.parallel),
-    "gpus": lambda r: f"gpus={r.coords['world_size']:g}" if "world_size" in r.coords else "gpus=?",
-}
+def _bytes(v: float) -> str:
+    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if v >= f:
+            return f"{v / f:g}{unit}"
+    return f"{v:g}"
 
 
-def _line_label(r: Run, vary: set[str]) -> str:
-    return " ".join([r.fabric, *(fn(r) for k, fn in LINE_KEYS.items() if k in vary)])
+def groups(runs: Iterable[Run], drop: Iterable[str] = (), allow: Iterable[str] = ()) -> list[tuple[str, list[Run]]]:
+    """Runs in comparable groups: equal guard identity once the chart's x axis (`drop`) and the
+    declared `allow` keys are left out. Each group's label names the keys that set it apart
+    from the other groups ("" when there is one group)."""
+    keyed: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        keyed[guard.point_key(r.record, (*allow, *drop))].append(r)
+    dicts = [dict(k) for k in keyed]
+    vary = sorted({k for d in dicts for k in d if len({repr(e.get(k)) for e in dicts}) > 1})
+    out = []
+    for k, rs in keyed.items():
+        d = dict(k)
+        label = ", ".join(f"{v}={d.get(v)}" for v in vary[:3]) + (f" and {len(vary) - 3} more keys" if len(vary) > 3 else "")
+        out.append((label, rs))
+    return sorted(out, key=lambda g: g[0])
 
 
-def _series(runs: Iterable[Run], x: Callable[[Run], float | None], y: Callable[[Run], float | None],
-            split: Iterable[str] = tuple(LINE_KEYS)):
-    """{label: (xs, med, lo, hi)} with one line per fabric (and per model/parallel/GPU count when they
-    vary; `split` leaves out the one that is the x axis)."""
-    runs = list(runs)
-    vary = {k for k in split if len({LINE_KEYS[k](r) for r in runs}) > 1}
+def _medians(runs: Iterable[Run], x: Callable[[Run], float | None], y: Callable[[Run], float | None]) -> dict:
+    """{arm: (xs, median, lo, hi)} over the runs' trials at each x."""
     pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         xv, yv = x(r), y(r)
         if xv is not None and yv is not None:
-            pts[_line_label(r, vary)][xv].append(yv)
-    out = {}
-    for label, d in sorted(pts.items()):
-        xs = sorted(d)
-        stats = [bootstrap_median(d[v]) for v in xs]
-        out[label] = (np.array(xs), *(np.array(s) for s in zip(*stats)))
-    return out
-
-
-def _errorbar_chart(series, title, xlabel, ylabel, out_dir, name, logx=False, logy=False) -> list[Path]:
-    if not series:
-        return []
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for label, (xs, med, lo, hi) in series.items():
-        ax.errorbar(xs, med, yerr=[med - lo, hi - med], marker="o", capsize=3, label=label)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="fabric")
-    return _save(fig, out_dir, name)
-
-
-def _training(table: Table) -> list[Run]:
-    return [r for r in table.ok() if r.workload in TRAINING]
-
-
-def sps_vs_batch(table: Table, out_dir: Path) -> list[Path]:
-    s = _series(_training(table), lambda r: r.coords.get("global_batch"), lambda r: r.metric("samples_per_sec"))
-    return _errorbar_chart(s, "Samples/s vs global batch (the small-batch chart)", "global batch size (samples)",
-                           "samples/s (median, 95% CI)", out_dir, "sps_vs_batch", logx=True)
-
-
-def tflops_per_fabric(table: Table, out_dir: Path) -> list[Path]:
-    runs = _training(table)
-    # per (model, fabric): the batch size with the best median TFLOPS/GPU, and its interval
-    best: dict[tuple[str, str], tuple[float, float, float]] = {}
-    for (model, fabric), by_b in _group(runs, lambda r: (str(r.model), r.fabric), lambda r: r.coords.get("global_batch")).items():
-        cand = [bootstrap_median(v) for v in (by_b[b] for b in by_b) if v]
-        if cand:
-            best[(model, fabric)] = max(cand, key=lambda t: t[0])
-    if not best:
-        return []
-    models = sorted({m for m, _ in best})
-    fabrics = sorted({f for _, f in best})
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    w = 0.8 / len(fabrics)
-    for i, f in enumerate(fabrics):
-        vals = [best.get((m, f), (np.nan,) * 3) for m in models]
-        med = np.array([v[0] for v in vals])
-        err = [med - np.array([v[1] for v in vals]), np.array([v[2] for v in vals]) - med]
-        ax.bar(np.arange(len(models)) + i * w - 0.4 + w / 2, med, w, yerr=err, capsize=3, label=f)
-    ax.set_xticks(np.arange(len(models)), models)
-    ax.set(title="TFLOPS/GPU per fabric and model (best batch size)", ylabel="TFLOPS/GPU (median, 95% CI)")
-    ax.legend(title="fabric")
-    return _save(fig, out_dir, "tflops_per_fabric")
-
-
-def _group(runs, key, x):
-    out: dict = defaultdict(lambda: defaultdict(list))
-    for r in runs:
-        if x(r) is not None and r.metric("tflops_per_gpu") is not None:
-            out[key(r)][x(r)].append(r.metric("tflops_per_gpu"))
-    return out
-
-
-def scaling_efficiency(table: Table, out_dir: Path) -> list[Path]:
-    """Weak scaling at a fixed per-GPU micro batch: (sps(n)/n) / (sps(n0)/n0), n0 the fewest GPUs measured."""
-    runs = [r for r in _training(table) if "world_size" in r.coords]
-    series = {}
-    for (fabric, model, mb), sub in _bucket(runs, lambda r: (r.fabric, r.model, r.coords.get("micro_batch"))).items():
-        s = _series(sub, lambda r: r.coords["world_size"], lambda r: r.metric("samples_per_sec"), split=("model", "parallel"))
-        for _, (xs, med, lo, hi) in s.items():
-            if len(xs) < 2:
-                continue
-            per0 = med[0] / xs[0]
-            series[f"{fabric} {model} mb={mb:g}"] = (xs, med / xs / per0, lo / xs / per0, hi / xs / per0)
-    return _errorbar_chart(series, "Scaling efficiency vs GPU count", "GPUs", "efficiency vs fewest GPUs", out_dir,
-                           "scaling_efficiency", logx=True)
-
-
-def _bucket(runs, key):
-    out = defaultdict(list)
-    for r in runs:
-        out[key(r)].append(r)
-    return out
-
-
-def busbw_series(table: Table) -> dict:
-    """{label: (sizes, med, lo, hi)}: one line per fabric and op, split further by world size,
-    pattern and dtype wherever the table holds more than one of them (busbw of 8 and 16 ranks,
-    or of float and bfloat16, are different curves, not trials of one)."""
-    cells: list[tuple[dict[str, str], float, float]] = []
-    for r in table.ok():
-        for row in r.rows:
-            ws = r.coords.get("world_size")
-            dims = {"fabric": r.fabric, "op": str(row.get("op", "")),
-                    "n": f"n={ws:g}" if ws is not None else f"group={row.get('group_size', '?')}",
-                    "pattern": f"pattern={dig(r.record, 'collectives.pattern', '?')}",
-                    "dtype": str(row.get("type", dig(r.record, "collectives.datatype", "?")))}
-            if row.get("size"):  # both placements are trials of one size
-                cells += [(dims, float(row["size"]), bw) for bw in cell_busbw(row)]
-    vary = [k for k in ("n", "pattern", "dtype") if len({d[k] for d, _, _ in cells}) > 1]
-    pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for dims, size, bw in cells:
-        label = " ".join(v for v in (dims["fabric"], dims["op"], *(dims[k] for k in vary)) if v)
-        pts[label][size].append(bw)
-    return {k: _stack(d) for k, d in sorted(pts.items())}
-
-
-def busbw_vs_size(table: Table, out_dir: Path) -> list[Path]:
-    """nccl-tests' busbw per message size, out-of-place and in-place cells pooled as trials."""
-    return _errorbar_chart(busbw_series(table), "Bus bandwidth vs message size", "message size (bytes)", "busbw (GB/s)",
-                           out_dir, "busbw_vs_size", logx=True)
-
-
-def p2p_latency_vs_size(table: Table, out_dir: Path) -> list[Path]:
-    pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in table.ok():
-        for row in r.p2p:
-            if row.get("test") == "latency" and row.get("value") is not None and row.get("size") is not None:
-                pts[r.fabric][float(row["size"]) or 1.0].append(float(row["value"]))
-    series = {k: _stack(d) for k, d in sorted(pts.items())}
-    return _errorbar_chart(series, "Point-to-point latency vs message size", "message size (bytes)", "latency (us)",
-                           out_dir, "p2p_latency_vs_size", logx=True, logy=True)
+            pts[r.fabric][xv].append(yv)
+    return {arm: _stack(d) for arm, d in sorted(pts.items())}
 
 
 def _stack(d: dict[float, list[float]]):
     xs = sorted(d)
-    stats = [bootstrap_median(d[x]) for x in xs]
-    return (np.array(xs), *(np.array(s) for s in zip(*stats)))
+    s = [stats.bootstrap_median(d[x]) for x in xs]
+    return (np.array(xs), *(np.array(v) for v in zip(*s)))
 
 
-def _inference(table: Table) -> list[Run]:
-    return [r for r in table.ok() if r.workload == "inference" and "concurrency" in r.coords]
+def _lines(ax, series: dict, styles: dict, suffix: str = "", hollow: bool = False) -> None:
+    for arm, (xs, med, lo, hi) in series.items():
+        st = styles.get(arm, EXTERNAL)
+        ax.errorbar(xs, med, yerr=[med - lo, hi - med], capsize=3, label=f"{arm}{suffix}", color=st["color"],
+                    marker=st["marker"], linestyle=st["linestyle"], mfc="white" if hollow else st["color"])
 
 
-def ttft_vs_concurrency(table: Table, out_dir: Path) -> list[Path]:
-    runs = _inference(table)
-    series = {}
-    for metric, tag in (("median_ttft_ms", "median"), ("p99_ttft_ms", "p99")):
-        for label, s in _series(runs, lambda r: r.coords["concurrency"], lambda r, m=metric: r.metric(m)).items():
-            series[f"{label} {tag}"] = s
-    return _errorbar_chart(series, "TTFT vs concurrency", "concurrent requests", "TTFT (ms)", out_dir,
-                           "ttft_vs_concurrency", logx=True)
+def _pct(r: float, _=None) -> str:
+    """A speed-up as the report words it: +30% (the arm faster), -30% (the baseline faster)."""
+    if r <= 0 or not math.isfinite(r):
+        return ""
+    if abs(r - 1) < 1e-9:
+        return "equal"
+    return f"+{100 * (r - 1):.0f}%" if r >= 1 else f"-{100 * (1 / r - 1):.0f}%"
 
 
-def rps_vs_concurrency(table: Table, out_dir: Path) -> list[Path]:
-    s = _series(_inference(table), lambda r: r.coords["concurrency"], lambda r: r.metric("request_throughput"))
-    return _errorbar_chart(s, "Requests/s vs concurrency", "concurrent requests", "requests/s", out_dir,
-                           "rps_vs_concurrency", logx=True)
+_UP = [1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100]
+RATIO_TICKS = sorted([1.0, *_UP, *(1 / u for u in _UP)])
 
 
-PLOTS: dict[str, Callable[[Table, Path], list[Path]]] = {
-    "sps_vs_batch": sps_vs_batch,
-    "tflops_per_fabric": tflops_per_fabric,
-    "scaling_efficiency": scaling_efficiency,
-    "busbw_vs_size": busbw_vs_size,
-    "p2p_latency_vs_size": p2p_latency_vs_size,
-    "ttft_vs_concurrency": ttft_vs_concurrency,
-    "rps_vs_concurrency": rps_vs_concurrency,
+def _ratio_panel(ax, ratios: dict, styles: dict, baseline: str | None, what: str) -> None:
+    """ratios: {arm: (xs, speedup, lo, hi)}; log y so that +50% and -50% sit equally far from 0."""
+    for arm, (xs, s, lo, hi) in ratios.items():
+        st = styles.get(arm, EXTERNAL)
+        ax.errorbar(xs, s, yerr=[s - lo, hi - s], capsize=3, color=st["color"], marker=st["marker"],
+                    linestyle=st["linestyle"], label=f"{arm} vs {baseline}")
+    ax.axhline(1.0, color="#444444", linewidth=1)
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    lo, hi = min(lo, 1 / 1.15), max(hi, 1.15)
+    ax.set_yticks([t for t in RATIO_TICKS if lo <= t <= hi])
+    ax.set_ylim(lo, hi)
+    ax.yaxis.set_major_formatter(FuncFormatter(_pct))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda r, _: ""))
+    ax.set_ylabel(f"{what}\n+: arm faster, -: {baseline} faster")
+    ax.grid(True, alpha=0.3, which="both")
+    if ratios:
+        ax.legend(fontsize=8)
+
+
+def _title(fig, what: str, label: str) -> str:
+    caption = f"{what}" + (f" — {label}" if label else "")
+    fig.suptitle(caption, fontsize=10)
+    return caption
+
+
+class Ctx:
+    """What every chart shares: the arms' styles, the baseline, the verdicts, allowed keys, the SLO."""
+
+    def __init__(self, table: Table, result=None, slo_ms: float | None = None, slo_metric: str = "p90_ttft_ms"):
+        self.result = result
+        self.baseline = result.baseline if result is not None else (table.fabrics[0] if table.fabrics else None)
+        self.allow = tuple(result.allow) if result is not None else ()
+        self.styles = arm_styles([r.fabric for r in table], self.baseline)
+        self.slo_ms, self.slo_metric = slo_ms, slo_metric
+
+
+BATCH_KEYS = ("batch", "config.train.micro_batch_size", "config.train.global_batch_size", "config.train.grad_accum_steps")
+
+
+def training(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
+    """Per comparable group: samples/s and TFLOPS/GPU vs micro batch per arm, and the verdicts'
+    samples/s speed-up per micro batch."""
+    runs = [r for r in table.ok() if r.workload in TRAINING and "micro_batch" in r.coords]
+    out: list[Chart] = []
+    for i, (label, rs) in enumerate(groups(runs, BATCH_KEYS, ctx.allow)):
+        ids = {id(r) for r in rs}
+        mb = lambda r: r.coords.get("micro_batch")  # noqa: E731
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+        for ax, metric, name in ((axes[0], "samples_per_sec", "samples/s"), (axes[1], "tflops_per_gpu", "TFLOPS/GPU")):
+            _lines(ax, _medians(rs, mb, lambda r, m=metric: r.metric(m)), ctx.styles)
+            ax.set(xscale="log", xlabel="micro batch (samples per GPU)", ylabel=f"{name} (median, 95% CI)")
+            ax.set_xscale("log", base=2)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        _ratio_panel(axes[2], _verdict_ratios(ctx, ids, "samples_per_sec", mb), ctx.styles, ctx.baseline, "samples/s")
+        axes[2].set_xscale("log", base=2)
+        axes[2].set_xlabel("micro batch (samples per GPU)")
+        out += _save(fig, out_dir, f"training_{i}", _title(fig, f"{rs[0].workload}: throughput vs micro batch", label))
+    return out
+
+
+def _verdict_ratios(ctx: Ctx, ids: set[int], metric: str, x: Callable[[Run], float | None]) -> dict:
+    """{arm: (xs, speedup, lo, hi)} from the comparisons of analysis/compare.py on the group's points."""
+    pts: dict[str, list[tuple]] = defaultdict(list)
+    for p, c in (ctx.result.comparisons if ctx.result is not None else []):
+        if c.metric == metric and any(id(r) in ids for r in p.runs) and (xv := x(p.runs[0])) is not None:
+            pts[c.fabric].append((xv, c.speedup, c.speedup_lo, c.speedup_hi))
+    return {a: tuple(np.array(v) for v in zip(*sorted(t))) for a, t in sorted(pts.items())}
+
+
+def _busbw_cells(runs: Iterable[Run], op: str) -> dict[str, dict[float, list[float]]]:
+    cells: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        for row in r.rows:
+            if row.get("op") == op and row.get("size"):
+                cells[r.fabric][float(row["size"])] += cell_busbw(row)  # both placements are trials of one size
+    return cells
+
+
+def _size_ratios(cells: dict, baseline: str | None) -> dict:
+    """Per arm and size, the speed-up of busbw over the baseline's with its interval (stats.compare)."""
+    out = {}
+    for arm, by_size in cells.items():
+        if arm == baseline or baseline not in cells:
+            continue
+        rows = [(s, stats.compare(v, cells[baseline][s], arm, baseline, "busbw", True))
+                for s, v in sorted(by_size.items()) if v and cells[baseline].get(s)]
+        if rows:
+            out[arm] = tuple(np.array(v) for v in zip(*[(s, c.speedup, c.speedup_lo, c.speedup_hi) for s, c in rows]))
+    return out
+
+
+def busbw(table: Table, out_dir: Path, ctx: Ctx, external: Iterable[Run] = ()) -> list[Chart]:
+    """Per comparable group and op: busbw vs message size on log-log axes, every arm, and the
+    speed-up per size. External nccl-tests/rccl-tests results of the same op are drawn beside
+    for reference (grey, dotted); the guard cannot vouch for them, so they get no ratio."""
+    runs = [r for r in table.ok() if r.rows and not _is_external(r)]
+    ext = [r for r in table.ok() if _is_external(r)]
+    out: list[Chart] = []
+    for i, (label, rs) in enumerate(groups(runs, (), ctx.allow)):
+        for op in sorted({str(row.get("op")) for r in rs for row in r.rows if row.get("op")}):
+            cells = _busbw_cells(rs, op)
+            fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+            _lines(top, {a: _stack(d) for a, d in sorted(cells.items())}, ctx.styles)
+            for a, d in sorted(_busbw_cells(ext, op).items()):
+                _lines(top, {a: _stack(d)}, {a: EXTERNAL}, " (external, not compared)")
+            top.set_xscale("log", base=2)
+            top.set_yscale("log")
+            top.set(ylabel="bus bandwidth (GB/s, median, 95% CI)")
+            top.grid(True, alpha=0.3, which="both")
+            top.legend(fontsize=8)
+            _ratio_panel(bottom, _size_ratios(cells, ctx.baseline), ctx.styles, ctx.baseline, "busbw")
+            bottom.set_xlabel("message size (bytes)")
+            out += _save(fig, out_dir, f"busbw_{op}_{i}", _title(fig, f"{op}: bus bandwidth vs message size", label))
+    return out
+
+
+def _is_external(r: Run) -> bool:
+    return bool(dig(r.record, "external.tool"))
+
+
+def _slo(runs: list[Run]) -> dict[str, float]:
+    """The records' own SLO (load.slo, 'ttft:500 tpot:50'), when they agree on one."""
+    from workloads.inference.metrics import parse_slo
+
+    texts = {str(dig(r.record, "config.load.slo", dig(r.record, "load.slo")) or "") for r in runs}
+    if len(texts) != 1:
+        return {}
+    try:
+        return parse_slo(texts.pop())
+    except Exception:  # a record written by an older version; the chart goes without the line
+        return {}
+
+
+def _load_axis(rs: list[Run]) -> tuple[str, str]:
+    return ("concurrency", "concurrent requests") if all("concurrency" in r.coords for r in rs) else ("rate", "offered rate (req/s)")
+
+
+def _percentile_panel(ax, rs, key, xlabel, name, ctx, slo_ms) -> None:
+    x = lambda r: r.coords.get(key)  # noqa: E731
+    _lines(ax, _medians(rs, x, lambda r: r.metric(f"median_{name}_ms")), ctx.styles, " median")
+    _lines(ax, _medians(rs, x, lambda r: r.metric(f"p99_{name}_ms")), ctx.styles, " p99", hollow=True)
+    if slo_ms is not None:
+        ax.axhline(slo_ms, color="#B00000", linewidth=1.5, linestyle="--", label=f"SLO {slo_ms:g} ms")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel=xlabel, ylabel=f"{name.upper()} (ms, median over trials, 95% CI)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _pareto(tp: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both throughput (higher) and latency (lower)."""
+    return np.array([i for i in range(len(tp)) if not any(tp[j] >= tp[i] and lat[j] <= lat[i] and
+                                                          (tp[j] > tp[i] or lat[j] < lat[i]) for j in range(len(tp)))], dtype=int)
+
+
+def _latency_throughput(ax, rs, key, ctx, slo_ms, metric) -> None:
+    x = lambda r: r.coords.get(key)  # noqa: E731
+    tps = _medians(rs, x, lambda r: r.metric("request_throughput"))
+    lats = _medians(rs, x, lambda r: r.metric(metric))
+    for arm in sorted(set(tps) & set(lats)):
+        st = ctx.styles.get(arm, EXTERNAL)
+        common = sorted(set(tps[arm][0]) & set(lats[arm][0]))
+        tp = np.array([tps[arm][1][list(tps[arm][0]).index(c)] for c in common])
+        lat = np.array([lats[arm][1][list(lats[arm][0]).index(c)] for c in common])
+        ax.plot(tp, lat, color=st["color"], marker=st["marker"], linestyle=st["linestyle"], label=arm)
+        best = _pareto(tp, lat)
+        ax.scatter(tp[best], lat[best], s=160, facecolors="none", edgecolors=st["color"], linewidths=1.5)
+    if slo_ms is not None:
+        ax.axhline(slo_ms, color="#B00000", linewidth=1.5, linestyle="--", label=f"SLO {slo_ms:g} ms")
+    ax.set(xlabel="request throughput (req/s, median)", ylabel=f"{metric.replace('_', ' ')} (median)")
+    ax.set_title("latency vs throughput (ringed: Pareto points)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def inference(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
+    """Per comparable sweep: TTFT and ITL median/p99 vs load with the SLO line, and the
+    latency-throughput curve with its Pareto points."""
+    runs = [r for r in table.ok() if r.workload == "inference" and ("concurrency" in r.coords or "rate" in r.coords)]
+    out: list[Chart] = []
+    for i, (label, rs) in enumerate(groups(runs, capacity.LEVEL_KEYS, ctx.allow)):
+        key, xlabel = _load_axis(rs)
+        slo = _slo(rs)
+        ttft_slo = ctx.slo_ms if ctx.slo_ms is not None else slo.get("ttft")
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+        _percentile_panel(axes[0], rs, key, xlabel, "ttft", ctx, ttft_slo)
+        _percentile_panel(axes[1], rs, key, xlabel, "itl", ctx, slo.get("tpot"))
+        metric = ctx.slo_metric if ctx.slo_ms is not None else "p99_ttft_ms"
+        _latency_throughput(axes[2], rs, key, ctx, ttft_slo, metric)
+        out += _save(fig, out_dir, f"inference_{i}", _title(fig, "inference: latency vs load", label))
+    return out
+
+
+def capacity_bars(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
+    """Capacity per GPU at the SLO per arm, as bars, with the bracket the sweep can vouch for."""
+    if ctx.slo_ms is None:
+        return []
+    caps = capacity.capacities(table, ctx.slo_ms, ctx.slo_metric, ctx.allow)
+    out: list[Chart] = []
+    for i, sweep in enumerate(sorted({c.sweep for c in caps})):
+        cs = [c for c in caps if c.sweep == sweep]
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for j, c in enumerate(cs):
+            st = ctx.styles.get(c.fabric, EXTERNAL)
+            lo, hi = c.bracket_per_gpu
+            top = hi if math.isfinite(hi) else lo * 1.5
+            val = c.per_gpu if c.per_gpu is not None else lo
+            ax.bar(j, val, color=st["color"], hatch=["", "//", "..", "xx", "\\\\", "oo", "++"][j % 7], edgecolor="black",
+                   alpha=0.85, label=c.fabric)
+            ax.errorbar(j, val, yerr=[[val - lo], [top - val]], color="black", capsize=10, linewidth=1.5,
+                        uplims=not math.isfinite(hi))
+        ax.set_xticks(range(len(cs)), [c.fabric for c in cs])
+        ax.set_ylabel("req/s per GPU at the SLO\n(bar: interpolated; bracket: the sweep's bounds)")
+        ax.grid(True, axis="y", alpha=0.3)
+        pct = ctx.slo_metric.split("_")[0]
+        out += _save(fig, out_dir, f"capacity_{i}", _title(fig, f"capacity at TTFT {pct} <= {ctx.slo_ms:g} ms", sweep))
+    return out
+
+
+def p2p_latency(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
+    runs = [r for r in table.ok() if r.p2p]
+    out: list[Chart] = []
+    for i, (label, rs) in enumerate(groups(runs, (), ctx.allow)):
+        pts: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rs:
+            for row in r.p2p:
+                if row.get("test") == "latency" and row.get("value") is not None and row.get("size") is not None:
+                    pts[r.fabric][float(row["size"]) or 1.0].append(float(row["value"]))
+        if not pts:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        _lines(ax, {a: _stack(d) for a, d in sorted(pts.items())}, ctx.styles)
+        ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="latency (us, median, 95% CI)")
+        ax.grid(True, alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+        out += _save(fig, out_dir, f"p2p_latency_{i}", _title(fig, "point-to-point latency vs message size", label))
+    return out
+
+
+PLOTS: dict[str, Callable[[Table, Path, Ctx], list[Chart]]] = {
+    "training": training,
+    "busbw": busbw,
+    "p2p_latency": p2p_latency,
+    "inference": inference,
+    "capacity": capacity_bars,
 }
 
 
-def make_all(table: Table, out_dir: Path) -> dict[str, list[Path]]:
-    """Every chart the table has data for; an empty list for the others."""
-    return {name: fn(table, Path(out_dir)) for name, fn in PLOTS.items()}
+def make_all(table: Table, out_dir: Path, result=None, slo_ms: float | None = None,
+             slo_metric: str = "p90_ttft_ms") -> list[Chart]:
+    """Every chart the table has data for, in PLOTS order: [(png, caption)]."""
+    ctx = Ctx(table, result, slo_ms, slo_metric)
+    return [chart for fn in PLOTS.values() for chart in fn(table, Path(out_dir), ctx)]

@@ -1,6 +1,10 @@
-"""Markdown and self-contained HTML reports: runs, verdicts with intervals, capacity, plots.
+"""Markdown and self-contained HTML reports from ONE list of sections.
 
-The HTML embeds every PNG as base64, so one file can be mailed or attached as is.
+The first screen is for a manager: a headline sentence per workload (the difference as a
+percentage with its interval, the design and correction, the A/A control's outcome), then
+the verdict table; charts, capacity, runs and the refused pairs follow. `sections()` builds
+the content once; `to_markdown` and `to_html` only render it. The HTML embeds every PNG as
+base64, so one file can be mailed or attached as is.
 """
 
 from __future__ import annotations
@@ -8,10 +12,10 @@ from __future__ import annotations
 import base64
 import html
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import capacity, export, plots
+from analysis import capacity, export, plots, results_csv, summary
 from analysis.compare import Result
 from analysis.load import Table
 
@@ -23,6 +27,15 @@ class Report:
     images: list[Path]
     verdicts: list[str]
     json: Path | None = None      # report.json: every verdict, the rows of `compare --json`
+    csv: Path | None = None       # results.csv: every record's metrics, one row per record
+
+
+# A block is a tuple: ("p", text) | ("strong", text) | ("warn", text) | ("list", [text]) |
+# ("table", head, rows) | ("figure", path, caption) | ("details", summary, [block]).
+@dataclass
+class Section:
+    title: str
+    blocks: list[tuple] = field(default_factory=list)
 
 
 def _transport(r) -> str:
@@ -36,21 +49,26 @@ def _transport(r) -> str:
 NA = "—"  # a column that does not apply to the workload (collectives have no model or batch)
 
 
+def _root(table: Table) -> Path | None:
+    """The folder every local record lies under, so that names are short but unambiguous: every
+    run directory writes the same file names (pretrain-mb4.json in each). With one run
+    directory, its parent, to keep the run id in the name. W&B sources are unique already."""
+    local = {Path(r.source).parent for r in table if r.source and "://" not in r.source}
+    if not local:
+        return None
+    root = Path(os.path.commonpath([str(p) for p in local]))
+    if len(local) == 1:
+        root = root.parent.parent if root.name == "records" else root.parent
+    return root
+
+
 def _names(table: Table) -> dict[int, str]:
-    """Each record's path relative to the directory all local records share: every run
-    directory writes the same file names (pretrain-mb4.json in each), so a bare name is
-    ambiguous. W&B sources (wandb://entity/project/id) are unique already."""
-    local = [str(Path(r.source).parent) for r in table if r.source and "://" not in r.source]
-    root = Path(os.path.commonpath(local)) if local else None
-    if root is not None and len({Path(r.source).parent for r in table if r.source and "://" not in r.source}) == 1:
-        root = root.parent.parent if root.name == "records" else root.parent  # keep the run id in the name
-    out = {}
-    for r in table:
-        if root is not None and r.source and "://" not in r.source:
-            out[id(r)] = str(Path(r.source).relative_to(root))
-        else:
-            out[id(r)] = r.source or "?"
-    return out
+    root = _root(table)
+    return {id(r): str(Path(r.source).relative_to(root)) if root is not None and r.source and "://" not in r.source
+            else r.source or "?" for r in table}
+
+
+RUN_HEAD = ["record", "arm", "workload", "model", "parallel", "global batch", "GPUs", "status", "transport (verified)"]
 
 
 def _runs_rows(table: Table) -> list[list[str]]:
@@ -64,30 +82,6 @@ def _runs_rows(table: Table) -> list[list[str]]:
     return rows
 
 
-def _p(v: float) -> str:
-    return "n/a" if v != v else f"{v:.3g}"
-
-
-def _verdict_rows(result: Result) -> list[list[str]]:
-    # speed-up, not the raw median ratio: the same convention as the verdict text
-    # (>1: the fabric is faster/better; lower-is-better metrics are inverted).
-    return [[p.label, c.metric, f"{c.median_base:.4g}", f"{c.median:.4g}", f"{c.speedup:.3f} [{c.speedup_lo:.3f}, {c.speedup_hi:.3f}]",
-             _p(c.p), _p(c.p_adj), c.verdict] for p, c in result.comparisons]
-
-
-def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-
-
 CAPACITY_NOTE = ("Capacity is request_throughput (req/s) at the SLO crossing, interpolated linearly between the last "
                  "passing and the first failing load level, per GPU (server.tp). The sweep only brackets it between those "
                  "levels' throughputs; a GPU percentage is given only when two fabrics' brackets do not overlap "
@@ -97,86 +91,137 @@ METHOD_NOTE = ("Trials are records (one run each). Study records are paired with
                "records without a recorded design get the exact Mann-Whitney rank test on medians. Intervals are 95% "
                "bootstrap; p is corrected over every verdict of a study (the A/A control's tests separately); a winner "
                "is named only when the corrected p < alpha and the interval excludes 1 (see analysis/stats.py).")
-RUN_HEAD = ["record", "fabric", "workload", "model", "parallel", "global batch", "GPUs", "status", "transport (verified)"]
-VERDICT_HEAD = ["point", "metric", "baseline median", "fabric median",
-                "speed-up vs baseline [95% CI] (>1: fabric faster/better)", "p", "corrected p", "verdict"]
+
+
+def _top(table: Table, result: Result) -> list[Section]:
+    """The first screen: headlines, then the verdict table."""
+    heads = summary.headlines(result)
+    top = Section("Headline", [("strong", f"{wl}: {s}") for wl, s in heads] or
+                  [("p", "No two arms share a comparable point: nothing is compared (see the refused pairs below).")])
+    top.blocks += [("warn", c) for c in result.control_lines() if "NOT quiet" in c]
+    top.blocks += [("p", f"{len(table)} records; arms: {', '.join(table.fabrics)}; baseline: {result.baseline}. "
+                         f"Raw values are medians over trials in the metric's units.")]
+    table_rows = summary.verdict_rows(result)
+    verdicts = Section("Verdicts", [("table", summary.VERDICT_HEAD, table_rows)] if table_rows else
+                       [("p", "No comparable points.")])
+    return [top, verdicts]
+
+
+def _details(table: Table, result: Result) -> list[Section]:
+    names = _names(table)
+    out = []
+    warnings = [f"transport mismatch: {r.fabric}: {names[id(r)]}: transport did not match the label ({_transport(r)}) "
+                f"{(r.transport or {}).get('message') or ''}".rstrip() for r in table if r.transport_mismatch]
+    failed = [f"{names[id(r)]}: status {r.status}" for r in result.excluded]
+    if warnings:
+        out.append(Section("Warnings", [("list", warnings)]))
+    if failed:
+        out.append(Section("Failed runs (not analysed)", [("list", failed)]))
+    words = [f"{p.label} [{c.metric}]: {c.verdict}" for p, c in result.comparisons]
+    notes = result.control_lines() + result.floor_lines()
+    out.append(Section("Method", [("p", METHOD_NOTE), *([("list", notes)] if notes else []),
+                                  *([("details", f"Every verdict in words ({len(words)})", [("list", words)])] if words else [])]))
+    return out
+
+
+def _capacity(table: Table, result: Result, slo_ms: float | None, slo_metric: str) -> list[Section]:
+    if slo_ms is None:
+        return []
+    caps = capacity.capacities(table, slo_ms, slo_metric, result.allow)
+    lines = [c.describe(slo_ms, slo_metric.split("_")[0]) for c in caps] + \
+        capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
+    return [Section(f"Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", [("p", CAPACITY_NOTE), ("list", lines)])]
+
+
+def _tail(table: Table, result: Result, root: Path | None) -> list[Section]:
+    """Last: what was not compared, and the runs; the refusals collapsed, counts first."""
+    out = []
+    if result.unmatched:
+        out.append(Section("Points without a counterpart", [("details", result.unmatched_summary().split(";")[0] + " (not compared)",
+                                                              [("list", result.unmatched_lines())])]))
+    out.append(Section("Runs", [("details", f"{len(table)} records", [("table", RUN_HEAD, _runs_rows(table))])]))
+    groups = summary.refusal_groups(result.refusals, root)
+    if groups:
+        n = len(result.refusals)
+        blocks = [("details", s, [("list", pairs)]) for s, pairs in groups]
+        out.append(Section("Refused comparisons", [("details", f"{n} refused pair{'s' if n != 1 else ''}, in "
+                                                               f"{len(groups)} group{'s' if len(groups) != 1 else ''} "
+                                                               f"by the keys that differ", blocks)]))
+    return out
+
+
+def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_ms: float | None = None,
+             slo_metric: str = "p90_ttft_ms") -> list[Section]:
+    figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
+    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_details(table, result),
+            *_tail(table, result, _root(table))]
+
+
+def _md_block(b: tuple, out_dir: Path) -> str:
+    kind = b[0]
+    if kind == "table":
+        esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+        head, rows = b[1], b[2]
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                          *["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]])
+    if kind == "list":
+        return "\n".join(f"- {i}" for i in b[1])
+    if kind == "figure":
+        return f"![{b[2]}]({b[1].relative_to(out_dir).as_posix()})\n\n*{b[2]}*"
+    if kind == "details":  # GitHub and most Markdown viewers render the HTML element
+        inner = "\n\n".join(_md_block(x, out_dir) for x in b[2])
+        return f"<details><summary>{html.escape(b[1])}</summary>\n\n{inner}\n\n</details>"
+    return {"strong": f"**{b[1]}**", "warn": f"**Warning: {b[1]}**"}.get(kind, b[1])
+
+
+def to_markdown(title: str, secs: list[Section], out_dir: Path) -> str:
+    parts = [f"# {title}"]
+    for s in secs:
+        parts += [f"## {s.title}", *(_md_block(b, out_dir) for b in s.blocks)]
+    return "\n\n".join(parts) + "\n"
+
+
+def _html_block(b: tuple) -> str:
+    e, kind = html.escape, b[0]
+    if kind == "table":
+        th = "".join(f"<th>{e(h)}</th>" for h in b[1])
+        body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in b[2])
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    if kind == "list":
+        return "<ul>" + "".join(f"<li>{e(i)}</li>" for i in b[1]) + "</ul>"
+    if kind == "figure":
+        b64 = base64.b64encode(b[1].read_bytes()).decode()
+        return f'<figure><img alt="{e(b[2])}" src="data:image/png;base64,{b64}"><figcaption>{e(b[2])}</figcaption></figure>'
+    if kind == "details":
+        return f"<details><summary>{e(b[1])}</summary>{''.join(_html_block(x) for x in b[2])}</details>"
+    return {"strong": f"<p class='head'>{e(b[1])}</p>", "warn": f"<p class='warn'>{e(b[1])}</p>"}.get(kind, f"<p>{e(b[1])}</p>")
+
+
+CSS = ("body{font-family:sans-serif;max-width:1200px;margin:1.5em auto;padding:0 1em;line-height:1.35}"
+       "table{border-collapse:collapse;width:100%;table-layout:auto}"
+       "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;overflow-wrap:anywhere;vertical-align:top}"
+       "th{background:#f0f0f0}.head{font-size:16px;margin:.5em 0}.warn{color:#b00;font-weight:bold}"
+       "img{max-width:100%}figure{display:inline-block;margin:.5em;max-width:580px;vertical-align:top}"
+       "figcaption{font-size:13px;color:#333}summary{cursor:pointer;font-weight:bold}")
+
+
+def to_html(title: str, secs: list[Section]) -> str:
+    body = "".join(f"<section><h2>{html.escape(s.title)}</h2>{''.join(_html_block(b) for b in s.blocks)}</section>"
+                   for s in secs)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style>"
+            f"</head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n")
 
 
 def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: float | None = None,
                  slo_metric: str = "p90_ttft_ms", title: str = "fabricbench comparison") -> Report:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    made = plots.make_all(table, out / "plots")
-    images = [p for paths in made.values() for p in paths if p.suffix == ".png"]
-    skipped = [name for name, paths in made.items() if not paths]
-    names = _names(table)
-    warnings = [f"{r.fabric}: {names[id(r)]}: transport did not match the label ({_transport(r)}): "
-                f"{(r.transport or {}).get('message') or ''}".rstrip(": ") for r in table if r.transport_mismatch]
-    failed = [f"{names[id(r)]}: status {r.status}" for r in result.excluded]
-    control = result.control_lines()
-    verdicts = [f"{p.label}: {c.verdict}" for p, c in result.comparisons]
-    refusals = [f.message() for f in result.refusals]
-    unmatched = result.unmatched_summary()
-    unmatched_md = [f"{unmatched.split(';')[0]} (not compared):", "", *[f"- {u}" for u in result.unmatched_lines()]] if unmatched else []
-    cap_lines: list[str] = []
-    if slo_ms is not None:
-        caps = capacity.capacities(table, slo_ms, slo_metric, result.allow)
-        pct = slo_metric.split("_")[0]
-        cap_lines = [c.describe(slo_ms, pct) for c in caps] + capacity.gpu_verdicts(caps, result.baseline, slo_ms, slo_metric)
-
-    md = [f"# {title}", ""]
-    if control:  # before anything else: whether any verdict below can be trusted
-        md += [*[f"**{c}**" for c in control], ""]
-    md += [f"{len(table)} records, arms: {', '.join(table.fabrics)}; baseline: {result.baseline}.", METHOD_NOTE, ""]
-    if warnings:
-        md += ["## Warnings", "", *[f"- **transport mismatch**: {w}" for w in warnings], ""]
-    if failed:
-        md += ["## Failed runs (not analysed)", "", *[f"- {f}" for f in failed], ""]
-    md += ["## Verdicts", "", _md_table(VERDICT_HEAD, _verdict_rows(result)) if result.comparisons else "No comparable points.", ""]
-    if refusals:
-        md += ["## Refused comparisons", "", *[f"- {r}" for r in refusals], ""]
-    if unmatched_md:  # last but one: a list of what was not run is not a finding
-        tail_md = ["## Points without a counterpart", "", *unmatched_md, ""]
-    else:
-        tail_md = []
-    if cap_lines:
-        md += [f"## Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", "", CAPACITY_NOTE, "",
-               *[f"- {c}" for c in cap_lines], ""]
-    md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images]
-    if skipped:
-        md += ["", f"Not drawn (no records of that kind): {', '.join(skipped)}."]
-    md += ["", *tail_md, "## Runs", "", _md_table(RUN_HEAD, _runs_rows(table)), ""]
-    md_path = out / "report.md"
-    md_path.write_text("\n".join(md))
-
-    def img(p: Path) -> str:
-        b64 = base64.b64encode(p.read_bytes()).decode()
-        return f'<figure><img alt="{p.stem}" src="data:image/png;base64,{b64}"><figcaption>{p.stem}</figcaption></figure>'
-
-    li = lambda items, cls="": "<ul>" + "".join(f'<li class="{cls}">{html.escape(i)}</li>' for i in items) + "</ul>"  # noqa: E731
-    h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
-         "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-         "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}.warn{color:#b00;font-weight:bold}"
-         "img{max-width:640px}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
-         *[f"<p class='warn'>{html.escape(c)}</p>" if "NOT quiet" in c else f"<p><b>{html.escape(c)}</b></p>" for c in control],
-         f"<p>{len(table)} records, arms: {html.escape(', '.join(table.fabrics))}; baseline: {html.escape(str(result.baseline))}.</p>",
-         f"<p>{html.escape(METHOD_NOTE)}</p>"]
-    if warnings:
-        h += ["<h2>Warnings</h2>", li([f"transport mismatch: {w}" for w in warnings], "warn")]
-    if failed:
-        h += ["<h2>Failed runs (not analysed)</h2>", li(failed)]
-    h += ["<h2>Verdicts</h2>", _html_table(VERDICT_HEAD, _verdict_rows(result)) if result.comparisons else "<p>No comparable points.</p>"]
-    if refusals:
-        h += ["<h2>Refused comparisons</h2>", li(refusals)]
-    if cap_lines:
-        h += ["<h2>Capacity at the SLO</h2>", f"<p>{html.escape(CAPACITY_NOTE)}</p>", li(cap_lines)]
-    h += ["<h2>Plots</h2>", *[img(p) for p in images]]
-    if unmatched:
-        h += ["<h2>Points without a counterpart</h2>", f"<p>{html.escape(unmatched.split(';')[0])} (not compared):</p>",
-              li(result.unmatched_lines())]
-    h += ["<h2>Runs</h2>", _html_table(RUN_HEAD, _runs_rows(table)), "</body></html>"]
-    html_path = out / "report.html"
-    html_path.write_text("\n".join(h))
-    json_path = out / "report.json"
+    charts = plots.make_all(table, out / "plots", result, slo_ms, slo_metric)
+    secs = sections(table, result, charts, slo_ms, slo_metric)
+    md_path, html_path, json_path, csv_path = (out / n for n in ("report.md", "report.html", "report.json", "results.csv"))
+    md_path.write_text(to_markdown(title, secs, out))
+    html_path.write_text(to_html(title, secs))
     json_path.write_text(export.to_json(result))
-    return Report(md_path, html_path, images, verdicts, json_path)
+    csv_path.write_text(results_csv.to_csv(table, _names(table)))
+    verdicts = [f"{p.label}: {c.verdict}" for p, c in result.comparisons]
+    return Report(md_path, html_path, [p for p, _ in charts], verdicts, json_path, csv_path)

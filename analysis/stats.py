@@ -255,26 +255,34 @@ def method_note(c: Comparison) -> str:
     return f"{c.design}, {corr}"
 
 
+def edge(c: Comparison) -> tuple[str, str, float, float, float]:
+    """(leader, trailer, fraction, lo, hi): the side with the better median, by how much as a
+    fraction of the trailer (0.299 = 29.9% faster), and that fraction's interval. The one way a
+    ratio is put into words: the verdict sentence and the report's tables both use it."""
+    s, slo, shi = c.speedup, c.speedup_lo, c.speedup_hi
+    if s >= 1:
+        return c.fabric, c.baseline, s - 1, slo - 1, shi - 1
+    return c.baseline, c.fabric, 1 / s - 1, 1 / shi - 1, 1 / slo - 1
+
+
 def verdict(c: Comparison, sig: bool) -> str:
     """One convention for every outcome: name the side with the better median first and say
     by how much, with the interval of that same percentage (a signed "-25.6%" leaves the
     reader guessing who is behind). Not significant: the same sentence, prefixed, and its
     interval may cross 0 (negative = the other side is ahead)."""
-    s, slo, shi, word = c.speedup, c.speedup_lo, c.speedup_hi, c.word
+    word = c.word
     if not c.tested:
         need = "2 blocks, >= 6 to detect a difference" if c.blocks or "block" in c.design else ">= 2 each, >= 4 to detect a difference"
-        what = "speed ratio" if word == "faster" else f"ratio (>1: {c.fabric} {word})"
+        lead, trail, pct, _, _ = edge(c)
         return (f"insufficient trials ({c.n} vs {c.n_base}{f', {c.blocks} block(s)' if c.blocks else ''}; need {need}): "
-                f"{c.fabric}/{c.baseline} {what} {s:.3f}, not tested ({c.design})")
-    if s >= 1:
-        lead, trail, pct, plo, phi, n1, n2 = c.fabric, c.baseline, s - 1, slo - 1, shi - 1, c.n, c.n_base
-    else:
-        lead, trail, pct, plo, phi, n1, n2 = c.baseline, c.fabric, 1 / s - 1, 1 / shi - 1, 1 / slo - 1, c.n_base, c.n
+                f"{lead} {word} than {trail} by {100 * pct:.1f}%, not tested ({c.design})")
+    lead, trail, pct, plo, phi = edge(c)
+    n1, n2 = (c.n, c.n_base) if lead == c.fabric else (c.n_base, c.n)
     sign = "" if sig else "+"
     corrected = "" if c.correction == "none" else f", corrected p={c.p_adj:.3g}"
     tail = f"[{100 * plo:{sign}.1f}, {100 * phi:{sign}.1f}] (p={c.p:.3g}{corrected}, n={n1} vs {n2}; {method_note(c)})"
     if sig:
         return f"{lead} is {word} than {trail} by {100 * pct:.1f}% {tail}"
-    if s == 1:
+    if c.speedup == 1:
         return f"not significant: {c.fabric} and {c.baseline} have equal medians {tail}"
     return f"not significant: {lead} is {word} than {trail} by {100 * pct:.1f}% {tail}"
