@@ -113,7 +113,10 @@ def cmd_report(args) -> int:
 
     table, result = _load(args)
     _print(result, getattr(args, "verbose", False))
-    rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms")
+    from analysis import external
+
+    rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms",
+                       external_runs=external.load(args.external))
     print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\nmetrics: {rep.csv}\n"
           f"plots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
     return 0
@@ -141,6 +144,9 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
 def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="report", help="output directory (default: report)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, help="inference capacity: TTFT bound in ms")
+    p.add_argument("--external", action="append", default=[], metavar="FILE",
+                   help="nccl-tests -J or rccl-tests -Z json results to draw beside the busbw curves (repeatable; "
+                        "for reference: never compared)")
     p.add_argument("--slo-percentile", default="p90", choices=["median", "p90", "p95", "p99"], help="TTFT statistic (default p90)")
 
 

@@ -34,13 +34,15 @@ Chart = tuple[Path, str]
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 DASHES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3))]
+HATCHES = ["", "//", "..", "xx", "\\\\", "oo", "++"]
 EXTERNAL = {"color": "#777777", "marker": "x", "linestyle": (0, (2, 2))}  # nccl-tests / rccl-tests overlays
 
 
 def arm_styles(arms: Iterable[str], baseline: str | None) -> dict[str, dict]:
     """One style per arm, the baseline first, the same in every chart of the report."""
     order = sorted(set(arms), key=lambda a: (a != baseline, a))
-    return {a: {"color": PALETTE[i % 7], "marker": MARKERS[i % 7], "linestyle": DASHES[i % 7]} for i, a in enumerate(order)}
+    return {a: {"color": PALETTE[i % 7], "marker": MARKERS[i % 7], "linestyle": DASHES[i % 7], "hatch": HATCHES[i % 7]}
+            for i, a in enumerate(order)}
 
 
 def _save(fig, out_dir: Path, name: str, caption: str) -> list[Chart]:
@@ -113,6 +115,7 @@ def _pct(r: float, _=None) -> str:
 
 _UP = [1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100]
 RATIO_TICKS = sorted([1.0, *_UP, *(1 / u for u in _UP)])
+SPARSE_TICKS = sorted([1.0, *(f * u for u in (2, 10, 100) for f in (1, 1 / u / u))])
 
 
 def _ratio_panel(ax, ratios: dict, styles: dict, baseline: str | None, what: str) -> None:
@@ -125,7 +128,8 @@ def _ratio_panel(ax, ratios: dict, styles: dict, baseline: str | None, what: str
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     lo, hi = min(lo, 1 / 1.15), max(hi, 1.15)
-    ax.set_yticks([t for t in RATIO_TICKS if lo <= t <= hi])
+    ticks = RATIO_TICKS if math.log10(hi / lo) < 1.2 else SPARSE_TICKS  # a wide range: fewer labels, no overlap
+    ax.set_yticks([t for t in ticks if lo <= t <= hi])
     ax.set_ylim(lo, hi)
     ax.yaxis.set_major_formatter(FuncFormatter(_pct))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda r, _: ""))
@@ -144,8 +148,9 @@ def _title(fig, what: str, label: str) -> str:
 class Ctx:
     """What every chart shares: the arms' styles, the baseline, the verdicts, allowed keys, the SLO."""
 
-    def __init__(self, table: Table, result=None, slo_ms: float | None = None, slo_metric: str = "p90_ttft_ms"):
-        self.result = result
+    def __init__(self, table: Table, result=None, slo_ms: float | None = None, slo_metric: str = "p90_ttft_ms",
+                 external: Iterable[Run] = ()):
+        self.result, self.external = result, list(external)
         self.baseline = result.baseline if result is not None else (table.fabrics[0] if table.fabrics else None)
         self.allow = tuple(result.allow) if result is not None else ()
         self.styles = arm_styles([r.fabric for r in table], self.baseline)
@@ -208,15 +213,16 @@ def _size_ratios(cells: dict, baseline: str | None) -> dict:
     return out
 
 
-def busbw(table: Table, out_dir: Path, ctx: Ctx, external: Iterable[Run] = ()) -> list[Chart]:
+def busbw(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
     """Per comparable group and op: busbw vs message size on log-log axes, every arm, and the
     speed-up per size. External nccl-tests/rccl-tests results of the same op are drawn beside
     for reference (grey, dotted); the guard cannot vouch for them, so they get no ratio."""
-    runs = [r for r in table.ok() if r.rows and not _is_external(r)]
-    ext = [r for r in table.ok() if _is_external(r)]
+    runs = [r for r in table.ok() if r.rows]
+    ext = ctx.external
     out: list[Chart] = []
-    for i, (label, rs) in enumerate(groups(runs, (), ctx.allow)):
-        for op in sorted({str(row.get("op")) for r in rs for row in r.rows if row.get("op")}):
+    found = groups(runs, (), ctx.allow) or ([("external results only", [])] if ext else [])
+    for i, (label, rs) in enumerate(found):
+        for op in sorted({str(row.get("op")) for r in rs or ext for row in r.rows if row.get("op")}):
             cells = _busbw_cells(rs, op)
             fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
             _lines(top, {a: _stack(d) for a, d in sorted(cells.items())}, ctx.styles)
@@ -231,10 +237,6 @@ def busbw(table: Table, out_dir: Path, ctx: Ctx, external: Iterable[Run] = ()) -
             bottom.set_xlabel("message size (bytes)")
             out += _save(fig, out_dir, f"busbw_{op}_{i}", _title(fig, f"{op}: bus bandwidth vs message size", label))
     return out
-
-
-def _is_external(r: Run) -> bool:
-    return bool(dig(r.record, "external.tool"))
 
 
 def _slo(runs: list[Run]) -> dict[str, float]:
@@ -322,12 +324,12 @@ def capacity_bars(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
         for j, c in enumerate(cs):
             st = ctx.styles.get(c.fabric, EXTERNAL)
             lo, hi = c.bracket_per_gpu
-            top = hi if math.isfinite(hi) else lo * 1.5
             val = c.per_gpu if c.per_gpu is not None else lo
-            ax.bar(j, val, color=st["color"], hatch=["", "//", "..", "xx", "\\\\", "oo", "++"][j % 7], edgecolor="black",
-                   alpha=0.85, label=c.fabric)
-            ax.errorbar(j, val, yerr=[[val - lo], [top - val]], color="black", capsize=10, linewidth=1.5,
-                        uplims=not math.isfinite(hi))
+            ax.bar(j, val, color=st["color"], hatch=st.get("hatch", ""), edgecolor="black", alpha=0.85, label=c.fabric)
+            if math.isfinite(hi):
+                ax.errorbar(j, val, yerr=[[val - lo], [hi - val]], color="black", capsize=10, linewidth=1.5)
+            else:  # every level passed: the sweep vouches for a floor only
+                ax.annotate(f"at least {lo:.3g}\n(every level passed)", (j, lo), ha="center", va="bottom", fontsize=8)
         ax.set_xticks(range(len(cs)), [c.fabric for c in cs])
         ax.set_ylabel("req/s per GPU at the SLO\n(bar: interpolated; bracket: the sweep's bounds)")
         ax.grid(True, axis="y", alpha=0.3)
@@ -366,7 +368,8 @@ PLOTS: dict[str, Callable[[Table, Path, Ctx], list[Chart]]] = {
 
 
 def make_all(table: Table, out_dir: Path, result=None, slo_ms: float | None = None,
-             slo_metric: str = "p90_ttft_ms") -> list[Chart]:
-    """Every chart the table has data for, in PLOTS order: [(png, caption)]."""
-    ctx = Ctx(table, result, slo_ms, slo_metric)
+             slo_metric: str = "p90_ttft_ms", external: Iterable[Run] = ()) -> list[Chart]:
+    """Every chart the table has data for, in PLOTS order: [(png, caption)]. `external`:
+    nccl-tests/rccl-tests results (analysis/external.py), drawn beside the busbw curves."""
+    ctx = Ctx(table, result, slo_ms, slo_metric, external)
     return [chart for fn in PLOTS.values() for chart in fn(table, Path(out_dir), ctx)]

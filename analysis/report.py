@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import capacity, export, plots, results_csv, summary
+from analysis import capacity, export, external, plots, results_csv, summary
 from analysis.compare import Result
 from analysis.load import Table
 
@@ -212,11 +213,24 @@ def to_html(title: str, secs: list[Section]) -> str:
             f"</head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n")
 
 
+def _nccl_tests_exports(table: Table, out: Path) -> list[Path]:
+    """Each collectives record in nccl-tests' -J shape: nccl-tests/<record>-<op>.json."""
+    names, paths = _names(table), []
+    for r in table.ok():
+        for op, doc in external.nccl_tests_json(r.record).items() if r.workload == "collectives" else ():
+            p = out / "nccl-tests" / (names[id(r)].replace("/records/", "-").replace("/", "-").removesuffix(".json") + f"-{op}.json")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(doc, indent=1) + "\n")
+            paths.append(p)
+    return paths
+
+
 def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: float | None = None,
-                 slo_metric: str = "p90_ttft_ms", title: str = "fabricbench comparison") -> Report:
+                 slo_metric: str = "p90_ttft_ms", title: str = "fabricbench comparison", external_runs=()) -> Report:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    charts = plots.make_all(table, out / "plots", result, slo_ms, slo_metric)
+    charts = plots.make_all(table, out / "plots", result, slo_ms, slo_metric, external_runs)
+    _nccl_tests_exports(table, out)
     secs = sections(table, result, charts, slo_ms, slo_metric)
     md_path, html_path, json_path, csv_path = (out / n for n in ("report.md", "report.html", "report.json", "results.csv"))
     md_path.write_text(to_markdown(title, secs, out))

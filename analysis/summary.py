@@ -101,7 +101,10 @@ def _sentence(arm: str, mine: list[tuple[Point, stats.Comparison]], family: list
         what = (f"{lead} is {100 * pct:.1f}% {c.word} than {trail} on {metric}{interval}, "
                 f"{outcome(c)} ({_short(p)}; {stats.method_note(c)}).")
     else:
-        count = f"significant at {len(sig)} of {len(mine)} points" if sig else f"no significant difference at any of {len(mine)} points"
+        tested = [x for _, x in mine if x.tested]
+        count = (f"significant at {len(sig)} of {len(mine)} points" if sig else
+                 f"no significant difference at any of {len(tested)} points tested" + (f" ({len(mine) - len(tested)} with too few trials)" if len(tested) < len(mine) else "")
+                 if tested else f"not tested at any of {len(mine)} points (too few trials)")
         what = (f"{arm} vs {c.baseline} on {metric}: {count}; the largest gap is {lead} {100 * pct:.1f}% {c.word} than "
                 f"{trail}{interval} at {_short(p)} ({stats.method_note(c)}).")
     return f"{what} {_control(family)}"

@@ -9,7 +9,7 @@ import pytest
 from analysis.cli import main as cli_main
 from analysis.compare import compare_table, direction, headline
 from analysis.load import Table, run_from_record
-from analysis.plots import busbw_series
+from analysis.plots import groups
 from workloads.core.errors import UsageError
 from workloads.core.records import write_record
 
@@ -76,15 +76,12 @@ def test_collectives_headlines_are_per_op():
     assert headline("collectives", ["avg_busbw(GB/s)", "x/avg_busbw(GB/s)", "peak_busbw(GB/s)"]) == ["x/avg_busbw(GB/s)"]
 
 
-def test_busbw_series_split_by_world_size_and_dtype_where_they_differ():
-    one = busbw_series(Table([run_from_record(coll("ib", 0))]))
-    assert sorted(one) == ["ib all_reduce", "ib alltoall"]  # nothing varies: plain labels
+def test_busbw_charts_split_by_world_size_and_dtype_where_they_differ():
+    """8 and 16 ranks, or float and bfloat16, are different curves, never trials of one:
+    the charts group runs by the guard's identity (analysis/plots.groups)."""
+    (one,) = groups(Table([run_from_record(coll("ib", 0)), run_from_record(coll("roce", 0))]))
+    assert one[0] == "" and {r.fabric for r in one[1]} == {"ib", "roce"}  # one group, nothing to tell apart
     t = Table(run_from_record(r) for r in (coll("ib", 0, world=8), coll("ib", 0, world=16, busbw=80.0),
                                            coll("ib", 0, world=16, dtype="bfloat16", busbw=90.0)))
-    s = busbw_series(t)
-    assert sorted(s) == ["ib all_reduce n=16 bfloat16", "ib all_reduce n=16 float", "ib all_reduce n=8 float",
-                         "ib alltoall n=16 bfloat16", "ib alltoall n=16 float", "ib alltoall n=8 float"]
-    xs, med, lo, hi = s["ib all_reduce n=16 float"]
-    # one record: its out-of-place 80 and in-place 81.6 GB/s at 1 MiB are the two cells of that size
-    assert list(xs) == [1024, 1 << 20] and med[1] == pytest.approx(80.8)
-    assert s["ib all_reduce n=8 float"][1][1] == pytest.approx(40.4)
+    labels = [label for label, _ in groups(t)]
+    assert len(labels) == 3 and all("world.world_size=" in x or "datatype=" in x for x in labels), labels
