@@ -31,7 +31,7 @@ class Report:
     csv: Path | None = None       # results.csv: every record's metrics, one row per record
 
 
-# A block is a tuple: ("p", text) | ("strong", text) | ("warn", text) | ("list", [text]) |
+# A block is a tuple: ("p", text) | ("head", claim, detail) | ("warn", text) | ("list", [text]) |
 # ("table", head, rows) | ("figure", path, caption) | ("details", summary, [block]).
 @dataclass
 class Section:
@@ -97,7 +97,7 @@ METHOD_NOTE = ("Trials are records (one run each). Study records are paired with
 def _top(table: Table, result: Result) -> list[Section]:
     """The first screen: headlines, then the verdict table."""
     heads = summary.headlines(result)
-    top = Section("Headline", [("strong", f"{wl}: {s}") for wl, s in heads] or
+    top = Section("Headline", [("head", f"{wl} — {claim}", detail) for wl, claim, detail in heads] or
                   [("p", "No two arms share a comparable point: nothing is compared (see the refused pairs below).")])
     top.blocks += [("warn", c) for c in result.control_lines() if "NOT quiet" in c]
     top.blocks += [("p", f"{len(table)} records; arms: {', '.join(table.fabrics)}; baseline: {result.baseline}. "
@@ -172,7 +172,9 @@ def _md_block(b: tuple, out_dir: Path) -> str:
     if kind == "details":  # GitHub and most Markdown viewers render the HTML element
         inner = "\n\n".join(_md_block(x, out_dir) for x in b[2])
         return f"<details><summary>{html.escape(b[1])}</summary>\n\n{inner}\n\n</details>"
-    return {"strong": f"**{b[1]}**", "warn": f"**Warning: {b[1]}**"}.get(kind, b[1])
+    if kind == "head":
+        return f"**{b[1]}** {b[2]}"
+    return f"**Warning: {b[1]}**" if kind == "warn" else b[1]
 
 
 def to_markdown(title: str, secs: list[Section], out_dir: Path) -> str:
@@ -195,14 +197,17 @@ def _html_block(b: tuple) -> str:
         return f'<figure><img alt="{e(b[2])}" src="data:image/png;base64,{b64}"><figcaption>{e(b[2])}</figcaption></figure>'
     if kind == "details":
         return f"<details><summary>{e(b[1])}</summary>{''.join(_html_block(x) for x in b[2])}</details>"
-    return {"strong": f"<p class='head'>{e(b[1])}</p>", "warn": f"<p class='warn'>{e(b[1])}</p>"}.get(kind, f"<p>{e(b[1])}</p>")
+    if kind == "head":
+        return f"<p class='head'><b>{e(b[1])}</b> <span class='detail'>{e(b[2])}</span></p>"
+    return f"<p class='warn'>{e(b[1])}</p>" if kind == "warn" else f"<p>{e(b[1])}</p>"
 
 
 CSS = ("body{font-family:sans-serif;max-width:1200px;margin:1.5em auto;padding:0 1em;line-height:1.35}"
        "table{border-collapse:collapse;width:100%;table-layout:auto}"
-       "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;overflow-wrap:anywhere;vertical-align:top}"
-       "th{background:#f0f0f0}.head{font-size:16px;margin:.5em 0}.warn{color:#b00;font-weight:bold}"
-       "img{max-width:100%}figure{display:inline-block;margin:.5em;max-width:580px;vertical-align:top}"
+       "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;overflow-wrap:break-word;vertical-align:top}"
+       "th{background:#f0f0f0}.head{font-size:17px;margin:.6em 0}.detail{font-size:13px;color:#444}"
+       ".warn{color:#b00;font-weight:bold}"
+       "img{max-width:100%}figure{margin:1em 0}"
        "figcaption{font-size:13px;color:#333}summary{cursor:pointer;font-weight:bold}")
 
 

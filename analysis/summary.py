@@ -72,10 +72,10 @@ def _control(cs: list[stats.Comparison]) -> str:
     return f"A/A control quiet: 0 of {len(tested)} tests significant."
 
 
-def headlines(result: Result) -> list[tuple[str, str]]:
-    """(workload name, one sentence) per workload and arm, on the workload's first headline
-    metric: the largest difference with its interval, how many points were significant, the
-    design and correction, and the A/A control's result."""
+def headlines(result: Result) -> list[tuple[str, str, str]]:
+    """(workload name, claim, detail) per workload and arm, on the workload's first headline
+    metric. The claim: the largest difference as a percentage with its interval, and how many
+    points were significant; the detail: where, the design and correction, the A/A control."""
     by_wl: dict[str, list[tuple[Point, stats.Comparison]]] = defaultdict(list)
     for p, c in result.comparisons:
         by_wl[p.runs[0].workload].append((p, c))
@@ -87,27 +87,28 @@ def headlines(result: Result) -> list[tuple[str, str]]:
         for arm in arms:
             mine = [(p, c) for p, c in pcs if c.fabric == arm and c.metric in first]
             if mine:
-                out.append((WORKLOAD_NAMES.get(wl, wl), _sentence(arm, mine, [c for _, c in pcs])))
+                claim, detail = _sentence(mine)
+                out.append((WORKLOAD_NAMES.get(wl, wl), claim, f"{detail} {_control([c for _, c in pcs])}"))
     return out
 
 
-def _sentence(arm: str, mine: list[tuple[Point, stats.Comparison]], family: list[stats.Comparison]) -> str:
+def _sentence(mine: list[tuple[Point, stats.Comparison]]) -> tuple[str, str]:
     p, c = max(mine, key=lambda pc: abs(pc[1].speedup - 1) if pc[1].speedup == pc[1].speedup else -1)
     metric = metric_name(c.metric)
-    sig = [x for _, x in mine if x.significant]
     lead, trail, pct, lo, hi = stats.edge(c)
-    interval = f" [95% CI {100 * lo:.1f}% to {100 * hi:.1f}%]" if c.tested else " (too few trials to test)"
-    if len(mine) == 1:
-        what = (f"{lead} is {100 * pct:.1f}% {c.word} than {trail} on {metric}{interval}, "
-                f"{outcome(c)} ({_short(p)}; {stats.method_note(c)}).")
+    interval = f" [95% CI {100 * lo:.1f}% to {100 * hi:.1f}%]" if c.tested else ""
+    tested = [x for _, x in mine if x.tested]
+    sig = [x for x in tested if x.significant]
+    if not tested:
+        status = "not tested: too few trials"
+    elif len(mine) == 1:
+        status = outcome(c)
     else:
-        tested = [x for _, x in mine if x.tested]
-        count = (f"significant at {len(sig)} of {len(mine)} points" if sig else
-                 f"no significant difference at any of {len(tested)} points tested" + (f" ({len(mine) - len(tested)} with too few trials)" if len(tested) < len(mine) else "")
-                 if tested else f"not tested at any of {len(mine)} points (too few trials)")
-        what = (f"{arm} vs {c.baseline} on {metric}: {count}; the largest gap is {lead} {100 * pct:.1f}% {c.word} than "
-                f"{trail}{interval} at {_short(p)} ({stats.method_note(c)}).")
-    return f"{what} {_control(family)}"
+        status = (f"significant at {len(sig)} of {len(mine)} points" if sig else
+                  f"not significant at any of {len(tested)} points tested")
+    where = f"at {_short(p)}" if len(mine) == 1 else f"largest gap of {len(mine)} points, at {_short(p)}"
+    claim = f"{metric}: {lead} is {100 * pct:.1f}% {c.word} than {trail}{interval}; {status}."
+    return claim, f"({where}; {stats.method_note(c)}.)"
 
 
 def relative(text: str, root: Path | None) -> str:
