@@ -96,7 +96,7 @@ def test_report_end_to_end(sweeps, tmp_path):
     md, html = out / "report.md", out / "report.html"
     assert md.is_file() and html.is_file()
     pngs = sorted((out / "plots").glob("*.png"))
-    assert {p.stem for p in pngs} == {"sps_vs_batch", "tflops_per_fabric"}
+    assert {p.stem for p in pngs} == {"training_0"}  # one comparable group: sps, TFLOPS/GPU and the ratio vs micro batch
     for p in pngs:
         assert p.read_bytes()[:8] == PNG_SIGNATURE
         h, w = mpimg.imread(p).shape[:2]
@@ -107,6 +107,7 @@ def test_report_end_to_end(sweeps, tmp_path):
     assert text.count("data:image/png;base64,") == len(pngs) and "<img" in text and 'src="plots/' not in text
     assert "no significant difference" in md.read_text() or "is faster than" in md.read_text()
     assert "loopback-b" in md.read_text() and "## Runs" in md.read_text()
+    assert md.read_text().index("## Headline") < md.read_text().index("## Verdicts") < md.read_text().index("## Charts")
 
 
 @pytest.mark.slow
