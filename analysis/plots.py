@@ -104,6 +104,11 @@ def _lines(ax, series: dict, styles: dict, suffix: str = "", hollow: bool = Fals
                     marker=st["marker"], linestyle=st["linestyle"], mfc="white" if hollow else st["color"])
 
 
+def _legend(ax, size: int = 8) -> None:
+    if ax.get_legend_handles_labels()[0]:  # a panel without data (no ITL recorded) gets no empty legend
+        ax.legend(fontsize=size)
+
+
 def _pct(r: float, _=None) -> str:
     """A speed-up as the report words it: +30% (the arm faster), -30% (the baseline faster)."""
     if r <= 0 or not math.isfinite(r):
@@ -136,7 +141,7 @@ def _ratio_panel(ax, ratios: dict, styles: dict, baseline: str | None, what: str
     ax.set_ylabel(f"{what}\n+: arm faster, -: {baseline} faster")
     ax.grid(True, alpha=0.3, which="both")
     if ratios:
-        ax.legend(fontsize=8)
+        _legend(ax)
 
 
 def _title(fig, what: str, label: str) -> str:
@@ -174,7 +179,7 @@ def training(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
             ax.set(xscale="log", xlabel="micro batch (samples per GPU)", ylabel=f"{name} (median, 95% CI)")
             ax.set_xscale("log", base=2)
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+            _legend(ax)
         _ratio_panel(axes[2], _verdict_ratios(ctx, ids, "samples_per_sec", mb), ctx.styles, ctx.baseline, "samples/s")
         axes[2].set_xscale("log", base=2)
         axes[2].set_xlabel("micro batch (samples per GPU)")
@@ -232,7 +237,7 @@ def busbw(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
             top.set_yscale("log")
             top.set(ylabel="bus bandwidth (GB/s, median, 95% CI)")
             top.grid(True, alpha=0.3, which="both")
-            top.legend(fontsize=8)
+            _legend(top)
             _ratio_panel(bottom, _size_ratios(cells, ctx.baseline), ctx.styles, ctx.baseline, "busbw")
             bottom.set_xlabel("message size (bytes)")
             out += _save(fig, out_dir, f"busbw_{op}_{i}", _title(fig, f"{op}: bus bandwidth vs message size", label))
@@ -265,7 +270,7 @@ def _percentile_panel(ax, rs, key, xlabel, name, ctx, slo_ms) -> None:
     ax.set_xscale("log", base=2)
     ax.set(xlabel=xlabel, ylabel=f"{name.upper()} (ms, median over trials, 95% CI)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax, 7)
 
 
 def _pareto(tp: np.ndarray, lat: np.ndarray) -> np.ndarray:
@@ -291,7 +296,7 @@ def _latency_throughput(ax, rs, key, ctx, slo_ms, metric) -> None:
     ax.set(xlabel="request throughput (req/s, median)", ylabel=f"{metric.replace('_', ' ')} (median)")
     ax.set_title("latency vs throughput (ringed: Pareto points)", fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax, 7)
 
 
 def inference(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
@@ -353,7 +358,7 @@ def p2p_latency(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
         _lines(ax, {a: _stack(d) for a, d in sorted(pts.items())}, ctx.styles)
         ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="latency (us, median, 95% CI)")
         ax.grid(True, alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        _legend(ax)
         out += _save(fig, out_dir, f"p2p_latency_{i}", _title(fig, "point-to-point latency vs message size", label))
     return out
 

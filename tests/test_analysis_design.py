@@ -292,10 +292,13 @@ def test_report_opens_with_the_control_and_writes_the_json(tmp_path):
     res = compare_table(table)
     rep = write_report(table, res, tmp_path / "rep")
     md = rep.markdown.read_text().splitlines()
-    assert md[2].startswith("**A/A control: quiet — 0 of 1 tests significant after Holm")
+    # the headline, before any table, carries the control's result with the claim it qualifies
+    assert md[2] == "## Headline" and md[4].startswith("**Pre-training — samples/s: fast is ")
+    assert "A/A control quiet: 0 of 1 tests significant." in md[4]
     assert "status partial" in "\n".join(md) and "corrected p" in "\n".join(md)
     assert rep.json == tmp_path / "rep" / "report.json"
     doc = json.loads(rep.json.read_text())
     assert [v["verdict"] for v in doc["verdicts"]] == [c.verdict for _, c in res.comparisons]
     html = rep.html.read_text()
-    assert html.index("A/A control: quiet") < html.index("<h2>Verdicts</h2>")
+    assert html.index("A/A control quiet") < html.index("<h2>Verdicts</h2>")
+    assert "A/A control: quiet — 0 of 1 tests significant after Holm" in "\n".join(md)  # control_lines(), in Method

@@ -152,8 +152,10 @@ def test_report_states_capacity_brackets_and_draws_inference_plots(study, tmp_pa
     _, table = study
     rep = write_report(table, compare_table(table, baseline="ib"), tmp_path / "rep", slo_ms=500.0)
     md = rep.markdown.read_text()
-    cap = md[md.index("## Capacity"):md.index("## Plots")]
+    cap = md[md.index("## Capacity"):md.index("## Method")]
     assert "roce neox-tiny reference tp2 closed loop: TTFT p90 crosses 500 ms between c16 (255 ms, 11.1 req/s) and c32" in cap
     assert "= 8.098 req/s per GPU on 2 GPUs" in cap
     assert "roce needs 5% more GPUs than ib" in cap and "100%" not in cap
-    assert {p.stem for p in rep.images} == {"ttft_vs_concurrency", "rps_vs_concurrency"}
+    # one sweep: the latency/load chart (SLO line, latency-throughput) and the capacity bars
+    assert {p.stem for p in rep.images} == {"inference_0", "capacity_0"}
+    assert "SLO 500 ms" in (tmp_path / "rep" / "plots" / "inference_0.svg").read_text()
