@@ -363,8 +363,36 @@ def p2p_latency(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
     return out
 
 
+WORLD_KEYS = ("world", "batch.global_batch_size", "config.train.global_batch_size", "config.world_size",
+              "config.launcher.nproc_per_node", "config.launcher.nnodes")
+
+
+def scaling(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
+    """Weak scaling per comparable group (same micro batch): (sps(n)/n) / (sps(n0)/n0) per arm,
+    n0 the fewest GPUs that arm measured; drawn only where a group spans two GPU counts."""
+    runs = [r for r in table.ok() if r.workload in TRAINING and "world_size" in r.coords]
+    out: list[Chart] = []
+    for i, (label, rs) in enumerate(groups(runs, WORLD_KEYS, ctx.allow)):
+        series = {}
+        for arm, (xs, med, lo, hi) in _medians(rs, lambda r: r.coords["world_size"], lambda r: r.metric("samples_per_sec")).items():
+            if len(xs) >= 2:
+                per0 = med[0] / xs[0]
+                series[arm] = (xs, med / xs / per0, lo / xs / per0, hi / xs / per0)
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        _lines(ax, series, ctx.styles)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="GPUs", ylabel="efficiency vs fewest GPUs (median, 95% CI)")
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+        out += _save(fig, out_dir, f"scaling_{i}", _title(fig, f"{rs[0].workload}: weak scaling efficiency", label))
+    return out
+
+
 PLOTS: dict[str, Callable[[Table, Path, Ctx], list[Chart]]] = {
     "training": training,
+    "scaling": scaling,
     "busbw": busbw,
     "p2p_latency": p2p_latency,
     "inference": inference,

@@ -146,3 +146,14 @@ def test_report_writes_nccl_tests_documents(tmp_path):
     docs = sorted(p.name for p in (tmp_path / "rep" / "nccl-tests").glob("*.json"))
     assert docs == ["c-ib-collectives-000-all_reduce.json", "c-ib-collectives-000-alltoall.json",
                     "c-roce-collectives-000-all_reduce.json", "c-roce-collectives-000-alltoall.json"]
+
+
+def test_scaling_chart_per_group_only_where_two_gpu_counts(tmp_path):
+    recs = [train_record(f, sps * w / 2, world=w, trial=t) for f, sps in (("ib", 100.0), ("roce", 90.0))
+            for w in (2, 4) for t in range(2)]
+    t = Table(run_from_record(r) for r in recs)
+    (chart,) = [c for c in plots.make_all(t, tmp_path, compare_table(t, baseline="ib")) if c[0].stem.startswith("scaling")]
+    svg = chart[0].with_suffix(".svg").read_text()
+    assert "weak scaling efficiency" in chart[1] and "roce" in svg
+    one = Table(run_from_record(r) for r in recs if r["world"]["world_size"] == 2)
+    assert not [c for c in plots.make_all(one, tmp_path / "one") if c[0].stem.startswith("scaling")]
