@@ -123,7 +123,7 @@ def refusal_groups(refusals: Iterable[guard.Refusal], root: Path | None) -> list
     out = []
     for keys, refs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         n = len(refs)
-        summary = (f"{n} pair{'s' if n != 1 else ''} differ in {', '.join(keys)} "
+        summary = (f"{n} pair{'s differ' if n != 1 else ' differs'} in {', '.join(keys)} "
                    f"(to compare them anyway: {' '.join(f'--allow {k}' for k in keys)})")
         pairs = [relative(f"{r.a} vs {r.b}: " + ", ".join(f"{k} {va!r} vs {vb!r}" for k, (va, vb) in sorted(r.diffs.items())),
                           root) for r in refs]

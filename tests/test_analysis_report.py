@@ -123,7 +123,7 @@ def test_report_tables(tmp_path):
     # the refused pair: collapsed at the end, grouped by the differing keys, paths relative to the input
     refused = md[md.index("## Refused comparisons"):]
     assert md.index("## Refused comparisons") > md.index("## Runs") and refused.startswith("## Refused comparisons\n\n<details>")
-    assert "1 pair differ in fingerprint.cuda, fingerprint.driver, fingerprint.gpu, fingerprint.torch" in refused
+    assert "1 pair differs in fingerprint.cuda, fingerprint.driver, fingerprint.gpu, fingerprint.torch" in refused
     assert str(tmp_path) not in refused and "emu-mb8-t0/records/pretrain-000.json" in refused
     assert "3 points had no counterpart" in md
     # the first screen: the headline before the verdict table, both before any chart
