@@ -157,3 +157,24 @@ def test_scaling_chart_per_group_only_where_two_gpu_counts(tmp_path):
     assert "weak scaling efficiency" in chart[1] and "roce" in svg
     one = Table(run_from_record(r) for r in recs if r["world"]["world_size"] == 2)
     assert not [c for c in plots.make_all(one, tmp_path / "one") if c[0].stem.startswith("scaling")]
+
+
+def test_only_refused_pairs_still_make_a_report_that_says_so(tmp_path):
+    res_dir = tmp_path / "results"
+    write_record(res_dir / "a" / "records", train_record("ib", 100.0, mb=4), "pretrain")
+    write_record(res_dir / "b" / "records", train_record("roce", 90.0, mb=4, config__train__seq_length=256), "pretrain")
+    table = load_table([res_dir])
+    md = report.write_report(table, compare_table(table, baseline="ib"), tmp_path / "rep").markdown.read_text()
+    head = md[md.index("## Headline"):md.index("## Verdicts")]
+    assert "No two arms share a comparable point" in head
+    assert "1 pair differs in config.train.seq_length" in md[md.index("## Refused comparisons"):]
+
+
+def test_cli_bad_external_file_is_one_line_exit_2(tmp_path, capsys):
+    from analysis.cli import main
+
+    sweep(tmp_path / "results")
+    rc = main(["report", str(tmp_path / "results"), "--baseline", "emu-veth", "--out", str(tmp_path / "rep"),
+               "--external", str(tmp_path / "nope.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --external ") and "cannot read" in err[0]
