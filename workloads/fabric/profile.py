@@ -79,7 +79,10 @@ class FabricProfile:
             logs.mkdir(parents=True, exist_ok=True)
             defaults = {
                 "NCCL_DEBUG": "INFO",
-                "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH,ENV,TUNING",  # TUNING: the algorithm per call (linerate.py)
+                # Not TUNING by default: NCCL logs it on every collective call, a file write
+                # inside the timed loop; add it (fabric.env.NCCL_DEBUG_SUBSYS) to see the
+                # algorithm behind a busbw above the line rate (linerate.py).
+                "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH,ENV",
                 # %h host, %p pid: NCCL expands them, so ranks never share a file.
                 "NCCL_DEBUG_FILE": str(logs / "nccl.%h.%p.log"),
             }
