@@ -77,7 +77,7 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         external=None,
     )
     stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
     try:
         with recorded:
             groups = pattern_groups(s.pattern, info.world_size, rpn)
@@ -126,7 +126,7 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
             else:
                 record["status"] = "ok"
     finally:
-        if info.is_main:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
             loggers = build_loggers(cfg, info)  # after the local record is safely written

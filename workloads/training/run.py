@@ -140,6 +140,13 @@ def validate(cfg: DictConfig, world: int) -> tuple[NeoXConfig, BatchLayout, Fabr
     return mcfg, layout, fabric
 
 
+def model_label(cfg: DictConfig) -> str:
+    """The name of what actually runs: a checkpoint's directory name (its config gave the
+    shape), else the model= profile's name."""
+    ckpt = cfg.init.get("checkpoint")
+    return Path(str(ckpt).rstrip("/")).name if ckpt else str(cfg.model.name)
+
+
 def _transport_line(transport: dict | None) -> str:
     """One line of what verification saw: Gloo's interfaces, or NCCL's networks and devices."""
     if not transport:
@@ -161,7 +168,7 @@ def _print_summary(record: dict, info: fdist.DistInfo, layout: BatchLayout, cfg:
     rows = [
         ("fabric", f"{cfg.fabric.name} ({info.backend})"),
         ("transport", _transport_line(record["fabric"].get("transport"))),
-        ("model", f"{cfg.model.name}, {cfg.parallel.name}, {cfg.train.precision}"),
+        ("model", f"{record['model']['name']}, {cfg.parallel.name}, {cfg.train.precision}"),
         ("world", f"{info.world_size} ranks on {info.nodes} node(s)"),
         ("global batch", f"{layout.global_batch} = {layout.micro_batch_size} x {layout.grad_accum_steps} x {layout.data_parallel}"),
         ("iteration time", f"{fmt(metrics['iteration_time(s)'], '.4f')} s  (std {fmt(metrics['iteration_time_std(s)'], '.4f')}, {metrics['measured_steps']} steps)"),
@@ -184,7 +191,7 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
     loggers = build_loggers(cfg, info)  # rank 0's trackers (W&B); a no-op list elsewhere
     record = session.base_record(
         cfg.workload.name, cfg, fabric, applied_env, run_dir.name, overrides,
-        model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": cfg.model.name},
+        model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": model_label(cfg)},
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         batch={"micro_batch_size": layout.micro_batch_size, "grad_accum_steps": layout.grad_accum_steps,
                "global_batch_size": layout.global_batch, "seq_length": int(cfg.train.seq_length)},
@@ -192,17 +199,17 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         metrics={},
         samples={},
     )
-    stem = f"{cfg.workload.name}-{fabric.name}-{cfg.model.name}-{cfg.parallel.name}-mb{layout.micro_batch_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
+    stem = f"{cfg.workload.name}-{fabric.name}-{model_label(cfg)}-{cfg.parallel.name}-mb{layout.micro_batch_size}"
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
     try:
         with recorded:
             _measure(cfg, mcfg, layout, fabric, info, run_dir, record, loggers)
     finally:
-        if info.is_main:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             if record["status"] == "ok":
                 _print_summary(record, info, layout, cfg, recorded.path)
             else:
-                print(f"run failed; record with the error: {recorded.path}", flush=True)
+                print(f"run {record['status']}; record with the error: {recorded.path}", flush=True)
             loggers.log_summary(record)  # after the local record is safely written
         loggers.close()
     return recorded.path
