@@ -30,6 +30,7 @@ FINGERPRINT = (  # hardware and software; hostname and OS build are not identity
 IGNORED = (
     "config.fabric", "config.run_id", "config.output_root", "config.logger", "config.launcher",
     "config.dist.timeout_s", "config.trial", "config.seed", "config.hydra", "config.wandb",
+    "config.study",  # the study cell (arm, block, position): the design, not the point
     # The started server's command line names the fabric (fabric=<name>) and the run directory,
     # and its log and URL sit in the run directory or on the host: all derive from the config,
     # which is identity already.

@@ -121,7 +121,8 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
     return Run(
         source=str(rec.get("_path") or ""),
         workload=workload,
-        fabric=str(_first(rec, "fabric.name", "config.fabric.name") or "unknown"),
+        # A study's arm label when a study ran it (an A/A control shares the fabric's name).
+        fabric=str(_first(rec, "study.arm", "fabric.name", "config.fabric.name") or "unknown"),
         status=str(rec.get("status") or "unknown"),
         run_id=rec.get("run_id"),
         metrics=metrics,
