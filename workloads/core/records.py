@@ -87,22 +87,25 @@ def redact_argv(argv: Sequence[str]) -> str:
     return " ".join(redact(list(argv)))
 
 
+def json_safe(v: Any, reasons: dict[str, str] | None = None, path: str = "") -> Any:
+    """`v` with every NaN/Infinity replaced by None; each replaced path goes in `reasons`."""
+    if isinstance(v, float) and not math.isfinite(v):
+        if reasons is not None:
+            reasons[path] = f"{v!r} is not a JSON number"
+        return None
+    if isinstance(v, dict):
+        return {k: json_safe(x, reasons, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x, reasons, f"{path}[{i}]") for i, x in enumerate(v)]
+    return v
+
+
 def finite(record: dict[str, Any]) -> dict[str, Any]:
     """Strict JSON: every NaN/Infinity becomes null, and `null_reasons` names each such
-    field (dotted path) with the value it stood for."""
+    field (dotted path) with the value it stood for (e.g. a closed-loop point's arrival
+    rate, inf)."""
     reasons: dict[str, str] = {}
-
-    def walk(v: Any, path: str) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            reasons[path] = f"{v!r} is not a JSON number"
-            return None
-        if isinstance(v, dict):
-            return {k: walk(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [walk(x, f"{path}[{i}]") for i, x in enumerate(v)]
-        return v
-
-    out = walk(record, "")
+    out = json_safe(record, reasons)
     if reasons:
         out["null_reasons"] = dict(out.get("null_reasons") or {}) | reasons
     return out
@@ -213,7 +216,7 @@ def trial_key(record: dict[str, Any]) -> tuple | None:
     cfg = record.get("config")
     if not isinstance(cfg, dict):
         return None
-    flat = flatten(cfg, ".")
+    flat = flatten(json_safe(cfg), ".")  # as it will read back from disk
     ident = tuple(sorted((k, repr(v)) for k, v in flat.items()
                          if not any(k == p or k.startswith(p + ".") for p in _NOT_POINT)))
     arm = (record.get("study") or {}).get("arm")
