@@ -235,3 +235,30 @@ def test_ab_study_on_emulated_links_calls_100mbit_slower(tmp_path):
     verdicts = (out / "emu-ab" / "compare.txt").read_text()
     assert "emu-veth is faster than emu-100m by" in verdicts and "n=4 vs 4" in verdicts, verdicts
     assert "not significant" not in verdicts, verdicts
+
+
+@pytest.mark.slurm
+@pytest.mark.root
+@pytest.mark.slow
+def test_study_in_a_slurm_allocation_runs_steps_on_its_nodes(tmp_path):
+    """Inside one allocation of 2 nodes, every run is one step over both nodes (one torchrun
+    agent per node), and each record names the job and the nodes."""
+    from slurm_cluster import SlurmCluster, missing_reason
+
+    if (reason := missing_reason()) is not None:
+        pytest.skip(reason)
+    spec = write(tmp_path, AA.replace("collectives.iters=5", "collectives.iters=3"))
+    out = tmp_path / "results"
+    with SlurmCluster(tmp_path, nodes=2) as c:
+        r = subprocess.run(["sbatch", "--parsable", "--wait", "--nodes=2", "--time=15", f"--output={tmp_path}/job.out",
+                            "--wrap", f"{sys.executable} -m workloads.core.cli study {spec} --output-root {out}"],
+                           cwd=REPO, env=c.env(child_env()), capture_output=True, text=True, timeout=900)
+        log = (tmp_path / "job.out").read_text(errors="replace") if (tmp_path / "job.out").exists() else ""
+        assert r.returncode == 0, r.stderr + log[-4000:]
+    job = r.stdout.strip().split(";")[0]
+    recs = records(out / "aa")
+    assert len(recs) == 4 and all(x["status"] == "ok" for x in recs), log[-4000:]
+    for x in recs:
+        assert x["world"]["nodes"] == 2 and x["world"]["world_size"] == 2
+        assert x["study"]["slurm_job"] == job and x["study"]["nodes"] == "n[1-2]"
+    assert "slurm; records in" in log and "[4/4]" in log
