@@ -220,7 +220,7 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print) -> tuple
     """Run every incomplete job in schedule order. Returns (ran, failed, failure lines)."""
     todo = [j for j in jobs if not complete(spec, j)]
     done = len(jobs) - len(todo)
-    if done:
+    if done and todo:
         say(f"study {spec.id}: {done} of {len(jobs)} runs already recorded (status ok); running the other {len(todo)}")
     start, spent, failures = time.monotonic(), [], []
     for k, job in enumerate(todo, 1):
