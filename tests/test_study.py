@@ -141,7 +141,7 @@ def test_slurm_runs_are_steps_on_the_allocation_and_name_its_nodes(tmp_path):
 
 def test_emulated_arms_run_through_the_emulator(tmp_path):
     s = load_spec("emu-ab", output_root=str(tmp_path))
-    job = Job(Cell("emu-100m", 0, 0, 1), s.arm("emu-100m"), s.workloads[0], 1)
+    job = Job(Cell("emu-100m", 0, 0, 1), s.arm("emu-100m"), s.workloads[0], ("",))
     argv = cell_argv(s, job, "local", python="py", env={})
     assert argv[:2] == ["py", str(REPO / "launch" / "emulate.py")] and "fabric=emu-100m" in argv
 
@@ -262,3 +262,37 @@ def test_study_in_a_slurm_allocation_runs_steps_on_its_nodes(tmp_path):
         assert x["world"]["nodes"] == 2 and x["world"]["world_size"] == 2
         assert x["study"]["slurm_job"] == job and x["study"]["nodes"] == "n[1-2]"
     assert "slurm; records in" in log and "[4/4]" in log
+
+
+@pytest.mark.slow
+def test_inference_study_resumes_by_load_point(tmp_path):
+    """An inference sweep per run (against the scripted server: the client side is what a
+    study adds); one record per load point, and a run missing one point is completed."""
+    from workloads.testing.scripted_server import Running
+
+    out = tmp_path / "results"
+    with Running(ttft_ms=2, itl_ms=1) as url:
+        spec = write(tmp_path, f"""name: inf
+arms:
+  - {{label: loopback, fabric: loopback}}
+control: true
+workloads:
+  - name: ext
+    entry: infer
+    overrides: [server=external, "server.url={url}", "load.points=[1,2]", load.num_requests=4,
+                load.warmup_requests=1, load.dataset.input_len=8, load.dataset.output_len=4]
+trials: 1
+""")
+        assert [j.points for j in plan(load_spec(spec, output_root=str(out)))] == [("c1", "c2")] * 2
+        r = study(spec, out)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        recs = records(out / "inf")
+        assert sorted((x["study"]["arm"], x["point"]) for x in recs) == [
+            ("loopback", "c1"), ("loopback", "c2"), ("loopback~aa", "c1"), ("loopback~aa", "c2")]
+        assert "ext       c2     loopback~aa  1/1" in r.stdout
+        lost = next(x for x in recs if x["study"]["arm"] == "loopback~aa" and x["point"] == "c2")
+        lost["_path"].unlink()
+        r = study(spec, out)
+        assert r.returncode == 0 and "1 of 2 runs already recorded" in r.stdout, r.stdout[-3000:]
+        assert "point c1: already recorded" in (out / "inf" / "logs" / "inf-loopback-aa-t0-ext.log").read_text()
+        assert len(records(out / "inf")) == 4

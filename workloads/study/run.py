@@ -48,7 +48,7 @@ class Job:
     cell: Cell
     arm: Arm
     workload: Workload
-    expected: int          # ok records that make it complete (inference: one per load point)
+    points: tuple[str, ...]  # the records it writes: inference, one per load point ("c1" ...); else ("",)
 
     def run_id(self, spec: StudySpec) -> str:
         """<study id>-<arm>-t<trial>-<workload>, in the characters a run directory allows
@@ -103,19 +103,23 @@ def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.execut
     return [python, script, *overrides]
 
 
-def expected_records(job_workload: Workload, arm: Arm) -> int:
+def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
     """Compose the job's config (a bad override is one message before anything runs);
-    an inference sweep writes one record per load point."""
+    an inference sweep writes one record per load point, named as its records name it."""
     from workloads.core.launcher import compose
 
-    name = "infer" if job_workload.entry == "infer" else "config"
-    cfg = compose(CONF_DIR, [*job_workload.argv, *arm.overrides, f"fabric={arm.fabric}"], name)
-    return len(list(cfg.load.points)) if job_workload.entry == "infer" else 1
+    if workload.entry != "infer":
+        compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], "config")
+        return ("",)
+    from workloads.inference.run import arrivals
+
+    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], "infer")
+    return tuple(a.label() for a in arrivals(cfg.load))
 
 
 def plan(spec: StudySpec) -> list[Job]:
-    expected = {(a.label, w.name): expected_records(w, a) for a in spec.arms for w in spec.workloads}
-    return [Job(c, spec.arm(c.arm), w, expected[(c.arm, w.name)])
+    points = {(a.label, w.name): job_points(w, a) for a in spec.arms for w in spec.workloads}
+    return [Job(c, spec.arm(c.arm), w, points[(c.arm, w.name)])
             for c in schedule([a.label for a in spec.arms], spec.trials, spec.design, spec.seed)
             for w in spec.workloads]
 
@@ -136,7 +140,8 @@ def job_records(spec: StudySpec, job: Job) -> list[dict]:
 
 
 def complete(spec: StudySpec, job: Job) -> bool:
-    return sum(r.get("status") == "ok" for r in job_records(spec, job)) >= job.expected
+    ok = {r.get("point") or "" for r in job_records(spec, job) if r.get("status") == "ok"}
+    return ok >= set(job.points)
 
 
 def _manifest(spec: StudySpec) -> None:
@@ -250,7 +255,7 @@ def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
             if rec.get("status") == "ok":
                 v = (rec.get("metrics") or {}).get(HEADLINE[job.workload.entry])
                 rows.setdefault(key, []).append(v)
-        for point in _points(spec, job):
+        for point in job.points:
             asked[(job.workload.name, point, job.arm.label)] = asked.get((job.workload.name, point, job.arm.label), 0) + 1
     head = ("workload", "point", "arm", "trials ok", "metric", "median", "min", "max")
     body = []
@@ -264,15 +269,6 @@ def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
     line = "  ".join("{:<%d}" % w for w in widths)
     bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
     return "\n".join([f"{' Study ' + spec.id + ' ':=^{len(bar)}}", line.format(*head), *(line.format(*r) for r in body), bar])
-
-
-def _points(spec: StudySpec, job: Job) -> list[str]:
-    """The load points a job is asked for ("" for one-record workloads)."""
-    if job.workload.entry != "infer":
-        return [""]
-    recs = job_records(spec, job)
-    seen = sorted({str(r.get("point")) for r in recs if r.get("point") is not None})
-    return seen + [f"?{i}" for i in range(job.expected - len(seen))] if len(seen) < job.expected else seen
 
 
 def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
