@@ -8,7 +8,8 @@ exact command the study would run for one cell minus its `study=` override, star
 subprocess and timed from start to exit; (b) one study of one trial of two arms
 (loopback and its A/A twin, a small all_reduce), run in this process with the runner's
 own functions (workloads.study.run.execute) and timed from the first run's start to the
-second run's start, so the gap between arms = that span minus the first run's own time.
+second run's start: the gap between arms is from the first process's exit to the second's
+start (the resume check of what ran, the next command, the progress line).
 A burn-in round (not counted) warms the page cache first.
 
 Prints per round: bare seconds, the study's per-run seconds and the gap; then the ratio
@@ -56,24 +57,17 @@ def bare(spec, job) -> float:
 
 
 def one_study(root: Path, k: int) -> tuple[float, float]:
-    """(the first run's own seconds, the gap until the second run starts)."""
-    spec = load_spec(root / "study.yaml", f"overhead-{k}", str(root))
-    jobs = plan(spec)
-    marks: list[float] = []
-    took: list[float] = []
-
-    def say(line: str) -> None:
-        if line.startswith("["):
-            marks.append(time.monotonic())
-        elif line.startswith("  ok in"):
-            took.append(float(line.split()[2]))
-
+    """(the first run's own seconds, the gap from its exit to the second run's start)."""
     from workloads.study.run import _manifest
 
+    spec = load_spec(root / "study.yaml", f"overhead-{k}", str(root))
+    jobs = plan(spec)
     _manifest(spec)
-    ran, failed, failures = execute(spec, jobs, "local", say)
+    timings: list = []
+    ran, failed, failures = execute(spec, jobs, "local", say=lambda line: None, timings=timings)
     assert failed == 0, failures
-    return took[0], (marks[1] - marks[0]) - took[0]
+    (_, s0, e0), (_, s1, _) = timings
+    return e0 - s0, s1 - e0
 
 
 def main() -> None:

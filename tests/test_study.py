@@ -296,3 +296,23 @@ trials: 1
         assert r.returncode == 0 and "1 of 2 runs already recorded" in r.stdout, r.stdout[-3000:]
         assert "point c1: already recorded" in (out / "inf" / "logs" / "inf-loopback-aa-t0-ext.log").read_text()
         assert len(records(out / "inf")) == 4
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_running_cell_and_keeps_what_is_done(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "results"
+    p = subprocess.Popen([*STUDY, str(write(tmp_path, AA)), "--output-root", str(out)], cwd=REPO, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = out / "aa" / "logs"
+    deadline = time.monotonic() + 120
+    while not (logs.is_dir() and any(logs.iterdir())) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(2)  # the run's processes are up
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=90)
+    assert p.returncode == 130 and "rerun the same command to continue" in stderr, stdout + stderr
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"output_root={out / 'aa'}" not in ps  # no run of ours outlived the study

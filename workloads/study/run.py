@@ -172,20 +172,21 @@ def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta
             f"ETA {'?' if eta is None else _clock(eta)}")
 
 
-def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, Path]:
+def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float, Path]:
     """Start the job in its own process group, its output to its log; wait (timeout,
-    Ctrl-C and SIGTERM stop the whole group)."""
+    Ctrl-C and SIGTERM stop the whole group). Returns (exit code, start, end, log), the
+    times in time.monotonic() seconds of the process's own span."""
     log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = cell_argv(spec, job, launcher)
     env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT)}
     env.setdefault("OMP_NUM_THREADS", "1")
-    t0 = time.monotonic()
     with open(log, "ab") as out:
         from workloads.core.records import redact_argv
 
         out.write(f"# {redact_argv(argv)}\n".encode())
         out.flush()
+        t0 = time.monotonic()
         proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         try:
@@ -196,7 +197,7 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, Path]
         except BaseException:
             _stop(proc)
             raise
-    return code, time.monotonic() - t0, log
+    return code, t0, time.monotonic(), log
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -221,8 +222,10 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
-def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print) -> tuple[int, int, list[str]]:
-    """Run every incomplete job in schedule order. Returns (ran, failed, failure lines)."""
+def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
+            timings: list | None = None) -> tuple[int, int, list[str]]:
+    """Run every incomplete job in schedule order. Returns (ran, failed, failure lines);
+    `timings` gets (job, start, end) in time.monotonic() seconds of each process."""
     todo = [j for j in jobs if not complete(spec, j)]
     done = len(jobs) - len(todo)
     if done and todo:
@@ -231,8 +234,11 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print) -> tuple
     for k, job in enumerate(todo, 1):
         eta = (median(spent) * (len(todo) - k + 1)) if spent else None
         say(progress_line(done + k, len(jobs), job, spec, time.monotonic() - start, eta))
-        code, seconds, log = run_job(spec, job, launcher)
+        code, t0, t1, log = run_job(spec, job, launcher)
+        seconds = t1 - t0
         spent.append(seconds)
+        if timings is not None:
+            timings.append((job, t0, t1))
         if code == 130:
             raise KeyboardInterrupt
         if code != 0 or not complete(spec, job):
@@ -303,6 +309,10 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print) -> int:
         f"{' seed ' + str(spec.seed) if spec.design == 'permuted' else ''}, {launcher}; records in {spec.dir}")
     ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
+    commits = {((r.get("fingerprint") or {}).get("git") or {}).get("commit") for j in jobs for r in job_records(spec, j)}
+    if len(commits) > 1:
+        say(f"warning: the study's records come from {len(commits)} git commits ({', '.join(sorted(map(str, commits)))}): "
+            "the code changed during the study, and compare will not pool trials of different code")
     if ran == 0:
         say("every run of this study is recorded; nothing was run")
     code = analyse(spec, refresh=ran > 0, say=say)
