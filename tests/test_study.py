@@ -112,7 +112,7 @@ def test_bad_study_is_one_line_exit_2(tmp_path):
 def test_cell_command_carries_the_study_cell_in_one_override(tmp_path):
     from workloads.core.launcher import compose
 
-    s = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    s = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "my out"))
     jobs = plan(s)
     assert [(j.arm.label, j.cell.position) for j in jobs] == [("loopback", 0), ("loopback~aa", 1),
                                                               ("loopback~aa", 2), ("loopback", 3)]
@@ -126,6 +126,7 @@ def test_cell_command_carries_the_study_cell_in_one_override(tmp_path):
     assert dict(cfg.study) == {"name": "aa", "id": "aa", "arm": "loopback~aa", "baseline": "loopback",
                                "control": True, "block": 0, "position": 1, "design": "abba", "seed": 0,
                                "blocks": 2, "workload": "ar"}
+    assert cfg.output_root == str(tmp_path / "my out" / "aa") and cfg.trial == 0
 
 
 def test_slurm_runs_are_steps_on_the_allocation_and_name_its_nodes(tmp_path):

@@ -70,21 +70,25 @@ def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
     return f
 
 
-def study_override(field: dict) -> str:
-    """One Hydra override `study={k: v, ...}`; strings quoted so labels such as a~aa pass."""
-    def val(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int):
-            return str(v)
-        return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+def _hydra_value(v) -> str:
+    """A value in Hydra's override grammar; strings quoted, so a~aa, n[1-2] or a path with
+    spaces pass as themselves."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
-    return "study={" + ",".join(f"{k}:{val(v)}" for k, v in field.items()) + "}"
+
+def study_override(field: dict) -> str:
+    """One Hydra override `study={k: v, ...}`."""
+    return "study={" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in field.items()) + "}"
 
 
 def cell_overrides(spec: StudySpec, job: Job, env=os.environ) -> list[str]:
     return [*job.workload.argv, *job.arm.overrides, f"fabric={job.arm.fabric}", f"trial={job.cell.trial}",
-            f"run_id={job.run_id(spec)}", f"output_root={spec.dir}", study_override(study_field(spec, job, env))]
+            f"run_id={job.run_id(spec)}", f"output_root={_hydra_value(str(spec.dir))}",
+            study_override(study_field(spec, job, env))]
 
 
 def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.executable, env=os.environ) -> list[str]:
