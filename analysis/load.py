@@ -111,12 +111,18 @@ def cell_busbw(row: Mapping[str, Any]) -> list[float]:
 def size_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """`<op>/busbw@<bytes>(GB/s)` per (op, message size): the mean busbw of that size's cells, as
     `<op>/avg_busbw(GB/s)` averages every cell of the op. One test per size, so a study (or
-    its A/A control) can be judged size by size: `compare --metric 'all_reduce/busbw@*'`."""
+    its A/A control) can be judged size by size: `compare --metric 'all_reduce/busbw@*'`. An op
+    swept over one size gets none (its avg_busbw is that size)."""
     cells: dict[str, list[float]] = {}
     for row in rows:
         if row.get("op") and row.get("size"):
             cells.setdefault(f"{row['op']}/busbw@{int(row['size'])}(GB/s)", []).extend(cell_busbw(row))
-    return {k: sum(v) / len(v) for k, v in cells.items() if v}
+    sizes: dict[str, int] = {}
+    for k in cells:
+        sizes[k.split("/busbw@")[0]] = sizes.get(k.split("/busbw@")[0], 0) + 1
+    # An op measured at one size has that size's busbw as its avg_busbw already: a second,
+    # identical test would only widen the correction.
+    return {k: sum(v) / len(v) for k, v in cells.items() if v and sizes[k.split("/busbw@")[0]] > 1}
 
 
 def run_from_record(rec: Mapping[str, Any]) -> Run:

@@ -70,13 +70,13 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         external=None,
     )
     stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
     try:
         with recorded:
             rows = _measure(s, fabric, info, run_dir, record, rpn, say)
             _judge(s, rows, record)
     finally:
-        if info.is_main:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
             loggers = build_loggers(cfg, info)  # after the local record is safely written

@@ -141,6 +141,25 @@ def torchrun(args: list[str]) -> int:
     return 0
 
 
+def add_override(argv: list[str], override: str) -> None:
+    """Add `override` beside the command line's other overrides. Hydra's parser (argparse)
+    takes overrides as one run of positionals: one placed before a flag such as -m would
+    leave the rest "unrecognized" (`launch/collectives.py -m trial=0,1` used to fail so)."""
+    at = next((i for i, a in enumerate(argv[1:], 1) if "=" in a and not a.startswith("-")), len(argv))
+    argv.insert(at, override)
+
+
+def _report_job_error(overrides: list[str]) -> None:
+    """Hydra's own "Error executing job" line and traceback, through the one redaction
+    (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""
+    import traceback
+
+    from workloads.core.records import redact, redact_text
+
+    print(f"Error executing job with overrides: {redact(list(overrides))}", file=sys.stderr)
+    print(redact_text(traceback.format_exc()), file=sys.stderr, end="", flush=True)
+
+
 def hydra_entry(
     script: str,
     run: Callable[..., int | None],
@@ -162,15 +181,16 @@ def hydra_entry(
 
     register_resolvers()
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
-        sys.argv.insert(1, f"workload={workload}")
+        add_override(sys.argv, f"workload={workload}")
     if os.environ.get("RANK", "0") != "0":
-        sys.argv.append("hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
+        add_override(sys.argv, "hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> None:
+        overrides = list(HydraConfig.get().overrides.task)
         try:
             with config_errors():
-                code = run(cfg, list(HydraConfig.get().overrides.task))
+                code = run(cfg, overrides)
         except UsageError as e:
             if _should_say(e):
                 print(f"error: {e}", file=sys.stderr, flush=True)
@@ -178,6 +198,9 @@ def hydra_entry(
         except KeyboardInterrupt:
             print("interrupted: measured points are kept", file=sys.stderr, flush=True)
             sys.exit(130)
+        except Exception:  # a bug: its traceback, as Hydra would print it, minus secrets
+            _report_job_error(overrides)
+            sys.exit(1)
         if code:
             sys.exit(code)
 

@@ -17,7 +17,7 @@ from workloads.core import dist as fdist
 from workloads.core import rundir, schema
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
-from workloads.core.records import check_writable, new_record, write_record
+from workloads.core.records import check_writable, duplicate_message, new_record, same_trial, write_record
 from workloads.fabric.preflight import preflight
 
 
@@ -72,13 +72,25 @@ class Recorded:
     """`with Recorded(record, dir, stem, write=info.is_main):` runs a measurement; on the
     way out the record's status is "ok", or "failed" with the error (and the traceback of
     anything that is not a UsageError), and it is written when `write` is true. The
-    exception, if any, still propagates."""
+    exception, if any, still propagates.
 
-    def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool):
-        self.record, self.directory, self.stem, self.write = record, directory, stem, write
+    With `info` (the process group), entering first refuses a trial that an ok record in
+    `directory` already holds (UsageError on every rank, nothing measured or written): a
+    rerun of the same run_id and trial would otherwise be counted as a second trial."""
+
+    def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool,
+                 info: fdist.DistInfo | None = None):
+        self.record, self.directory, self.stem, self.write, self.info = record, directory, stem, write, info
         self.path: Path | None = None
 
     def __enter__(self) -> dict[str, Any]:
+        if self.info is not None:
+            held = same_trial(self.directory, self.record) if self.info.is_main else None
+            held, _ = fdist.agree(None if held is None else str(held), self.info)  # rank 0 decides for all
+            if held is not None:
+                if not self.info.is_main:
+                    raise SystemExit(UsageError.exit_code)  # rank 0 says why, once
+                raise UsageError(duplicate_message(Path(held), self.record))
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:

@@ -32,7 +32,7 @@ from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.core import session
 from workloads.core.loggers import build_loggers, flatten
-from workloads.core.records import write_record
+from workloads.core.records import json_safe, write_record
 from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
@@ -172,7 +172,7 @@ def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
     """Points this run directory already measured for this trial. A record measured with
     another configuration (other than the sweep's point list) is an error, not a resume:
     reusing it would silently mix two experiments under one run_id."""
-    mine = flatten(OmegaConf.to_container(cfg, resolve=True), sep=".")
+    mine = flatten(json_safe(OmegaConf.to_container(cfg, resolve=True)), sep=".")  # as records store it
     done = set()
     for p in sorted(records_dir.glob("*.json")):
         try:

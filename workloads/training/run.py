@@ -160,11 +160,18 @@ def validate(cfg: DictConfig, world: int) -> TrainPlan:
                              float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
     peak = cfg.metrics.get("peak_tflops")
     return TrainPlan(
-        workload=str(cfg.workload.name), model=mcfg, model_name=str(cfg.model.name), layout=layout, fabric=fabric,
+        workload=str(cfg.workload.name), model=mcfg, model_name=model_label(cfg), layout=layout, fabric=fabric,
         settings=settings, seq_length=seq, steps=int(t.steps), warmup_steps=int(t.warmup_steps), seed=int(cfg.seed),
         checkpoint=cfg.init.get("checkpoint") or None,
         data={"kind": str(cfg.data.kind), "path": cfg.data.get("path"), "dtype": cfg.data.get("dtype")},
         parallel=OmegaConf.to_container(cfg.parallel, resolve=True), peak_tflops=None if peak is None else float(peak))
+
+
+def model_label(cfg: DictConfig) -> str:
+    """The name of what actually runs: a checkpoint's directory name (its config gave the
+    shape), else the model= profile's name."""
+    ckpt = cfg.init.get("checkpoint")
+    return Path(str(ckpt).rstrip("/")).name if ckpt else str(cfg.model.name)
 
 
 def _transport_line(transport: dict | None) -> str:
@@ -221,16 +228,16 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         metrics={},
         samples={},
     )
-    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main)
+    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main, info=info)
     try:
         with recorded:
             _measure(plan, info, run_dir, record, loggers)
     finally:
-        if info.is_main:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             if record["status"] == "ok":
                 _print_summary(record, info, plan, recorded.path)
             else:
-                print(f"run failed; record with the error: {recorded.path}", flush=True)
+                print(f"run {record['status']}; record with the error: {recorded.path}", flush=True)
             loggers.log_summary(record)  # after the local record is safely written
         loggers.close()
     return recorded.path

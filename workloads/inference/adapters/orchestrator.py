@@ -20,6 +20,7 @@ from collections import deque
 from pathlib import Path
 
 from workloads.core.errors import UsageError
+from workloads.core.records import redact_argv
 from workloads import REPO_ROOT
 from workloads.inference.adapters.base import Launch, ServerSpec
 
@@ -72,7 +73,7 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(self.env) | self.launch.env
         log = open(self.log_path, "ab")
-        log.write(f"# {' '.join(self.launch.argv)}\n".encode())
+        log.write(f"# {redact_argv(self.launch.argv)}\n".encode())  # the log is shared; its secrets are not
         log.flush()
         try:
             self.proc = subprocess.Popen(self.launch.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
