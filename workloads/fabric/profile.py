@@ -79,7 +79,8 @@ class FabricProfile:
             logs.mkdir(parents=True, exist_ok=True)
             defaults = {
                 "NCCL_DEBUG": "INFO",
-                "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH,ENV",
+                # BOOTSTRAP: 2.2x moved "Bootstrap: Using" under its own subsystem
+                "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,NET,GRAPH,ENV",
                 # %h host, %p pid: NCCL expands them, so ranks never share a file.
                 "NCCL_DEBUG_FILE": str(logs / "nccl.%h.%p.log"),
             }

@@ -194,8 +194,9 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         from workloads.core.records import fingerprint
 
         fp = fingerprint()
+        started = time.time()  # logs older than this are an earlier server's (a resumed run id)
         with ManagedServer(spec, launch, run_dir, env) as srv:
-            transport = server_transport(fabric, run_dir, reported)
+            transport = server_transport(fabric, run_dir, reported, ranks=spec.tp, since=started)
             base["fabric"]["transport"] = transport
             if transport.get("message"):
                 if transport["verdict"] == "mismatch" and fabric.verify == "fail":

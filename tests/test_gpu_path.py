@@ -1,0 +1,227 @@
+"""The review of the GPU code paths (../shared/reviews/gpu-path.md), one test per finding,
+each written to fail on the code before its fix. Nothing here needs a GPU: NCCL logs are
+fixtures written from NCCL's/RCCL's own format strings (tests/fixtures/nccl_logs/*, each
+file's header names the source file and version), and every other check is a pure
+function or a real one-rank Gloo process group."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from workloads.collectives import ops
+from workloads.fabric import nccl_log, nic, verify
+from workloads.fabric.profile import FabricProfile
+
+LOGS = Path(__file__).parent / "fixtures" / "nccl_logs"
+CONF = Path(__file__).parent.parent / "conf" / "fabric"
+
+
+def profile(name: str, **expect) -> FabricProfile:
+    cfg = yaml.safe_load((CONF / f"{name}.yaml").read_text())
+    cfg["expect"] = {**cfg["expect"], **expect}
+    return FabricProfile.from_config(cfg)
+
+
+def evidence(case: str) -> list[dict]:
+    logs = sorted(nccl_log.parse_dir(LOGS / case), key=lambda lg: lg.rank if lg.rank is not None else 0)
+    return [{"kind": "nccl", "log": lg.as_dict()} for lg in logs]
+
+
+# ---- #3 GPUDirect RDMA: /GDRDMA/Shared (p2p connections) and GDRDMA(PCI) (C2C, >= 2.26) ----
+
+def test_gdr_suffixes_are_gdr():
+    for via in ("NET/IB/0/GDRDMA/Shared", "NET/IB/2/GDRDMA(PCI)", "NET/IB/1(1)/GDRDMA(PCI)/Shared",
+                "NET/IB/0(1)/GDRDMA"):
+        assert nccl_log.transport_key(via) == ("NET/IB", True), via
+    assert nccl_log.transport_key("NET/IB/0/Shared") == ("NET/IB", False)
+    assert nccl_log.transport_key("NET/Socket/0") == ("NET/Socket", False)
+
+
+@pytest.mark.parametrize("case, fabric", [("nccl_2.20_roce_shared", "roce"), ("nccl_2.29_c2c_pci", "ib"),
+                                          ("rccl_2.2x_ib", "roce")])
+def test_gdr_runs_pass_expect_gdr(case, fabric):
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / case))
+    assert s["gdr"] is True and s["gdr_channels"] == s["net_channels"] > 0
+    d = verify.decide(profile(fabric, gdr=True), evidence(case), environ={})
+    assert d["verdict"] == "ok", d["message"]
+
+
+def test_fixture_counts_per_version():
+    # 2.20 (2.18-2.25 form): 2 ring sends + 2 p2p /Shared sends per rank, counted on the sender
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.20_roce_shared"))
+    assert s["channels"] == {"NET/IB": 8} and s["version"] == "2.20.3+cuda12.3"
+    # 2.29: PXN `(1)` and (PCI)/Shared sends, one CollNet send, the GRAPH line's NVL intra path
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.29_c2c_pci"))
+    assert s["channels"] == {"COLLNET": 1, "NET/IB": 6} and s["net_channels"] == 6
+    assert s["collnet_channels"] == 1 and s["graph_types"] == ["NVL"]
+    # RCCL 2.2x: the ` comm 0x... nRanks 02` trailer is cut, ranks come from `rank r nranks 2`
+    logs = nccl_log.parse_dir(LOGS / "rccl_2.2x_ib")
+    assert [lg.rank for lg in logs] == [0, 1] and {lg.library for lg in logs} == {"RCCL"}
+    assert nccl_log.summarize(logs)["channels"] == {"NET/IB": 6}
+
+
+# ---- #16 NCCL 2.30 device tokens keep their port; CollNet; Bootstrap ----
+
+def test_rail_suffix_keeps_the_port_and_nic_rails_name_real_ports():
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.30_rail_suffix"))
+    assert [(d["name"], d["port"], d["link_layer"]) for d in s["devices"]] == [("mlx5_0", 1, "IB"), ("mlx5_1", 1, "IB")]
+    transport = verify.decide(profile("ib"), evidence("nccl_2.30_rail_suffix"), environ={})
+    assert transport["verdict"] == "ok"
+    assert nic.rails_for(profile("ib"), {}, transport) == ["rdma:mlx5_0:1", "rdma:mlx5_1:1"]
+
+
+def test_merged_and_data_direct_devices_map_to_physical_rails():
+    transport = {"summary": {"devices": [{"name": "mlx5_0+mlx5_1", "port": 1}, {"name": "mlx5_2_dma", "port": 1}]}}
+    assert nic.rails_for(profile("ib"), {}, transport) == ["rdma:mlx5_0:1", "rdma:mlx5_1:1", "rdma:mlx5_2:1"]
+
+
+def test_bootstrap_subsystem_is_logged_and_parsed():
+    env: dict = {}
+    profile("roce").apply("/tmp/fb-run", env)
+    assert "BOOTSTRAP" in env["NCCL_DEBUG_SUBSYS"].split(",")
+    logs = nccl_log.parse_dir(LOGS / "nccl_2.22_lazy_connect")
+    assert [lg.bootstrap for lg in logs] == ["eth0:10.0.0.1", "eth0:10.0.0.2"]
+
+
+# ---- #2 a rank with no channel is unverified when the profile has channel rules ----
+
+def test_no_channel_yet_is_unverified_not_ok():
+    d = verify.decide(profile("roce"), evidence("nccl_2.22_lazy_connect"), environ={})
+    assert d["verdict"] == "unverified"
+    assert "ranks 0, 1 logged no channel" in d["message"]
+    # a profile without channel rules has nothing to check there
+    bare = FabricProfile("roce-net-only", "nccl", expect={"network": "IB", "link_layer": "RoCE"})
+    assert verify.decide(bare, evidence("nccl_2.22_lazy_connect"), environ={})["verdict"] == "ok"
+
+
+def test_warmup_collectives_run_before_the_log_is_read(monkeypatch, tmp_path):
+    """The reference engine reads its own log after a real all_reduce: warmup_collectives
+    issues a tiny and a multi-MB one (a real one-rank Gloo group here)."""
+    import torch.distributed as dist
+
+    from workloads.core import dist as fdist
+
+    sizes = []
+    real = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda t, **kw: (sizes.append(t.numel()), real(t, **kw))[1])
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        fdist.warmup_collectives(torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert sizes == [1, 1 << 20]
+
+
+def test_reference_server_warms_up_before_check_transport():
+    """Order in run_server: the warm-up collectives come before check_transport (a test of
+    the source order, because run_server itself needs a served engine)."""
+    import inspect
+
+    from workloads.inference.engine import run
+
+    src = inspect.getsource(run.run_server)
+    assert src.index("warmup_collectives(") < src.index("check_transport(")
+
+
+# ---- #4 fabric=pcie rejects NVLink ----
+
+def test_pcie_label_rejects_an_nvlink_box():
+    d = verify.decide(profile("pcie"), evidence("nccl_nvlink_box"), environ={})
+    assert d["verdict"] == "mismatch"
+    assert "ranks 0–3 found intra-node paths of type NVL" in d["message"]
+    assert verify.decide(profile("pcie"), evidence("nccl_pcie"), environ={})["verdict"] == "ok"
+    assert profile("pcie").env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_pcie_label_without_graph_lines_is_unverified():
+    p = profile("pcie")
+    ranks = [e["log"] | {"graph_types": []} for e in evidence("nccl_pcie")]
+    d = verify.decide(p, [{"kind": "nccl", "log": r} for r in ranks], environ={})
+    assert d["verdict"] == "unverified" and "logged no GRAPH line" in d["message"]
+
+
+# ---- #1 / #16 serving: one log per TP rank, and only this server's logs ----
+
+def test_server_transport_needs_one_log_per_rank(tmp_path):
+    import shutil
+
+    shutil.copytree(LOGS / "nccl_roce", tmp_path / "nccl")
+    ok = verify.server_transport(profile("roce"), tmp_path, ranks=2)
+    assert ok["verdict"] == "ok"
+    short = verify.server_transport(profile("roce"), tmp_path, ranks=4)
+    assert short["verdict"] == "unverified" and "2 of 4 rank log(s)" in short["message"]
+
+
+def test_server_transport_ignores_logs_of_an_earlier_server(tmp_path):
+    import os
+    import shutil
+    import time
+
+    shutil.copytree(LOGS / "nccl_socket_fallback", tmp_path / "nccl")
+    for p in (tmp_path / "nccl").iterdir():
+        os.utime(p, (time.time() - 3600, time.time() - 3600))  # a resumed run's old server
+    shutil.copy(LOGS / "nccl_roce" / "nccl.node1.4100.log", tmp_path / "nccl")
+    shutil.copy(LOGS / "nccl_roce" / "nccl.node2.4101.log", tmp_path / "nccl")
+    d = verify.server_transport(profile("roce"), tmp_path, ranks=2, since=time.time() - 60)
+    assert d["verdict"] == "ok" and d["summary"]["processes"] == 2
+
+
+# ---- #10 the correctness check never holds n full-size tensors ----
+
+def _naive(op, lay, comm, root, redop, dtype):
+    """The pre-fix reference: every rank's full input, then one reduction/concatenation."""
+    n, c = comm.size, lay.count
+    full = [ops.values(lay.send_numel, r, dtype, "cpu") for r in range(n)]
+    if op.name == "all_reduce":
+        return ops.reduce_reference([f[:c] for f in full], redop, dtype)
+    if op.name == "reduce_scatter":
+        return ops.reduce_reference([f[comm.rank * c:(comm.rank + 1) * c] for f in full], redop, dtype)
+    if op.name == "all_gather":
+        return torch.cat([f[:c] for f in full])
+    if op.name == "alltoall":
+        return torch.cat([f[comm.rank * c:(comm.rank + 1) * c] for f in full])
+    return None
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "all_gather", "alltoall"])
+@pytest.mark.parametrize("redop", ["sum", "prod", "max", "avg"])
+def test_sliced_expected_equals_the_whole_reference(name, redop):
+    op = ops.get(name)
+    dtype = torch.float32 if redop == "avg" else torch.int32
+    for n in (3, 4):
+        lay = op.layout(4 * 1000, 4, n)
+        comm = ops.Comm(None, 1, n, tuple(range(n)))
+        want = _naive(op, lay, comm, 0, redop, dtype)
+        numel = op.checked_numel(lay)
+        pieces = [op.expected_slice(lay, comm, 0, redop, dtype, "cpu", lo, min(numel, lo + 77))
+                  for lo in range(0, numel, 77)]
+        assert torch.equal(torch.cat(pieces), want), (name, redop, n)
+
+
+def test_check_never_materialises_full_size_tensors(monkeypatch):
+    """Count the elements of every input pattern the check builds: with CHECK_CHUNK = 1000 and
+    a 16 000-element buffer over 8 ranks, no temporary is larger than one slice."""
+    from tests.test_collectives_bw import _settings
+    from workloads.collectives import harness
+
+    asked = []
+    real = ops.values
+    monkeypatch.setattr(ops, "values", lambda numel, *a, **k: (asked.append(numel), real(numel, *a, **k))[1])
+    monkeypatch.setattr(harness, "CHECK_CHUNK", 1000)
+    s = _settings("collectives.minbytes=64K", "collectives.maxbytes=64K", "collectives.datatype=int32")
+    n = 8
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "alltoall"):
+        op = ops.get(name)
+        comm = ops.Comm(None, 0, n, tuple(range(n)))
+        h = harness.Harness(s, comm, torch.device("cpu"), "gloo", 0)
+        lay = op.layout(64 * 1024, 4, n)
+        b = op.buffers(lay, comm, 0, torch.int32, "cpu", op.placements[0])
+        b.checked.copy_(_naive(op, lay, comm, 0, "sum", torch.int32))  # what a correct collective leaves
+        asked.clear()
+        assert h.count_wrong_in(op, lay, b) == 0
+        assert asked and max(asked) <= 1000, (name, max(asked))
+        b.checked.view(-1)[-1] += 1
+        assert h.count_wrong_in(op, lay, b) == 1
