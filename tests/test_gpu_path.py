@@ -225,3 +225,96 @@ def test_check_never_materialises_full_size_tensors(monkeypatch):
         assert asked and max(asked) <= 1000, (name, max(asked))
         b.checked.view(-1)[-1] += 1
         assert h.count_wrong_in(op, lay, b) == 1
+
+
+# ---- #13 per-task GPU binding ----
+
+def test_device_index_under_per_task_binding():
+    from workloads.core.dist import device_index
+
+    assert [device_index(r, 1) for r in range(4)] == [0, 0, 0, 0]  # one visible GPU per task
+    assert [device_index(r, 8) for r in (0, 5, 7)] == [0, 5, 7]
+    assert device_index(3, 2) == 1 and device_index(2, 0) == 0
+
+
+# ---- #6 the external nccl-tests run: same split, nothing of ours beside it ----
+
+def test_nccl_tests_split_matches_our_pattern_groups():
+    from workloads.collectives.nccltests import split_env
+    from workloads.collectives.settings import pattern_groups
+
+    assert split_env("all", 16, 8) == {}
+    assert split_env("one_per_node", 16, 8) == {"NCCL_TESTS_SPLIT": "MOD 8"}
+    assert split_env("pairs", 16, 8) == {"NCCL_TESTS_SPLIT": "MOD 8"}
+    assert split_env("pairs", 8, 4) == {"NCCL_TESTS_SPLIT": "MOD 4"}
+    # "MOD m" puts rank r in communicator r % m: the same groups as ours
+    for pattern, world, rpn in (("one_per_node", 16, 8), ("pairs", 8, 4), ("pairs", 12, 6)):
+        m = int(split_env(pattern, world, rpn)["NCCL_TESTS_SPLIT"].split()[1])
+        assert pattern_groups(pattern, world, rpn) == [[r for r in range(world) if r % m == c] for c in range(m)]
+
+
+def test_run_external_passes_the_split_to_the_binary(tmp_path, monkeypatch):
+    # all_reduce_perf needs a GPU: a stand-in script plays it at that boundary and echoes
+    # the NCCL_TESTS_SPLIT it was started with.
+    import os
+    import stat
+
+    from tests.test_collectives_bw import _settings
+    from tests.test_collectives_nccltests import TABLE
+    from workloads.collectives import nccltests
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "table.txt").write_text(TABLE)
+    fake = bindir / "all_reduce_perf"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = "-h" ] && exit 0\necho "$NCCL_TESTS_SPLIT" > {bindir}/split\n'
+                    f'cat {bindir}/table.txt\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    s = _settings("collectives.minbytes=1M", "collectives.maxbytes=2M")
+    block = nccltests.run_external(s, tmp_path / "ext", 8, nodes=2, env={"NCCL_TESTS_SPLIT": "MOD 8"})
+    assert block["status"] == "ok" and block["env"] == {"NCCL_TESTS_SPLIT": "MOD 8"}
+    assert (bindir / "split").read_text().strip() == "MOD 8"
+
+
+def _external_rank(rank: int, tmp: str, path_env: str) -> None:
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    from tests.test_collectives_bw import _settings
+    from workloads.collectives.nccltests import run_external_alone
+    from workloads.core.dist import DistInfo
+
+    os.environ["PATH"] = path_env
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
+    s = _settings("collectives.minbytes=1M", "collectives.maxbytes=2M", "collectives.external=on")
+    block = run_external_alone(s, Path(tmp) / "ext", DistInfo(rank, 2, rank, 2, "gloo", None), 2)
+    Path(tmp, f"left.{rank}").write_text(repr(time.time()))
+    if rank == 0:
+        Path(tmp, "status").write_text(block["status"])
+    dist.destroy_process_group()
+
+
+def test_other_ranks_wait_on_the_host_while_rank0_runs_the_binary(tmp_path):
+    """Two real Gloo processes: rank 1 must not leave before rank 0's stand-in binary (it
+    needs a GPU, so a script sleeps 1.5 s and stamps its end) has finished."""
+    import os
+    import stat
+
+    import torch.multiprocessing as mp
+
+    from tests.test_collectives_nccltests import TABLE
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "table.txt").write_text(TABLE)
+    fake = bindir / "all_reduce_perf"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = "-h" ] && exit 0\nsleep 1.5\n'
+                    f'python3 -c "import time; print(repr(time.time()))" > {bindir}/ended\ncat {bindir}/table.txt\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    mp.spawn(_external_rank, args=(str(tmp_path), f"{bindir}{os.pathsep}{os.environ['PATH']}"), nprocs=2)
+    assert (tmp_path / "status").read_text() == "ok"
+    ended = float((bindir / "ended").read_text())
+    assert float((tmp_path / "left.1").read_text()) >= ended

@@ -183,3 +183,18 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
     status = "ok" if proc.returncode == 0 and parsed["rows"] else "failed"
     return block | {"status": status, "returncode": proc.returncode, "source": source, **parsed,
                     "stderr_tail": proc.stderr[-2000:] if status != "ok" else ""}
+
+
+def run_external_alone(s: Settings, out_dir: Path, info, ranks_per_node: int) -> dict[str, Any] | None:
+    """Every rank calls this; rank 0 runs the binary (with our pattern's NCCL_TESTS_SPLIT)
+    while the others wait on the host (a Gloo barrier), not in a GPU-spinning NCCL kernel of
+    the next point: nothing of ours time-shares the GPUs with it. Rank 0 gets the block."""
+    from workloads.core import dist as fdist
+
+    fdist.host_barrier(s.external_timeout_s + 60)
+    block = None
+    if info.is_main:
+        block = run_external(s, out_dir, info.local_world_size, info.nodes,
+                             env=split_env(s.pattern, info.world_size, ranks_per_node))
+    fdist.host_barrier(s.external_timeout_s + 60)
+    return block

@@ -54,7 +54,7 @@ def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
 
 def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one sweep. Returns the record path on rank 0, None elsewhere."""
-    from workloads.collectives.nccltests import run_external, split_env, summary_line
+    from workloads.collectives.nccltests import run_external_alone, summary_line
     from workloads.collectives.p2p import run_p2p
     from workloads.fabric.verify import check_transport
 
@@ -107,15 +107,9 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
                 if test in s.p2p:
                     record["metrics"][f"p2p_peak_{test}(MB/s)"] = max(r.value for r in p2p if r.test == test)
             if s.external != "off" and (s.external == "on" or fabric.backend == "nccl"):
-                # Every rank waits on the host (Gloo), not in a spinning NCCL kernel, while
-                # rank 0's binary has the GPUs: nothing of ours overlaps it.
-                fdist.host_barrier(s.external_timeout_s + 60)
-                if info.is_main:
-                    record["external"] = run_external(s, run_dir / "external", info.local_world_size, info.nodes,
-                                                      env=split_env(s.pattern, info.world_size, rpn))
-                    if say and (line := summary_line(record["external"])):
-                        say(line)
-                fdist.host_barrier(s.external_timeout_s + 60)
+                record["external"] = run_external_alone(s, run_dir / "external", info, rpn)
+                if say and (line := summary_line(record["external"])):
+                    say(line)
             elif info.is_main and s.external != "off":
                 record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
             m = record["metrics"]

@@ -61,6 +61,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def device_index(local_rank: int, visible: int) -> int:
+    """The CUDA device of a local rank. Under per-task GPU binding (srun --gpus-per-task=1,
+    submitit) each process sees one GPU, numbered 0, whatever its local rank."""
+    return local_rank % max(1, visible)
+
+
 def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
     global _INFO, _FABRIC
     if _INFO is not None:
@@ -77,9 +83,7 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     if backend == "nccl":
-        # Under per-task GPU binding (srun --gpus-per-task=1, submitit) each process sees one
-        # GPU, numbered 0, whatever its local rank.
-        index = local_rank % max(1, torch.cuda.device_count())
+        index = device_index(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
     else:
