@@ -297,6 +297,7 @@ def _external_rank(rank: int, tmp: str, path_env: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_other_ranks_wait_on_the_host_while_rank0_runs_the_binary(tmp_path):
     """Two real Gloo processes: rank 1 must not leave before rank 0's stand-in binary (it
     needs a GPU, so a script sleeps 1.5 s and stamps its end) has finished."""
@@ -318,3 +319,68 @@ def test_other_ranks_wait_on_the_host_while_rank0_runs_the_binary(tmp_path):
     assert (tmp_path / "status").read_text() == "ok"
     ended = float((bindir / "ended").read_text())
     assert float((tmp_path / "left.1").read_text()) >= ended
+
+
+# ---- #1 multi-node serving: the workers of nodes > 0 run under the same fabric profile ----
+
+def test_worker_node_gets_the_fabric_profile_and_nccl_log(tmp_path):
+    """serve_node.sh as srun runs it on node 1 of a 2-node SGLang job. The engine needs a GPU,
+    so FB_ENGINE_PYTHON is a stand-in that writes the environment it was started with."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    fake = tmp_path / "engine-python"
+    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"json.dump({{'env': dict(os.environ), 'argv': sys.argv[1:]}}, open({str(tmp_path / 'seen.json')!r}, 'w'))\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SLURM_", "FB_", "FABRICBENCH_"))}
+    env.update(FB_ENGINE="sglang", FB_MODEL_PATH="/models/m", FB_TP="16", FB_DIST_ADDR="10.0.0.1:29500",
+               FB_SERVE_PORT="30000", SLURM_NODEID="1", SLURM_JOB_NUM_NODES="2", FB_NODE_ADDRS="10.0.0.1 10.0.0.2",
+               FB_PYTHON=sys.executable, FB_HOME=str(repo), FB_ENGINE_PYTHON=str(fake),
+               FABRICBENCH_RUN_ID="slurm-42")
+    r = subprocess.run(["bash", str(repo / "launch/slurm/serve_node.sh"), "fabric=roce",
+                        f"output_root={tmp_path / 'results'}"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    e = seen["env"]
+    assert (e["NCCL_IB_HCA"], e["NCCL_IB_GID_INDEX"], e["NCCL_IB_TC"]) == ("mlx5", "3", "106")
+    assert e["NCCL_DEBUG"] == "INFO" and "NET" in e["NCCL_DEBUG_SUBSYS"]
+    assert e["NCCL_DEBUG_FILE"] == str(tmp_path / "results" / "slurm-42" / "nccl" / "nccl.%h.%p.log")
+    assert seen["argv"][:2] == ["-m", "sglang.launch_server"] and "--node-rank" in seen["argv"]
+
+
+def test_profile_exec_usage_and_bad_fabric_fail_in_one_line():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "workloads.fabric.profile", "exec", "fabric=roce"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("usage:")
+    r = subprocess.run([sys.executable, "-m", "workloads.fabric.profile", "exec", "fabric=nope", "--", "true"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
+
+
+# ---- #5 the CPU affinity is recorded and a squeezed node warned about ----
+
+def test_cpu_affinity_in_the_fingerprint_and_the_warning():
+    import os
+
+    from workloads.core.records import fingerprint
+    from workloads.core.session import affinity_warning
+
+    assert fingerprint()["cpu_affinity"] == len(os.sched_getaffinity(0))
+    assert affinity_warning(1, 8).startswith("this process may run on 1 CPU(s)")
+    assert affinity_warning(16, 8) is None and affinity_warning(None, 8) is None
+
+
+def test_batch_files_give_each_task_its_cpus():
+    slurm = Path(__file__).resolve().parent.parent / "launch" / "slurm"
+    for name in ("train.sbatch", "collectives.sbatch", "inference.sbatch"):
+        assert "\n#SBATCH --exclusive\n" in (slurm / name).read_text(), name
+    lib = (slurm / "lib.sh").read_text()
+    assert "--whole --cpu-bind=none" in lib and "$FB_MODEL_PATH:$FB_MODEL_PATH" in lib
