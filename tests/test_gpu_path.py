@@ -384,3 +384,104 @@ def test_batch_files_give_each_task_its_cpus():
         assert "\n#SBATCH --exclusive\n" in (slurm / name).read_text(), name
     lib = (slurm / "lib.sh").read_text()
     assert "--whole --cpu-bind=none" in lib and "$FB_MODEL_PATH:$FB_MODEL_PATH" in lib
+
+
+# ---- #17 the engine's own torch/NCCL in a serving record; the peak table ----
+
+def test_engine_versions_come_from_the_engines_interpreter(tmp_path):
+    import sys
+
+    from workloads.inference.engine_info import engine_versions, interpreter_of
+
+    ours = engine_versions([sys.executable, "-m", "torch.distributed.run"])  # the reference engine
+    assert ours["python"] == sys.executable and ours["torch"] == torch.__version__
+    # a console script (`vllm`) runs on the interpreter of its shebang
+    cli = tmp_path / "vllm"
+    cli.write_text(f"#!{sys.executable}\nprint('serve')\n")
+    cli.chmod(0o755)
+    assert interpreter_of(str(cli)) == sys.executable
+    assert engine_versions([str(cli), "serve", "m"])["torch"] == torch.__version__
+    assert engine_versions(None) is None  # an external server: nothing started, nothing to ask
+    assert "cannot tell" in engine_versions([str(tmp_path / "missing")])["error"]
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0), ("AMD Instinct MI325X", 1300.0),
+    ("AMD Instinct MI355X", 2516.6), ("NVIDIA H100 80GB HBM3", 989.0), ("AMD Instinct MI300X", 1300.0),
+    ("NVIDIA H100 PCIe", None)])
+def test_peak_table_covers_blackwell_and_cdna(name, peak):
+    from workloads.training.metrics import peak_tflops_for
+
+    assert peak_tflops_for(name) == peak
+
+
+# ---- #8 which dtype the gradient collectives moved ----
+
+def _grad_bytes_rank(rank: int, tmp: str, engine: str, port: int) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+    import yaml as _yaml
+
+    from workloads.models.neox import GPTNeoX, NeoXConfig
+    from workloads.training.commtimer import CommTimer
+    from workloads.training.engines import TrainSettings, build_engine
+
+    # DeepSpeed reads the launcher's variables, as torchrun sets them
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    torch.manual_seed(0)
+    model = GPTNeoX(NeoXConfig.from_dict(_yaml.safe_load((conf / "model" / "neox-tiny.yaml").read_text())))
+    timer = CommTimer(torch.device("cpu"))
+    eng = build_engine(_yaml.safe_load((conf / "parallel" / f"{engine}.yaml").read_text()), model,
+                       TrainSettings(2, 1, 1e-3, 0.0, 1.0, "bf16", False), torch.device("cpu"))
+    x = torch.randint(0, 1000, (2, 16))
+    with timer.active():
+        timer.begin_step()
+        eng.step([(x, x)])
+        timer.end_step()
+    if rank == 0:
+        Path(tmp, f"{engine}.json").write_text(json.dumps(timer.step_bytes))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_bf16_ddp_moves_fp32_gradients_and_zero_moves_bf16(tmp_path):
+    """Two real Gloo ranks per engine, precision bf16: DDP all-reduces fp32 buckets (autocast
+    keeps fp32 parameters), DeepSpeed ZeRO-1 reduces bf16 (it casts the model): half the bytes."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from workloads.training.commtimer import comm_dtypes
+
+    seen = {}
+    for engine in ("ddp", "zero1"):
+        mp.spawn(_grad_bytes_rank, args=(str(tmp_path), engine, _free_port()), nprocs=2)
+        seen[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
+    assert comm_dtypes([seen["ddp"]], 0)["dtype"] == "float32"
+    assert comm_dtypes([seen["zero1"]], 0)["dtype"] == "bfloat16"
+    assert seen["ddp"]["float32"] == 2 * seen["zero1"]["bfloat16"]
+
+
+def test_comm_dtypes_worked_values():
+    from workloads.training.commtimer import comm_dtypes, payload
+
+    steps = [{"float32": 100}, {"float32": 800, "uint8": 1}, {"float32": 1000, "int64": 8}]
+    assert comm_dtypes(steps, 1) == {"bytes_per_step_by_dtype": {"float32": 900.0, "int64": 4.0, "uint8": 0.5},
+                                     "dtype": "float32"}
+    assert comm_dtypes([], 0) == {"bytes_per_step_by_dtype": {}, "dtype": None}
+    a, b = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(8)
+    assert payload("all_reduce", (a,), {}) is a and payload("reduce_scatter_tensor", (b, a), {}) is a
+    assert payload("all_gather_into_tensor", (), {"output_tensor": b, "input": a}) is a

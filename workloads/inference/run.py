@@ -193,7 +193,10 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     try:
         from workloads.core.records import fingerprint
 
-        fp = fingerprint()
+        from workloads.inference.engine_info import engine_versions
+
+        # the engine's own torch/NCCL (its image's interpreter), beside this process's
+        fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
         started = time.time()  # logs older than this are an earlier server's (a resumed run id)
         with ManagedServer(spec, launch, run_dir, env) as srv:
             transport = server_transport(fabric, run_dir, reported, ranks=spec.tp, since=started)

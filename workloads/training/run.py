@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import session
-from workloads.training.commtimer import CommTimer
+from workloads.training.commtimer import CommTimer, comm_dtypes
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.training.engines import PRECISIONS, TrainSettings, build_engine
 from workloads.core.errors import UsageError
@@ -230,7 +230,7 @@ def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: Fab
                                 hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
                                 checkpoint_activations=bool(t.activation_checkpointing))
     nic = NicSampler()
-    step_times, comm_times, losses = [], [], []
+    step_times, comm_times, losses, comm_bytes = [], [], [], []
     with timer.active():
         for step in range(int(t.steps)):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
@@ -243,6 +243,7 @@ def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: Fab
             fdist.synchronize(info.device)
             step_times.append(time.perf_counter() - t0)
             comm_times.append(timer.end_step())
+            comm_bytes.append(dict(timer.step_bytes))
             if step >= warmup:
                 nic.end_step()
             if step == 0:  # after the first collectives, before anything is timed for the summary
@@ -262,5 +263,6 @@ def _measure(cfg: DictConfig, mcfg: NeoXConfig, layout: BatchLayout, fabric: Fab
     )
     record["nic"] = nic.summary(rails_for(fabric, os.environ, record["fabric"].get("transport")))
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
+    record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
     record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
                          "warmup_steps": warmup}
