@@ -485,3 +485,15 @@ def test_comm_dtypes_worked_values():
     a, b = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(8)
     assert payload("all_reduce", (a,), {}) is a and payload("reduce_scatter_tensor", (b, a), {}) is a
     assert payload("all_gather_into_tensor", (), {"output_tensor": b, "input": a}) is a
+
+
+# ---- #12 containers: the locked-memory limit NCCL's IB transport needs ----
+
+def test_memlock_warning():
+    import resource
+
+    from workloads.fabric.preflight import memlock_warning
+
+    assert "ulimit -l unlimited" in memlock_warning(64 * 1024, True)
+    assert memlock_warning(64 * 1024, False) is None  # Socket / PCIe fabrics pin nothing
+    assert memlock_warning(resource.RLIM_INFINITY, True) is None and memlock_warning(2 << 30, True) is None
