@@ -386,6 +386,19 @@ def test_batch_files_give_each_task_its_cpus():
     assert "--whole --cpu-bind=none" in lib and "$FB_MODEL_PATH:$FB_MODEL_PATH" in lib
 
 
+def test_multi_node_serving_job_ends_after_the_sweep():
+    """#11: node 0's sweep exits 0 and --kill-on-bad-exit never fires; srun --wait ends the
+    engine workers of the other nodes (shown with bash -x: srun is not run)."""
+    import subprocess
+
+    slurm = Path(__file__).resolve().parent.parent / "launch" / "slurm"
+    assert 'FB_SRUN_WAIT="${FB_SRUN_WAIT:-60}"' in (slurm / "inference.sbatch").read_text()
+    script = (f'srun() {{ printf "%s\\n" "$@"; }}; source {slurm / "lib.sh"}; SLURM_JOB_NUM_NODES=2 '
+              'FB_HOME=/x FB_SRUN_WAIT=60 fb_srun_per_node true')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30).stdout.split()
+    assert "--wait=60" in out and "--kill-on-bad-exit=1" in out and "--whole" in out
+
+
 # ---- #17 the engine's own torch/NCCL in a serving record; the peak table ----
 
 def test_engine_versions_come_from_the_engines_interpreter(tmp_path):

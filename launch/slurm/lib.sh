@@ -56,6 +56,9 @@ fb_node_addrs() {
 fb_srun_per_node() {
   local srun_args=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1
                    --whole --cpu-bind=none)
+  # FB_SRUN_WAIT: seconds srun waits after the first task ends before ending the others
+  # (inference.sbatch: node 0's sweep exits 0 while the engine workers would serve forever)
+  [ -n "${FB_SRUN_WAIT:-}" ] && srun_args+=(--wait="$FB_SRUN_WAIT")
   if [ -n "${FB_CONTAINER_IMAGE:-}" ]; then
     local mounts="$FB_HOME:$FB_HOME"
     # the serving batch file's model directory lives outside FB_HOME (e.g. /models/...)
