@@ -84,7 +84,9 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
             record["collectives"]["groups"] = groups
             comm = make_comm(groups, info.rank)
             harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
-            # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
+            # Transport verification (workloads/fabric/verify.py): after real collectives of a small and a
+            # large size on the measured communicator (NCCL >= 2.22 connects channels at first use).
+            fdist.warmup_collectives(info.device, comm.group)
             harness.barrier()
             record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
             rows = []
