@@ -3,7 +3,7 @@
 UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: train test sync bench
+.PHONY: train test sync bench gpu-check
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -20,3 +20,8 @@ test: sync
 
 bench: sync
 	$(UV) run --frozen python benchmarks/train_overhead.py
+
+# The GPU acceptance check (README "GPU status"): NCCL training, collectives, the reference
+# engine and transport verdicts on this machine's 1-8 GPUs, one table, non-zero on a mismatch.
+gpu-check: sync
+	$(UV) run --frozen python launch/gpu_check.py $(ARGS)

@@ -91,7 +91,6 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
              say) -> list[Row]:
     """Verify the transport, then run every op, the p2p tests and (rank 0) the external
     nccl-tests binary; fill the record's rows and metrics."""
-    from workloads.collectives.nccltests import run_external, summary_line
     from workloads.collectives.p2p import run_p2p
     from workloads.fabric import linerate, nic
     from workloads.fabric.verify import check_transport
@@ -100,7 +99,9 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     record["collectives"]["groups"] = groups
     comm = make_comm(groups, info.rank)
     harness = Harness(s, comm, info.device, fabric.backend, info.rank, say, groups=groups, ranks_per_node=rpn)
-    # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
+    # Transport verification (workloads/fabric/verify.py): after real collectives of a small and a
+    # large size on the measured communicator (NCCL >= 2.22 connects channels at first use).
+    fdist.warmup_collectives(info.device, comm.group)
     harness.barrier()
     record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
     rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
@@ -129,14 +130,21 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     if say and len(s.ops) > 1 and rows:
         say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
             f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
-    if info.is_main and s.external != "off":
-        if s.external == "on" or (fabric.backend == "nccl"):
-            record["external"] = run_external(s, run_dir / "external", info.local_world_size, info.nodes)
-            if say and (line := summary_line(record["external"])):
-                say(line)
-        else:
-            record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
+    _external(s, fabric, info, run_dir, record, rpn, say)
     return rows
+
+
+def _external(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: Path, record: dict, rpn: int,
+              say) -> None:
+    """nccl-tests' own binary on the same sweep, with every other rank idle meanwhile."""
+    from workloads.collectives.nccltests import run_external_alone, summary_line
+
+    if s.external != "off" and (s.external == "on" or fabric.backend == "nccl"):
+        record["external"] = run_external_alone(s, run_dir / "external", info, rpn)
+        if say and (line := summary_line(record["external"])):
+            say(line)
+    elif info.is_main and s.external != "off":
+        record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
 
 
 def _line_rate(node_rate: dict, record: dict, info: fdist.DistInfo, say) -> float | None:

@@ -135,6 +135,13 @@ def _version(mod: str) -> str | None:
         return None
 
 
+def cpu_affinity() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None  # not Linux
+
+
 @lru_cache(maxsize=1)
 def fingerprint() -> dict[str, Any]:
     """Hardware and software this process runs on. Cached: it does not change mid-run."""
@@ -154,6 +161,7 @@ def fingerprint() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": cpu_affinity(),  # CPUs this process may run on (a Slurm task may get one)
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),

@@ -17,7 +17,7 @@ from workloads.core import dist as fdist
 from workloads.core import rundir, schema
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
-from workloads.core.records import check_writable, duplicate_message, new_record, same_trial, write_record
+from workloads.core.records import check_writable, cpu_affinity, duplicate_message, new_record, same_trial, write_record
 from workloads.fabric.preflight import preflight
 
 
@@ -43,11 +43,24 @@ def start(cfg: DictConfig, fabric: FabricProfile) -> tuple[fdist.DistInfo, Path,
     run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     applied_env = fabric.apply(run_dir)
     info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
+    if info.local_rank == 0 and (why := affinity_warning(cpu_affinity(), info.local_world_size)):
+        print(f"warning: {why}", flush=True)
     agreed, disagreeing = fdist.agree(str(run_dir), info)
     if disagreeing and info.is_main:
         print(f"warning: ranks {disagreeing} derived another run directory; records go to {agreed}. "
               "Pass run_id= (or torchrun --rdzv_id) so every node agrees.", flush=True)
     return info, Path(agreed), applied_env
+
+
+def affinity_warning(cpus: int | None, local_ranks: int) -> str | None:
+    """Ranks (and their NCCL proxy threads, which drive the network) squeezed onto fewer CPUs
+    than there are ranks measure the CPU, not the fabric: a Slurm task without
+    --cpus-per-task/--exclusive gets one core on sites that bind or constrain cores."""
+    if cpus is None or cpus >= local_ranks:
+        return None
+    return (f"this process may run on {cpus} CPU(s) (os.sched_getaffinity) but {local_ranks} ranks share "
+            "this node: give the task its CPUs (sbatch --exclusive or --cpus-per-task, srun --cpu-bind=none; "
+            "launch/slurm/*.sbatch do) or the figures measure CPU contention")
 
 
 def base_record(workload: str, cfg: DictConfig, fabric: FabricProfile, applied_env: dict[str, str],

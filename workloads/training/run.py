@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import session
-from workloads.training.commtimer import CommTimer
+from workloads.training.commtimer import CommTimer, comm_dtypes
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.models.neox import PRECISIONS
 from workloads.training.engines import TrainSettings, build_engine
@@ -257,7 +257,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                                 hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
                                 checkpoint_activations=settings.activation_checkpointing)
     nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
-    step_times, comm_times, losses = [], [], []
+    step_times, comm_times, losses, comm_bytes = [], [], [], []
     with timer.active():
         for step in range(plan.steps):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
@@ -270,6 +270,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
             fdist.synchronize(info.device)
             step_times.append(time.perf_counter() - t0)
             comm_times.append(timer.end_step())
+            comm_bytes.append(dict(timer.step_bytes))
             if step >= warmup:
                 nic.end_step()
             if step == 0:  # after the first collectives, before anything is timed for the summary
@@ -291,6 +292,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
     window = sum(timed_comm) if timed_comm and all(c is not None for c in timed_comm) else None
     record["nic"] = gather_summaries(nic, rails, node_line_rate(rails, plan.fabric.emulate)["rails"], info, window)
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
+    record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
     record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
                          "warmup_steps": warmup}
 
