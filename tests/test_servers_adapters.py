@@ -256,18 +256,29 @@ def test_a_taken_port_is_refused_and_named(tmp_path):
 
 
 def test_a_server_outside_our_child_is_not_measured(tmp_path):
-    """The port is free when we check, then something else (here: a process our child puts in
-    a session of its own, as a stray server would be) answers: refused after readiness."""
+    """The port is free when we check, then another process (started here, beside ours, as a
+    second user's server would be) answers first: refused after readiness, not measured."""
+    import threading
+
     port = _free_port()
-    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=20, stop_timeout_s=1)
-    stray = [sys.executable, "-m", "workloads.testing.scripted_server", "--port", str(port)]
-    argv = ["sh", "-c", f"setsid {' '.join(stray)} & echo $! > {tmp_path}/stray; sleep 600"]
+    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=60, stop_timeout_s=1)
+    stray = []
+
+    def start_stray():
+        while not (tmp_path / "server" / "standin.log").exists():
+            time.sleep(0.02)
+        stray.append(subprocess.Popen([sys.executable, "-m", "workloads.testing.scripted_server", "--port", str(port)],
+                                      stdout=subprocess.DEVNULL))
+
+    t = threading.Thread(target=start_stray)
+    t.start()
     try:
         with pytest.raises(UsageError, match=rf"answered by another process \(pid \d+: .*scripted_server"):
-            with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
+            with ManagedServer(spec, Launch(["sleep", "600"], {}, "m"), tmp_path, dict(os.environ)):
                 pass
     finally:
-        os.kill(int((tmp_path / "stray").read_text()), signal.SIGKILL)
+        t.join()
+        stray[0].kill()
 
 
 def test_the_reference_engine_must_echo_this_runs_token(tmp_path):

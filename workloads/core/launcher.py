@@ -9,18 +9,92 @@ message, before any rank starts), then starts `launcher.nproc_per_node` local ra
 torchrun's own machinery and reports a failed rank in one line instead of torchrun's
 traceback. A sweep sent to Slurm by `hydra/launcher=submitit_slurm` is not self-launched:
 this process only submits, and each job's Slurm tasks are the ranks.
+
+Signals: SIGTERM is handled as Ctrl-C is (the interrupted point's record is written as
+failed), with exit 143 instead of 130. Self-launched ranks die with the launcher, even a
+SIGKILLed one (PR_SET_PDEATHSIG), and a point whose writing rank died without writing its
+record (rank 0 SIGKILLed, OOM-killed) still gets a failed record: the writer leaves an
+in-flight copy that the launcher turns into one (`recover_inflight`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
 from workloads import CONF_DIR
 from workloads.core.errors import UsageError
+
+
+LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
+INFLIGHT_ENV = "FABRICBENCH_INFLIGHT_DIR"   # where the writing rank keeps its in-flight record
+# After SIGTERM a rank has this long to write its record; a rank blocked in a collective whose
+# peers are gone must still exit.
+TERM_GRACE_S = 20.0
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled wherever Ctrl-C is (records say "interrupted"), exit 143."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _on_sigterm(signum, frame):
+    timer = threading.Timer(TERM_GRACE_S, os._exit, (128 + signum,))
+    timer.daemon = True
+    timer.start()
+    raise Terminated(f"received signal {signum}")
+
+
+def die_with_launcher() -> None:
+    """In a rank that self_launch started: SIGTERM when the launcher dies, SIGKILL included.
+    PR_SET_PDEATHSIG fires when the thread that forked us ends; torch's agent forks ranks from
+    the launcher's main thread, whose end is the process's end, so this is the process's death."""
+    parent = os.environ.get(LAUNCHER_ENV)
+    if not parent or not launched():
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def write_inflight(record: dict, directory: Path, stem: str) -> Path | None:
+    """The writing rank's copy of a record being measured, for the launcher to finish if the
+    rank dies before it writes the real one (None outside a self-launch)."""
+    where = os.environ.get(INFLIGHT_ENV)
+    if not where:
+        return None
+    path = Path(where) / f"{os.getpid()}-{stem}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"directory": str(Path(directory).resolve()), "stem": stem, "record": record},
+                              default=str))
+    tmp.replace(path)
+    return path
+
+
+def recover_inflight(where: str, why: str) -> list[Path]:
+    """Every in-flight record a dead rank left becomes a failed record, named by `why`."""
+    from workloads.core.records import write_record
+
+    written = []
+    for p in sorted(Path(where).glob("*.json")):
+        try:
+            left = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        rec = left["record"] | {"status": "failed", "error": why}
+        written.append(write_record(left["directory"], rec, left["stem"]))
+    return written
 
 
 # workload name -> module whose validate(cfg, world) checks a config before any rank starts
@@ -101,18 +175,51 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 
+    return _run_ranks(script, argv, nproc)
+
+
+def _quiet_torchelastic() -> None:
+    import logging
+
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    _quiet_torchelastic()
+    inflight = tempfile.mkdtemp(prefix="fabricbench-inflight-")
+    os.environ[LAUNCHER_ENV], os.environ[INFLIGHT_ENV] = str(os.getpid()), inflight
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+    code, why = 0, "the run ended without writing this record"
     try:
         run(args)
     except ChildFailedError as e:
         first = min(e.failures.values(), key=lambda f: f.timestamp)
-        print(f"error: rank {first.local_rank} exited with code {first.exitcode}; "
-              "its message is above", file=sys.stderr)
-        return first.exitcode if first.exitcode > 0 else 1
-    return 0
+        how = _exit_words(first.exitcode)
+        why = f"rank {first.local_rank} {how} during this point"
+        print(f"error: rank {first.local_rank} {how}; its message is above", file=sys.stderr)
+        code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+    except (SignalException, KeyboardInterrupt) as e:
+        sig = getattr(e, "sigval", signal.SIGINT)
+        why = f"interrupted ({signal.Signals(sig).name})"
+        print(f"interrupted ({signal.Signals(sig).name}): measured points are kept", file=sys.stderr)
+        code = 128 + int(sig)
+    finally:
+        for path in recover_inflight(inflight, why):
+            print(f"the interrupted point's record (failed): {path}", file=sys.stderr)
+        shutil.rmtree(inflight, ignore_errors=True)
+    return code
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name} (exit code {code})"
+    return f"exited with code {code}"
 
 
 def hydra_entry(
@@ -140,6 +247,9 @@ def hydra_entry(
     if os.environ.get("RANK", "0") != "0":
         sys.argv.append("hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
 
+    # Under self-launch the launcher speaks for the ranks when interrupted; under torchrun, rank 0.
+    speaks = LAUNCHER_ENV not in os.environ and os.environ.get("RANK", "0") == "0"
+
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> None:
         try:
@@ -148,14 +258,18 @@ def hydra_entry(
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            print("interrupted: measured points are kept", file=sys.stderr, flush=True)
-            sys.exit(130)
         if code:
             sys.exit(code)
 
-    if distributed and not launched():
-        code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
-        if code is not None:
-            sys.exit(code)
-    main()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    die_with_launcher()
+    try:
+        if distributed and not launched():
+            code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
+            if code is not None:
+                sys.exit(code)
+        main()
+    except KeyboardInterrupt as e:
+        if speaks:
+            print("interrupted: measured points are kept", file=sys.stderr, flush=True)
+        sys.exit(getattr(e, "exit_code", 130))

@@ -60,8 +60,13 @@ class Recorded:
     def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool):
         self.record, self.directory, self.stem, self.write = record, directory, stem, write
         self.path: Path | None = None
+        self.inflight: Path | None = None
 
     def __enter__(self) -> dict[str, Any]:
+        if self.write:
+            from workloads.core.launcher import write_inflight
+
+            self.inflight = write_inflight(self.record, self.directory, self.stem)
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -78,4 +83,6 @@ class Recorded:
             rec["traceback"] = "".join(traceback.format_exception(etype, exc, tb))
         if self.write:
             self.path = write_record(self.directory, rec, self.stem)
+            if self.inflight is not None:
+                self.inflight.unlink(missing_ok=True)
         return False

@@ -9,7 +9,7 @@ Its stdout and stderr go to <run_dir>/server/<adapter>.log, kept for the transpo
 
 The server measured must be the one started: a port that something else already listens on
 is refused before starting (naming the process when /proc tells), and after readiness the
-listening socket must belong to a process of our child's session; the reference engine
+listening socket must belong to our child or one of its descendants; the reference engine
 also echoes a per-run token in /v1/models. A watchdog (watchdog.py) between us and the
 engine takes the group down if this process dies without stopping it.
 """
@@ -34,6 +34,7 @@ from workloads.core.errors import UsageError
 from workloads import REPO_ROOT
 from workloads.fabric.verify import _hex_addr
 from workloads.inference.adapters.base import IDENTITY_ENV, Launch, ServerSpec
+from workloads.inference.adapters.watchdog import family, signal_all
 
 
 def log_tail(path: Path | None, lines: int = 40) -> str:
@@ -103,7 +104,7 @@ class ManagedServer:
         """The answer must come from our child: its session listens on the port, and the
         reference engine knows this run's token. Anything else is refused, not measured."""
         owners = listeners(self.spec.port)
-        ours = [pid for pid in owners if _session(pid) == self.proc.pid]
+        ours = set(owners) & family(self.proc.pid)
         if owners and not ours:
             raise UsageError(f"server.port={self.spec.port} is answered by another process ({describe(owners)}), "
                              f"not by the server={self.spec.adapter} started here; stop it or choose another server.port")
@@ -119,6 +120,17 @@ class ManagedServer:
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def died(self, within_s: float = 0.0) -> bool:
+        """Whether the server we started has exited (waiting up to within_s: failed requests
+        may be the first sign of a death the watchdog has not yet reported)."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def wait_ready(self) -> None:
         url = self.base_url + self.spec.health_path
@@ -137,7 +149,8 @@ class ManagedServer:
             time.sleep(0.25)
 
     def stop(self) -> None:
-        """TERM the whole process group, then KILL it after stop_timeout_s. Idempotent."""
+        """TERM the whole process group, then KILL it (and any descendant outside it) after
+        stop_timeout_s. Idempotent."""
         p = self.proc
         if p is None:
             return
@@ -145,6 +158,8 @@ class ManagedServer:
             pgid = os.getpgid(p.pid)
         except ProcessLookupError:
             pgid = p.pid  # the leader is gone (maybe reaped); its group may still hold children
+        # torchrun's ranks live in sessions of their own: signal them by name, not only by group
+        others = family(p.pid) - {p.pid}
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.stop_timeout_s
         while time.monotonic() < deadline and (p.poll() is None or _group_alive(pgid)):
@@ -158,6 +173,7 @@ class ManagedServer:
             end = time.monotonic() + 5
             while _group_alive(pgid) and time.monotonic() < end:
                 time.sleep(0.05)
+        signal_all([x for x in others if _living(x)], signal.SIGKILL)
         self.proc = None if p.poll() is not None else p
 
 
@@ -223,11 +239,11 @@ def describe(pids: list[int]) -> str:
     return "; ".join(out) or "a process this user cannot see"
 
 
-def _session(pid: int) -> int | None:
+def _living(pid: int) -> bool:
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
-    except (OSError, IndexError, ValueError):
-        return None
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def refuse_taken_port(spec: ServerSpec) -> None:
