@@ -4,6 +4,11 @@
 server (config, dataset, tokenizer, TP vs heads) is checked first; points that already
 have an ok record in <run dir>/records are skipped (resume with the same run_id=); the
 server is started once for the remaining points and always stopped.
+
+A point is `ok` only when it ran as asked: more failed requests than
+`load.max_failed_fraction` (default 0: any) make it `partial` (some completed) or
+`failed`, with the counts in its error; a server that died during it makes it `failed`
+with the server's exit code. Only `ok` points count as done on resume.
 """
 
 from __future__ import annotations
@@ -100,6 +105,10 @@ def validate(cfg: DictConfig, overrides: list[str]):
             not a.open_loop or math.isinf(a.rate) for a in points) and str(load.arrival) == "burst":
         raise UsageError("load.arrival=burst sends a fixed batch: use load.num_requests, not load.duration_s")
     slo = parse_slo(load.get("slo"))
+    frac = load.get("max_failed_fraction", 0.0)
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 <= frac <= 1:
+        raise UsageError(f"load.max_failed_fraction={frac!r} must be a number in [0, 1] (0: any failed request "
+                         "makes the point partial)")
     if float(load.request_timeout_s) <= 0:
         raise UsageError(f"load.request_timeout_s={load.request_timeout_s} must be positive")
     tokenizer = load_tokenizer(load.get("tokenizer"))
@@ -129,7 +138,7 @@ def validate(cfg: DictConfig, overrides: list[str]):
 
 
 # Config keys a resumed sweep may change without invalidating the points already measured.
-_RESUMABLE = ("load.points", "trial", "logger", "run_id", "output_root")
+_RESUMABLE = ("load.points", "load.max_failed_fraction", "trial", "logger", "run_id", "output_root")
 
 
 def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
@@ -208,8 +217,8 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
                                        records, cfg)
                 plan.release(k)
                 if not srv.alive():
-                    raise UsageError(f"server={spec.adapter} exited during point {a.label()}; the end of its log "
-                                     f"({srv.log_path}):\n{log_tail(srv.log_path)}")
+                    raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
+                                     f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
     except _Terminated as e:
         raise UsageError(f"stopped ({e}); the server was shut down and finished points are kept in {records}") from None
     finally:
@@ -257,9 +266,9 @@ def _run_one(a: Arrival, srv, backend, model_name, prompts, slo, load, base, fp,
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
-        rec["status"] = "ok" if m["completed"] > 0 else "failed"
-        if m["completed"] == 0:
-            rec["error"] = f"no request completed; errors: {m['errors'][:3]}"
+        rec["status"], rec["error"] = point_status(m, float(load.get("max_failed_fraction", 0.0)))
+        if srv.died(within_s=2.0 if m["failed"] else 0.0):
+            rec["status"], rec["error"] = "failed", _server_death(srv, a)
     except KeyboardInterrupt:
         rec["status"], rec["error"] = "failed", "interrupted"
         raise
@@ -277,10 +286,26 @@ def _run_one(a: Arrival, srv, backend, model_name, prompts, slo, load, base, fp,
     return rec["status"] == "ok"
 
 
+def point_status(m: dict[str, Any], max_failed_fraction: float) -> tuple[str, str | None]:
+    """ok only when the point ran as asked; `failed` when nothing completed, else `partial`."""
+    done, bad = m["completed"], m["failed"]
+    errors = f"; errors: {m['errors'][:3]}" if m.get("errors") else ""
+    if done == 0:
+        return "failed", f"no request completed ({bad} failed){errors}"
+    if bad > max_failed_fraction * (done + bad):
+        return "partial", (f"{bad} of {done + bad} requests failed, more than load.max_failed_fraction="
+                           f"{max_failed_fraction:g} allows{errors}")
+    return "ok", None
+
+
+def _server_death(srv, a: Arrival) -> str:
+    return f"server={srv.spec.adapter} exited with code {srv.exit_code()} during point {a.label()}"
+
+
 def _print_point(rec: dict[str, Any], path: Path) -> None:
     m = rec["metrics"]
     if rec["status"] != "ok":
-        print(f"point {rec['point']}: FAILED ({rec['error']}); record: {path}", flush=True)
+        print(f"point {rec['point']}: {rec['status'].upper()} ({rec['error']}); record: {path}", flush=True)
         return
 
     def f(k, spec=".1f"):

@@ -63,7 +63,8 @@ def signal_all(pids, sig: int) -> None:
 
 def _mirror(code: int) -> None:
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught anyway
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)
     sys.exit(code if code >= 0 else 128 - code)
