@@ -167,3 +167,19 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_unreachable_wandb_costs_one_timeout_per_run(tmp_path):
+    """W&B online with a key but nothing listening at its address: the first point's W&B
+    start fails once (one warning), the later points do not try again; records are all ok."""
+    port = _free_port()  # closed: nothing listens there
+    with Running(ttft_ms=2, itl_ms=1) as url:
+        r = _infer("server=external", f"server.url={url}", f"output_root={tmp_path}/res", "run_id=w1", *SMALL,
+                   "load.points=[1,2,3]", "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5",
+                   WANDB_BASE_URL=f"http://127.0.0.1:{port}", WANDB_API_KEY="x" * 40,
+                   WANDB_DIR=str(tmp_path / "wandb"))
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: W&B")]
+    assert len(warnings) == 1, r.stderr
+    assert [x["status"] for x in _records(tmp_path / "res")] == ["ok"] * 3
+    assert "x" * 40 not in r.stdout + r.stderr

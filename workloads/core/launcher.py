@@ -178,6 +178,18 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
     return _run_ranks(script, argv, nproc)
 
 
+def _check_path_overrides(argv: list[str]) -> None:
+    """Hydra resolves the run folder before any workload code runs, and would wrap this
+    error in its own traceback: check run_id= here (each value of a sweep)."""
+    from workloads.core.rundir import check_run_id
+
+    for a in argv:
+        key, _, value = a.lstrip("+~").partition("=")
+        if key == "run_id" and value:
+            for v in value.split(","):
+                check_run_id(v.strip())
+
+
 def _quiet_torchelastic() -> None:
     import logging
 
@@ -242,6 +254,11 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
+    try:
+        _check_path_overrides(sys.argv[1:])
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
         sys.argv.insert(1, f"workload={workload}")
     if os.environ.get("RANK", "0") != "0":
