@@ -8,9 +8,11 @@ is checked first, and one record per run is written by rank 0 even when the run 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,8 +39,41 @@ def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
                          "(or rccl-tests) or set collectives.external=auto")
     fabric.check_backend_usable()
     preflight(fabric)
+    if fabric.backend == "gloo":  # host memory, shared by this node's ranks; GPUs are checked in the rank
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        check_fits(s, world, _mem_available() // max(1, ranks_here), f"host memory (shared by {ranks_here} ranks)")
     check_writable(cfg.output_root)
     return s, fabric
+
+
+def peak_bytes(s: Settings, world: int) -> tuple[int, str, int]:
+    """(bytes one rank holds at once, op, size) for the sweep's largest buffers: send, receive
+    and, when checking, the expected values."""
+    type_size = ops.DTYPES[s.datatype].itemsize
+    best = (0, "", 0)
+    for name in s.ops:
+        lay = ops.get(name).layout(max(s.sizes), type_size, world)
+        need = (lay.send_numel + lay.recv_numel * (2 if s.check else 1)) * type_size
+        best = max(best, (need, name, max(s.sizes)))
+    return best
+
+
+def check_fits(s: Settings, world: int, free: int | None, where: str) -> None:
+    """A size that cannot be allocated is found before any timing, in one line."""
+    need, op, size = peak_bytes(s, world)
+    if free is not None and need > free:
+        raise UsageError(f"collectives.maxbytes={size} B ({size / 2**30:g} GiB): {op} needs {need / 2**30:.2f} GiB of buffers per rank but "
+                         f"{free / 2**30:.2f} GiB of {where} are free; lower collectives.maxbytes")
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
@@ -83,6 +118,8 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
             groups = pattern_groups(s.pattern, info.world_size, rpn)
             record["collectives"]["groups"] = groups
             comm = make_comm(groups, info.rank)
+            if info.device.type == "cuda":
+                check_fits(s, info.world_size, torch.cuda.mem_get_info(info.device)[0], f"{info.device} memory")
             harness = Harness(s, comm, info.device, fabric.backend, info.rank, say)
             # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
             harness.barrier()

@@ -143,6 +143,16 @@ def config_errors():
         raise UsageError(f"config: {str(e).splitlines()[0]}") from None
 
 
+def validate_job(cfg, world: int) -> None:
+    """The workload's own checks of one job's config, for `world` ranks (UsageError)."""
+    import importlib
+
+    validator = VALIDATORS.get(str(cfg.workload.name))
+    if validator is not None:
+        with config_errors():
+            importlib.import_module(validator).validate(cfg, world)
+
+
 def launched() -> bool:
     """True inside a rank that torchrun or Slurm started."""
     return "LOCAL_RANK" in os.environ or "SLURM_PROCID" in os.environ
@@ -165,12 +175,7 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             nproc = int(cfg.launcher.nproc_per_node)
             if nproc <= 0:
                 raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
-            validator = VALIDATORS.get(str(cfg.workload.name))
-            if validator is not None:
-                import importlib
-
-                with config_errors():
-                    importlib.import_module(validator).validate(cfg, nproc)
+            validate_job(cfg, nproc)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
