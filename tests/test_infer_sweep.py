@@ -107,7 +107,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
 def test_reference_engine_tp2_sweep(tmp_path):
     out = tmp_path / "res"
     r = _infer("server=reference", "server.tp=2", "fabric=loopback", "load.points=[1,2]", f"output_root={out}",
-               "run_id=ref", "server.port=18931", *SMALL, timeout=400)
+               "run_id=ref", f"server.port={_free_port()}", *SMALL, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
     assert sorted(x["point"] for x in recs) == ["c1", "c2"]

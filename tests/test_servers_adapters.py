@@ -289,3 +289,14 @@ def test_the_reference_engine_must_echo_this_runs_token(tmp_path):
     with pytest.raises(UsageError, match="lacks this run's token"):
         with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
             pass
+
+
+def test_server_log_first_line_hides_secrets(tmp_path):
+    port = _free_port()
+    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=1, stop_timeout_s=1)
+    argv = [sys.executable, "-c", "pass", "+fabric.env.HF_TOKEN=hf_secret123"]
+    with pytest.raises(UsageError):
+        with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
+            pass
+    first = (tmp_path / "server" / "standin.log").read_text().splitlines()[0]
+    assert "hf_secret123" not in first and "+fabric.env.HF_TOKEN=<redacted>" in first

@@ -114,7 +114,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
-        raise UsageError(str(e).strip()) from None
+        raise _override_error(overrides, e) from None
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [list(job) for batch in batches for job in batch]
 
@@ -129,7 +129,28 @@ def compose(conf_dir: str, overrides: list[str], config_name: str = "config", hy
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             return hcompose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
-        raise UsageError(str(e).strip()) from None
+        raise _override_error(overrides, e) from None
+
+
+def _override_error(overrides: list[str], e: Exception) -> UsageError:
+    """Hydra's message, on one line, naming the override it could not parse when there is one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if "Available options in" in text:  # Hydra lists a group's options one per line: keep them on ours
+        options = text.split("Available options in", 1)[1].split("Config search path")[0].splitlines()[1:]
+        return UsageError(f"{first}; choose one of: {', '.join(o.strip() for o in options if o.strip())}")
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith(("See https", "Set the env"))]
+    first = " ".join(lines[:2]) or first
+    for o in overrides:
+        try:
+            OverridesParser.create().parse_overrides([o])
+        except HydraException:
+            return UsageError(f"cannot parse the override {o!r} ({first}); write key=value, quoting lists "
+                              "and spaces for the shell, e.g. 'load.points=[1,2]'")
+    return UsageError(first)
 
 
 @contextlib.contextmanager
@@ -193,6 +214,15 @@ def _check_path_overrides(argv: list[str]) -> None:
         if key == "run_id" and value:
             for v in value.split(","):
                 check_run_id(v.strip())
+
+
+def _compose_each_job(argv: list[str], config_name: str) -> None:
+    """Hydra's own errors (an unparsable override, an unknown group option) are several lines
+    and a hint about HYDRA_FULL_ERROR: compose first, and let ours be the one line."""
+    overrides = [a for a in argv if not a.startswith("-")]
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    for job in expand_sweep(overrides) if multirun else [overrides]:
+        compose(CONF_DIR, job, config_name)
 
 
 def _quiet_torchelastic() -> None:
@@ -261,6 +291,8 @@ def hydra_entry(
     register_resolvers()
     try:
         _check_path_overrides(sys.argv[1:])
+        if not launched():  # under torchrun every rank would say it; self_launch composes anyway
+            _compose_each_job(sys.argv[1:], config_name)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

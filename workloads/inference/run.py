@@ -87,6 +87,10 @@ def validate(cfg: DictConfig, overrides: list[str]):
     if spec.adapter != "external":  # a server started here runs on this host's fabric
         preflight(fabric)
     model = OmegaConf.to_container(cfg.model, resolve=True)
+    if spec.adapter == "reference" and scfg.get("checkpoint"):
+        from workloads.models.hf import load_hf_config
+
+        load_hf_config(scfg["checkpoint"])  # a broken checkpoint: one line here, not the server's traceback
     if spec.adapter != "external":
         check_tp_divides(spec.tp, model)
     if spec.adapter == "sglang" and not spec.python and importlib.util.find_spec("sglang") is None:

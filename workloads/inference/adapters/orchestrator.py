@@ -31,6 +31,7 @@ from collections import deque
 from pathlib import Path
 
 from workloads.core.errors import UsageError
+from workloads.core.records import redact
 from workloads import REPO_ROOT
 from workloads.fabric.verify import _hex_addr
 from workloads.inference.adapters.base import IDENTITY_ENV, Launch, ServerSpec
@@ -95,7 +96,7 @@ class ManagedServer:
         argv = [sys.executable, "-m", "workloads.inference.adapters.watchdog", str(os.getpid()),
                 str(self.spec.stop_timeout_s), "--", *self.launch.argv]
         with open(self.log_path, "ab") as log:
-            log.write(f"# {' '.join(self.launch.argv)}\n".encode())
+            log.write(f"# {' '.join(redact(self.launch.argv))}\n".encode())  # argv may carry a token
             log.flush()
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=str(REPO_ROOT), start_new_session=True)
