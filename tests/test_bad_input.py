@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,9 @@ CASES = [
     ("infer-unknown-adapter", _infer("server.adapter=nope"), None, "server adapter"),
     ("infer-tp-heads", ["launch/infer.py", "server=sglang", "model=llama-3.1-8b", "server.tp=3"], None, "server.tp"),
     ("infer-flush-path", _infer("load.flush_cache_path=flush"), None, "load.flush_cache_path"),
-    ("infer-sharegpt-missing", _infer("load.dataset.kind=sharegpt", "load.dataset.path={d}/no.json"), None,
-     "load.dataset.path"),
+    ("infer-sharegpt-needs-tokenizer", _infer("load.dataset.kind=sharegpt", "load.dataset.path={d}/no.json"), None,
+     "load.tokenizer"),
+    ("infer-tokenizer-not-loadable", _infer("load.tokenizer={d}"), None, "load.tokenizer"),
     ("infer-run-id", _infer("run_id=.."), None, "run_id"),
     ("infer-slo", _infer("load.slo=ttft"), None, "slo"),
     ("infer-reference-corrupt-checkpoint", ["launch/infer.py", "server.checkpoint={d}/ckpt"],
@@ -123,7 +125,7 @@ CASES = [
     # analysis
     ("compare-no-dir", _cli("compare", "{d}/nope"), None, "no such directory"),
     ("compare-nothing", _cli("compare"), None, "nothing to read"),
-    ("compare-no-records", _cli("compare", "{d}"), None, "no result records"),
+    ("compare-no-records", _cli("compare", "{d}/empty"), lambda d: (d / "empty").mkdir(), "no result records"),
     ("compare-corrupt-record", _cli("compare", "{d}/in"), lambda d: _records(d, "{truncated"), "r0.json"),
     ("compare-foreign-schema", _cli("compare", "{d}/in"),
      lambda d: _records(d, EARLIER | {"schema": "fabricbench.record/9"}), "fabricbench.record/9"),
@@ -140,7 +142,8 @@ CASES = [
     ("emulate-not-emulated", _cli("emulate", "launch/train.py", "fabric=loopback"), None, "emulate"),
     ("emulate-missing-entry", _cli("emulate", "launch/nope.py", "fabric=emu-100m"), None, "launch/nope.py"),
     ("doctor-unknown-fabric", _cli("doctor", "fabric=nope"), None, "fabric"),
-    ("doctor-absent-hca", _cli("doctor", "fabric=roce"), None, "fabric=roce"),
+    ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
+    ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
 ]
 
 
@@ -149,7 +152,7 @@ def _our_processes(tag: str) -> list[int]:
     left = []
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            if tag.encode() in d.joinpath("environ").read_bytes():
+            if tag.encode() in d.joinpath("environ").read_bytes().split(b"\0"):
                 left.append(int(d.name))
         except OSError:
             continue
@@ -168,8 +171,9 @@ def test_bad_input_is_one_line(tmp_path, argv, setup, needle):
     args = [a.replace("{d}", str(d)) for a in argv]
     if args[0].startswith("launch/") and not any(a.startswith("output_root=") for a in args):
         args.append(f"output_root={d}/res")
-    tag = f"FB_BAD_INPUT_CASE={d.name}"
-    env = child_env(FB_BAD_INPUT_CASE=d.name)
+    case = uuid.uuid4().hex
+    tag = f"FB_BAD_INPUT_CASE={case}"
+    env = child_env(FB_BAD_INPUT_CASE=case)
     r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     err = r.stderr.strip()
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], err[-3000:])
@@ -182,3 +186,16 @@ def test_bad_input_is_one_line(tmp_path, argv, setup, needle):
     # Nothing was written: no record anywhere in the case's folder but the ones it started with.
     written = {p for p in d.rglob("records/*.json") if (d / "in") not in p.parents}
     assert written == {earlier}, written
+
+
+def test_emulate_agent_names_the_failed_rank(tmp_path):
+    """An agent under `fabricbench emulate` reports its failed rank in one line (torchrun's
+    failures are keyed by global rank; the failure object itself has no `rank`)."""
+    script = tmp_path / "fails.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-m", "workloads.fabric.emulate", "--agent", "--standalone",
+                        "--nproc_per_node=1", str(script)], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "error: rank 0 exited with code 3; its message is above" in r.stderr
+    assert "AttributeError" not in r.stderr

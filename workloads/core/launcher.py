@@ -289,6 +289,8 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
+    if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
+        sys.argv.insert(1, f"workload={workload}")
     try:
         _check_path_overrides(sys.argv[1:])
         if not launched():  # under torchrun every rank would say it; self_launch composes anyway
@@ -296,8 +298,6 @@ def hydra_entry(
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
-        sys.argv.insert(1, f"workload={workload}")
     if os.environ.get("RANK", "0") != "0":
         sys.argv.append("hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
 

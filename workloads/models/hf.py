@@ -106,7 +106,6 @@ def check_checkpoint_dir(path: str | Path) -> Path:
         )
     if not (p / "config.json").is_file():
         raise UsageError(f"{p} has no config.json; it is not a Hugging Face model directory")
-    check_weights(p)
     return p
 
 
@@ -138,7 +137,9 @@ def load_hf_config(path: str | Path) -> NeoXConfig:
         raise UsageError(f"{p / 'config.json'} holds a {type(hf).__name__}, not a config object")
     if hf.get("model_type") not in (None, "gpt_neox"):
         raise UsageError(f"{p} holds a '{hf.get('model_type')}' model; fabricbench trains GPT-NeoX")
-    return config_from_hf(hf)
+    cfg = config_from_hf(hf)
+    check_weights(p)
+    return cfg
 
 
 def load_hf(path: str | Path) -> GPTNeoX:

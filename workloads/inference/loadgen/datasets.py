@@ -63,7 +63,8 @@ def load_tokenizer(path: str | None):
     try:
         return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except Exception as e:  # transformers raises many types for a bad directory
-        raise UsageError(f"load.tokenizer={path!r} is not a loadable tokenizer ({type(e).__name__}: {e}); "
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""  # transformers' messages run to many lines
+        raise UsageError(f"load.tokenizer={path!r} is not a loadable tokenizer ({type(e).__name__}: {why}); "
                          "point it at a Hugging Face tokenizer directory") from None
 
 
