@@ -153,7 +153,7 @@ class WandbLogger(Logger):
                 raise
             self._dead = True
             _DOWN.append(what)
-            msg = f"W&B {what} failed ({type(e).__name__}: {e}); W&B logging is off for the rest of this run, the local records are unaffected"
+            msg = f"W&B {what} failed ({type(e).__name__}: {e}); W&B logging is off for the rest of this run, the local record is unaffected"
             print(f"warning: {msg}", file=sys.stderr, flush=True)
             return None
 
