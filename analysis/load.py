@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from workloads.core.errors import UsageError
-from workloads.core.records import load_records
+from workloads.core.records import SCHEMA, load_records
 
 TRAINING = ("pretrain", "finetune")
 # Run fields that do not apply to a workload: the Hydra tree still carries their defaults
@@ -209,10 +209,33 @@ def load_dirs(dirs: Iterable[str]) -> list[dict]:
     seen, out = set(), []
     for rec in load_records(*dirs):
         real = Path(rec["_path"]).resolve()  # overlapping or symlinked directories: count each record once
-        if real not in seen:
+        if real not in seen and rec.get("schema") == SCHEMA:
             seen.add(real)
             out.append(rec)
+    _warn_unread(dirs, seen)
     return out
+
+
+def _warn_unread(dirs: list[str], read: set[Path]) -> None:
+    """Files in a records/ folder that were not read are counted and named, never dropped
+    silently: a truncated record or one of another schema version is the user's to see."""
+    import json
+    import sys
+
+    unread = {}
+    for d in dirs:
+        for p in Path(d).rglob("*.json"):
+            if "records" not in p.parent.parts or p.resolve() in read:
+                continue
+            try:
+                schema = json.loads(p.read_text()).get("schema")
+                unread[p.resolve()] = f"schema {schema!r}, this reader reads {SCHEMA!r}"
+            except (OSError, ValueError, AttributeError) as e:
+                unread[p.resolve()] = f"not a JSON record: {type(e).__name__}"
+    if unread:
+        named = "; ".join(f"{p} ({why})" for p, why in sorted(unread.items())[:5])
+        more = f"; and {len(unread) - 5} more" if len(unread) > 5 else ""
+        print(f"warning: {len(unread)} file(s) in records/ folders were not read: {named}{more}", file=sys.stderr)
 
 
 def wandb_filters(group: str | None = None, tags: Iterable[str] = (), config: Mapping[str, Any] | None = None) -> dict:

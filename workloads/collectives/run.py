@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,7 +36,40 @@ def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
     if s.external == "on" and shutil.which(s.external_binary) is None:
         raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
                          "(or rccl-tests) or set collectives.external=auto")
+    if fabric.backend == "gloo":  # host memory, shared by this node's ranks; GPUs are checked in the rank
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        check_fits(s, world, _mem_available() // max(1, ranks_here), f"host memory (shared by {ranks_here} ranks)")
     return s, fabric
+
+
+def peak_bytes(s: Settings, world: int) -> tuple[int, str, int]:
+    """(bytes one rank holds at once, op, size) for the sweep's largest buffers: send, receive
+    and, when checking, the expected values."""
+    type_size = ops.DTYPES[s.datatype].itemsize
+    best = (0, "", 0)
+    for name in s.ops:
+        lay = ops.get(name).layout(max(s.sizes), type_size, world)
+        need = (lay.send_numel + lay.recv_numel * (2 if s.check else 1)) * type_size
+        best = max(best, (need, name, max(s.sizes)))
+    return best
+
+
+def check_fits(s: Settings, world: int, free: int | None, where: str) -> None:
+    """A size that cannot be allocated is found before any timing, in one line."""
+    need, op, size = peak_bytes(s, world)
+    if free is not None and need > free:
+        raise UsageError(f"collectives.maxbytes={size} B ({size / 2**30:g} GiB): {op} needs {need / 2**30:.2f} GiB of buffers per rank but "
+                         f"{free / 2**30:.2f} GiB of {where} are free; lower collectives.maxbytes")
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
@@ -98,6 +132,8 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     groups = pattern_groups(s.pattern, info.world_size, rpn)
     record["collectives"]["groups"] = groups
     comm = make_comm(groups, info.rank)
+    if info.device.type == "cuda":  # before any timing: one line naming the size and the free memory
+        check_fits(s, info.world_size, torch.cuda.mem_get_info(info.device)[0], f"{info.device} memory")
     harness = Harness(s, comm, info.device, fabric.backend, info.rank, say, groups=groups, ranks_per_node=rpn)
     # Transport verification (workloads/fabric/verify.py): after real collectives of a small and a
     # large size on the measured communicator (NCCL >= 2.22 connects channels at first use).

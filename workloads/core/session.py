@@ -95,6 +95,7 @@ class Recorded:
                  info: fdist.DistInfo | None = None):
         self.record, self.directory, self.stem, self.write, self.info = record, directory, stem, write, info
         self.path: Path | None = None
+        self.inflight: Path | None = None
 
     def __enter__(self) -> dict[str, Any]:
         if self.info is not None:
@@ -104,6 +105,10 @@ class Recorded:
                 if not self.info.is_main:
                     raise SystemExit(UsageError.exit_code)  # rank 0 says why, once
                 raise UsageError(duplicate_message(Path(held), self.record))
+        if self.write:
+            from workloads.core.launcher import write_inflight
+
+            self.inflight = write_inflight(self.record, self.directory, self.stem)
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -120,4 +125,6 @@ class Recorded:
             rec["traceback"] = "".join(traceback.format_exception(etype, exc, tb))
         if self.write:
             self.path = write_record(self.directory, rec, self.stem)
+            if self.inflight is not None:
+                self.inflight.unlink(missing_ok=True)
         return False

@@ -13,7 +13,7 @@ from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
 
 
-def check_available(spec: ServerSpec) -> None:
+def check_available(spec: ServerSpec, server: dict) -> None:
     if not spec.python and importlib.util.find_spec("sglang") is None:
         raise UsageError("server=sglang: SGLang is not installed in this Python; run in the sglang container "
                          "(Dockerfile target sglang) or set server.python (FB_ENGINE_PYTHON) to an interpreter that has it")
