@@ -22,7 +22,8 @@ from typing import Callable
 from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec
 
-_NOT_ADAPTERS = {"base", "orchestrator"}
+# The machinery beside the adapters: what they build on, and what starts and watches them.
+_NOT_ADAPTERS = {"base", "orchestrator", "watchdog"}
 
 
 def _nothing(*_args) -> None:
