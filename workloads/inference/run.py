@@ -34,7 +34,7 @@ from workloads.core.loggers import build_loggers, flatten
 from workloads.fabric.preflight import preflight
 from workloads.core.records import check_writable, write_record
 from workloads.core.session import base_record
-from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
+from workloads.fabric.verify import TRANSPORT_FILE_ENV, group_members, server_transport
 from workloads.inference.adapters import get_adapter
 from workloads.inference.adapters.base import ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
@@ -195,7 +195,9 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
 
         fp = fingerprint()
         with ManagedServer(spec, launch, run_dir, env) as srv:
-            transport = server_transport(fabric, run_dir, reported)
+            # The server runs in its own session: its process group is every process it started.
+            pids = group_members(srv.proc.pid) if srv.proc else []
+            transport = server_transport(fabric, run_dir, reported, pids, spec.tp)
             base["fabric"]["transport"] = transport
             if transport.get("message"):
                 if transport["verdict"] == "mismatch" and fabric.verify == "fail":

@@ -79,7 +79,7 @@ class ManagedServer:
                                          env=env, cwd=str(REPO_ROOT), start_new_session=True)
         except FileNotFoundError:
             raise UsageError(f"cannot start server={self.spec.adapter}: {self.launch.argv[0]!r} is not installed "
-                             "on this machine (SGLang and vLLM need their GPU container; see Dockerfile)") from None
+                             "on this machine (SGLang needs its GPU container, see Dockerfile; vLLM: that or `make engines`)") from None
         finally:
             log.close()
 
