@@ -25,7 +25,8 @@ import yaml
 from conftest import REPO, child_env, records_in, run_entry
 from hf_tiny import model_dir
 
-pytestmark = pytest.mark.slow
+# A server start takes 1–2 min on an idle 2-core machine, far longer on a loaded one.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 VLLM = REPO / ".engines" / "vllm"
 POINTS = [1, 3]
