@@ -112,7 +112,8 @@ def test_metrics_match_the_samples(sweep):
         assert m["median_itl_ms"] == pytest.approx(np.median(itl) * 1e3, rel=1e-9)
         # A streamed answer of OUT_LEN tokens has at most OUT_LEN - 1 gaps between content chunks.
         assert all(1 <= len(q["itl_s"]) <= OUT_LEN - 1 for q in rows)
-        assert 0 < ttft.min() and (ttft < lat).all() and m["duration"] >= lat.max()
+        # <=: a loaded box can deliver all of an answer's chunks in one read (ITL 0, E2E = TTFT).
+        assert 0 < ttft.min() and (ttft <= lat).all() and m["duration"] >= lat.max()
 
 
 def test_fabric_env_and_transport_of_vllm_ranks(sweep):
