@@ -44,8 +44,8 @@ def _launch(*overrides):
 def test_sglang_command_line():
     spec, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=8", "server.port=31000",
                          "server.extra_args=[--mem-fraction-static,0.85]")
-    assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "8",
-                          "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
+    assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
+                          "--tp-size", "8", "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
     assert l.model_name == "meta-llama/Llama-3.1-8B-Instruct"
     _, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
                       "server.dist_init_addr=10.0.0.1:20000", "server.model_path=/models/llama")
@@ -54,7 +54,10 @@ def test_sglang_command_line():
     assert l.argv[l.argv.index("--model-path") + 1] == "/models/llama"
 
 
-def test_vllm_command_line():
+def test_vllm_command_line(monkeypatch, tmp_path):
+    from workloads.inference.adapters import vllm
+
+    monkeypatch.setattr(vllm, "ENGINE_ENV", tmp_path / "no-engines")
     _, l, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=4")
     assert l.argv == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "4",
                       "--host", "127.0.0.1", "--port", "8000"]
@@ -64,6 +67,24 @@ def test_vllm_command_line():
     _, worker, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
                            "server.dist_init_addr=10.0.0.1:29600")
     assert worker.argv[-1] == "--headless" and "--node-rank" in worker.argv
+
+
+def test_vllm_launcher_rule(monkeypatch, tmp_path):
+    """The documented rule (adapters/vllm.py): server.python, then server.executable, then
+    .engines/vllm's interpreter (both as the API-server module), then `vllm serve`."""
+    from workloads.inference.adapters import vllm
+
+    env = tmp_path / "vllm"
+    monkeypatch.setattr(vllm, "ENGINE_ENV", env)
+    api = ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--tensor-parallel-size", "2"]
+    assert _launch("server=vllm", "server.model_path=/m", "server.tp=2")[1].argv[:3] == ["vllm", "serve", "/m"]
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    assert _launch("server=vllm", "server.model_path=/m", "server.tp=2")[1].argv[:7] == [str(env / "bin/python"), *api]
+    assert _launch("server=vllm", "server.model_path=/m", "server.tp=2", "server.python=/opt/py")[1].argv[:7] == \
+        ["/opt/py", *api]
+    assert _launch("server=vllm", "server.model_path=/m", "server.executable=/opt/vllm")[1].argv[:3] == \
+        ["/opt/vllm", "serve", "/m"]
 
 
 def test_engine_interpreter_is_configurable(monkeypatch):

@@ -22,7 +22,7 @@ fi
 engine_python="${FB_ENGINE_PYTHON:-python3}"   # the image's Python, where the engine lives
 case "$FB_ENGINE" in
   sglang)
-    exec "$engine_python" -m sglang.launch_server --model-path "$FB_MODEL_PATH" --tp "$FB_TP" \
+    exec "$engine_python" -m sglang.launch_server --model-path "$FB_MODEL_PATH" --tp-size "$FB_TP" \
       --nnodes "$nnodes" --node-rank "$rank" --dist-init-addr "$FB_DIST_ADDR" \
       --host "${addrs[$rank]}" --port "$FB_SERVE_PORT" ;;
   vllm)

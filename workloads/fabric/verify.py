@@ -388,19 +388,70 @@ def server_logs(run_dir, since: float | None = None) -> list[Path]:
     return [p for p in logs if p.stat().st_mtime >= since - 1.0]
 
 
+def process_transport(profile, pids: list[int], world: int) -> dict | None:
+    """Gloo verdict for a server whose ranks are other processes (vLLM's workers): the same
+    socket-table evidence and rules as `check_transport`, read from /proc/<pid> of each of
+    the server's processes; its ranks are those holding a connection to another one's
+    listener (the API server and engine core hold none). None when no process is readable."""
+    tables = []
+    for pid in pids:
+        t = socket_table(f"/proc/{pid}")
+        if Path(f"/proc/{pid}").exists():
+            tables.append(t | {"pid": pid})
+    if not tables:
+        return None
+    ranks = [t for t, b in zip(tables, gloo_bindings(tables, None)) if b["peer_connections"]]
+    evidence = [{"kind": "gloo", "table": t} for t in (ranks or tables[:1])]
+    result = decide(profile, evidence, {})
+    # The fabric's variables as each rank process holds them (did they reach vLLM's workers?).
+    unset = {}
+    for b, t in zip(result["summary"]["ranks"], ranks):
+        b["pid"], b["env"] = t["pid"], process_env(t["pid"], profile.env)
+        unset |= {k: v for k, v in profile.env.items() if v is not None and b["env"].get(k) != v}
+    result["summary"]["how"] = ("the TCP connections of the server's processes (/proc/<pid>/fd + /proc/<pid>/net/tcp*) "
+                                "whose end is another one's listener")
+    if unset:
+        result["verdict"] = "mismatch"
+        result["problems"].append("the server's ranks lack the fabric's " +
+                                  ", ".join(f"{k}={v}" for k, v in sorted(unset.items())))
+    if world > 1 and len(ranks) < world:
+        result["verdict"] = "unverified" if result["verdict"] != "mismatch" else "mismatch"
+        result["problems"].insert(0, f"Gloo peer connections found in {len(ranks)} of the server's processes, "
+                                     f"not its {world} ranks (pids {', '.join(map(str, pids))})")
+    if result["problems"]:
+        result["message"] = f"fabric={profile.name} but " + "; ".join(result["problems"] + result["hints"])
+    return result
+
+
+def process_env(pid: int, keys) -> dict[str, str | None]:
+    """`keys` as they are in the environment of process `pid` (None: not set)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+    return {k: env.get(k) for k in keys}
+
+
 def server_transport(profile, run_dir, reported: Path | None = None, ranks: int | None = None,
-                     since: float | None = None) -> dict:
+                     since: float | None = None, pids: list[int] | None = None) -> dict:
     """The verdict for a server that runs in other processes: its own report when it wrote
-    one, else the NCCL INFO logs its processes wrote under <run_dir>/nccl since `since`
-    (SGLang, vLLM), else "unverified" (an external server, or no log). `ranks` (the TP
-    degree x nodes' share) is how many rank logs there must be: fewer means some node's
-    workers logged elsewhere, and what was not seen is not verified."""
+    one; else, on Gloo, the sockets of its processes `pids` (vLLM on CPU); else the NCCL INFO
+    logs its processes wrote under <run_dir>/nccl since `since` (SGLang, vLLM); else
+    "unverified" (an external server, or no log). `ranks` (the TP degree x nodes' share) is
+    how many ranks there must be evidence of: fewer means some workers were not seen, and
+    what was not seen is not verified."""
     import json
 
     if profile.verify == "off":
         return {"verdict": "off", "mode": "off"}
     if reported is not None and reported.is_file():
         return json.loads(reported.read_text())
+    if profile.backend == "gloo" and pids:
+        result = process_transport(profile, pids, world)
+        if result is not None:
+            result["run_dir"] = str(run_dir)
+            return result
     if profile.backend == "nccl":
         logs = [nccl_log.parse_file(p) for p in server_logs(run_dir, since)]
         logs = [lg for lg in logs if lg.lines]  # e.g. an API-server process that loaded NCCL and never used it

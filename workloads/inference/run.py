@@ -247,7 +247,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
         started = time.time()  # logs older than this are an earlier server's (a resumed run id)
         with ManagedServer(spec, launch, run_dir, env) as srv:
-            _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started)
+            _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started, srv.pids())
             for k, a in enumerate(plan.points):
                 if a.label() in done:
                     continue
@@ -263,11 +263,12 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _verify_server(fabric: FabricProfile, run_dir: Path, reported: Path, base: dict, tp: int, since: float) -> None:
-    """The transport the server's ranks used (every one of the `tp` ranks, from logs written
-    since this server started), into every point's record; a mismatch stops the sweep under
-    fabric.verify=fail."""
-    transport = server_transport(fabric, run_dir, reported, ranks=tp, since=since)
+def _verify_server(fabric: FabricProfile, run_dir: Path, reported: Path, base: dict, tp: int, since: float,
+                   pids: list[int]) -> None:
+    """The transport the server's ranks used (every one of the `tp` ranks: the sockets of its
+    processes `pids`, or logs written since this server started), into every point's record;
+    a mismatch stops the sweep under fabric.verify=fail."""
+    transport = server_transport(fabric, run_dir, reported, ranks=tp, since=since, pids=pids)
     base["fabric"]["transport"] = transport
     if transport.get("message"):
         if transport["verdict"] == "mismatch" and fabric.verify == "fail":

@@ -119,6 +119,11 @@ class ManagedServer:
     def alive(self) -> bool:
         return self.proc is None or self.proc.poll() is None
 
+    def pids(self) -> list[int]:
+        """Every living process of the server: its group and everything below it (engines'
+        workers, torchrun's ranks in sessions of their own)."""
+        return sorted(family(self.proc.pid)) if self.proc else []
+
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
