@@ -448,7 +448,7 @@ def server_transport(profile, run_dir, reported: Path | None = None, ranks: int 
     if reported is not None and reported.is_file():
         return json.loads(reported.read_text())
     if profile.backend == "gloo" and pids:
-        result = process_transport(profile, pids, world)
+        result = process_transport(profile, pids, ranks or 1)
         if result is not None:
             result["run_dir"] = str(run_dir)
             return result
