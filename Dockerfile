@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # fabricbench images for GPU clusters. One file, four targets:
-#   docker build --target cuda   -t fabricbench:cuda   .   # CUDA + PyTorch (locked) + DeepSpeed ops
+#   docker build --target cuda   -t fabricbench:cuda   .   # CUDA + PyTorch and DeepSpeed (locked)
 #   docker build --target rocm   -t fabricbench:rocm   .   # ROCm PyTorch base (RCCL) + fabricbench
 #   docker build --target sglang -t fabricbench:sglang .   # SGLang's image + fabricbench's client side
 #   docker build --target vllm   -t fabricbench:vllm   .   # vLLM's image + fabricbench's client side
@@ -11,7 +11,9 @@
 # uv bootstrapped into .tools/, then `uv sync --frozen` from uv.lock. tests/test_dockerfile.py
 # checks that these RUN lines and the Makefile stay the same commands.
 
-ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
+# The CUDA major of the base must be the lock's torch's (torch 2.15.0+cu132: CUDA 13, which
+# needs an R580+ driver); tests/test_dockerfile.py checks the two agree.
+ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 ARG ROCM_BASE=rocm/pytorch:rocm6.4_ubuntu24.04_py3.12_pytorch_release_2.6.0
 ARG SGLANG_BASE=lmsysorg/sglang:latest
 ARG VLLM_BASE=vllm/vllm-openai:latest
@@ -32,15 +34,8 @@ RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen --no-install-project
 COPY . .
 RUN .tools/bin/uv sync --frozen
-# DeepSpeed ships as an sdist whose ops otherwise compile on first use, on every node:
-# rebuild the locked version with the ops that training uses compiled in, for the GPU
-# generations of current clusters (A100, H100/H200, B200).
-ARG TORCH_CUDA_ARCH_LIST="8.0;9.0;10.0"
-RUN DS_VERSION="$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("deepspeed"))')" \
-    && TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" DS_BUILD_FUSED_ADAM=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_LAMB=1 \
-       .tools/bin/uv pip install --python .venv/bin/python --reinstall --no-deps --no-build-isolation --no-cache \
-       "deepspeed==${DS_VERSION}" \
-    && .venv/bin/ds_report
+# No DeepSpeed op pre-build: training uses torch.optim.AdamW (no fused DeepSpeed op), and a
+# build against a toolkit other than torch's CUDA fails DeepSpeed's CUDA-version check.
 ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1
 CMD ["python", "launch/train.py", "--help"]
 
@@ -93,4 +88,7 @@ COPY . .
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen
 ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
-# The vLLM image's entrypoint is the API server; keep it (`docker run ... --model M`).
+# The vLLM image's entrypoint is `vllm serve`; fabricbench's commands (python launch/infer.py
+# server=vllm ...) must run as given, and the adapter starts `vllm` itself.
+ENTRYPOINT []
+CMD ["python", "launch/infer.py", "--help"]

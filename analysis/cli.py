@@ -11,6 +11,7 @@ workloads/core/cli.py registers them through analysis/cli_compare.py and analysi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -111,15 +112,31 @@ def cmd_compare(args) -> int:
 def cmd_report(args) -> int:
     from analysis.report import write_report
 
-    table, result = _load(args)
-    _print(result, getattr(args, "verbose", False))
     from analysis import external
 
-    rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms",
-                       external_runs=external.load(args.external))
+    _check_out(args.out)
+    ext = external.load(args.external)  # a bad file is named before any work
+    table, result = _load(args)
+    _print(result, getattr(args, "verbose", False))
+    rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms", external_runs=ext)
     print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\nmetrics: {rep.csv}\n"
           f"plots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
     return 0
+
+
+def _check_out(out: str) -> None:
+    from pathlib import Path
+
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--out {out} is a file; give a directory for the report (it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--out {out} is not writable ({e.strerror}); give a directory you can write") from None
 
 
 def register(subparsers) -> None:

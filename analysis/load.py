@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from workloads.core.errors import UsageError
-from workloads.core.records import load_records
+from workloads.core.records import SCHEMA, load_records
 
 TRAINING = ("pretrain", "finetune")
 # Run fields that do not apply to a workload: the Hydra tree still carries their defaults
@@ -111,12 +111,18 @@ def cell_busbw(row: Mapping[str, Any]) -> list[float]:
 def size_metrics(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """`<op>/busbw@<bytes>(GB/s)` per (op, message size): the mean busbw of that size's cells, as
     `<op>/avg_busbw(GB/s)` averages every cell of the op. One test per size, so a study (or
-    its A/A control) can be judged size by size: `compare --metric 'all_reduce/busbw@*'`."""
+    its A/A control) can be judged size by size: `compare --metric 'all_reduce/busbw@*'`. An op
+    swept over one size gets none (its avg_busbw is that size)."""
     cells: dict[str, list[float]] = {}
     for row in rows:
         if row.get("op") and row.get("size"):
             cells.setdefault(f"{row['op']}/busbw@{int(row['size'])}(GB/s)", []).extend(cell_busbw(row))
-    return {k: sum(v) / len(v) for k, v in cells.items() if v}
+    sizes: dict[str, int] = {}
+    for k in cells:
+        sizes[k.split("/busbw@")[0]] = sizes.get(k.split("/busbw@")[0], 0) + 1
+    # An op measured at one size has that size's busbw as its avg_busbw already: a second,
+    # identical test would only widen the correction.
+    return {k: sum(v) / len(v) for k, v in cells.items() if v and sizes[k.split("/busbw@")[0]] > 1}
 
 
 def run_from_record(rec: Mapping[str, Any]) -> Run:
@@ -203,10 +209,33 @@ def load_dirs(dirs: Iterable[str]) -> list[dict]:
     seen, out = set(), []
     for rec in load_records(*dirs):
         real = Path(rec["_path"]).resolve()  # overlapping or symlinked directories: count each record once
-        if real not in seen:
+        if real not in seen and rec.get("schema") == SCHEMA:
             seen.add(real)
             out.append(rec)
+    _warn_unread(dirs, seen)
     return out
+
+
+def _warn_unread(dirs: list[str], read: set[Path]) -> None:
+    """Files in a records/ folder that were not read are counted and named, never dropped
+    silently: a truncated record or one of another schema version is the user's to see."""
+    import json
+    import sys
+
+    unread = {}
+    for d in dirs:
+        for p in Path(d).rglob("*.json"):
+            if "records" not in p.parent.parts or p.resolve() in read:
+                continue
+            try:
+                schema = json.loads(p.read_text()).get("schema")
+                unread[p.resolve()] = f"schema {schema!r}, this reader reads {SCHEMA!r}"
+            except (OSError, ValueError, AttributeError) as e:
+                unread[p.resolve()] = f"not a JSON record: {type(e).__name__}"
+    if unread:
+        named = "; ".join(f"{p} ({why})" for p, why in sorted(unread.items())[:5])
+        more = f"; and {len(unread) - 5} more" if len(unread) > 5 else ""
+        print(f"warning: {len(unread)} file(s) in records/ folders were not read: {named}{more}", file=sys.stderr)
 
 
 def wandb_filters(group: str | None = None, tags: Iterable[str] = (), config: Mapping[str, Any] | None = None) -> dict:

@@ -97,11 +97,30 @@ def test_install_steps_are_the_makefile_commands():
             assert set(extra) <= EXTRA_SYNC_FLAGS, f"target {t}: unexplained flags {extra}"
         # The project itself ends up installed by a full sync (not only its dependencies).
         assert any("--no-install-project" not in c for c in syncs), t
-        # Nothing else installs Python packages behind the lock's back (DeepSpeed's op
-        # rebuild reinstalls the locked version only, pinned from the venv's metadata).
+        # Nothing else installs Python packages behind the lock's back.
         for c in cmds:
-            if "pip" in c and "install" in c and c[:2] != [".tools/bin/pip", "install"]:
-                assert "--no-deps" in c and any(a.startswith('deepspeed==') for a in c), shlex.join(c)
+            if "pip" in c and "install" in c:
+                assert c[:2] == [".tools/bin/pip", "install"], shlex.join(c)
+
+
+def test_cuda_image_builds_against_the_locks_cuda():
+    """The lock's torch wheels name their CUDA major (nvidia-*-cu13); the cuda target's base
+    image must be that major, and nothing compiles DeepSpeed ops against another toolkit
+    (DeepSpeed's assert_no_cuda_mismatch fails 12.x against torch's 13.x)."""
+    lock = (REPO / "uv.lock").read_text()
+    majors = set(re.findall(r'name = "nvidia-[a-z-]+-cu(\d+)"', lock))
+    assert len(majors) == 1, majors
+    text = (REPO / "Dockerfile").read_text()
+    base = re.search(r"^ARG CUDA_BASE=nvidia/cuda:(\d+)\.", text, re.M)
+    assert base and base.group(1) == majors.pop(), base and base.group(0)
+    assert "DS_BUILD_" not in stages(text)["cuda"]
+
+
+def test_vllm_image_runs_fabricbench_commands():
+    """vllm/vllm-openai's ENTRYPOINT is `vllm serve`: the target resets it, so
+    `docker run fabricbench:vllm python launch/infer.py ...` runs what it says."""
+    st = stages((REPO / "Dockerfile").read_text())
+    assert re.search(r"^ENTRYPOINT \[\]$", st["vllm"], re.M), "the vllm target keeps vLLM's entrypoint"
 
 
 def test_dockerignore_keeps_local_state_out():

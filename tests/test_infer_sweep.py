@@ -109,7 +109,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
 def test_reference_engine_tp2_sweep(tmp_path):
     out = tmp_path / "res"
     r = _infer("server=reference", "server.tp=2", "fabric=loopback", "load.points=[1,2]", f"output_root={out}",
-               "run_id=ref", "server.port=18931", *SMALL, timeout=400)
+               "run_id=ref", f"server.port={_free_port()}", *SMALL, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
     assert sorted(x["point"] for x in recs) == ["c1", "c2"]
@@ -121,3 +121,67 @@ def test_reference_engine_tp2_sweep(tmp_path):
         assert t["verdict"] == "ok" and t["summary"]["interfaces"] == ["lo"] and len(t["summary"]["ranks"]) == 2
     log = (out / "ref" / "server" / "reference.log").read_text()
     assert "nproc_per_node=2" in log
+
+
+def test_failed_requests_make_a_point_partial_and_resume_remeasures_it(tmp_path):
+    """A point is ok only when every request completed (load.max_failed_fraction=0): with
+    every 5th request answered HTTP 500 the point is `partial` with its counts, exit 1, and
+    a rerun measures it again instead of skipping it."""
+    out = tmp_path / "res"
+    with Running(ttft_ms=2, itl_ms=1, fail_every=5) as url:
+        common = ["server=external", f"server.url={url}", f"output_root={out}", "run_id=p1", *SMALL,
+                  "load.points=[2]", "load.warmup_requests=0"]
+        r = _infer(*common)
+        assert r.returncode == 1, r.stderr
+        (rec,) = _records(out)
+        assert rec["status"] == "partial" and rec["metrics"]["completed"] + rec["metrics"]["failed"] == 12
+        assert rec["error"].startswith(f"{rec['metrics']['failed']} of 12 requests failed, more than "
+                                       "load.max_failed_fraction=0 allows")
+        assert "point c2: PARTIAL" in r.stdout
+        r = _infer(*common, "load.max_failed_fraction=0.5")
+        assert r.returncode == 0, r.stderr
+        assert "already recorded" not in r.stdout
+        assert [x["status"] for x in _records(out)] == ["partial", "ok"]
+
+
+def test_a_server_death_is_named_in_the_point_record(tmp_path):
+    """The server started here (a scripted one behind the vLLM adapter's command line) is
+    SIGKILLed by its 20th request, during point c4: that point's record says so."""
+    out = tmp_path / "res"
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
+    fake.chmod(0o755)
+    port = _free_port()
+    r = _infer("server=vllm", f"server.executable={fake}", "model=llama-3.1-8b", f"server.port={port}",
+               "server.ready_timeout_s=30", f"output_root={out}", "run_id=d1", *SMALL, "load.warmup_requests=0",
+               "load.points=[1,4]")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "error: server=vllm exited with code -9 during point c4" in r.stderr
+    recs = {x["point"]: x for x in _records(out)}
+    assert recs["c1"]["status"] == "ok"
+    assert recs["c4"]["status"] == "failed"
+    assert recs["c4"]["error"] == "server=vllm exited with code -9 during point c4"
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_wandb_costs_one_timeout_per_run(tmp_path):
+    """W&B online with a key but nothing listening at its address: the first point's W&B
+    start fails once (one warning), the later points do not try again; records are all ok."""
+    port = _free_port()  # closed: nothing listens there
+    with Running(ttft_ms=2, itl_ms=1) as url:
+        r = _infer("server=external", f"server.url={url}", f"output_root={tmp_path}/res", "run_id=w1", *SMALL,
+                   "load.points=[1,2,3]", "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5",
+                   WANDB_BASE_URL=f"http://127.0.0.1:{port}", WANDB_API_KEY="x" * 40,
+                   WANDB_DIR=str(tmp_path / "wandb"))
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: W&B")]
+    assert len(warnings) == 1, r.stderr
+    assert [x["status"] for x in _records(tmp_path / "res")] == ["ok"] * 3
+    assert "x" * 40 not in r.stdout + r.stderr

@@ -64,3 +64,80 @@ def test_a_server_report_wins_over_logs(tmp_path):
                      environ={"FABRICBENCH_TRANSPORT_FILE": str(target)})
     res = server_transport(profile("roce"), run_dir_with(tmp_path, "nccl_socket_fallback"), reported=target)
     assert res == {"verdict": "ok", "summary": {"network": "Socket"}}
+
+
+# ---------------------------------------------------------------------------------------
+# Gloo ranks that are other processes (vLLM's workers on CPU): real torch.distributed ranks
+# in one process group with a non-rank leader, as the orchestrator starts a server.
+
+RANK = """
+import sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=int(sys.argv[1]), world_size=2)
+dist.all_reduce(torch.ones(4))
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+LEADER = """
+import subprocess, sys, time
+ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[1], str(r), sys.argv[2]], stdout=subprocess.PIPE, text=True)
+         for r in (0, 1)]
+ok = all(p.stdout.readline().strip() == "ready" for p in ranks)
+print("ready" if ok else "failed", *(p.pid for p in ranks), flush=True)
+time.sleep(300)
+"""
+
+
+def _gloo_server(env: dict) -> tuple:
+    """A leader in its own session (like the orchestrator's server) that starts two ranks."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    leader = subprocess.Popen([sys.executable, "-c", LEADER, RANK, port], start_new_session=True, text=True,
+                              stdout=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1") | env)
+    word, *pids = leader.stdout.readline().split()
+    assert word == "ready"
+    return leader, [int(p) for p in pids]
+
+
+def _stop(leader, ranks):
+    import os
+    import signal
+
+    os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait(30)
+
+
+def test_gloo_server_ranks_from_their_own_sockets_and_env(tmp_path):
+    """A: the fabric's env and interface -> ok, the two ranks found among three processes,
+    each with its pid and env. B (same fabric, ranks started without its env) -> mismatch."""
+    from workloads.inference.adapters.watchdog import family
+
+    lo = profile("loopback")
+    leader, ranks = _gloo_server({"GLOO_SOCKET_IFNAME": "lo"})
+    try:
+        pids = sorted(family(leader.pid))
+        assert sorted(pids) == sorted([leader.pid, *ranks])
+        ok = server_transport(lo, tmp_path, pids=pids, ranks=2)
+        short = server_transport(lo, tmp_path, pids=pids, ranks=4)
+    finally:
+        _stop(leader, ranks)
+    assert ok["verdict"] == "ok", ok["message"]
+    got = ok["summary"]["ranks"]
+    assert sorted(r["pid"] for r in got) == sorted(ranks)
+    assert all(r["interfaces"] == ["lo"] and r["peer_connections"] >= 1 for r in got)
+    assert all(r["env"] == {"GLOO_SOCKET_IFNAME": "lo"} for r in got)
+    assert short["verdict"] == "unverified" and "found in 2 of the server's processes, not its 4 ranks" in short["message"]
+
+    leader, ranks = _gloo_server({"GLOO_SOCKET_IFNAME": ""})
+    try:
+        bad = server_transport(lo, tmp_path, pids=sorted(family(leader.pid)), ranks=2)
+    finally:
+        _stop(leader, ranks)
+    assert bad["verdict"] == "mismatch" and "lack the fabric's GLOO_SOCKET_IFNAME=lo" in bad["message"]

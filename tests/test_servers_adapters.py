@@ -44,8 +44,8 @@ def _launch(*overrides):
 def test_sglang_command_line():
     spec, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=8", "server.port=31000",
                          "server.extra_args=[--mem-fraction-static,0.85]")
-    assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--tp", "8",
-                          "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
+    assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
+                          "--tp-size", "8", "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
     assert l.model_name == "meta-llama/Llama-3.1-8B-Instruct"
     _, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
                       "server.dist_init_addr=10.0.0.1:20000", "server.model_path=/models/llama")
@@ -54,7 +54,10 @@ def test_sglang_command_line():
     assert l.argv[l.argv.index("--model-path") + 1] == "/models/llama"
 
 
-def test_vllm_command_line():
+def test_vllm_command_line(monkeypatch, tmp_path):
+    from workloads.inference.adapters import vllm
+
+    monkeypatch.setattr(vllm, "ENGINE_ENV", tmp_path / "no-engines")
     _, l, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=4")
     assert l.argv == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "4",
                       "--host", "127.0.0.1", "--port", "8000"]
@@ -64,6 +67,24 @@ def test_vllm_command_line():
     _, worker, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
                            "server.dist_init_addr=10.0.0.1:29600")
     assert worker.argv[-1] == "--headless" and "--node-rank" in worker.argv
+
+
+def test_vllm_launcher_rule(monkeypatch, tmp_path):
+    """The documented rule (adapters/vllm.py): server.python, then server.executable, then
+    .engines/vllm's interpreter (both as the API-server module), then `vllm serve`."""
+    from workloads.inference.adapters import vllm
+
+    env = tmp_path / "vllm"
+    monkeypatch.setattr(vllm, "ENGINE_ENV", env)
+    api = ["-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--tensor-parallel-size", "2"]
+    assert _launch("server=vllm", "server.model_path=/m", "server.tp=2")[1].argv[:3] == ["vllm", "serve", "/m"]
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    assert _launch("server=vllm", "server.model_path=/m", "server.tp=2")[1].argv[:7] == [str(env / "bin/python"), *api]
+    assert _launch("server=vllm", "server.model_path=/m", "server.tp=2", "server.python=/opt/py")[1].argv[:7] == \
+        ["/opt/py", *api]
+    assert _launch("server=vllm", "server.model_path=/m", "server.executable=/opt/vllm")[1].argv[:3] == \
+        ["/opt/vllm", "serve", "/m"]
 
 
 def test_engine_interpreter_is_configurable(monkeypatch):
@@ -211,3 +232,92 @@ def test_ctrl_c_stops_the_server_group(tmp_path):
     p.send_signal(signal.SIGINT)
     p.wait(30)
     assert not _alive(leader) and not _alive(child)
+
+
+def test_sigkilled_client_takes_its_server_down(tmp_path):
+    """SIGKILL cannot be caught, so the client cannot stop its server: the watchdog between
+    them notices the parent's death and stops the whole group (leader and grandchild)."""
+    pidfile = tmp_path / "child.pid"
+    port = _free_port()
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {os.path.abspath(os.path.join(CONF, '..'))!r})
+        from workloads.inference.adapters.base import ServerSpec, Launch
+        from workloads.inference.adapters.orchestrator import ManagedServer
+        spec = ServerSpec(adapter="standin", port={port}, ready_timeout_s=30, stop_timeout_s=1)
+        argv = [sys.executable, "-c", {STANDIN!r}, "normal", "{port}", {str(pidfile)!r}]
+        with ManagedServer(spec, Launch(argv, {{}}, "m"), {str(tmp_path)!r}, dict(os.environ)) as s:
+            print("READY", s.proc.pid, flush=True)
+            time.sleep(600)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("READY"), line
+    leader = int(line.split()[1])
+    child = int(pidfile.read_text())
+    p.kill()
+    p.wait(30)
+    deadline = time.monotonic() + 20
+    while (_alive(leader) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(leader) and not _alive(child)
+
+
+def test_a_taken_port_is_refused_and_named(tmp_path):
+    from workloads.testing.scripted_server import Running
+
+    with Running() as url:
+        port = int(url.rsplit(":", 1)[1])
+        spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=10, stop_timeout_s=1)
+        argv = [sys.executable, "-c", STANDIN, "normal", str(port), str(tmp_path / "pid")]
+        with pytest.raises(UsageError, match=rf"server.port={port} .*taken by pid \d+: .*scripted_server"):
+            with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
+                pass
+        assert not (tmp_path / "pid").exists()  # nothing was started
+
+
+def test_a_server_outside_our_child_is_not_measured(tmp_path):
+    """The port is free when we check, then another process (started here, beside ours, as a
+    second user's server would be) answers first: refused after readiness, not measured."""
+    import threading
+
+    port = _free_port()
+    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=60, stop_timeout_s=1)
+    stray = []
+
+    def start_stray():
+        while not (tmp_path / "server" / "standin.log").exists():
+            time.sleep(0.02)
+        stray.append(subprocess.Popen([sys.executable, "-m", "workloads.testing.scripted_server", "--port", str(port)],
+                                      stdout=subprocess.DEVNULL))
+
+    t = threading.Thread(target=start_stray)
+    t.start()
+    try:
+        with pytest.raises(UsageError, match=rf"answered by another process \(pid \d+: .*scripted_server"):
+            with ManagedServer(spec, Launch(["sleep", "600"], {}, "m"), tmp_path, dict(os.environ)):
+                pass
+    finally:
+        t.join()
+        stray[0].kill()
+
+
+def test_the_reference_engine_must_echo_this_runs_token(tmp_path):
+    """Our own child answers, but not as the reference engine started for this run."""
+    port = _free_port()
+    spec = ServerSpec(adapter="reference", port=port, ready_timeout_s=20, stop_timeout_s=1)
+    argv = [sys.executable, "-m", "workloads.testing.scripted_server", "--port", str(port)]
+    with pytest.raises(UsageError, match="lacks this run's token"):
+        with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
+            pass
+
+
+def test_server_log_first_line_hides_secrets(tmp_path):
+    port = _free_port()
+    spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=1, stop_timeout_s=1)
+    argv = [sys.executable, "-c", "pass", "+fabric.env.HF_TOKEN=hf_secret123"]
+    with pytest.raises(UsageError):
+        with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)):
+            pass
+    first = (tmp_path / "server" / "standin.log").read_text().splitlines()[0]
+    assert "hf_secret123" not in first and "+fabric.env.HF_TOKEN=<redacted>" in first

@@ -88,6 +88,7 @@ def test_finetune_sweep_from_local_checkpoint_and_failed_record(out_root, checkp
     for x in recs:
         assert x["workload"] == "finetune" and x["status"] == "ok"
         assert x["model"]["padded_vocab"] == 512 and x["model"]["num_layers"] == 2  # the checkpoint's shape
+        assert x["model"]["name"] == "ckpt"  # what ran: the checkpoint's directory, not model=neox-tiny
 
     # Token ids beyond the vocabulary are found after init: the run fails, and says why in its record.
     bad_root = out_root.parent / "bad"

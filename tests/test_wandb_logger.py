@@ -72,6 +72,14 @@ class Boom:
         raise ConnectionError("api.wandb.ai unreachable")
 
 
+@pytest.fixture(autouse=True)
+def _wandb_reachable_again(monkeypatch):
+    """A failed W&B call turns W&B off for the rest of the process; each test is its own run."""
+    from workloads.core import loggers
+
+    monkeypatch.setattr(loggers, "_DOWN", [])
+
+
 def test_failure_warns_once_and_never_raises(capsys):
     boom = Boom()
     lg = WandbLogger({"live": True}, {}, "n", "g", "pretrain", [], wandb_module=boom)

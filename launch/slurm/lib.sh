@@ -10,7 +10,7 @@
 #   FB_RDZV_PORT       c10d rendezvous port on the head node [20000 + job id % 20000]
 #   FB_CONTAINER_IMAGE run each node's agent in this image with pyxis (srun --container-image)
 #   FB_APPTAINER_IMAGE ... or with Apptainer (a .sif file): apptainer exec --nv
-#   FB_CONTAINER_MOUNTS extra pyxis mounts (src:dst[,src:dst]); FB_HOME is always mounted
+#   FB_CONTAINER_MOUNTS extra pyxis mounts (src:dst[,src:dst]); FB_HOME and FB_MODEL_PATH are always mounted
 #   FABRICBENCH_RUN_ID run directory name shared by all nodes  [slurm-$SLURM_JOB_ID]
 # Fabric variables (NCCL_*, GLOO_*, UCX_*, ...) set before sbatch reach every rank: srun,
 # pyxis and Apptainer (without --cleanenv) pass the whole environment through, and the
@@ -50,15 +50,26 @@ fb_node_addrs() {
 }
 
 # srun, one task per node, optionally inside a container; "$@" is the command.
+# --whole gives the step every CPU the job holds on each node (srun does not read
+# SLURM_CPUS_PER_TASK since 22.05, and a step otherwise gets one CPU per task); --cpu-bind=none
+# leaves the ranks free to spread over them.
 fb_srun_per_node() {
-  local srun_args=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+  local srun_args=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1
+                   --whole --cpu-bind=none)
+  # FB_SRUN_WAIT: seconds srun waits after the first task ends before ending the others
+  # (inference.sbatch: node 0's sweep exits 0 while the engine workers would serve forever)
+  [ -n "${FB_SRUN_WAIT:-}" ] && srun_args+=(--wait="$FB_SRUN_WAIT")
   if [ -n "${FB_CONTAINER_IMAGE:-}" ]; then
     local mounts="$FB_HOME:$FB_HOME"
+    # the serving batch file's model directory lives outside FB_HOME (e.g. /models/...)
+    [ -n "${FB_MODEL_PATH:-}" ] && mounts="$mounts,$FB_MODEL_PATH:$FB_MODEL_PATH"
     [ -n "${FB_CONTAINER_MOUNTS:-}" ] && mounts="$mounts,$FB_CONTAINER_MOUNTS"
     srun "${srun_args[@]}" --container-image="$FB_CONTAINER_IMAGE" --container-mounts="$mounts" \
       --container-workdir="$FB_HOME" "$@"
   elif [ -n "${FB_APPTAINER_IMAGE:-}" ]; then
-    srun "${srun_args[@]}" apptainer exec --nv --bind "$FB_HOME" --pwd "$FB_HOME" "$FB_APPTAINER_IMAGE" "$@"
+    local binds="$FB_HOME"
+    [ -n "${FB_MODEL_PATH:-}" ] && binds="$binds,$FB_MODEL_PATH"
+    srun "${srun_args[@]}" apptainer exec --nv --bind "$binds" --pwd "$FB_HOME" "$FB_APPTAINER_IMAGE" "$@"
   else
     srun "${srun_args[@]}" "$@"
   fi

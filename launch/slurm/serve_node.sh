@@ -13,10 +13,16 @@ if [ "$rank" = 0 ]; then
     "server.nnodes=$nnodes" "server.node_rank=0" "server.dist_init_addr=$FB_DIST_ADDR" \
     "server.host=${addrs[0]}" "server.port=$FB_SERVE_PORT" "server.model_path=$FB_MODEL_PATH" "$@"
 fi
+# The workers get the fabric profile and NCCL's per-process log (under the same run directory)
+# exactly as node 0's launch/infer.py applies them: re-run this script under it once.
+if [ -z "${FB_FABRIC_APPLIED:-}" ]; then
+  export FB_FABRIC_APPLIED=1
+  PYTHONPATH="$FB_HOME${PYTHONPATH:+:$PYTHONPATH}" exec "$FB_PYTHON" -m workloads.fabric.profile exec "$@" -- bash "$0" "$@"
+fi
 engine_python="${FB_ENGINE_PYTHON:-python3}"   # the image's Python, where the engine lives
 case "$FB_ENGINE" in
   sglang)
-    exec "$engine_python" -m sglang.launch_server --model-path "$FB_MODEL_PATH" --tp "$FB_TP" \
+    exec "$engine_python" -m sglang.launch_server --model-path "$FB_MODEL_PATH" --tp-size "$FB_TP" \
       --nnodes "$nnodes" --node-rank "$rank" --dist-init-addr "$FB_DIST_ADDR" \
       --host "${addrs[$rank]}" --port "$FB_SERVE_PORT" ;;
   vllm)

@@ -14,6 +14,7 @@ Two readers:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -120,6 +121,17 @@ def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None) -
     return cmd
 
 
+def split_env(pattern: str, world: int, ranks_per_node: int) -> dict[str, str]:
+    """nccl-tests' NCCL_TESTS_SPLIT for our traffic pattern (its README: "MOD 8" puts rank r
+    in communicator r % 8, one GPU per node on 8-GPU nodes), so the external rows measure the
+    same split communicators as ours (workloads/collectives/settings.py pattern_groups)."""
+    if pattern == "one_per_node":
+        return {"NCCL_TESTS_SPLIT": f"MOD {ranks_per_node}"}
+    if pattern == "pairs":
+        return {"NCCL_TESTS_SPLIT": f"MOD {world // 2}"}
+    return {}
+
+
 def external_scope(prefix: tuple[str, ...] | list[str], nodes: int) -> str:
     """What the external run spans. Without a launcher prefix it is one process on rank 0's
     node driving -g <local ranks> GPUs: on a multi-node job that measures NVLink/PCIe inside
@@ -140,9 +152,11 @@ def summary_line(block: dict[str, Any]) -> str | None:
     return line
 
 
-def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1) -> dict[str, Any]:
+def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the binary once (rank 0 only) and return the record's `external` block. `gpus`
-    is -g (rank 0's local ranks); `nodes` the job's node count, for the block's `scope`."""
+    is -g (rank 0's local ranks); `nodes` the job's node count, for the block's `scope`;
+    `env` extra variables for the binary (NCCL_TESTS_SPLIT from split_env)."""
     binary = shutil.which(s.external_binary)
     if binary is None:
         return {"status": "skipped", "reason": f"{s.external_binary} is not on PATH"}
@@ -150,9 +164,10 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1) -> dict[
     json_path = out_dir / f"{Path(binary).name}.json" if supports_json(binary) else None
     cmd = build_command(binary, s, gpus, json_path)
     block: dict[str, Any] = {"binary": binary, "command": cmd, "scope": external_scope(s.external_prefix, nodes),
-                             "nodes": nodes, "gpus": gpus}
+                             "nodes": nodes, "gpus": gpus, "env": dict(env or {})}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s,
+                              env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return block | {"status": "failed", "reason": f"timed out after {s.external_timeout_s:g}s"}
     except OSError as e:
@@ -168,3 +183,18 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1) -> dict[
     status = "ok" if proc.returncode == 0 and parsed["rows"] else "failed"
     return block | {"status": status, "returncode": proc.returncode, "source": source, **parsed,
                     "stderr_tail": proc.stderr[-2000:] if status != "ok" else ""}
+
+
+def run_external_alone(s: Settings, out_dir: Path, info, ranks_per_node: int) -> dict[str, Any] | None:
+    """Every rank calls this; rank 0 runs the binary (with our pattern's NCCL_TESTS_SPLIT)
+    while the others wait on the host (a Gloo barrier), not in a GPU-spinning NCCL kernel of
+    the next point: nothing of ours time-shares the GPUs with it. Rank 0 gets the block."""
+    from workloads.core import dist as fdist
+
+    fdist.host_barrier(s.external_timeout_s + 60)
+    block = None
+    if info.is_main:
+        block = run_external(s, out_dir, info.local_world_size, info.nodes,
+                             env=split_env(s.pattern, info.world_size, ranks_per_node))
+    fdist.host_barrier(s.external_timeout_s + 60)
+    return block

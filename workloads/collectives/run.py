@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
@@ -35,7 +36,40 @@ def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
     if s.external == "on" and shutil.which(s.external_binary) is None:
         raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
                          "(or rccl-tests) or set collectives.external=auto")
+    if fabric.backend == "gloo":  # host memory, shared by this node's ranks; GPUs are checked in the rank
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        check_fits(s, world, _mem_available() // max(1, ranks_here), f"host memory (shared by {ranks_here} ranks)")
     return s, fabric
+
+
+def peak_bytes(s: Settings, world: int) -> tuple[int, str, int]:
+    """(bytes one rank holds at once, op, size) for the sweep's largest buffers: send, receive
+    and, when checking, the expected values."""
+    type_size = ops.DTYPES[s.datatype].itemsize
+    best = (0, "", 0)
+    for name in s.ops:
+        lay = ops.get(name).layout(max(s.sizes), type_size, world)
+        need = (lay.send_numel + lay.recv_numel * (2 if s.check else 1)) * type_size
+        best = max(best, (need, name, max(s.sizes)))
+    return best
+
+
+def check_fits(s: Settings, world: int, free: int | None, where: str) -> None:
+    """A size that cannot be allocated is found before any timing, in one line."""
+    need, op, size = peak_bytes(s, world)
+    if free is not None and need > free:
+        raise UsageError(f"collectives.maxbytes={size} B ({size / 2**30:g} GiB): {op} needs {need / 2**30:.2f} GiB of buffers per rank but "
+                         f"{free / 2**30:.2f} GiB of {where} are free; lower collectives.maxbytes")
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
@@ -70,13 +104,13 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         external=None,
     )
     stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main)
+    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
     try:
         with recorded:
             rows = _measure(s, fabric, info, run_dir, record, rpn, say)
             _judge(s, rows, record)
     finally:
-        if info.is_main:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
             loggers = build_loggers(cfg, info)  # after the local record is safely written
@@ -91,7 +125,6 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
              say) -> list[Row]:
     """Verify the transport, then run every op, the p2p tests and (rank 0) the external
     nccl-tests binary; fill the record's rows and metrics."""
-    from workloads.collectives.nccltests import run_external, summary_line
     from workloads.collectives.p2p import run_p2p
     from workloads.fabric import linerate, nic
     from workloads.fabric.verify import check_transport
@@ -99,8 +132,12 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     groups = pattern_groups(s.pattern, info.world_size, rpn)
     record["collectives"]["groups"] = groups
     comm = make_comm(groups, info.rank)
+    if info.device.type == "cuda":  # before any timing: one line naming the size and the free memory
+        check_fits(s, info.world_size, torch.cuda.mem_get_info(info.device)[0], f"{info.device} memory")
     harness = Harness(s, comm, info.device, fabric.backend, info.rank, say, groups=groups, ranks_per_node=rpn)
-    # Transport verification (workloads/fabric/verify.py): after a first collective, before any timing.
+    # Transport verification (workloads/fabric/verify.py): after real collectives of a small and a
+    # large size on the measured communicator (NCCL >= 2.22 connects channels at first use).
+    fdist.warmup_collectives(info.device, comm.group)
     harness.barrier()
     record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
     rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
@@ -129,14 +166,21 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     if say and len(s.ops) > 1 and rows:
         say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
             f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
-    if info.is_main and s.external != "off":
-        if s.external == "on" or (fabric.backend == "nccl"):
-            record["external"] = run_external(s, run_dir / "external", info.local_world_size, info.nodes)
-            if say and (line := summary_line(record["external"])):
-                say(line)
-        else:
-            record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
+    _external(s, fabric, info, run_dir, record, rpn, say)
     return rows
+
+
+def _external(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: Path, record: dict, rpn: int,
+              say) -> None:
+    """nccl-tests' own binary on the same sweep, with every other rank idle meanwhile."""
+    from workloads.collectives.nccltests import run_external_alone, summary_line
+
+    if s.external != "off" and (s.external == "on" or fabric.backend == "nccl"):
+        record["external"] = run_external_alone(s, run_dir / "external", info, rpn)
+        if say and (line := summary_line(record["external"])):
+            say(line)
+    elif info.is_main and s.external != "off":
+        record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
 
 
 def _line_rate(node_rate: dict, record: dict, info: fdist.DistInfo, say) -> float | None:

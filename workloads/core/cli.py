@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "compare": "analysis.cli_compare",  # fabrics point by point: verdicts with 95% intervals
     "report": "analysis.cli_report",  # Markdown + self-contained HTML: verdicts, capacity, plots
     "emulate": "workloads.fabric.emulate",  # N namespaces + shaped veth links, one torchrun agent each (root)
+    "study": "workloads.study.run",  # arms x workloads x trials, interleaved; then compare and report
 }
 
 

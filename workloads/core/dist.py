@@ -61,6 +61,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def device_index(local_rank: int, visible: int) -> int:
+    """The CUDA device of a local rank. Under per-task GPU binding (srun --gpus-per-task=1,
+    submitit) each process sees one GPU, numbered 0, whatever its local rank."""
+    return local_rank % max(1, visible)
+
+
 def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
     global _INFO, _FABRIC
     if _INFO is not None:
@@ -77,8 +83,9 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = device_index(local_rank, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     kwargs = {}
@@ -125,3 +132,28 @@ def agree(value, info: DistInfo):
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def warmup_collectives(device: torch.device, group=None, big_bytes: int = 4 << 20) -> None:
+    """One tiny and one few-MB all_reduce, so NCCL has connected the channels that real traffic
+    uses (small messages may take the tree/LL path, large ones the ring) before its log is read."""
+    for numel in (1, big_bytes // 4):
+        t = torch.ones(numel, dtype=torch.float32, device=device)
+        dist.all_reduce(t, group=group)
+    synchronize(device)
+
+
+_HOST_GROUP = None
+
+
+def host_barrier(timeout_s: float) -> None:
+    """A barrier that waits on the CPU (a Gloo group made once, by every rank at the same
+    point), so no rank sits in a GPU-spinning NCCL kernel while another uses the GPUs."""
+    global _HOST_GROUP
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    synchronize(torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+                else torch.device("cpu"))
+    if _HOST_GROUP is None:
+        _HOST_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    dist.barrier(group=_HOST_GROUP)

@@ -9,18 +9,92 @@ message, before any rank starts), then starts `launcher.nproc_per_node` local ra
 torchrun's own machinery and reports a failed rank in one line instead of torchrun's
 traceback. A sweep sent to Slurm by `hydra/launcher=submitit_slurm` is not self-launched:
 this process only submits, and each job's Slurm tasks are the ranks.
+
+Signals: SIGTERM is handled as Ctrl-C is (the interrupted point's record is written as
+failed), with exit 143 instead of 130. Self-launched ranks die with the launcher, even a
+SIGKILLed one (PR_SET_PDEATHSIG), and a point whose writing rank died without writing its
+record (rank 0 SIGKILLed, OOM-killed) still gets a failed record: the writer leaves an
+in-flight copy that the launcher turns into one (`recover_inflight`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
 from workloads import CONF_DIR
 from workloads.core.errors import UsageError
+
+
+LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
+INFLIGHT_ENV = "FABRICBENCH_INFLIGHT_DIR"   # where the writing rank keeps its in-flight record
+# After SIGTERM a rank has this long to write its record; a rank blocked in a collective whose
+# peers are gone must still exit.
+TERM_GRACE_S = 20.0
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled wherever Ctrl-C is (records say "interrupted"), exit 143."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def _on_sigterm(signum, frame):
+    timer = threading.Timer(TERM_GRACE_S, os._exit, (128 + signum,))
+    timer.daemon = True
+    timer.start()
+    raise Terminated(f"received signal {signum}")
+
+
+def die_with_launcher() -> None:
+    """In a rank that self_launch started: SIGTERM when the launcher dies, SIGKILL included.
+    PR_SET_PDEATHSIG fires when the thread that forked us ends; torch's agent forks ranks from
+    the launcher's main thread, whose end is the process's end, so this is the process's death."""
+    parent = os.environ.get(LAUNCHER_ENV)
+    if not parent or not launched():
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def write_inflight(record: dict, directory: Path, stem: str) -> Path | None:
+    """The writing rank's copy of a record being measured, for the launcher to finish if the
+    rank dies before it writes the real one (None outside a self-launch)."""
+    where = os.environ.get(INFLIGHT_ENV)
+    if not where:
+        return None
+    path = Path(where) / f"{os.getpid()}-{stem}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"directory": str(Path(directory).resolve()), "stem": stem, "record": record},
+                              default=str))
+    tmp.replace(path)
+    return path
+
+
+def recover_inflight(where: str, why: str) -> list[Path]:
+    """Every in-flight record a dead rank left becomes a failed record, named by `why`."""
+    from workloads.core.records import write_record
+
+    written = []
+    for p in sorted(Path(where).glob("*.json")):
+        try:
+            left = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        rec = left["record"] | {"status": "failed", "error": why}
+        written.append(write_record(left["directory"], rec, left["stem"]))
+    return written
 
 
 # workload name -> module whose validate(cfg, world) checks a config before any rank starts
@@ -40,7 +114,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
-        raise UsageError(str(e).strip()) from None
+        raise _override_error(overrides, e) from None
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [list(job) for batch in batches for job in batch]
 
@@ -55,20 +129,28 @@ def compose(conf_dir: str, overrides: list[str], config_name: str = "config", hy
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             return hcompose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
-        raise UsageError(_one_line(str(e))) from None
+        raise _override_error(overrides, e) from None
 
 
-def _one_line(message: str) -> str:
-    """Hydra's multi-line composition errors as one line: the problem, and for a missing
-    group option, the options there are ("Could not find 'fabric/x'" + its list)."""
-    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
-    if not lines:
-        return "config error"
-    head, rest = lines[0], lines[1:]
-    if rest and rest[0].startswith("Available options"):
-        options = [ln for ln in rest[1:] if not ln.startswith(("Config search path", "provider="))]
-        return f"{head}; available: {', '.join(options)}"
-    return head
+def _override_error(overrides: list[str], e: Exception) -> UsageError:
+    """Hydra's message, on one line, naming the override it could not parse when there is one."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if "Available options in" in text:  # Hydra lists a group's options one per line: keep them on ours
+        options = text.split("Available options in", 1)[1].split("Config search path")[0].splitlines()[1:]
+        return UsageError(f"{first}; choose one of: {', '.join(o.strip() for o in options if o.strip())}")
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith(("See https", "Set the env"))]
+    first = " ".join(lines[:2]) or first
+    for o in overrides:
+        try:
+            OverridesParser.create().parse_overrides([o])
+        except HydraException:
+            return UsageError(f"cannot parse the override {o!r} ({first}); write key=value, quoting lists "
+                              "and spaces for the shell, e.g. 'load.points=[1,2]'")
+    return UsageError(first)
 
 
 @contextlib.contextmanager
@@ -80,6 +162,35 @@ def config_errors():
         yield
     except OmegaConfBaseException as e:
         raise UsageError(f"config: {str(e).splitlines()[0]}") from None
+
+
+def validate_job(cfg, world: int) -> None:
+    """The workload's own checks of one job's config, for `world` ranks (UsageError)."""
+    import importlib
+
+    validator = VALIDATORS.get(str(cfg.workload.name))
+    if validator is not None:
+        with config_errors():
+            importlib.import_module(validator).validate(cfg, world)
+
+
+def add_override(argv: list[str], override: str) -> None:
+    """Add `override` beside the command line's other overrides. Hydra's parser (argparse)
+    takes overrides as one run of positionals: one placed before a flag such as -m would
+    leave the rest "unrecognized" (`launch/collectives.py -m trial=0,1` used to fail so)."""
+    at = next((i for i, a in enumerate(argv[1:], 1) if "=" in a and not a.startswith("-")), len(argv))
+    argv.insert(at, override)
+
+
+def _report_job_error(overrides: list[str]) -> None:
+    """Hydra's own "Error executing job" line and traceback, through the one redaction
+    (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""
+    import traceback
+
+    from workloads.core.records import redact, redact_text
+
+    print(f"Error executing job with overrides: {redact(list(overrides))}", file=sys.stderr)
+    print(redact_text(traceback.format_exc()), file=sys.stderr, end="", flush=True)
 
 
 def _should_say(e: UsageError) -> bool:
@@ -113,32 +224,96 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             nproc = int(cfg.launcher.nproc_per_node)
             if nproc <= 0:
                 raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
-            validator = VALIDATORS.get(str(cfg.workload.name))
-            if validator is not None:
-                import importlib
-
-                with config_errors():
-                    importlib.import_module(validator).validate(cfg, nproc)
+            validate_job(cfg, nproc)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 
-    return torchrun(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+    return _run_ranks(script, argv, nproc)
+
+
+def _check_path_overrides(argv: list[str]) -> None:
+    """Hydra resolves the run folder before any workload code runs, and would wrap this
+    error in its own traceback: check run_id= here (each value of a sweep)."""
+    from workloads.core.rundir import check_run_id
+
+    for a in argv:
+        key, _, value = a.lstrip("+~").partition("=")
+        if key == "run_id" and value:
+            for v in value.split(","):
+                check_run_id(v.strip())
+
+
+def _compose_each_job(argv: list[str], config_name: str) -> None:
+    """Hydra's own errors (an unparsable override, an unknown group option) are several lines
+    and a hint about HYDRA_FULL_ERROR: compose first, and let ours be the one line."""
+    overrides = [a for a in argv if not a.startswith("-")]
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    for job in expand_sweep(overrides) if multirun else [overrides]:
+        compose(CONF_DIR, job, config_name)
+
+
+def _quiet_torchelastic() -> None:
+    import logging
+
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    _quiet_torchelastic()
+    inflight = tempfile.mkdtemp(prefix="fabricbench-inflight-")
+    os.environ[LAUNCHER_ENV], os.environ[INFLIGHT_ENV] = str(os.getpid()), inflight
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+    code, why = 0, "the run ended without writing this record"
+    try:
+        run(args)
+    except ChildFailedError as e:
+        what, code = _rank_failure(e)
+        why = f"{what} during this point"
+    except (SignalException, KeyboardInterrupt) as e:
+        sig = getattr(e, "sigval", signal.SIGINT)
+        why = f"interrupted ({signal.Signals(sig).name})"
+        print(f"interrupted ({signal.Signals(sig).name}): measured points are kept", file=sys.stderr)
+        code = 128 + int(sig)
+    finally:
+        for path in recover_inflight(inflight, why):
+            print(f"the interrupted point's record (failed): {path}", file=sys.stderr)
+        shutil.rmtree(inflight, ignore_errors=True)
+    return code
 
 
 def torchrun(args: list[str]) -> int:
-    """torchrun in this process; a failed rank becomes one line and its exit code instead
-    of torch's ChildFailedError traceback (the rank printed its own message already)."""
+    """torchrun in this process (emulate's per-namespace agents); a failed rank becomes one
+    line and its exit code instead of torch's ChildFailedError traceback."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     try:
         run(get_args_parser().parse_args(args))
     except ChildFailedError as e:
-        rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
-        print(f"error: rank {rank} exited with code {first.exitcode}; its message is above", file=sys.stderr)
-        return first.exitcode if first.exitcode > 0 else 1
+        return _rank_failure(e)[1]
     return 0
+
+
+def _rank_failure(e) -> tuple[str, int]:
+    """The first failed rank (failures are keyed by global rank), said in one line; and the
+    exit code to pass on (128 + signal for a killed rank, as a shell reports it)."""
+    rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
+    what = f"rank {rank} {_exit_words(first.exitcode)}"
+    print(f"error: {what}; its message is above", file=sys.stderr)
+    return what, first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name} (exit code {code})"
+    return f"exited with code {code}"
 
 
 def hydra_entry(
@@ -162,43 +337,45 @@ def hydra_entry(
 
     register_resolvers()
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
-        sys.argv.insert(1, f"workload={workload}")
+        add_override(sys.argv, f"workload={workload}")
+    try:
+        _check_path_overrides(sys.argv[1:])
+        _compose_each_job(sys.argv[1:], config_name)
+    except UsageError as e:
+        if _should_say(e):  # under torchrun: one rank per node, not every rank
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     if os.environ.get("RANK", "0") != "0":
-        sys.argv.append("hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
+        add_override(sys.argv, "hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
+
+    # Under self-launch the launcher speaks for the ranks when interrupted; under torchrun, rank 0.
+    speaks = LAUNCHER_ENV not in os.environ and os.environ.get("RANK", "0") == "0"
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> None:
+        overrides = list(HydraConfig.get().overrides.task)
         try:
             with config_errors():
-                code = run(cfg, list(HydraConfig.get().overrides.task))
+                code = run(cfg, overrides)
         except UsageError as e:
             if _should_say(e):
                 print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            print("interrupted: measured points are kept", file=sys.stderr, flush=True)
-            sys.exit(130)
+        except Exception:  # a bug: its traceback, as Hydra would print it, minus secrets
+            _report_job_error(overrides)
+            sys.exit(1)
         if code:
             sys.exit(code)
 
-    if distributed and not launched():
-        code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
-        if code is not None:
-            sys.exit(code)
-    elif launched():
-        _compose_or_exit(sys.argv[1:], config_name)
-    main()
-
-
-def _compose_or_exit(argv: list[str], config_name: str) -> None:
-    """Under torchrun/Slurm, a config that does not compose is one line from one rank per
-    node and exit 2, as everywhere else (Hydra itself would print its message per rank)."""
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra/hydra_logging=")]
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    die_with_launcher()
     try:
-        for job in expand_sweep(overrides) if multirun else [overrides]:
-            compose(CONF_DIR, job, config_name)
-    except UsageError as e:
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
+        if distributed and not launched():
+            code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
+            if code is not None:
+                sys.exit(code)
+        main()
+    except KeyboardInterrupt as e:
+        if speaks:
+            print("interrupted: measured points are kept", file=sys.stderr, flush=True)
+        sys.exit(getattr(e, "exit_code", 130))

@@ -114,6 +114,10 @@ def _tag(s: str) -> str:
     return str(s)[:64]  # W&B rejects tags longer than 64 characters
 
 
+# Set once a W&B call failed in this process: later loggers do not try again.
+_DOWN: list[str] = []
+
+
 class WandbLogger(Logger):
     """Weights & Biases on rank 0.
 
@@ -122,7 +126,8 @@ class WandbLogger(Logger):
     never competes for CPU with the steps being timed. `live: true` starts it at build
     time and logs every step as it happens (for long runs you want to watch).
     Every call into wandb goes through `_guard`: the first failure warns once and turns
-    the logger into a no-op.
+    the logger into a no-op — for the rest of this process too (`_DOWN`): a sweep makes one
+    logger per point, and an unreachable W&B must cost one init timeout, not one per point.
     """
 
     def __init__(self, settings: Mapping[str, Any], init_config: dict[str, Any], name: str,
@@ -133,7 +138,9 @@ class WandbLogger(Logger):
         self._run = None
         self._dead = False
         self._pending: list[tuple[int, dict[str, Any]]] = []
-        if self.s.get("live"):
+        if _DOWN:
+            self._dead = True
+        elif self.s.get("live"):
             self._guard("init", self._start)
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -145,7 +152,8 @@ class WandbLogger(Logger):
             if isinstance(e, KeyboardInterrupt):
                 raise
             self._dead = True
-            msg = f"W&B {what} failed ({type(e).__name__}: {e}); W&B logging is off for this run, the local record is unaffected"
+            _DOWN.append(what)
+            msg = f"W&B {what} failed ({type(e).__name__}: {e}); W&B logging is off for the rest of this run, the local record is unaffected"
             print(f"warning: {msg}", file=sys.stderr, flush=True)
             return None
 

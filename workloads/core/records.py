@@ -8,6 +8,7 @@ raw samples and status. Secrets never enter it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -17,37 +18,97 @@ import time
 import uuid
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
 
 SCHEMA = "fabricbench.record/1"
-# Whole words of a key name: WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY match;
-# tokens_per_sec and max_tokens do not.
-_SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTHORIZATION"}
+REDACTED = "<redacted>"
+# A key names a secret when its LAST word does (WANDB_API_KEY, HF_TOKEN,
+# AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, password, Authorization, --api-key): a metric
+# such as total_token_throughput or a setting such as max_tokens ends in another word.
+_SECRET_LAST = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS",
+                "AUTHORIZATION", "AUTH", "COOKIE"}
+# Values that are credentials wherever they appear (a command line, a header, an error):
+# Hugging Face, OpenAI-style, GitHub, Slack and AWS access keys, and HTTP auth schemes.
+_SECRET_VALUES = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
+    r"|xox[abposr]-[A-Za-z0-9\-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16})\b"
+    r"|(?<=Bearer )[A-Za-z0-9._~+/\-]+=*|(?<=Basic )[A-Za-z0-9+/]+=*"
+    r"|(?i:(?<=authorization: ))\S+|(?i:(?<=authorization=))\S+")
 
 
 def is_secret_name(name: str) -> bool:
-    return any(w in _SECRET_WORDS for w in re.split(r"[^A-Za-z0-9]+", str(name).upper()))
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", str(name).upper()) if w]
+    return bool(words) and words[-1] in _SECRET_LAST
 
 
 _ASSIGNMENT = re.compile(r"^([+~]*[A-Za-z0-9_.\-/]+)=(.*)$", re.S)
 
 
+def redact_text(text: str) -> str:
+    """Known credential values replaced wherever they occur in free text."""
+    return _SECRET_VALUES.sub(REDACTED, text)
+
+
+def _hide(value: Any) -> Any:
+    """A secret-named value is hidden unless it cannot be a credential: empty, or a number
+    or boolean (a metric or a flag is never a key)."""
+    if value is None or value == "" or isinstance(value, (bool, int, float)):
+        return value
+    return REDACTED
+
+
 def redact(obj: Any) -> Any:
-    """Replace the value of every mapping key that looks like a secret, and of every
-    `key=value` string (a Hydra override such as `+fabric.env.HF_TOKEN=...`) whose last
-    key component does."""
+    """The one redaction of fabricbench: records, W&B config, the server log's command line
+    and Hydra's error line all go through it. Hides the value of a mapping key, a `key=value`
+    string (a Hydra override such as `+fabric.env.HF_TOKEN=...`) or a `--flag value` pair
+    whose name is a secret's, and any known credential value in any string. Numbers stay."""
     if isinstance(obj, dict):
-        return {k: ("<redacted>" if is_secret_name(k) and v not in (None, "") else redact(v)) for k, v in obj.items()}
+        return {k: (_hide(v) if is_secret_name(k) else redact(v)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [redact(v) for v in obj]
+        out = [redact(v) for v in obj]
+        for i in range(len(out) - 1):  # argv: --hf-token <value>
+            flag = obj[i]
+            if isinstance(flag, str) and flag.startswith("-") and "=" not in flag and is_secret_name(flag):
+                out[i + 1] = _hide(obj[i + 1])
+        return out
     if isinstance(obj, str):
-        m = _ASSIGNMENT.match(obj)
-        if m and is_secret_name(m.group(1).rsplit(".", 1)[-1]):
-            return f"{m.group(1)}=<redacted>"
+        m = _ASSIGNMENT.match(obj.lstrip("-") if obj.startswith("--") else obj)
+        if m and is_secret_name(m.group(1).rsplit(".", 1)[-1]) and m.group(2):
+            return obj[: obj.index("=")] + "=" + REDACTED
+        return redact_text(obj)
     return obj
+
+
+def redact_argv(argv: Sequence[str]) -> str:
+    """A command line as one printable, redacted string."""
+    return " ".join(redact(list(argv)))
+
+
+def json_safe(v: Any, reasons: dict[str, str] | None = None, path: str = "") -> Any:
+    """`v` with every NaN/Infinity replaced by None; each replaced path goes in `reasons`."""
+    if isinstance(v, float) and not math.isfinite(v):
+        if reasons is not None:
+            reasons[path] = f"{v!r} is not a JSON number"
+        return None
+    if isinstance(v, dict):
+        return {k: json_safe(x, reasons, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x, reasons, f"{path}[{i}]") for i, x in enumerate(v)]
+    return v
+
+
+def finite(record: dict[str, Any]) -> dict[str, Any]:
+    """Strict JSON: every NaN/Infinity becomes null, and `null_reasons` names each such
+    field (dotted path) with the value it stood for (e.g. a closed-loop point's arrival
+    rate, inf)."""
+    reasons: dict[str, str] = {}
+    out = json_safe(record, reasons)
+    if reasons:
+        out["null_reasons"] = dict(out.get("null_reasons") or {}) | reasons
+    return out
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
@@ -74,6 +135,13 @@ def _version(mod: str) -> str | None:
         return None
 
 
+def cpu_affinity() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None  # not Linux
+
+
 @lru_cache(maxsize=1)
 def fingerprint() -> dict[str, Any]:
     """Hardware and software this process runs on. Cached: it does not change mid-run."""
@@ -93,6 +161,7 @@ def fingerprint() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
+        "cpu_affinity": cpu_affinity(),  # CPUs this process may run on (a Slurm task may get one)
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
@@ -141,28 +210,83 @@ def new_record(workload: str, **fields: Any) -> dict[str, Any]:
     return rec
 
 
+# Config keys that are bookkeeping, not the point measured: two records that differ only
+# here (and in `trial`) are the same trial of the same point.
+_NOT_POINT = ("run_id", "output_root", "logger", "launcher", "hydra", "wandb", "study", "trial", "load.points",
+              "dist.timeout_s")
+
+
+def trial_key(record: dict[str, Any]) -> tuple | None:
+    """(point identity, trial) of a record: the workload, its sweep point, the study arm and
+    fabric, and every config value but bookkeeping. None for a record without a config."""
+    from workloads.core.loggers import flatten
+
+    cfg = record.get("config")
+    if not isinstance(cfg, dict):
+        return None
+    flat = flatten(json_safe(cfg), ".")  # as it will read back from disk
+    ident = tuple(sorted((k, repr(v)) for k, v in flat.items()
+                         if not any(k == p or k.startswith(p + ".") for p in _NOT_POINT)))
+    arm = (record.get("study") or {}).get("arm")
+    fabric = (record.get("fabric") or {}).get("name")
+    return (record.get("workload"), record.get("point"), arm, fabric, ident), cfg.get("trial", 0)
+
+
+def same_trial(directory: str | os.PathLike, record: dict[str, Any]) -> Path | None:
+    """The ok record in `directory` that already holds this trial of this point, if any."""
+    key = trial_key(record)
+    if key is None:
+        return None
+    for p in sorted(Path(directory).glob("*.json")):
+        try:
+            other = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(other, dict) and other.get("status") == "ok" and trial_key(other) == key:
+            return p
+    return None
+
+
+def duplicate_message(path: Path, record: dict[str, Any]) -> str:
+    trial = (record.get("config") or {}).get("trial", 0)
+    return (f"trial={trial} of this point is already recorded in {path}; a second record would be counted "
+            f"as another trial. Pass trial={int(trial) + 1} (or -m trial=...) for another trial, or a new run_id=")
+
+
 def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str) -> Path:
     """Write `record` as <directory>/<stem>-<n>.json atomically: a temp file, fsync, then a
-    hard link that fails if the name exists (so nothing is ever overwritten)."""
+    hard link that fails if the name exists (so nothing is ever overwritten).
+
+    Strict JSON (no NaN/Infinity: see `finite`), redacted. An ok record of a trial that an
+    ok record in `directory` already holds (a rerun, or a concurrent run, of the same
+    run_id and trial) is kept but written with status "duplicate", so no analysis counts
+    it twice; the check and the link happen under one lock on the directory."""
+    import fcntl
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{stem}.{uuid.uuid4().hex}.tmp"
-    data = json.dumps(redact(record), indent=1, default=str, allow_nan=True)
-    with open(tmp, "w") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        for n in range(100000):
-            final = d / f"{stem}-{n:03d}.json"
-            try:
-                os.link(tmp, final)
-                return final
-            except FileExistsError:
-                continue
-        raise RuntimeError(f"no free record name for {stem} in {d}")
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(d / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if record.get("status") == "ok" and (held := same_trial(d, record)) is not None:
+            record["status"], record["error"] = "duplicate", duplicate_message(held, record)
+            print(f"warning: {record['error']}; this record is kept with status duplicate", flush=True)
+        data = json.dumps(finite(redact(record)), indent=1, default=str, allow_nan=False)
+        with open(tmp, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            for n in range(100000):
+                final = d / f"{stem}-{n:03d}.json"
+                try:
+                    os.link(tmp, final)
+                    return final
+                except FileExistsError:
+                    continue
+            raise RuntimeError(f"no free record name for {stem} in {d}")
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def load_records(*dirs: str | os.PathLike) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from workloads.core.errors import UsageError
+
 
 def _safe(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "run"
@@ -30,9 +32,17 @@ def resolve_run_id(explicit: str | None = None) -> str:
     return derive_run_id(explicit, os.environ)
 
 
+def check_run_id(run_id: str) -> str:
+    """A run id names one folder under output_root: no separator, not `.` or `..`."""
+    if "/" in run_id or "\\" in run_id or run_id in (".", "..") or "\0" in run_id:
+        raise UsageError(f"run_id={run_id!r} must name one folder under output_root (no '/', '\\', '.' or '..'); "
+                         "e.g. run_id=roce-8gpu")
+    return run_id
+
+
 def derive_run_id(explicit: str | None, env) -> str:
     if explicit not in (None, "", "None", "null"):
-        return _safe(str(explicit))
+        return _safe(check_run_id(str(explicit)))
     if env.get("FABRICBENCH_RUN_ID"):
         return _safe(env["FABRICBENCH_RUN_ID"])
     if env.get("SLURM_JOB_ID"):

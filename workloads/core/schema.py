@@ -97,6 +97,7 @@ SCHEMA: dict[str, Num | Flag | Many] = {
     "load.duration_s": Num(False, 0, lo_open=True, optional=True), "load.warmup_requests": INDEX,
     "load.request_timeout_s": SECONDS, "load.seed": Num(True), "load.burstiness": Num(False, 0, lo_open=True),
     "load.rate": Num(False, 0, lo_open=True, finite=False), "load.lag_warn_ms": Num(False, 0), "load.max_concurrency": OPT_COUNT,
+    "load.max_failed_fraction": Num(False, 0, 1),
     "load.dataset.input_len": COUNT, "load.dataset.output_len": COUNT, "load.dataset.range_ratio": Num(False, 0, 1),
     "server.port": Num(True, 0, 65535), "server.tp": OPT_COUNT, "server.nnodes": COUNT, "server.node_rank": INDEX,
     "server.max_batch_size": COUNT, "server.max_kv_tokens": COUNT, "server.kv_block_size": COUNT,

@@ -17,7 +17,7 @@ from workloads.core import dist as fdist
 from workloads.core import rundir, schema
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
-from workloads.core.records import check_writable, new_record, write_record
+from workloads.core.records import check_writable, cpu_affinity, duplicate_message, new_record, same_trial, write_record
 from workloads.fabric.preflight import preflight
 
 
@@ -43,11 +43,24 @@ def start(cfg: DictConfig, fabric: FabricProfile) -> tuple[fdist.DistInfo, Path,
     run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     applied_env = fabric.apply(run_dir)
     info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
+    if info.local_rank == 0 and (why := affinity_warning(cpu_affinity(), info.local_world_size)):
+        print(f"warning: {why}", flush=True)
     agreed, disagreeing = fdist.agree(str(run_dir), info)
     if disagreeing and info.is_main:
         print(f"warning: ranks {disagreeing} derived another run directory; records go to {agreed}. "
               "Pass run_id= (or torchrun --rdzv_id) so every node agrees.", flush=True)
     return info, Path(agreed), applied_env
+
+
+def affinity_warning(cpus: int | None, local_ranks: int) -> str | None:
+    """Ranks (and their NCCL proxy threads, which drive the network) squeezed onto fewer CPUs
+    than there are ranks measure the CPU, not the fabric: a Slurm task without
+    --cpus-per-task/--exclusive gets one core on sites that bind or constrain cores."""
+    if cpus is None or cpus >= local_ranks:
+        return None
+    return (f"this process may run on {cpus} CPU(s) (os.sched_getaffinity) but {local_ranks} ranks share "
+            "this node: give the task its CPUs (sbatch --exclusive or --cpus-per-task, srun --cpu-bind=none; "
+            "launch/slurm/*.sbatch do) or the figures measure CPU contention")
 
 
 def base_record(workload: str, cfg: DictConfig, fabric: FabricProfile, applied_env: dict[str, str],
@@ -72,13 +85,30 @@ class Recorded:
     """`with Recorded(record, dir, stem, write=info.is_main):` runs a measurement; on the
     way out the record's status is "ok", or "failed" with the error (and the traceback of
     anything that is not a UsageError), and it is written when `write` is true. The
-    exception, if any, still propagates."""
+    exception, if any, still propagates.
 
-    def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool):
-        self.record, self.directory, self.stem, self.write = record, directory, stem, write
+    With `info` (the process group), entering first refuses a trial that an ok record in
+    `directory` already holds (UsageError on every rank, nothing measured or written): a
+    rerun of the same run_id and trial would otherwise be counted as a second trial."""
+
+    def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool,
+                 info: fdist.DistInfo | None = None):
+        self.record, self.directory, self.stem, self.write, self.info = record, directory, stem, write, info
         self.path: Path | None = None
+        self.inflight: Path | None = None
 
     def __enter__(self) -> dict[str, Any]:
+        if self.info is not None:
+            held = same_trial(self.directory, self.record) if self.info.is_main else None
+            held, _ = fdist.agree(None if held is None else str(held), self.info)  # rank 0 decides for all
+            if held is not None:
+                if not self.info.is_main:
+                    raise SystemExit(UsageError.exit_code)  # rank 0 says why, once
+                raise UsageError(duplicate_message(Path(held), self.record))
+        if self.write:
+            from workloads.core.launcher import write_inflight
+
+            self.inflight = write_inflight(self.record, self.directory, self.stem)
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -95,4 +125,6 @@ class Recorded:
             rec["traceback"] = "".join(traceback.format_exception(etype, exc, tb))
         if self.write:
             self.path = write_record(self.directory, rec, self.stem)
+            if self.inflight is not None:
+                self.inflight.unlink(missing_ok=True)
         return False

@@ -290,18 +290,34 @@ def _killpg(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
+LOOPBACK = "lo"
+# Entry points whose ranks span the namespaces, so their traffic crosses the emulated link.
+CROSSING_ENTRIES = ("train.py", "collectives.py")
+
+
 def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
     raise KeyboardInterrupt
 
 
-def spec_from_overrides(conf_dir: str, overrides: Sequence[str], **cli: Any) -> tuple[EmuSpec, str]:
+def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
+                        **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
     trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
     from workloads.core.launcher import compose, expand_sweep
 
+    from workloads.core.launcher import validate_job
+
     plain = [o for o in overrides if o not in ("-m", "--multirun")]
     points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]
-    found = {_spec_of(compose(conf_dir, point), cli) for point in points}
+    found = set()
+    for point in points:
+        cfg = compose(conf_dir, point)
+        spec = _spec_of(cfg, cli)
+        found.add(spec)
+        # The whole config, for the world it will run at, before any namespace exists (whose
+        # interface does not exist yet either: lo stands in for it in the host checks).
+        validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
+                     spec[0].nodes * nproc_per_node)
     if len(found) > 1:
         raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
                          "builds one topology: sweep fabrics as separate emulate runs")
@@ -348,12 +364,17 @@ def run(args, conf_dir: str | None = None) -> int:
     try:
         if not Path(args.entry).is_file():
             raise UsageError(f"entry point {args.entry} does not exist; use launch/train.py or launch/collectives.py")
+        if Path(args.entry).name not in CROSSING_ENTRIES:
+            raise UsageError(f"{args.entry} does not run across emulated nodes (inference starts one server in one "
+                             "namespace, so its traffic would never cross the shaped link); use launch/train.py or "
+                             "launch/collectives.py")
         if args.nproc_per_node < 1:
             raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
         if Path(args.entry).name == "collectives.py" and not any(
                 o.lstrip("+").startswith("workload=") for o in args.overrides):
             args.overrides.insert(0, "workload=collectives")  # as that entry point does itself
-        spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate)
+        spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
+                                           nproc_per_node=args.nproc_per_node)
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into
             # the config, and the fabric gets a name of its own unless the user gave one.

@@ -17,6 +17,11 @@ NCCL 2.x and RCCL print them (host:pid:tid [dev] prefix left out):
     NCCL INFO Channel 02/0 : 1[1] -> 4[0] [receive] via NET/Socket/1
     NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read | P2P/IPC | P2P/direct pointer
     NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct
+    NCCL INFO Channel 01/1 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA/Shared  (p2p conn.; net.cc %s%s%s)
+    NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/2/GDRDMA(PCI)    (C2C platforms, NCCL >= 2.26)
+    NCCL INFO CollNet 00/0 : 0 [send] via COLLNET/IB/0/GDRDMA                (coll_net.cc)
+    NCCL INFO Pattern 4, crossNic 0, nChannels 16, bw 40.000000/40.000000, type NVL/PIX, sameChannels 1
+                                               (graph/search.cc ncclTopoPrintGraph: intra/inter path type)
     RCCL appends ` comm 0x95cdeb0 nRanks 08` to many of these lines.
 
 The parser is pure (text in, summary out) so fixture logs pin it.
@@ -43,13 +48,18 @@ _CHANNEL = re.compile(
     r"(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
 )
 _DEVICE = re.compile(r"\[(\d+)\](\S+)")
+_COLLNET = re.compile(r"\bCollNet (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] via (?P<via>.+?)\s*$")
+# graph/search.cc: "Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s, ..." (older: "speed %f/%f")
+_GRAPH = re.compile(r"\bPattern (?P<pattern>\d+), crossNic \d+, nChannels (?P<n>\d+), .*?\btype (?P<intra>[A-Z0-9]+)/(?P<inter>[A-Z0-9]+)")
 
 
 def transport_key(via: str) -> tuple[str, bool]:
     """`NET/IB/0(1)/GDRDMA` -> ("NET/IB", True); `P2P/CUMEM/read` -> ("P2P/CUMEM", False);
     `SHM/direct/direct` -> ("SHM", False); `NET/AWS Libfabric/0/GDRDMA` -> ("NET/AWS Libfabric", True)."""
     parts = via.strip().split("/")
-    gdr = parts[-1] == "GDRDMA"
+    # net.cc prints "/GDRDMA" then "(PCI)" (C2C, >= 2.26) then "/Shared" (p2p connections):
+    # GDRDMA, GDRDMA(PCI) and GDRDMA/Shared are all GPUDirect RDMA.
+    gdr = any(p.startswith("GDRDMA") for p in parts[2:])
     kind = parts[0]
     if kind in ("NET", "P2P") and len(parts) > 1:
         return f"{kind}/{parts[1]}", gdr
@@ -71,11 +81,15 @@ def _device(token: str, net: str) -> dict:
         # eth0:10.0.0.1<0>  (IPv6 addresses keep their colons)
         name, _, addr = token.partition(":")
         return {"name": name, "address": re.sub(r"<\d+>$", "", addr) or None}
-    # mlx5_0:1/RoCE  or  mlx5_0:1/IB/SHARP
+    # mlx5_0:1/RoCE, mlx5_0:1/IB/SHARP, or NCCL 2.30's mlx5_0:1:0/IB (a rail/plane index after
+    # the port): the port is always the first number after the device name.
     head, _, rest = token.partition("/")
-    name, _, port = head.partition(":")
+    name, *nums = head.split(":")
+    port = nums[0] if nums else ""
     link, *extra = rest.split("/")
     d = {"name": name, "port": int(port) if port.isdigit() else None, "link_layer": link}
+    if len(nums) > 1:
+        d["suffix"] = ":".join(nums[1:])
     if extra:
         d["features"] = extra
     return d
@@ -102,6 +116,8 @@ class ProcessLog:
     received: dict[str, int] = field(default_factory=dict)  # transport key -> `[receive]` ends logged here
     gdr_channels: int = 0
     net_channels: int = 0
+    collnet_channels: int = 0  # `CollNet NN : r [send] via COLLNET/...` (in-network reduction, e.g. SHARP)
+    graph_types: list[str] = field(default_factory=list)  # intra-node path types of every GRAPH search (NVL, PIX, ...)
     lines: int = 0  # NCCL lines seen; 0 means NCCL logged nothing here
 
     @property
@@ -161,6 +177,13 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
             if key.startswith("NET/"):
                 log.net_channels += 1
                 log.gdr_channels += gdr
+        elif (cn := _COLLNET.search(msg)) is not None:
+            if cn["dir"] == "send":
+                log.collnet_channels += 1
+                channels["COLLNET"] += 1
+        elif (g := _GRAPH.search(msg)) is not None:
+            if int(g["n"]) and g["intra"] not in log.graph_types:
+                log.graph_types.append(g["intra"])
         elif (n := _NETWORK.search(msg)) is not None:
             log.network = n["net"]
         elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
@@ -219,6 +242,8 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "gdr": None if not net else gdr == net,
         "gdr_channels": gdr,
         "no_device": sorted({n for lg in logs for n in lg.no_device}),
+        "graph_types": sorted({t for lg in logs for t in lg.graph_types}),
+        "collnet_channels": sum(lg.collnet_channels for lg in logs),
         "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
         "processes": len(logs),
         "ranks": [lg.as_dict() for lg in logs],

@@ -227,7 +227,12 @@ def rails_for(profile, env, transport: dict | None, root=None) -> list[str]:
     rails = []
     for d in s.get("devices") or []:
         if d.get("port") is not None:
-            rails.append(f"rdma:{d['name']}:{d['port']}")
+            # a merged virtual NIC (NCCL_IB_MERGE_NICS) is named mlx5_0+mlx5_1; a Data Direct
+            # device mlx5_0_dma (net_ib/init.cc) is mlx5_0's own port seen through another path
+            for name in d["name"].split("+"):
+                rail = f"rdma:{name.removesuffix('_dma')}:{d['port']}"
+                if rail not in rails:
+                    rails.append(rail)
         else:
             rails.append(f"net:{d['name']}")
     if rails:

@@ -305,14 +305,18 @@ def check_ifaces(var: str, spec: str, ifaces: list[NetIface], nccl_syntax: bool)
     return problems
 
 
+def uses_ib(profile, env: Mapping[str, str]) -> bool:
+    """The profile runs NCCL over IB verbs (IB or RoCE)."""
+    return (profile.backend == "nccl" and env.get("NCCL_IB_DISABLE", "0") != "1"
+            and str((profile.expect or {}).get("network") or "").startswith("IB"))
+
+
 def check(profile, environ: Mapping[str, str] | None = None, root: str | os.PathLike | None = None) -> list[str]:
     """Every problem with `profile` on this host, as messages (empty: ready). Pure reads."""
     env = effective_env(profile.env, environ)
     expect = profile.expect or {}
     problems: list[str] = []
-    uses_ib = (profile.backend == "nccl" and env.get("NCCL_IB_DISABLE", "0") != "1"
-               and str(expect.get("network") or "").startswith("IB"))
-    if uses_ib:
+    if uses_ib(profile, env):
         problems += check_rdma(profile.name, env, expect.get("link_layer"), rdma_ports(root))
     ifaces = None
     if profile.backend == "nccl" and env.get("NCCL_SOCKET_IFNAME"):
@@ -324,8 +328,29 @@ def check(profile, environ: Mapping[str, str] | None = None, root: str | os.Path
     return problems
 
 
+# NCCL's IB transport pins (registers) its buffers; container runtimes default to a few MiB.
+MEMLOCK_MIN = 1 << 30
+
+
+def memlock_warning(soft_limit: int, uses_ib: bool) -> str | None:
+    """The locked-memory limit as a warning (not an error: with dma-buf registration some
+    setups work below it); `soft_limit` is RLIMIT_MEMLOCK's soft value in bytes."""
+    import resource
+
+    if not uses_ib or soft_limit == resource.RLIM_INFINITY or soft_limit >= MEMLOCK_MIN:
+        return None
+    return (f"locked-memory limit is {soft_limit // 1024} KiB (ulimit -l); NCCL over IB/RoCE registers its "
+            "buffers and may fail or fall back: run with ulimit -l unlimited (docker: --ulimit memlock=-1 "
+            "--cap-add=IPC_LOCK --device=/dev/infiniband)")
+
+
 def preflight(profile, environ: Mapping[str, str] | None = None, root: str | os.PathLike | None = None) -> None:
     """Raise one UsageError listing every problem; return quietly when the host is ready."""
+    import resource
+
+    ib = uses_ib(profile, effective_env(profile.env, environ))
+    if (why := memlock_warning(resource.getrlimit(resource.RLIMIT_MEMLOCK)[0], ib)):
+        print(f"warning: fabric={profile.name}: {why}", flush=True)
     problems = check(profile, environ, root)
     if problems:
         head = f"fabric={profile.name} cannot run on this host (preflight, {sysfs_root(root)}):"

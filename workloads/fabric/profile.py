@@ -79,7 +79,11 @@ class FabricProfile:
             logs.mkdir(parents=True, exist_ok=True)
             defaults = {
                 "NCCL_DEBUG": "INFO",
-                "NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH,ENV,TUNING",  # TUNING: the algorithm per call (linerate.py)
+                # BOOTSTRAP: 2.2x moved "Bootstrap: Using" under its own subsystem.
+                # Not TUNING by default: NCCL logs it on every collective call, a file write
+                # inside the timed loop; add it (fabric.env.NCCL_DEBUG_SUBSYS) to see the
+                # algorithm behind a busbw above the line rate (linerate.py).
+                "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,NET,GRAPH,ENV",
                 # %h host, %p pid: NCCL expands them, so ranks never share a file.
                 "NCCL_DEBUG_FILE": str(logs / "nccl.%h.%p.log"),
             }
@@ -87,3 +91,62 @@ class FabricProfile:
                 environ.setdefault(key, value)
                 applied[key] = environ[key]
         return applied
+
+
+def node_env(overrides: list[str], config_name: str = "infer") -> tuple[FabricProfile, dict[str, str | None]]:
+    """The fabric profile and the environment one node of a job must run with: the profile's
+    variables and NCCL's per-process log under the job's run directory (the run id from
+    FABRICBENCH_RUN_ID/Slurm, as node 0 derives it). None means unset."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from workloads.core import rundir
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    rundir.register_resolvers()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides))
+    fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    env: dict = {}
+    fabric.apply(Path(rundir.run_dir(cfg.output_root, cfg.get("run_id"))).resolve(), env)
+    unset = {k: None for k, v in fabric.env.items() if v is None}
+    return fabric, {**env, **unset}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m workloads.fabric.profile exec [hydra overrides] -- command ...
+
+    Runs `command` with the fabric profile applied, exactly as node 0's workload applies it
+    (launch/slurm/serve_node.sh starts the engine workers of nodes > 0 this way)."""
+    import sys
+
+    from workloads.core.errors import UsageError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "exec" or "--" not in args or args.index("--") == len(args) - 1:
+        print("usage: python -m workloads.fabric.profile exec [hydra overrides] -- command [args]", file=sys.stderr)
+        return 2
+    cut = args.index("--")
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        _, env = node_env(args[1:cut])
+    except (UsageError, HydraException, OmegaConfBaseException) as e:
+        print(f"error: {str(e).splitlines()[0]} (overrides: {' '.join(args[1:cut]) or 'none'})", file=sys.stderr)
+        return 2
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    command = args[cut + 1:]
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,6 +14,8 @@ A mismatch raises `TransportMismatch` with one message unless `fabric.verify=war
   forbid_transports  [prefix, ...]                        no channel may go via these (NET/Socket)
   allow_transports   [prefix, ...]                        every channel must go via one of these
   gdr                true                                 every NET channel must be GPUDirect RDMA
+  forbid_graph_types [NVL, ...]                           no GRAPH search may find this intra-node path
+                                                          type (graph/search.cc `type %s/%s`: NVLink is NVL)
   interfaces         [name, ...]                          (Gloo) the interfaces ranks must bind
 """
 
@@ -58,6 +60,13 @@ def _group(by_rank: dict[int, str]) -> dict[str, list[int]]:
 # NCCL / RCCL: the verdict from per-rank log summaries (pure)
 
 
+# Problems that mean "no evidence", not "wrong evidence": a verdict made only of these is
+# "unverified" (fabric.verify=fail still stops the run, with the reason).
+UNVERIFIED_MARKS = ("wrote no NCCL INFO log", "no Gloo peer", "logged no channel", "logged no GRAPH line",
+                    "rank log(s) missing")
+CHANNEL_RULES = ("forbid_transports", "allow_transports", "gdr")
+
+
 def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
     """`ranks[i]` is rank i's `ProcessLog.as_dict()`. Returns what disagrees with `expect`."""
     problems = []
@@ -65,6 +74,15 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
     if silent:
         problems.append(f"{rank_list(silent)} wrote no NCCL INFO log")
     talking = [(i, r) for i, r in enumerate(ranks) if r.get("lines")]
+    if any(expect.get(k) for k in CHANNEL_RULES) and len(ranks) > 1:
+        # NCCL >= 2.22 connects channels lazily (NCCL_RUNTIME_CONNECT): before a real
+        # collective the log holds no "Channel ... via" line and every channel rule would pass
+        # on nothing.
+        bare = [i for i, r in talking if not _transports(r)]
+        if bare:
+            problems.append(f"{rank_list(bare)} logged no channel (no collective had connected one), "
+                            "so the channel rules were not checked")
+    problems += _graph_problems(expect, talking)
     want_net = expect.get("network")
     if want_net:
         actual = {i: ("NET/" + r["network"] if r.get("network") else "no 'Using network' line")
@@ -97,6 +115,24 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
         if no_gdr:
             problems.append(f"{rank_list(no_gdr)} have NET channels without GPUDirect RDMA (no /GDRDMA)")
     return problems
+
+
+def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) -> list[str]:
+    """NCCL prints P2P/CUMEM alike over NVLink and PCIe, and NVLS moves bytes with no Channel
+    line at all; the GRAPH line's intra-node path type is what tells them apart."""
+    forbid = expect.get("forbid_graph_types") or []
+    if not forbid:
+        return []
+    out = []
+    none = [i for i, r in talking if not r.get("graph_types")]
+    if none:
+        out.append(f"{rank_list(none)} logged no GRAPH line (NCCL_DEBUG_SUBSYS must include GRAPH), "
+                   "so the intra-node path type was not checked")
+    hit = {i: "/".join(t for t in r.get("graph_types") or [] if t in forbid) for i, r in talking}
+    for what, rs in _group({i: v for i, v in hit.items() if v}).items():
+        out.append(f"{rank_list(rs)} found intra-node paths of type {what} (NCCL's GRAPH line; "
+                   f"not allowed: {', '.join(forbid)})")
+    return out
 
 
 def _transports(r: dict) -> set[str]:
@@ -289,7 +325,7 @@ def decide(profile, evidence: list[dict], environ: Mapping[str, str] | None = No
         summary["ranks"] = ranks
         problems = nccl_problems(expect, ranks)
         hints = nccl_hints(expect, ranks, env, root) if problems else []
-    unverified = bool(problems) and all("no NCCL INFO log" in p or "no Gloo peer" in p for p in problems)
+    unverified = bool(problems) and all(any(m in p for m in UNVERIFIED_MARKS) for p in problems)
     message = None
     if problems:
         message = f"fabric={profile.name} but " + "; ".join(problems + hints)
@@ -342,23 +378,100 @@ def report_transport(result: dict, environ: Mapping[str, str] | None = None) -> 
         Path(target).write_text(json.dumps(result, default=str))
 
 
-def server_transport(profile, run_dir, reported: Path | None = None) -> dict:
+def server_logs(run_dir, since: float | None = None) -> list[Path]:
+    """The NCCL logs of this server's processes: <run_dir>/nccl/*.log written since it started
+    (a resumed run reuses its run id, so the logs of earlier servers are there too). One second
+    of slack for filesystems with coarse timestamps."""
+    logs = sorted(Path(run_dir, "nccl").glob("*.log"))
+    if since is None:
+        return logs
+    return [p for p in logs if p.stat().st_mtime >= since - 1.0]
+
+
+def process_transport(profile, pids: list[int], world: int) -> dict | None:
+    """Gloo verdict for a server whose ranks are other processes (vLLM's workers): the same
+    socket-table evidence and rules as `check_transport`, read from /proc/<pid> of each of
+    the server's processes; its ranks are those holding a connection to another one's
+    listener (the API server and engine core hold none). None when no process is readable."""
+    tables = []
+    for pid in pids:
+        t = socket_table(f"/proc/{pid}")
+        if Path(f"/proc/{pid}").exists():
+            tables.append(t | {"pid": pid})
+    if not tables:
+        return None
+    ranks = [t for t, b in zip(tables, gloo_bindings(tables, None)) if b["peer_connections"]]
+    evidence = [{"kind": "gloo", "table": t} for t in (ranks or tables[:1])]
+    result = decide(profile, evidence, {})
+    # The fabric's variables as each rank process holds them (did they reach vLLM's workers?).
+    unset = {}
+    for b, t in zip(result["summary"]["ranks"], ranks):
+        b["pid"], b["env"] = t["pid"], process_env(t["pid"], profile.env)
+        unset |= {k: v for k, v in profile.env.items() if v is not None and b["env"].get(k) != v}
+    result["summary"]["how"] = ("the TCP connections of the server's processes (/proc/<pid>/fd + /proc/<pid>/net/tcp*) "
+                                "whose end is another one's listener")
+    if unset:
+        result["verdict"] = "mismatch"
+        result["problems"].append("the server's ranks lack the fabric's " +
+                                  ", ".join(f"{k}={v}" for k, v in sorted(unset.items())))
+    if world > 1 and len(ranks) < world:
+        result["verdict"] = "unverified" if result["verdict"] != "mismatch" else "mismatch"
+        result["problems"].insert(0, f"Gloo peer connections found in {len(ranks)} of the server's processes, "
+                                     f"not its {world} ranks (pids {', '.join(map(str, pids))})")
+    if result["problems"]:
+        result["message"] = f"fabric={profile.name} but " + "; ".join(result["problems"] + result["hints"])
+    return result
+
+
+def process_env(pid: int, keys) -> dict[str, str | None]:
+    """`keys` as they are in the environment of process `pid` (None: not set)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+    return {k: env.get(k) for k in keys}
+
+
+def server_transport(profile, run_dir, reported: Path | None = None, ranks: int | None = None,
+                     since: float | None = None, pids: list[int] | None = None) -> dict:
     """The verdict for a server that runs in other processes: its own report when it wrote
-    one, else the NCCL INFO logs its processes wrote under <run_dir>/nccl (SGLang, vLLM),
-    else "unverified" (an external server, or no log)."""
+    one; else, on Gloo, the sockets of its processes `pids` (vLLM on CPU); else the NCCL INFO
+    logs its processes wrote under <run_dir>/nccl since `since` (SGLang, vLLM); else
+    "unverified" (an external server, or no log). `ranks` (the TP degree x nodes' share) is
+    how many ranks there must be evidence of: fewer means some workers were not seen, and
+    what was not seen is not verified."""
     import json
 
     if profile.verify == "off":
         return {"verdict": "off", "mode": "off"}
     if reported is not None and reported.is_file():
         return json.loads(reported.read_text())
+    if profile.backend == "gloo" and pids:
+        result = process_transport(profile, pids, ranks or 1)
+        if result is not None:
+            result["run_dir"] = str(run_dir)
+            return result
     if profile.backend == "nccl":
-        logs = sorted(Path(run_dir, "nccl").glob("*.log"))
+        logs = [nccl_log.parse_file(p) for p in server_logs(run_dir, since)]
+        logs = [lg for lg in logs if lg.lines]  # e.g. an API-server process that loaded NCCL and never used it
         if logs:
-            result = decide(profile, [{"kind": "nccl", "log": nccl_log.parse_file(p).as_dict()} for p in logs])
+            result = decide(profile, [{"kind": "nccl", "log": lg.as_dict()} for lg in logs])
+            if ranks is not None and len(logs) < ranks:
+                _add_problem(result, profile, f"{len(logs)} of {ranks} rank log(s) under {Path(run_dir, 'nccl')}: "
+                                              f"{ranks - len(logs)} rank log(s) missing (workers on other nodes "
+                                              "must run with the same fabric profile: launch/slurm/serve_node.sh)")
             result["run_dir"] = str(run_dir)
             return result
     why = (f"no evidence of the server's transport (no report, no NCCL log under {Path(run_dir, 'nccl')}); "
            "an external server is never verified")
     return {"verdict": "unverified", "mode": profile.verify, "message": why, "problems": [why], "hints": [],
             "expect": dict(profile.expect or {}), "summary": {}}
+
+
+def _add_problem(result: dict, profile, problem: str) -> None:
+    """Add one problem to a decided verdict and recompute its verdict and message."""
+    problems = result["problems"] + [problem]
+    unverified = all(any(m in p for m in UNVERIFIED_MARKS) for p in problems)
+    result.update(problems=problems, verdict="unverified" if unverified else "mismatch",
+                  message=f"fabric={profile.name} but " + "; ".join(problems + result["hints"]))

@@ -4,6 +4,11 @@
 server (config, dataset, tokenizer, TP vs heads) is checked first; points that already
 have an ok record in <run dir>/records are skipped (resume with the same run_id=); the
 server is started once for the remaining points and always stopped.
+
+A point is `ok` only when it ran as asked: more failed requests than
+`load.max_failed_fraction` (default 0: any) make it `partial` (some completed) or
+`failed`, with the counts in its error; a server that died during it makes it `failed`
+with the server's exit code. Only `ok` points count as done on resume.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.core import session
 from workloads.core.loggers import build_loggers, flatten
-from workloads.core.records import write_record
+from workloads.core.records import json_safe, write_record
 from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
@@ -53,6 +58,7 @@ class LoadSettings:
     extra_body: dict
     lag_warn_ms: float
     flush_cache_path: str | None
+    max_failed_fraction: float  # a point is ok only when at most this share of its requests failed
     event_loop: str           # auto | uvloop | asyncio (loadgen/point.py loop_factory)
 
     def point(self, base_url: str, backend, model_name: str, prompts, arrival: Arrival) -> LoadPoint:
@@ -120,7 +126,8 @@ def _load_settings(load: DictConfig, points: list[Arrival]) -> LoadSettings:
         duration_s=float(load.duration_s) if load.duration_s is not None else None,
         warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s), seed=int(load.seed),
         extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
-        flush_cache_path=None if flush is None else str(flush), event_loop=event_loop)
+        flush_cache_path=None if flush is None else str(flush),
+        max_failed_fraction=float(load.get("max_failed_fraction", 0.0)), event_loop=event_loop)
 
 
 def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> None:
@@ -148,7 +155,7 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if adapter.starts_process:
         check_tp_divides(spec.tp, model)
-    adapter.check_available(spec)
+    adapter.check_available(spec, OmegaConf.to_container(cfg.server, resolve=True))
     launch = adapter.command(spec, model, fabric.name, adapter.forwarded_overrides(overrides))
     load = cfg.load
     backend = get_backend(str(load.backend))
@@ -165,14 +172,14 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
 
 
 # Config keys a resumed sweep may change without invalidating the points already measured.
-_RESUMABLE = ("load.points", "trial", "logger", "run_id", "output_root")
+_RESUMABLE = ("load.points", "load.max_failed_fraction", "trial", "logger", "run_id", "output_root")
 
 
 def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
     """Points this run directory already measured for this trial. A record measured with
     another configuration (other than the sweep's point list) is an error, not a resume:
     reusing it would silently mix two experiments under one run_id."""
-    mine = flatten(OmegaConf.to_container(cfg, resolve=True), sep=".")
+    mine = flatten(json_safe(OmegaConf.to_container(cfg, resolve=True)), sep=".")  # as records store it
     done = set()
     for p in sorted(records_dir.glob("*.json")):
         try:
@@ -234,17 +241,21 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     try:
         from workloads.core.records import fingerprint
 
-        fp = fingerprint()
+        from workloads.inference.engine_info import engine_versions
+
+        # the engine's own torch/NCCL (its image's interpreter), beside this process's
+        fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
+        started = time.time()  # logs older than this are an earlier server's (a resumed run id)
         with ManagedServer(spec, launch, run_dir, env) as srv:
-            _verify_server(plan.fabric, run_dir, reported, base)
+            _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started, srv.pids())
             for k, a in enumerate(plan.points):
                 if a.label() in done:
                     continue
                 failed += not _run_one(plan, k, srv, base, fp, records, loggers)
                 plan.prompts.release(k)
                 if not srv.alive():
-                    raise UsageError(f"server={spec.adapter} exited during point {a.label()}; the end of its log "
-                                     f"({srv.log_path}):\n{log_tail(srv.log_path)}")
+                    raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
+                                     f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
     except _Terminated as e:
         raise UsageError(f"stopped ({e}); the server was shut down and finished points are kept in {records}") from None
     finally:
@@ -252,10 +263,12 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _verify_server(fabric: FabricProfile, run_dir: Path, reported: Path, base: dict) -> None:
-    """The transport the server's ranks used, into every point's record; a mismatch stops
-    the sweep under fabric.verify=fail."""
-    transport = server_transport(fabric, run_dir, reported)
+def _verify_server(fabric: FabricProfile, run_dir: Path, reported: Path, base: dict, tp: int, since: float,
+                   pids: list[int]) -> None:
+    """The transport the server's ranks used (every one of the `tp` ranks: the sockets of its
+    processes `pids`, or logs written since this server started), into every point's record;
+    a mismatch stops the sweep under fabric.verify=fail."""
+    transport = server_transport(fabric, run_dir, reported, ranks=tp, since=since, pids=pids)
     base["fabric"]["transport"] = transport
     if transport.get("message"):
         if transport["verdict"] == "mismatch" and fabric.verify == "fail":
@@ -299,9 +312,9 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
         rec["client"] = {"event_loop": res.event_loop}
-        rec["status"] = "ok" if m["completed"] > 0 else "failed"
-        if m["completed"] == 0:
-            rec["error"] = f"no request completed; errors: {m['errors'][:3]}"
+        rec["status"], rec["error"] = point_status(m, plan.load.max_failed_fraction)
+        if srv.died(within_s=2.0 if m["failed"] else 0.0):
+            rec["status"], rec["error"] = "failed", _server_death(srv, a)
     except KeyboardInterrupt:
         rec["status"], rec["error"] = "failed", "interrupted"
         raise
@@ -317,10 +330,26 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
     return rec["status"] == "ok"
 
 
+def point_status(m: dict[str, Any], max_failed_fraction: float) -> tuple[str, str | None]:
+    """ok only when the point ran as asked; `failed` when nothing completed, else `partial`."""
+    done, bad = m["completed"], m["failed"]
+    errors = f"; errors: {m['errors'][:3]}" if m.get("errors") else ""
+    if done == 0:
+        return "failed", f"no request completed ({bad} failed){errors}"
+    if bad > max_failed_fraction * (done + bad):
+        return "partial", (f"{bad} of {done + bad} requests failed, more than load.max_failed_fraction="
+                           f"{max_failed_fraction:g} allows{errors}")
+    return "ok", None
+
+
+def _server_death(srv, a: Arrival) -> str:
+    return f"server={srv.spec.adapter} exited with code {srv.exit_code()} during point {a.label()}"
+
+
 def _print_point(rec: dict[str, Any], path: Path) -> None:
     m = rec["metrics"]
     if rec["status"] != "ok":
-        print(f"point {rec['point']}: FAILED ({rec['error']}); record: {path}", flush=True)
+        print(f"point {rec['point']}: {rec['status'].upper()} ({rec['error']}); record: {path}", flush=True)
         return
 
     def f(k, spec=".1f"):

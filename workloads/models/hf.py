@@ -20,7 +20,14 @@ from workloads.models.neox import GPTNeoX, NeoXConfig
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias")
 
 
+_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
 def config_from_hf(hf: dict) -> NeoXConfig:
+    missing = [k for k in _REQUIRED if k not in hf]
+    if missing:
+        raise UsageError(f"config.json lacks {', '.join(missing)}; it is not a complete GPT-NeoX config "
+                         "(re-download the checkpoint or point at its directory)")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if hf.get("tie_word_embeddings"):
         raise UsageError("tied input/output embeddings are not GPT-NeoX; this checkpoint is not supported")
@@ -121,13 +128,37 @@ class CheckpointWeights:
         return {name: self.get(name, None) for name in self.names}
 
 
+def check_weights(p: Path) -> None:
+    """Weights present, and every safetensors header readable (cheap: the header only), so a
+    corrupt or truncated download is one line before any rank starts, not a rank's traceback."""
+    st = sorted(p.glob("*.safetensors"))
+    if not st and not sorted(p.glob("pytorch_model*.bin")):
+        raise UsageError(f"no model.safetensors or pytorch_model.bin in {p}; the checkpoint needs its weights")
+    from safetensors import safe_open
+
+    for f in st:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                h.keys()
+        except Exception as e:  # SafetensorError and OSError; the library has no narrower base
+            raise UsageError(f"{f} is not a readable safetensors file ({str(e).splitlines()[0][:120]}); "
+                             "the download is corrupt or truncated: fetch it again") from None
+
 
 def load_hf_config(path: str | Path) -> NeoXConfig:
     p = check_checkpoint_dir(path)
-    hf = json.loads((p / "config.json").read_text())
+    try:
+        hf = json.loads((p / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{p / 'config.json'} is not valid JSON ({e}); re-download the checkpoint's config.json") \
+            from None
+    if not isinstance(hf, dict):
+        raise UsageError(f"{p / 'config.json'} holds a {type(hf).__name__}, not a config object")
     if hf.get("model_type") not in (None, "gpt_neox"):
         raise UsageError(f"{p} holds a '{hf.get('model_type')}' model; fabricbench trains GPT-NeoX")
-    return config_from_hf(hf)
+    cfg = config_from_hf(hf)
+    check_weights(p)
+    return cfg
 
 
 def load_hf(path: str | Path) -> GPTNeoX:

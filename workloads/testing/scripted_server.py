@@ -17,6 +17,9 @@ generator never resends one), and POST /flush_cache counts its calls in that ans
 per SSE event, written in one go) from a bare asyncio protocol: aiohttp's server tops out
 near 3,500 req/s on one core, below the load generator, so client benchmarks use this one.
 It keeps no trace; GET /health answers ok, anything else but POST /v1/completions 404.
+
+Faults for the sweep's own bookkeeping: `--fail-every N` answers every Nth request HTTP
+500; `--die-after N` SIGKILLs the server when its Nth request arrives.
 """
 
 from __future__ import annotations
@@ -64,8 +67,9 @@ def _chunk(chat: bool, text: str, finish: str | None = None, usage: dict | None 
 
 
 class Scripted:
-    def __init__(self, ttft_ms: float, itl_ms: float) -> None:
+    def __init__(self, ttft_ms: float, itl_ms: float, fail_every: int = 0, die_after: int = 0) -> None:
         self.ttft_ms, self.itl_ms = ttft_ms, itl_ms
+        self.fail_every, self.die_after = fail_every, die_after
         self.trace: dict[str, dict] = {}
         self.prompts: list[str] = []   # sha1 of each prompt's JSON (text or token ids), arrival order
         self.flushes: list[int] = []   # len(self.prompts) at each POST /flush_cache
@@ -80,6 +84,14 @@ class Scripted:
         sent = body["prompt"] if "prompt" in body else body.get("messages")
         self.prompts.append(hashlib.sha1(json.dumps(sent).encode()).hexdigest())
         mode = s["mode"]
+        n = len(self.prompts)
+        if self.die_after and n >= self.die_after:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fail_every and n % self.fail_every == 0:
+            mode = "http500"
         if mode == "http500":
             return web.Response(status=500, text="scripted internal error")
         if mode == "http400":
@@ -156,8 +168,8 @@ class Scripted:
         return web.Response(text="Cache flushed.")
 
 
-def make_app(ttft_ms: float = 5.0, itl_ms: float = 1.0) -> web.Application:
-    s = Scripted(ttft_ms, itl_ms)
+def make_app(ttft_ms: float = 5.0, itl_ms: float = 1.0, fail_every: int = 0, die_after: int = 0) -> web.Application:
+    s = Scripted(ttft_ms, itl_ms, fail_every, die_after)
     app = web.Application()
     app.router.add_post("/v1/completions", s.handle)
     app.router.add_post("/v1/chat/completions", s.handle)
@@ -224,14 +236,17 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=5.0)
     ap.add_argument("--itl-ms", type=float, default=1.0)
     ap.add_argument("--instant", action="store_true", help="the bare zero-delay server for client benchmarks")
-    a = ap.parse_args()
+    ap.add_argument("--fail-every", type=int, default=0)
+    ap.add_argument("--die-after", type=int, default=0)
+    a, _ = ap.parse_known_args()  # an engine's flags (as an adapter builds them) are ignored
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((a.host, a.port))
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     if a.instant:
         return _serve_instant(sock)
-    web.run_app(make_app(a.ttft_ms, a.itl_ms), sock=sock, print=None, backlog=4096, access_log=None)
+    web.run_app(make_app(a.ttft_ms, a.itl_ms, a.fail_every, a.die_after), sock=sock, print=None, backlog=4096,
+                access_log=None)
 
 
 if __name__ == "__main__":
@@ -242,8 +257,9 @@ class Running:
     """`with Running() as url:` the scripted server in its own process on 127.0.0.1."""
 
     def __init__(self, ttft_ms: float = 5.0, itl_ms: float = 1.0, cpu: int | None = None,
-                 instant: bool = False) -> None:
-        self.args = ["--instant"] if instant else ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+                 instant: bool = False, fail_every: int = 0) -> None:
+        self.args = (["--instant"] if instant else ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+                                                    "--fail-every", str(fail_every)])
         self.cpu = cpu
 
     def __enter__(self) -> str:

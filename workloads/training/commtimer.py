@@ -51,12 +51,26 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+# Collectives whose payload is their second argument (output first).
+_INPUT_SECOND = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")
+
+
+def payload(name: str, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The tensor a collective sends from this rank (the first of a list)."""
+    key = "input" if name in _INPUT_SECOND else "tensor"
+    t = kwargs.get(key, args[1] if name in _INPUT_SECOND and len(args) > 1 else args[0] if args else None)
+    if isinstance(t, (list, tuple)):
+        t = t[0] if t else None
+    return t if isinstance(t, torch.Tensor) else None
+
+
 def _wrap(fn):
     @functools.wraps(fn)
     def timed(*args, **kwargs):
         timer = _ACTIVE
         if timer is None:
             return fn(*args, **kwargs)
+        timer._count(payload(fn.__name__, args, kwargs))
         slot = timer._open()
         work = fn(*args, **kwargs)
         if kwargs.get("async_op") and work is not None:
@@ -86,6 +100,12 @@ class CommTimer:
         self.cuda = device.type == "cuda"
         self._intervals: list[list] = []
         self._ref = None
+        self.step_bytes: dict[str, int] = {}  # dtype -> bytes this rank's collectives sent this step
+
+    def _count(self, t: torch.Tensor | None) -> None:
+        if t is not None:
+            key = str(t.dtype).removeprefix("torch.")
+            self.step_bytes[key] = self.step_bytes.get(key, 0) + t.numel() * t.element_size()
 
     def _mark(self):
         if self.cuda:
@@ -113,6 +133,7 @@ class CommTimer:
 
     def begin_step(self) -> None:
         self._intervals = []
+        self.step_bytes = {}
         self._ref = self._mark()
 
     def end_step(self) -> float:
@@ -130,3 +151,14 @@ class CommTimer:
         tensor = bucket.buffer().div_(dist.get_world_size(group))
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
+
+
+def comm_dtypes(step_bytes: list[dict[str, int]], warmup_steps: int) -> dict:
+    """What the gradient collectives moved, per timed step: bytes by dtype (mean over timed
+    steps) and the dtype carrying most of them. A bf16 run moves fp32 gradients under DDP
+    (autocast keeps fp32 parameters) and bf16 under DeepSpeed (it casts the model), so two
+    "bf16" runs can move 2x different bytes: the record says which."""
+    timed = step_bytes[warmup_steps:] or step_bytes
+    keys = sorted({k for s in timed for k in s})
+    mean = {k: sum(s.get(k, 0) for s in timed) / max(1, len(timed)) for k in keys}
+    return {"bytes_per_step_by_dtype": mean, "dtype": max(mean, key=mean.get) if mean else None}

@@ -38,6 +38,8 @@ def check_token_file(path: str | None, dtype: str) -> Path:
     if not p.is_file():
         raise UsageError(f"token file {p} does not exist; set data.path to a flat binary of {dtype} token ids")
     itemsize = np.dtype(TOKEN_DTYPES[dtype]).itemsize
+    if p.stat().st_size == 0:
+        raise UsageError(f"token file {p} is empty; set data.path to a flat binary of {dtype} token ids")
     if p.stat().st_size % itemsize:
         raise UsageError(f"token file {p} is {p.stat().st_size} bytes, not a whole number of {dtype} ids")
     return p

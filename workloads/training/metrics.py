@@ -12,11 +12,21 @@ from dataclasses import dataclass
 
 # bf16 dense peak TFLOPS per device. Users override or extend it with
 # `metrics.peak_tflops=<number>` (see conf/config.yaml).
+# Blackwell: NVIDIA's Blackwell datasheet figures as tabulated at
+# https://glennklockwood.com/garden/processors/B200 (BF16 dense "Matrix" column): HGX B200 at
+# 1000 W 2250, the GB200 variant at 1200 W 2500 (the "5 PFLOPS" in spec sheets is with sparsity).
+# MI325X: the MI300X's CDNA 3 die (304 CUs, ROCm's GPU-specs table) with HBM3E, so the MI300X peak.
+# MI355X: 256 CUs x 8192 FP8 FLOP/clock/CU (AMD at ISSCC 2026) x 2.4 GHz = 5033 FP8, BF16 half:
+# 2516.6. Not every figure is a vendor datasheet line; metrics.peak_tflops overrides any of them.
 PEAK_TFLOPS_BF16: dict[str, float] = {
     "A100": 312.0,
     "H100": 989.0,  # SXM
     "H200": 989.0,
+    "B200": 2250.0,  # HGX B200
+    "GB200": 2500.0,
     "MI300X": 1300.0,
+    "MI325X": 1300.0,
+    "MI355X": 2516.6,
 }
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import session
-from workloads.training.commtimer import CommTimer
+from workloads.training.commtimer import CommTimer, comm_dtypes
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.models.neox import PRECISIONS
 from workloads.training.engines import TrainSettings, build_engine
@@ -160,11 +160,18 @@ def validate(cfg: DictConfig, world: int) -> TrainPlan:
                              float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
     peak = cfg.metrics.get("peak_tflops")
     return TrainPlan(
-        workload=str(cfg.workload.name), model=mcfg, model_name=str(cfg.model.name), layout=layout, fabric=fabric,
+        workload=str(cfg.workload.name), model=mcfg, model_name=model_label(cfg), layout=layout, fabric=fabric,
         settings=settings, seq_length=seq, steps=int(t.steps), warmup_steps=int(t.warmup_steps), seed=int(cfg.seed),
         checkpoint=cfg.init.get("checkpoint") or None,
         data={"kind": str(cfg.data.kind), "path": cfg.data.get("path"), "dtype": cfg.data.get("dtype")},
         parallel=OmegaConf.to_container(cfg.parallel, resolve=True), peak_tflops=None if peak is None else float(peak))
+
+
+def model_label(cfg: DictConfig) -> str:
+    """The name of what actually runs: a checkpoint's directory name (its config gave the
+    shape), else the model= profile's name."""
+    ckpt = cfg.init.get("checkpoint")
+    return Path(str(ckpt).rstrip("/")).name if ckpt else str(cfg.model.name)
 
 
 def _transport_line(transport: dict | None) -> str:
@@ -221,16 +228,16 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         metrics={},
         samples={},
     )
-    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main)
+    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main, info=info)
     try:
         with recorded:
             _measure(plan, info, run_dir, record, loggers)
     finally:
-        if info.is_main:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             if record["status"] == "ok":
                 _print_summary(record, info, plan, recorded.path)
             else:
-                print(f"run failed; record with the error: {recorded.path}", flush=True)
+                print(f"run {record['status']}; record with the error: {recorded.path}", flush=True)
             loggers.log_summary(record)  # after the local record is safely written
         loggers.close()
     return recorded.path
@@ -250,7 +257,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                                 hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
                                 checkpoint_activations=settings.activation_checkpointing)
     nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
-    step_times, comm_times, losses = [], [], []
+    step_times, comm_times, losses, comm_bytes = [], [], [], []
     with timer.active():
         for step in range(plan.steps):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
@@ -263,6 +270,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
             fdist.synchronize(info.device)
             step_times.append(time.perf_counter() - t0)
             comm_times.append(timer.end_step())
+            comm_bytes.append(dict(timer.step_bytes))
             if step >= warmup:
                 nic.end_step()
             if step == 0:  # after the first collectives, before anything is timed for the summary
@@ -284,6 +292,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
     window = sum(timed_comm) if timed_comm and all(c is not None for c in timed_comm) else None
     record["nic"] = gather_summaries(nic, rails, node_line_rate(rails, plan.fabric.emulate)["rails"], info, window)
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
+    record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
     record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
                          "warmup_steps": warmup}
 

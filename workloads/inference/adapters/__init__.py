@@ -6,7 +6,8 @@ A module provides `command(spec, model, fabric, overrides) -> Launch` and, where
 default does not fit:
 - `STARTS_PROCESS = False`: nothing is started here (an external server), so this host's
   fabric, TP degree and model limits are not checked;
-- `check_available(spec)`: raise UsageError when the engine cannot start from here;
+- `check_available(spec, server)`: raise UsageError when the engine cannot start from here
+  (`server`: its conf/server section as a dict, for engine-only keys);
 - `forwarded_overrides(overrides)`: command-line overrides the engine must see too.
 The orchestrator (orchestrator.py) starts, watches and stops every engine alike.
 """
@@ -21,7 +22,8 @@ from typing import Callable
 from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec
 
-_NOT_ADAPTERS = {"base", "orchestrator"}
+# The machinery beside the adapters: what they build on, and what starts and watches them.
+_NOT_ADAPTERS = {"base", "orchestrator", "watchdog"}
 
 
 def _nothing(*_args) -> None:
@@ -37,7 +39,7 @@ class Adapter:
     name: str
     command: Callable[..., Launch]
     starts_process: bool = True
-    check_available: Callable[[ServerSpec], None] = _nothing
+    check_available: Callable[[ServerSpec, dict], None] = _nothing
     forwarded_overrides: Callable[[list[str]], tuple[str, ...]] = _no_overrides
 
 

@@ -6,22 +6,36 @@ environment and the NCCL log in the run directory. Stopping sends SIGTERM to the
 group, waits `stop_timeout_s`, then SIGKILLs whatever is left — on success, on a failed
 sweep point, on Ctrl-C, and on SIGTERM (which the entry point turns into an exception).
 Its stdout and stderr go to <run_dir>/server/<adapter>.log, kept for the transport verifier.
+
+The server measured must be the one started: a port that something else already listens on
+is refused before starting (naming the process when /proc tells), and after readiness the
+listening socket must belong to our child or one of its descendants; the reference engine
+also echoes a per-run token in /v1/models. A watchdog (watchdog.py) between us and the
+engine takes the group down if this process dies without stopping it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
+import uuid
 import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
 
 from workloads.core.errors import UsageError
+from workloads.core.records import redact_argv
 from workloads import REPO_ROOT
-from workloads.inference.adapters.base import Launch, ServerSpec
+from workloads.fabric.verify import _hex_addr
+from workloads.inference.adapters.base import IDENTITY_ENV, Launch, ServerSpec
+from workloads.inference.adapters.watchdog import family, signal_all
 
 
 def log_tail(path: Path | None, lines: int = 40) -> str:
@@ -50,6 +64,7 @@ class ManagedServer:
         self.spec, self.launch, self.env = spec, launch, env
         self.log_path = Path(run_dir) / "server" / f"{spec.adapter}.log" if run_dir else None
         self.proc: subprocess.Popen | None = None
+        self.token = uuid.uuid4().hex
 
     @property
     def base_url(self) -> str:
@@ -60,6 +75,8 @@ class ManagedServer:
             if self.launch.argv is not None:
                 self.start()
             self.wait_ready()
+            if self.proc is not None:
+                self.check_identity()
         except BaseException:
             self.stop()
             raise
@@ -69,22 +86,57 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> None:
+        refuse_taken_port(self.spec)
+        exe = self.launch.argv[0]
+        if shutil.which(exe) is None:
+            raise UsageError(f"cannot start server={self.spec.adapter}: {exe!r} is not installed "
+                             "on this machine (SGLang and vLLM need their GPU container; see Dockerfile)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(self.env) | self.launch.env
-        log = open(self.log_path, "ab")
-        log.write(f"# {' '.join(self.launch.argv)}\n".encode())
-        log.flush()
-        try:
-            self.proc = subprocess.Popen(self.launch.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env = dict(self.env) | self.launch.env | {IDENTITY_ENV: self.token}
+        argv = [sys.executable, "-m", "workloads.inference.adapters.watchdog", str(os.getpid()),
+                str(self.spec.stop_timeout_s), "--", *self.launch.argv]
+        with open(self.log_path, "ab") as log:
+            log.write(f"# {redact_argv(self.launch.argv)}\n".encode())  # the log is shared; its secrets are not
+            log.flush()
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=str(REPO_ROOT), start_new_session=True)
-        except FileNotFoundError:
-            raise UsageError(f"cannot start server={self.spec.adapter}: {self.launch.argv[0]!r} is not installed "
-                             "on this machine (SGLang and vLLM need their GPU container; see Dockerfile)") from None
-        finally:
-            log.close()
+
+    def check_identity(self) -> None:
+        """The answer must come from our child: its session listens on the port, and the
+        reference engine knows this run's token. Anything else is refused, not measured."""
+        owners = listeners(self.spec.port)
+        ours = set(owners) & family(self.proc.pid)
+        if owners and not ours:
+            raise UsageError(f"server.port={self.spec.port} is answered by another process ({describe(owners)}), "
+                             f"not by the server={self.spec.adapter} started here; stop it or choose another server.port")
+        if self.spec.adapter == "reference":
+            token = _models_token(self.base_url)
+            if token != self.token:
+                raise UsageError(f"the server answering at {self.base_url} is not the reference engine started by "
+                                 "this run (its /v1/models lacks this run's token); stop whatever listens on "
+                                 f"server.port={self.spec.port} or choose another port")
 
     def alive(self) -> bool:
         return self.proc is None or self.proc.poll() is None
+
+    def pids(self) -> list[int]:
+        """Every living process of the server: its group and everything below it (engines'
+        workers, torchrun's ranks in sessions of their own)."""
+        return sorted(family(self.proc.pid)) if self.proc else []
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def died(self, within_s: float = 0.0) -> bool:
+        """Whether the server we started has exited (waiting up to within_s: failed requests
+        may be the first sign of a death the watchdog has not yet reported)."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def wait_ready(self) -> None:
         url = self.base_url + self.spec.health_path
@@ -103,7 +155,8 @@ class ManagedServer:
             time.sleep(0.25)
 
     def stop(self) -> None:
-        """TERM the whole process group, then KILL it after stop_timeout_s. Idempotent."""
+        """TERM the whole process group, then KILL it (and any descendant outside it) after
+        stop_timeout_s. Idempotent."""
         p = self.proc
         if p is None:
             return
@@ -111,6 +164,8 @@ class ManagedServer:
             pgid = os.getpgid(p.pid)
         except ProcessLookupError:
             pgid = p.pid  # the leader is gone (maybe reaped); its group may still hold children
+        # torchrun's ranks live in sessions of their own: signal them by name, not only by group
+        others = family(p.pid) - {p.pid}
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.stop_timeout_s
         while time.monotonic() < deadline and (p.poll() is None or _group_alive(pgid)):
@@ -124,6 +179,7 @@ class ManagedServer:
             end = time.monotonic() + 5
             while _group_alive(pgid) and time.monotonic() < end:
                 time.sleep(0.05)
+        signal_all([x for x in others if _living(x)], signal.SIGKILL)
         self.proc = None if p.poll() is not None else p
 
 
@@ -152,3 +208,69 @@ def _group_alive(pgid: int) -> bool:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 return True
     return False
+
+
+def listeners(port: int) -> list[int]:
+    """Pids of the processes holding a TCP socket that LISTENs on `port` (any address),
+    read from /proc/net/tcp{,6} and every process's fd links (what `ss -ltnp` does)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and _hex_addr(f[1])[1] == port:
+                inodes.add(f"socket:[{f[9]}]")
+    pids = set()
+    if inodes:
+        for fd in Path("/proc").glob("[0-9]*/fd/*"):
+            try:
+                if os.readlink(fd) in inodes:
+                    pids.add(int(fd.parent.parent.name))
+            except OSError:
+                continue
+    return sorted(pids)
+
+
+def describe(pids: list[int]) -> str:
+    out = []
+    for pid in pids[:3]:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmd = "?"
+        out.append(f"pid {pid}: {cmd[:120]}")
+    return "; ".join(out) or "a process this user cannot see"
+
+
+def _living(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def refuse_taken_port(spec: ServerSpec) -> None:
+    """Binding (as servers do, SO_REUSEADDR) fails while anything listens on the port."""
+    fam = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((spec.host, spec.port))
+            return
+        except OSError as e:
+            why = e.strerror
+    pids = listeners(spec.port)
+    who = f"it is taken by {describe(pids)}" if pids else why
+    raise UsageError(f"server.port={spec.port} on {spec.host} cannot be used for server={spec.adapter} ({who}); "
+                     "stop that process or choose another server.port")
+
+
+def _models_token(base_url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(base_url + "/v1/models", timeout=10) as r:
+            return (json.loads(r.read()) or {}).get("fabricbench_token")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -13,6 +13,14 @@ _ORCHESTRATOR_KEYS = {"adapter", "host", "port", "nnodes", "node_rank", "dist_in
                       "env", "url", "health_path", "ready_timeout_s", "stop_timeout_s", "tp"}
 
 
+def check_available(spec: ServerSpec, server: dict) -> None:
+    """A broken checkpoint is one line here, not the server's traceback in its log."""
+    if server.get("checkpoint"):
+        from workloads.models.hf import load_hf_config
+
+        load_hf_config(server["checkpoint"])
+
+
 def forwarded_overrides(overrides: list[str]) -> tuple[str, ...]:
     """CLI overrides the reference engine must see too (its model shape, its server knobs)."""
     keep = []

@@ -102,7 +102,9 @@ def run_server(cfg: DictConfig) -> int:
     engine = build_engine(plan.model, plan.settings, info.rank, info.world_size, info.device, int(cfg.seed),
                           plan.checkpoint, eos)
     # Every rank, before serving: which wire the TP all_reduces use (a mismatch under
-    # fabric.verify=fail stops the server here, with one message in its log).
+    # fabric.verify=fail stops the server here, with one message in its log). NCCL >= 2.22
+    # connects channels at the first collective, not at init: read the log after real ones.
+    fdist.warmup_collectives(info.device)
     transport = check_transport(plan.fabric, run_dir, info)
     if info.is_main:
         report_transport(transport)

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from workloads.core.errors import UsageError
+from workloads.inference.adapters.base import IDENTITY_ENV
 from workloads.inference.engine.engine import Engine, RequestError, SamplingParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, also vLLM's
@@ -100,7 +101,8 @@ class Server:
         return web.Response(status=503, text=f"engine stopped: {self.engine.failure or 'shutting down'}")
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
+        # fabricbench_token: the launching orchestrator's per-run token (adapters/base.py)
+        return web.json_response({"object": "list", "fabricbench_token": os.environ.get(IDENTITY_ENV), "data": [{
             "id": self.model_name, "object": "model", "created": self.created, "owned_by": "fabricbench",
             "root": self.model_name, "max_model_len": self.max_model_len}]})
 

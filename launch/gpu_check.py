@@ -1,0 +1,200 @@
+"""GPU acceptance check: `make gpu-check` (or python launch/gpu_check.py [--fabric F] [--out DIR]).
+
+On one CUDA machine with 1-8 GPUs, in under 10 minutes, it runs the real workloads on NCCL
+and checks what they report:
+
+  train/ddp     GPT-NeoX 125M, bf16, DDP        MFU, transport verdict, gradients moved as float32
+  train/zero1   the same under DeepSpeed ZeRO-1 MFU, transport verdict, gradients moved as bfloat16
+  collectives   all_reduce sweep (1 MiB-256 MiB) no wrong element, verdict, and, when all_reduce_perf
+                                                is on PATH, our busbw at the largest size >= 0.75 x its busbw
+  serve/tp<k>   the reference engine at TP=min(2, GPUs), bf16, a short closed-loop sweep: every request
+                completed, transport verdict
+
+It prints one table and exits 0 when every row is ok, 1 on any mismatch, 2 when it cannot run
+(no GPU: one line says so). Each step's log and records stay under --out. Steps are separate
+processes (one torchrun each), with a time limit each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXTERNAL_MIN_RATIO = 0.75  # ours vs all_reduce_perf at the largest size: below this is a mismatch
+GRAD_DTYPE = {"ddp": "float32", "zero1": "bfloat16"}  # what the gradient collectives must move at bf16
+
+
+@dataclass
+class Row:
+    check: str
+    result: str
+    expected: str
+    status: str  # ok | MISMATCH | n/a
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "MISMATCH"
+
+
+def row(check: str, result, expected: str, ok: bool | None) -> Row:
+    return Row(check, str(result), expected, "n/a" if ok is None else "ok" if ok else "MISMATCH")
+
+
+# ---- what each step's records must say (pure: records in, rows out) ----
+
+def _verdict_row(step: str, rec: dict) -> Row:
+    t = (rec.get("fabric") or {}).get("transport") or {}
+    v = t.get("verdict")
+    return row(f"{step} transport", v if not t.get("message") else f"{v}: {t['message']}", "ok", v == "ok")
+
+
+def train_rows(step: str, engine: str, rec: dict | None) -> list[Row]:
+    if rec is None:
+        return [row(f"{step}", "no record", "a record", False)]
+    m = rec.get("metrics") or {}
+    rows = [row(f"{step} status", rec.get("status"), "ok", rec.get("status") == "ok")]
+    mfu = m.get("mfu")
+    rows.append(row(f"{step} MFU", f"{mfu:.1%} of {m.get('mfu_peak(TFLOPS)'):g} TFLOPS" if mfu is not None else
+                    "none (GPU not in the peak table; give metrics.peak_tflops)", "> 0", None if mfu is None else mfu > 0))
+    rows.append(row(f"{step} TFLOPS/GPU", f"{m.get('tflops_per_gpu', 0):.1f}", "> 0", (m.get("tflops_per_gpu") or 0) > 0))
+    rows.append(_verdict_row(step, rec))
+    dtype = (rec.get("comm") or {}).get("dtype")
+    alone = (rec.get("world") or {}).get("world_size") == 1 and dtype is None  # one GPU: nothing to reduce
+    rows.append(row(f"{step} gradient dtype", dtype or "no collective (1 GPU)" if alone else dtype,
+                    GRAD_DTYPE[engine], None if alone else dtype == GRAD_DTYPE[engine]))
+    return rows
+
+
+def collectives_rows(rec: dict | None) -> list[Row]:
+    if rec is None:
+        return [row("collectives", "no record", "a record", False)]
+    m = rec.get("metrics") or {}
+    rows = [row("collectives status", rec.get("status"), "ok", rec.get("status") == "ok"),
+            row("collectives wrong elements", m.get("wrong_elements"), "0", m.get("wrong_elements") == 0),
+            row("collectives avg busbw", f"{m.get('avg_busbw(GB/s)', 0):.2f} GB/s", "> 0",
+                (m.get("avg_busbw(GB/s)") or 0) > 0),
+            _verdict_row("collectives", rec)]
+    return rows + [external_row(rec.get("rows") or [], rec.get("external") or {})]
+
+
+def external_row(ours: list[dict], ext: dict) -> Row:
+    """Our all_reduce busbw at the largest size against all_reduce_perf's at the same size."""
+    name = "collectives vs all_reduce_perf"
+    if ext.get("status") != "ok":
+        return row(name, ext.get("reason") or ext.get("status") or "not run", "all_reduce_perf on PATH", None)
+    theirs = {r["size"]: r for r in ext.get("rows") or [] if (r.get("in_place") or r.get("out_of_place"))}
+    mine = {r["size"]: r for r in ours if r.get("op") == "all_reduce" and r.get("in_place")}
+    common = sorted(set(theirs) & set(mine))
+    if not common:
+        return row(name, "no size in common", "a common size", False)
+    size = common[-1]
+    a = mine[size]["in_place"]["busbw"]
+    b = (theirs[size].get("in_place") or theirs[size]["out_of_place"])["busbw"]
+    ratio = a / b if b else 0.0
+    return row(name, f"{a:.2f} vs {b:.2f} GB/s at {size} B ({ratio:.2f}x)", f">= {EXTERNAL_MIN_RATIO}x",
+               ratio >= EXTERNAL_MIN_RATIO)
+
+
+def serve_rows(step: str, recs: list[dict]) -> list[Row]:
+    if not recs:
+        return [row(step, "no record", "a record per point", False)]
+    rows = []
+    for rec in recs:
+        m = rec.get("metrics") or {}
+        ok = rec.get("status") == "ok" and m.get("failed") == 0 and (m.get("completed") or 0) > 0
+        rows.append(row(f"{step} point {rec.get('point', '?')}", f"{rec.get('status')}, {m.get('completed')} done, "
+                        f"{m.get('failed')} failed, {m.get('output_throughput') or 0:.0f} tok/s",
+                        "ok, none failed", ok))
+    return rows + [_verdict_row(step, recs[0])]
+
+
+def render(rows: list[Row], machine: str) -> str:
+    w = [max(len(r.check) for r in rows), min(70, max(len(r.result) for r in rows)), max(len(r.expected) for r in rows)]
+    lines = [f"# gpu-check on {machine}", f"{'check':<{w[0]}}  {'result':<{w[1]}}  {'expected':<{w[2]}}  status"]
+    for r in rows:
+        lines.append(f"{r.check:<{w[0]}}  {r.result[:w[1]]:<{w[1]}}  {r.expected:<{w[2]}}  {r.status}")
+    bad = sum(r.failed for r in rows)
+    lines.append(f"# {len(rows) - bad} of {len(rows)} checks ok" + (f", {bad} MISMATCH" if bad else ""))
+    return "\n".join(lines)
+
+
+def exit_code(rows: list[Row]) -> int:
+    return 1 if any(r.failed for r in rows) else 0
+
+
+# ---- running the steps ----
+
+def gpus() -> tuple[int, str]:
+    """(visible CUDA GPUs, a description of the machine); 0 when there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU"
+    n = torch.cuda.device_count()
+    return n, f"{n} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def records(out: Path, run_id: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / run_id / "records").glob("*.json"))]
+
+
+def run_step(name: str, argv: list[str], out: Path, timeout_s: float) -> int:
+    log = out / f"{name.replace('/', '-')}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, *argv], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    print(f"# {name}: exit {rc} after {time.monotonic() - t0:.0f}s (log {log})", flush=True)
+    return rc
+
+
+def steps(n: int, fabric: str, out: Path) -> list[tuple[str, list[str], float]]:
+    common = [f"fabric={fabric}", f"output_root={out}", f"launcher.nproc_per_node={n}"]
+    train = ["launch/train.py", "model=neox-125m", "train.precision=bf16", "train.micro_batch_size=4",
+             "train.steps=8", "train.warmup_steps=2", *common]
+    tp = min(2, n)
+    return [
+        ("train/ddp", [*train, "parallel=ddp", "run_id=gpu-check-ddp"], 120),
+        ("train/zero1", [*train, "parallel=zero1", "run_id=gpu-check-zero1"], 150),
+        ("collectives", ["launch/collectives.py", "collectives.ops=[all_reduce]", "collectives.minbytes=1M",
+                         "collectives.maxbytes=256M", "collectives.iters=20", "run_id=gpu-check-coll", *common], 90),
+        (f"serve/tp{tp}", ["launch/infer.py", "server=reference", f"server.tp={tp}", "server.dtype=bf16",
+                           "model=neox-125m", f"fabric={fabric}", f"output_root={out}", "run_id=gpu-check-serve",
+                           "load=concurrency_sweep", "load.points=[1,8]", "load.num_requests=32", "load.warmup_requests=2",
+                           "load.dataset.input_len=256", "load.dataset.output_len=32"], 150),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fabric", default="intranode", help="fabric profile (conf/fabric/); default intranode")
+    p.add_argument("--out", default=str(REPO / "results" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
+    a = p.parse_args(argv)
+    n, machine = gpus()
+    if n == 0:
+        print(f"gpu-check: no GPU here ({machine}); run it on a CUDA machine with 1-8 GPUs", file=sys.stderr)
+        return 2
+    n = min(n, 8)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, args, limit in steps(n, a.fabric, out):
+        run_step(name, args, out, limit)
+    rows = (train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None))
+            + train_rows("train/zero1", "zero1", next(iter(records(out, "gpu-check-zero1")), None))
+            + collectives_rows(next(iter(records(out, "gpu-check-coll")), None))
+            + serve_rows(f"serve/tp{min(2, n)}", records(out, "gpu-check-serve")))
+    print(render(rows, f"{machine}, fabric={a.fabric}"))
+    return exit_code(rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""The bad-input promise, one case per kind: whatever a user hands in wrong (a value, a
+file, a path, an entry point), the run ends with one `error:` line that names the key and
+the fix, exit 2, no traceback, no process left behind, and records already on disk intact.
+
+Cases run with plain `python` (self-launching entry points validate before any rank starts).
+Each case is its own process; most end before torch is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, child_env
+
+EARLIER = {"schema": "fabricbench.record/1", "workload": "pretrain", "status": "ok", "note": "measured before"}
+
+
+def _train(*a):
+    return ["launch/train.py", *a]
+
+
+def _coll(*a):
+    return ["launch/collectives.py", *a]
+
+
+def _infer(*a):
+    return ["launch/infer.py", "server=external", "server.url=http://127.0.0.1:9", "server.ready_timeout_s=1",
+            "load.num_requests=4", *a]
+
+
+def _cli(*a):
+    return ["-m", "workloads.core.cli", *a]
+
+
+# Files a user hands in, made in the case's folder ({d} in an argument).
+def _empty_tokens(d):
+    (d / "tokens.bin").write_bytes(b"")
+
+
+def _ckpt(d, config: str | None, weights: bytes | None = b"garbage-not-safetensors"):
+    c = d / "ckpt"
+    c.mkdir()
+    if config is not None:
+        (c / "config.json").write_text(config)
+    if weights is not None:
+        (c / "model.safetensors").write_bytes(weights)
+
+
+GOOD_HF = json.dumps({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                      "vocab_size": 512, "max_position_embeddings": 128, "intermediate_size": 256})
+
+
+def _records(d, *recs):
+    r = d / "in" / "records"
+    r.mkdir(parents=True)
+    for k, rec in enumerate(recs):
+        (r / f"r{k}.json").write_text(rec if isinstance(rec, str) else json.dumps(rec))
+
+
+def _a_file(d):
+    (d / "afile").write_text("x")
+
+
+# id, argv (after `python`), setup(d) or None, what the one line must contain
+CASES = [
+    # training: values
+    ("train-micro-batch-zero", _train("train.micro_batch_size=0"), None, "train.micro_batch_size"),
+    ("train-unknown-model", _train("model=nope"), None, "model"),
+    ("train-unknown-parallel", _train("parallel=zero9"), None, "parallel"),
+    ("train-unknown-key", _train("train.nope=1"), None, "train.nope"),
+    ("train-nproc-zero", _train("launcher.nproc_per_node=0"), None, "launcher.nproc_per_node"),
+    ("train-warmup-ge-steps", _train("train.steps=2", "train.warmup_steps=5"), None, "warmup_steps"),
+    ("train-precision", _train("train.precision=fp8"), None, "train.precision"),
+    ("train-global-batch", _train("train.global_batch_size=7"), None, "global_batch_size"),
+    ("train-absent-hca", _train("fabric=roce"), None, "fabric=roce"),
+    ("train-bad-override-syntax", _train("train.steps=[1,"), None, "train.steps"),
+    # training: paths and files
+    ("train-run-id-dotdot", _train("run_id=.."), None, "run_id"),
+    ("train-run-id-separator", _train("run_id=a/b"), None, "run_id"),
+    ("train-output-root-file", _train("output_root={d}/afile"), _a_file, "output_root"),
+    ("train-token-file-missing", _train("data.kind=tokens", "data.path={d}/nope.bin"), None, "data.path"),
+    ("train-token-file-empty", _train("data.kind=tokens", "data.path={d}/tokens.bin"), _empty_tokens, "empty"),
+    ("train-finetune-no-checkpoint", _train("workload=finetune"), None, "init.checkpoint"),
+    ("train-checkpoint-missing", _train("init.checkpoint={d}/nope"), None, "init.checkpoint"),
+    ("train-checkpoint-corrupt-config", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, "{not json"),
+     "config.json"),
+    ("train-checkpoint-config-missing-keys", _train("init.checkpoint={d}/ckpt"),
+     lambda d: _ckpt(d, json.dumps({"model_type": "gpt_neox"})), "num_hidden_layers"),
+    ("train-checkpoint-corrupt-safetensors", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, GOOD_HF),
+     "model.safetensors"),
+    ("train-checkpoint-no-weights", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, GOOD_HF, None),
+     "model.safetensors"),
+    # collectives
+    ("coll-unknown-op", _coll("collectives.ops=[all_sum]"), None, "collectives.ops"),
+    ("coll-size-not-a-size", _coll("collectives.maxbytes=big"), None, "collectives.maxbytes"),
+    ("coll-sizes-out-of-order", _coll("collectives.minbytes=1M", "collectives.maxbytes=1K"), None, "collectives.minbytes"),
+    ("coll-size-too-large", _coll("collectives.minbytes=4096G", "collectives.maxbytes=4096G"), None,
+     "collectives.maxbytes"),
+    ("coll-avg-int", _coll("collectives.op=avg", "collectives.datatype=int32"), None, "collectives.op=avg"),
+    ("coll-run-id", _coll("run_id=../x"), None, "run_id"),
+    # inference
+    ("infer-server-unreachable", _infer(), None, "server.ready_timeout_s"),
+    ("infer-empty-points", _infer("load.points=[]"), None, "load.points"),
+    ("infer-requests-zero", _infer("load.num_requests=0"), None, "load.num_requests"),
+    ("infer-failed-fraction", _infer("load.max_failed_fraction=2"), None, "load.max_failed_fraction"),
+    ("infer-unknown-adapter", _infer("server.adapter=nope"), None, "server adapter"),
+    ("infer-tp-heads", ["launch/infer.py", "server=sglang", "model=llama-3.1-8b", "server.tp=3"], None, "server.tp"),
+    ("infer-flush-path", _infer("load.flush_cache_path=flush"), None, "load.flush_cache_path"),
+    ("infer-sharegpt-needs-tokenizer", _infer("load.dataset.kind=sharegpt", "load.dataset.path={d}/no.json"), None,
+     "load.tokenizer"),
+    ("infer-tokenizer-not-loadable", _infer("load.tokenizer={d}"), None, "load.tokenizer"),
+    ("infer-run-id", _infer("run_id=.."), None, "run_id"),
+    ("infer-slo", _infer("load.slo=ttft"), None, "slo"),
+    ("infer-reference-corrupt-checkpoint", ["launch/infer.py", "server.checkpoint={d}/ckpt"],
+     lambda d: _ckpt(d, "{not json"), "config.json"),
+    ("infer-vllm-missing", ["launch/infer.py", "server=vllm", "model=llama-3.1-8b", "server.executable=no-vllm-here"],
+     None, "not installed"),
+    # analysis
+    ("compare-no-dir", _cli("compare", "{d}/nope"), None, "no such directory"),
+    ("compare-nothing", _cli("compare"), None, "nothing to read"),
+    ("compare-no-records", _cli("compare", "{d}/empty"), lambda d: (d / "empty").mkdir(), "no result records"),
+    ("compare-corrupt-record", _cli("compare", "{d}/in"), lambda d: _records(d, "{truncated"), "r0.json"),
+    ("compare-foreign-schema", _cli("compare", "{d}/in"),
+     lambda d: _records(d, EARLIER | {"schema": "fabricbench.record/9"}), "fabricbench.record/9"),
+    ("compare-bad-filter", _cli("compare", "{d}/in", "--filter", "fabric"), lambda d: _records(d, EARLIER),
+     "--filter"),
+    ("report-out-is-file", _cli("report", "{d}/in", "--out", "{d}/afile"),
+     lambda d: (_records(d, EARLIER), _a_file(d)), "--out"),
+    ("report-out-unwritable", _cli("report", "{d}/in", "--out", "/proc/fabricbench-report"),
+     lambda d: _records(d, EARLIER), "--out"),
+    # emulation and doctor
+    ("emulate-infer-refused", _cli("emulate", "launch/infer.py", "fabric=emu-100m"), None, "launch/infer.py"),
+    ("emulate-bad-config", _cli("emulate", "launch/train.py", "fabric=emu-100m", "train.micro_batch_size=0"), None,
+     "train.micro_batch_size"),
+    ("emulate-not-emulated", _cli("emulate", "launch/train.py", "fabric=loopback"), None, "emulate"),
+    ("emulate-missing-entry", _cli("emulate", "launch/nope.py", "fabric=emu-100m"), None, "launch/nope.py"),
+    ("doctor-unknown-fabric", _cli("doctor", "fabric=nope"), None, "fabric"),
+    ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
+    ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
+]
+
+
+def _our_processes(tag: str) -> list[int]:
+    """Processes still running whose environment carries this case's tag."""
+    left = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if tag.encode() in d.joinpath("environ").read_bytes().split(b"\0"):
+                left.append(int(d.name))
+        except OSError:
+            continue
+    return left
+
+
+@pytest.mark.parametrize("argv,setup,needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(tmp_path, argv, setup, needle):
+    d = tmp_path
+    if setup:
+        setup(d)
+    # Records of an earlier run in the output root: they must survive, unchanged.
+    earlier = d / "res" / "before" / "records" / "earlier.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text(json.dumps(EARLIER))
+    args = [a.replace("{d}", str(d)) for a in argv]
+    if args[0].startswith("launch/") and not any(a.startswith("output_root=") for a in args):
+        args.append(f"output_root={d}/res")
+    case = uuid.uuid4().hex
+    tag = f"FB_BAD_INPUT_CASE={case}"
+    env = child_env(FB_BAD_INPUT_CASE=case)
+    r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], err[-3000:])
+    assert "Traceback" not in r.stderr + r.stdout, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert needle in err, err
+    assert not _our_processes(tag), "a process of this case is still running"
+    assert json.loads(earlier.read_text()) == EARLIER
+    # Nothing was written: no record anywhere in the case's folder but the ones it started with.
+    written = {p for p in d.rglob("records/*.json") if (d / "in") not in p.parents}
+    assert written == {earlier}, written
+
+
+def test_emulate_agent_names_the_failed_rank(tmp_path):
+    """An agent under `fabricbench emulate` reports its failed rank in one line (torchrun's
+    failures are keyed by global rank; the failure object itself has no `rank`)."""
+    script = tmp_path / "fails.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-m", "workloads.fabric.emulate", "--agent", "--standalone",
+                        "--nproc_per_node=1", str(script)], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "error: rank 0 exited with code 3; its message is above" in r.stderr
+    assert "AttributeError" not in r.stderr

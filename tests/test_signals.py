@@ -1,0 +1,98 @@
+"""Signals and deaths around a self-launched training run (`python launch/train.py`):
+real ranks over Gloo, real signals. Whatever ends the run, no rank outlives it and the
+point that was being measured has a failed record saying why."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, child_env, records_in
+
+LONG = ["train.steps=100000", "train.warmup_steps=1"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _ranks(launcher: int) -> dict[int, int]:
+    """rank -> pid of the launcher's rank processes."""
+    out = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(d.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            env = dict(kv.split("=", 1) for kv in d.joinpath("environ").read_text().split("\0") if "=" in kv)
+        except (OSError, ValueError):
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = int(d.name)
+    return out
+
+
+def _start_measuring(tmp_path: Path, out_root: Path) -> tuple[subprocess.Popen, dict[int, int]]:
+    """A self-launched run, returned once rank 0 is inside its measured point."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen([sys.executable, str(REPO / "launch" / "train.py"), f"output_root={out_root}", *LONG],
+                         cwd=REPO, env=child_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 240
+    while not list(tmp.glob("fabricbench-inflight-*/*.json")):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.2)
+    ranks = _ranks(p.pid)
+    assert sorted(ranks) == [0, 1]
+    return p, ranks
+
+
+def _gone(pids, within_s: float = 30) -> bool:
+    deadline = time.monotonic() + within_s
+    while any(_alive(x) for x in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_alive(x) for x in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_is_one_line_and_a_failed_record(tmp_path, out_root, sig, code):
+    p, ranks = _start_measuring(tmp_path, out_root)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, err
+    assert err.strip() == f"interrupted ({sig.name}): measured points are kept", err
+    (rec,) = records_in(out_root)
+    assert rec["status"] == "failed" and rec["error"].startswith("interrupted")
+    assert _gone(ranks.values())
+
+
+@pytest.mark.slow
+def test_sigkilled_launcher_takes_its_ranks_down(tmp_path, out_root):
+    p, ranks = _start_measuring(tmp_path, out_root)
+    p.kill()
+    p.wait(30)
+    assert _gone(ranks.values()), "ranks outlived their SIGKILLed launcher"
+
+
+@pytest.mark.slow
+def test_rank0_death_still_leaves_a_failed_record(tmp_path, out_root):
+    p, ranks = _start_measuring(tmp_path, out_root)
+    os.kill(ranks[0], signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "error: rank 0 was killed by SIGKILL (exit code -9)" in err, err
+    (rec,) = records_in(out_root)
+    assert rec["status"] == "failed" and rec["error"] == "rank 0 was killed by SIGKILL (exit code -9) during this point"
+    assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
+    assert _gone(ranks.values())

@@ -1,0 +1,110 @@
+"""Run a server command and take its whole process group down when our parent dies.
+
+    python -m workloads.inference.adapters.watchdog <parent pid> <grace s> -- argv...
+
+The orchestrator starts every engine through this, in a session of its own. If the
+load generator is SIGKILLed (or crashes) it cannot stop its server; this process
+notices (its parent pid changes) and TERMs the group, then KILLs it after the grace
+period. A PR_SET_PDEATHSIG would fire when the parent *thread* that forked us exits,
+and would only reach one process, not torchrun's ranks or vLLM's workers, so the group
+is watched by polling instead. The exit status mirrors the command's (a signal death is
+re-raised), so the orchestrator can say how the server died. torchrun puts each rank in a
+session of its own, so "the group" here is the group plus every descendant; the watchdog is
+their subreaper, so a rank whose torchrun died is still found.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.2
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def family(root: int) -> set[int]:
+    """Living processes in root's process group or below root in the process tree."""
+    parent, group = {}, set()
+    for d in Path("/proc").glob("[0-9]*"):
+        f = _stat(int(d.name))
+        if f and f[0] != "Z":
+            parent[int(d.name)] = int(f[1])
+            if int(f[2]) == root:
+                group.add(int(d.name))
+    out = set(group)
+    for pid in parent:
+        p = pid
+        while p > 1 and p not in out and p != root:
+            p = parent.get(p, 0)
+        if p == root or p in out:
+            out.add(pid)
+    return out | ({root} if root in parent else set())
+
+
+def signal_all(pids, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _mirror(code: int) -> None:
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught anyway
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+def _reap_group(grace_s: float) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    me = os.getpid()
+    doomed = family(me) - {me}
+    signal_all(doomed, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and family(me) - {me}:
+        time.sleep(POLL_S)
+    signal_all((doomed | family(me)) - {me}, signal.SIGKILL)
+    sys.exit(1)
+
+
+def main(argv: list[str]) -> None:
+    parent, grace_s, argv = int(argv[0]), float(argv[1]), argv[argv.index("--") + 1:]
+    if os.getppid() != parent:
+        sys.exit("watchdog: the load generator is already gone")
+    # A group-wide SIGTERM (the orchestrator's stop) reaches the command too; wait for it.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        child = subprocess.Popen(argv)
+    except FileNotFoundError:
+        print(f"watchdog: {argv[0]!r} is not installed", file=sys.stderr, flush=True)
+        sys.exit(127)
+    while True:
+        try:
+            code = child.wait(POLL_S)
+            _mirror(code)
+        except subprocess.TimeoutExpired:
+            pass
+        if os.getppid() != parent:
+            print(f"watchdog: the load generator (pid {parent}) died; stopping the server", flush=True)
+            _reap_group(grace_s)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

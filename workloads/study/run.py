@@ -1,0 +1,347 @@
+"""Run a study: every (arm, trial) cell as its own process group, in a counterbalanced order.
+
+    fabricbench study conf/study/emu-ab.yaml            # or just: fabricbench study emu-ab
+    fabricbench study my-study.yaml --id ab-2024-06-01 --output-root /shared/results
+
+Each cell runs each workload of the study as a separate process of its entry point
+(launch/train.py, launch/collectives.py, launch/infer.py; launch/emulate.py when the arm's
+fabric is emulated; one Slurm step per cell inside an allocation), with its own run_id
+`<study id>-<arm>-t<trial>-<workload>` and the cell in one `study={...}` override that
+every record keeps. Records go to `<output_root>/<study id>/`; each cell's console output
+to `<output_root>/<study id>/logs/`. A rerun of the same study skips every cell whose
+records are all there with status ok and runs the missing or failed ones; a rerun of a
+finished study writes nothing. At the end: the summary table, `fabricbench compare`'s
+verdicts (saved as compare.txt) and the report (report/).
+
+Exit status: 0 every cell ok, 1 a cell failed (the others still ran), 2 bad input,
+130 interrupted (finished cells are kept; rerun to continue).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+from workloads import CONF_DIR, REPO_ROOT
+from workloads.core.errors import UsageError
+from workloads.core.rundir import derive_run_id
+from workloads.study.schedule import Cell, schedule
+from workloads.study.spec import Arm, StudySpec, Workload, load_spec
+
+# The number a cell's summary row shows, per entry (units in the key, as in the records).
+HEADLINE = {"train": "samples_per_sec", "finetune": "samples_per_sec", "collectives": "avg_busbw(GB/s)",
+            "infer": "median_ttft_ms"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process: one workload of one (arm, trial) cell."""
+
+    cell: Cell
+    arm: Arm
+    workload: Workload
+    points: tuple[str, ...]  # the records it writes: inference, one per load point ("c1" ...); else ("",)
+
+    def run_id(self, spec: StudySpec) -> str:
+        """<study id>-<arm>-t<trial>-<workload>, in the characters a run directory allows
+        (an A/A arm's `~` becomes `-`: Hydra's override grammar would not take it)."""
+        return derive_run_id(f"{spec.id}-{self.arm.label}-t{self.cell.trial}-{self.workload.name}", {})
+
+    def records_dir(self, spec: StudySpec) -> Path:
+        return spec.dir / self.run_id(spec) / "records"
+
+
+def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
+    """The record's `study` block (shared contract with analysis/: keep these names)."""
+    f = {"name": spec.name, "id": spec.id, "arm": job.arm.label, "baseline": spec.baseline.label,
+         "control": job.arm.control, "block": job.cell.block, "position": job.cell.position,
+         "design": spec.design, "seed": spec.seed, "blocks": spec.trials, "workload": job.workload.name}
+    if env.get("SLURM_JOB_ID"):
+        f["slurm_job"] = str(env["SLURM_JOB_ID"])
+        f["nodes"] = str(env.get("SLURM_JOB_NODELIST", ""))  # both arms' steps run on these nodes
+    return f
+
+
+def _hydra_value(v) -> str:
+    """A value in Hydra's override grammar; strings quoted, so a~aa, n[1-2] or a path with
+    spaces pass as themselves."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def study_override(field: dict) -> str:
+    """One Hydra override `study={k: v, ...}`."""
+    return "study={" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in field.items()) + "}"
+
+
+def cell_overrides(spec: StudySpec, job: Job, env=os.environ) -> list[str]:
+    return [*job.workload.argv, *job.arm.overrides, f"fabric={job.arm.fabric}", f"trial={job.cell.trial}",
+            f"run_id={job.run_id(spec)}", f"output_root={_hydra_value(str(spec.dir))}",
+            study_override(study_field(spec, job, env))]
+
+
+def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.executable, env=os.environ) -> list[str]:
+    """The command of one job. Emulated arms go through launch/emulate.py (namespaces, root);
+    under Slurm a distributed job is one step over the allocation's nodes (lib.sh's srun
+    per node + torchrun_node.sh), so every arm runs on the same nodes."""
+    overrides = cell_overrides(spec, job, env)
+    script = str(REPO_ROOT / job.workload.script)
+    if job.arm.emulated:
+        return [python, str(REPO_ROOT / "launch" / "emulate.py"), "--timeout", f"{spec.timeout_s:g}", script,
+                *overrides]
+    if launcher == "slurm" and job.workload.entry != "infer":
+        step = ('source "$FB_HOME/launch/slurm/lib.sh" && fb_setup >&2 && '
+                'fb_srun_per_node bash "$FB_HOME/launch/slurm/torchrun_node.sh" "$@"')
+        return ["bash", "-c", step, "fabricbench-study", script, *overrides]
+    return [python, script, *overrides]
+
+
+def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
+    """Compose the job's config (a bad override is one message before anything runs);
+    an inference sweep writes one record per load point, named as its records name it."""
+    from workloads.core.launcher import compose
+
+    if workload.entry != "infer":
+        compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], "config")
+        return ("",)
+    from workloads.inference.run import arrivals
+
+    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], "infer")
+    return tuple(a.label() for a in arrivals(cfg.load))
+
+
+def plan(spec: StudySpec) -> list[Job]:
+    points = {(a.label, w.name): job_points(w, a) for a in spec.arms for w in spec.workloads}
+    return [Job(c, spec.arm(c.arm), w, points[(c.arm, w.name)])
+            for c in schedule([a.label for a in spec.arms], spec.trials, spec.design, spec.seed)
+            for w in spec.workloads]
+
+
+def job_records(spec: StudySpec, job: Job) -> list[dict]:
+    """This job's records (every status), read from its run directory."""
+    out = []
+    for p in sorted(job.records_dir(spec).glob("*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        st = rec.get("study") or {}
+        if (st.get("id"), st.get("arm"), st.get("workload")) == (spec.id, job.arm.label, job.workload.name) and \
+                (rec.get("config") or {}).get("trial") == job.cell.trial:
+            out.append(rec)
+    return out
+
+
+def complete(spec: StudySpec, job: Job) -> bool:
+    ok = {r.get("point") or "" for r in job_records(spec, job) if r.get("status") == "ok"}
+    return ok >= set(job.points)
+
+
+def _manifest(spec: StudySpec) -> None:
+    """The study's definition beside its records: a rerun with another definition under the
+    same id would mix two experiments, so it is refused."""
+    path = spec.dir / "study.json"
+    mine = spec.as_dict()
+    if path.is_file():
+        theirs = json.loads(path.read_text())
+        if theirs != mine:
+            keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            raise UsageError(f"{spec.dir} holds study {theirs.get('id')!r} with other {', '.join(keys)}; "
+                             "pass --id <new id> to run this one, or restore the study file")
+        return
+    spec.dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mine, indent=1) + "\n")
+
+
+def _clock(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta: float | None) -> str:
+    w = spec.workloads.index(job.workload)
+    return (f"[{k}/{n}] block {job.cell.block} · {job.arm.label} · trial {job.cell.trial} · "
+            f"{job.workload.name} ({w + 1}/{len(spec.workloads)}) · elapsed {_clock(elapsed)} · "
+            f"ETA {'?' if eta is None else _clock(eta)}")
+
+
+def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float, Path]:
+    """Start the job in its own process group, its output to its log; wait (timeout,
+    Ctrl-C and SIGTERM stop the whole group). Returns (exit code, start, end, log), the
+    times in time.monotonic() seconds of the process's own span."""
+    log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = cell_argv(spec, job, launcher)
+    env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT)}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with open(log, "ab") as out:
+        from workloads.core.records import redact_argv
+
+        out.write(f"# {redact_argv(argv)}\n".encode())
+        out.flush()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=spec.timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            code = 124
+        except BaseException:
+            _stop(proc)
+            raise
+    return code, t0, time.monotonic(), log
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(deque(f, lines)).rstrip()
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
+            timings: list | None = None) -> tuple[int, int, list[str]]:
+    """Run every incomplete job in schedule order. Returns (ran, failed, failure lines);
+    `timings` gets (job, start, end) in time.monotonic() seconds of each process."""
+    todo = [j for j in jobs if not complete(spec, j)]
+    done = len(jobs) - len(todo)
+    if done and todo:
+        say(f"study {spec.id}: {done} of {len(jobs)} runs already recorded (status ok); running the other {len(todo)}")
+    start, spent, failures = time.monotonic(), [], []
+    for k, job in enumerate(todo, 1):
+        eta = (median(spent) * (len(todo) - k + 1)) if spent else None
+        say(progress_line(done + k, len(jobs), job, spec, time.monotonic() - start, eta))
+        code, t0, t1, log = run_job(spec, job, launcher)
+        seconds = t1 - t0
+        spent.append(seconds)
+        if timings is not None:
+            timings.append((job, t0, t1))
+        if code == 130:
+            raise KeyboardInterrupt
+        if code != 0 or not complete(spec, job):
+            line = f"{job.run_id(spec)}: exit {code} after {seconds:.1f} s; log {log}"
+            failures.append(line)
+            say(f"  FAILED {line}\n    " + _tail(log).replace("\n", "\n    "))
+        else:
+            say(f"  ok in {seconds:.1f} s")
+    return len(todo), len(failures), failures
+
+
+def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
+    """Per workload (and load point) and arm: trials ok / asked, and the headline metric's
+    median and range over trials, in the style of a benchmark's result block."""
+    rows: dict[tuple, list] = {}
+    asked: dict[tuple, int] = {}
+    for job in jobs:
+        for rec in job_records(spec, job):
+            key = (job.workload.name, rec.get("point") or "", job.arm.label)
+            if rec.get("status") == "ok":
+                v = (rec.get("metrics") or {}).get(HEADLINE[job.workload.entry])
+                rows.setdefault(key, []).append(v)
+        for point in job.points:
+            asked[(job.workload.name, point, job.arm.label)] = asked.get((job.workload.name, point, job.arm.label), 0) + 1
+    head = ("workload", "point", "arm", "trials ok", "metric", "median", "min", "max")
+    body = []
+    for key in sorted(asked):
+        vals = [v for v in rows.get(key, []) if isinstance(v, (int, float))]
+        metric = HEADLINE[next(w.entry for w in spec.workloads if w.name == key[0])]
+        fmt = (lambda v: f"{v:.4g}")
+        body.append((key[0], key[1] or "-", key[2], f"{len(rows.get(key, []))}/{asked[key]}", metric,
+                     *(fmt(f(vals)) if vals else "n/a" for f in (median, min, max))))
+    widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
+    line = "  ".join("{:<%d}" % w for w in widths)
+    bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
+    return "\n".join([f"{' Study ' + spec.id + ' ':=^{len(bar)}}", line.format(*head), *(line.format(*r) for r in body), bar])
+
+
+def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
+    """`fabricbench compare` (saved as compare.txt) and `fabricbench report` over the study's
+    records, as a user would run them. Kept as they are when nothing new was measured."""
+    out_txt, report_dir = spec.dir / "compare.txt", spec.dir / "report"
+    if not refresh and out_txt.is_file() and report_dir.is_dir():
+        say(out_txt.read_text().rstrip())
+        return 0
+    base = [sys.executable, "-m", "workloads.core.cli"]
+    cmp = subprocess.run([*base, "compare", str(spec.dir), "--baseline", spec.baseline.label], cwd=str(REPO_ROOT),
+                         capture_output=True, text=True)
+    text = (cmp.stdout + cmp.stderr).rstrip()
+    say(text)
+    out_txt.write_text(text + "\n")
+    rep = subprocess.run([*base, "report", str(spec.dir), "--baseline", spec.baseline.label, "--out", str(report_dir)],
+                         cwd=str(REPO_ROOT), capture_output=True, text=True)
+    say(f"report: {report_dir}" if rep.returncode == 0 else f"warning: report failed: {(rep.stdout + rep.stderr)[-500:]}")
+    return cmp.returncode
+
+
+def run_study(spec: StudySpec, launcher: str = "auto", say=print) -> int:
+    if launcher == "auto":
+        launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    if any(a.emulated for a in spec.arms) and os.geteuid() != 0:
+        emu = ", ".join(a.label for a in spec.arms if a.emulated)
+        raise UsageError(f"arm(s) {emu} use an emulated fabric (network namespaces and tc): run the study as root")
+    jobs = plan(spec)
+    _manifest(spec)
+    say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
+        f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
+        f"{' seed ' + str(spec.seed) if spec.design == 'permuted' else ''}, {launcher}; records in {spec.dir}")
+    ran, failed, failures = execute(spec, jobs, launcher, say)
+    say(summary_table(spec, jobs))
+    commits = {((r.get("fingerprint") or {}).get("git") or {}).get("commit") for j in jobs for r in job_records(spec, j)}
+    if len(commits) > 1:
+        say(f"warning: the study's records come from {len(commits)} git commits ({', '.join(sorted(map(str, commits)))}): "
+            "the code changed during the study, and compare will not pool trials of different code")
+    if ran == 0:
+        say("every run of this study is recorded; nothing was run")
+    code = analyse(spec, refresh=ran > 0, say=say)
+    if failed:
+        say(f"{failed} run(s) failed; rerun the same command to retry them:\n  " + "\n  ".join(failures))
+        return 1
+    return 0 if code in (0, None) else code
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("study", help="a study YAML file, or the name of one in conf/study/")
+    parser.add_argument("--id", help="study id (default: the file's id or name); a rerun with the same id resumes")
+    parser.add_argument("--output-root", help="where the study's folder goes (default: the file's, else results)")
+    parser.add_argument("--launcher", choices=["auto", "local", "slurm"], default="auto",
+                        help="auto: one Slurm step per run inside an allocation (SLURM_JOB_ID set), else local")
+
+
+def run(args) -> int:
+    """Run an A/B study: arms x workloads x trials, counterbalanced and interleaved."""
+    spec = load_spec(args.study, args.id, args.output_root)
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return run_study(spec, args.launcher)
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)

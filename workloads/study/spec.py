@@ -1,0 +1,219 @@
+"""A study, read from YAML and checked once: arms x workloads x trials in a design.
+
+    name: emu-ab                     # the study; its id (default: the name) names its folder
+    arms:                            # each a fabric profile plus optional Hydra overrides
+      - {label: emu-veth, fabric: emu-veth, baseline: true}
+      - {label: emu-100m, fabric: emu-100m}
+    workloads:                       # entry: train | finetune | collectives | infer
+      - {name: allreduce, entry: collectives, overrides: [collectives.minbytes=1M, collectives.maxbytes=1M]}
+    trials: 4                        # per arm; 4 is the fewest the rank test can ever call
+    design: abba                     # abba | permuted (a seeded permutation within each block)
+    seed: 0
+    control: false                   # true adds an A/A arm: the baseline again as <baseline>~aa
+
+Everything that can be wrong is found here, before any cell runs: each message names the
+field and the fix. A sweep in a workload's overrides (`train.micro_batch_size=1,2,4`) is
+expanded into one workload point per combination, each its own cell.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from workloads import CONF_DIR, REPO_ROOT
+from workloads.core.errors import UsageError
+
+# entry name -> (script, overrides it implies)
+ENTRIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "train": ("launch/train.py", ()),
+    "finetune": ("launch/train.py", ("workload=finetune",)),
+    "collectives": ("launch/collectives.py", ("workload=collectives",)),
+    "infer": ("launch/infer.py", ()),
+}
+DESIGNS = ("abba", "permuted")
+CONTROL_SUFFIX = "~aa"
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
+# Decided by the study for each cell; an arm or workload setting them would break the design.
+_RESERVED = ("fabric", "run_id", "output_root", "trial", "study")
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    fabric: str
+    overrides: tuple[str, ...] = ()
+    baseline: bool = False
+    control: bool = False          # the A/A arm: the baseline's settings under another label
+    emulated: bool = False         # the fabric has an emulate: block (run through launch/emulate.py)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str                      # unique within the study; part of every cell's run_id
+    entry: str                     # a key of ENTRIES
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def script(self) -> str:
+        return ENTRIES[self.entry][0]
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (*ENTRIES[self.entry][1], *self.overrides)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    id: str
+    arms: tuple[Arm, ...]
+    workloads: tuple[Workload, ...]
+    trials: int
+    design: str
+    seed: int
+    output_root: str
+    timeout_s: float
+    source: str                    # the YAML it came from
+
+    @property
+    def baseline(self) -> Arm:
+        return next(a for a in self.arms if a.baseline)
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.output_root) / self.id
+
+    def arm(self, label: str) -> Arm:
+        return next(a for a in self.arms if a.label == label)
+
+    def as_dict(self) -> dict[str, Any]:
+        """What defines the study (not where it runs): a rerun must match it to resume."""
+        return {"name": self.name, "id": self.id, "trials": self.trials, "design": self.design, "seed": self.seed,
+                "arms": [{"label": a.label, "fabric": a.fabric, "overrides": list(a.overrides),
+                          "baseline": a.baseline, "control": a.control} for a in self.arms],
+                "workloads": [{"name": w.name, "entry": w.entry, "overrides": list(w.overrides)}
+                              for w in self.workloads]}
+
+
+def _fabric_profile(name: str) -> dict:
+    import yaml
+
+    path = Path(CONF_DIR) / "fabric" / f"{name}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise UsageError(f"fabric={name} has no profile conf/fabric/{name}.yaml; present: {', '.join(have)}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _label(value: Any, what: str) -> str:
+    s = str(value or "")
+    if not _LABEL.match(s):
+        raise UsageError(f"{what}={value!r}: use letters, digits and . _ ~ - (it names folders and run ids)")
+    return s
+
+
+def _overrides(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise UsageError(f"{what} must be a list of Hydra overrides, e.g. [train.micro_batch_size=1]")
+    out = tuple(str(o) for o in value)
+    for o in out:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key in _RESERVED or key.startswith("fabric."):
+            if key.startswith("fabric.") and what.startswith("arms"):
+                continue  # an arm may tune its own fabric (fabric.env.NCCL_IB_HCA=...)
+            raise UsageError(f"{what}: {o!r} sets {key}, which the study decides per cell; "
+                             "remove it (fabrics are arms, trials are `trials:`)")
+        if o.startswith("-"):
+            raise UsageError(f"{what}: {o!r} is a flag, not a Hydra override")
+    return out
+
+
+def _arms(raw: Any, control: bool) -> tuple[Arm, ...]:
+    if not isinstance(raw, list) or len(raw) < 1:
+        raise UsageError("arms: give a list of at least one arm, e.g. [{label: ib, fabric: ib, baseline: true}, "
+                         "{label: roce, fabric: roce}]")
+    arms = []
+    for i, a in enumerate(raw):
+        if not isinstance(a, Mapping) or "fabric" not in a:
+            raise UsageError(f"arms[{i}] needs at least fabric: <profile> (and label:, overrides:, baseline:)")
+        fabric = _label(a["fabric"], f"arms[{i}].fabric")
+        emulated = _fabric_profile(fabric).get("emulate") is not None
+        arms.append(Arm(_label(a.get("label", fabric), f"arms[{i}].label"), fabric,
+                        _overrides(a.get("overrides"), f"arms[{i}].overrides"), bool(a.get("baseline")),
+                        emulated=emulated))
+    if sum(a.baseline for a in arms) > 1:
+        raise UsageError("arms: more than one has baseline: true; mark exactly one")
+    if not any(a.baseline for a in arms):
+        arms[0] = Arm(**{**arms[0].__dict__, "baseline": True})  # the first arm, as compare's default
+    if control:
+        b = next(a for a in arms if a.baseline)
+        arms.append(Arm(b.label + CONTROL_SUFFIX, b.fabric, b.overrides, False, True, b.emulated))
+    labels = [a.label for a in arms]
+    if len({lab.replace("~", "-") for lab in labels}) < len(labels):  # run ids spell ~ as -
+        raise UsageError(f"arms: labels must be unique (with ~ read as -), got {labels}")
+    if len(arms) < 2:
+        raise UsageError("a study needs two arms to compare (or one arm with control: true for an A/A study)")
+    return tuple(arms)
+
+
+def _workloads(raw: Any) -> tuple[Workload, ...]:
+    from workloads.core.launcher import expand_sweep
+
+    if not isinstance(raw, list) or not raw:
+        raise UsageError("workloads: give a list, e.g. [{name: ar, entry: collectives, overrides: [...]}]")
+    out = []
+    for i, w in enumerate(raw):
+        if not isinstance(w, Mapping) or w.get("entry") not in ENTRIES:
+            raise UsageError(f"workloads[{i}].entry must be one of {', '.join(ENTRIES)}")
+        name = _label(w.get("name", w["entry"]), f"workloads[{i}].name")
+        points = expand_sweep(list(_overrides(w.get("overrides"), f"workloads[{i}].overrides")))
+        for k, point in enumerate(points):
+            out.append(Workload(name if len(points) == 1 else f"{name}-p{k}", str(w["entry"]), tuple(point)))
+    names = [w.name for w in out]
+    if len(set(names)) < len(names):
+        raise UsageError(f"workloads: names must be unique, got {names}")
+    return tuple(out)
+
+
+def load_spec(path: str | Path, study_id: str | None = None, output_root: str | None = None) -> StudySpec:
+    """Read and check a study YAML. Raises UsageError naming the field and the fix."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file() and (Path(REPO_ROOT) / "conf" / "study" / f"{path}.yaml").is_file():
+        p = Path(REPO_ROOT) / "conf" / "study" / f"{path}.yaml"  # `fabricbench study emu-ab`
+    if not p.is_file():
+        raise UsageError(f"no study file {path}; give a YAML path or a name from conf/study/")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, Mapping):
+        raise UsageError(f"{p}: a study is a mapping with name, arms, workloads, trials")
+    unknown = sorted(set(raw) - {"name", "id", "arms", "workloads", "trials", "design", "seed", "control",
+                                 "output_root", "timeout_s"})
+    if unknown:
+        raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a study has name, id, arms, workloads, "
+                         "trials, design, seed, control, output_root, timeout_s")
+    name = _label(raw.get("name", p.stem), "name")
+    trials = raw.get("trials", 4)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise UsageError(f"trials={trials!r} must be a positive integer (4 per arm is the fewest that can ever "
+                         "reach p < 0.05 with the exact rank test)")
+    design = str(raw.get("design", "abba"))
+    if design not in DESIGNS:
+        raise UsageError(f"design={design!r}; use abba (counterbalanced) or permuted (seeded, within blocks)")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise UsageError(f"seed={seed!r} must be an integer")
+    timeout = float(raw.get("timeout_s", 1800))
+    return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"),
+                     arms=_arms(raw.get("arms"), bool(raw.get("control", False))),
+                     workloads=_workloads(raw.get("workloads")), trials=trials, design=design, seed=seed,
+                     output_root=str(output_root or raw.get("output_root") or "results"), timeout_s=timeout,
+                     source=str(p))
