@@ -67,6 +67,10 @@ def _print(result, verbose: bool = False) -> None:
         print(excluded)
     for p, c in result.comparisons:
         print(f"{p.label} [{c.metric}]: {c.verdict}")
+    from analysis.summary import headlines
+
+    for workload, claim, detail in headlines(result):  # last: what a study's console ends on
+        print(f"headline: {workload}, {claim} {detail}")
     for r in result.refusals:  # near misses only: the comparisons the user most likely meant
         print(f"refused: {r.message()}")
     if (summary := result.unmatched_summary()) is not None:

@@ -236,6 +236,9 @@ def test_ab_study_on_emulated_links_calls_100mbit_slower(tmp_path):
     verdicts = (out / "emu-ab" / "compare.txt").read_text()
     assert "emu-veth is faster than emu-100m by" in verdicts and "n=6 vs 6" in verdicts, verdicts
     assert "ABBA" in verdicts and "6 blocks" in verdicts, verdicts  # the design the test respected
+    # The study ends on one headline sentence per workload, in words and with its interval.
+    head = [ln for ln in verdicts.splitlines() if ln.startswith("headline: Collectives")]
+    assert len(head) == 1 and "emu-veth is" in head[0] and "faster than emu-100m [95% CI" in head[0], verdicts
     assert "not significant" not in verdicts, verdicts
 
 
