@@ -11,7 +11,6 @@ workloads/core/cli.py registers them through analysis/cli_compare.py and analysi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -134,13 +133,10 @@ def _check_out(out: str) -> None:
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise UsageError(f"--out {out} is a file; give a directory for the report (it is created if missing)")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"--out {out} is not writable ({e.strerror}); give a directory you can write") from None
+    from workloads.core.records import not_writable
+
+    if (why := not_writable(p)) is not None:
+        raise UsageError(f"--out {out} is not writable ({why}); give a directory you can write")
 
 
 def register(subparsers) -> None:

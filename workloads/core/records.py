@@ -187,15 +187,22 @@ def fingerprint() -> dict[str, Any]:
     return fp
 
 
-def check_writable(root: str) -> None:
-    p = Path(root)
+def not_writable(p: Path) -> str | None:
+    """Why directory `p` (created if missing) cannot take a file, or None when it can."""
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise UsageError(f"output directory {p} is not writable ({e.strerror}); set output_root= to a writable path") from None
+        return str(e.strerror)
+    return None
+
+
+def check_writable(root: str) -> None:
+    p = Path(root)
+    if (why := not_writable(p)) is not None:
+        raise UsageError(f"output directory {p} is not writable ({why}); set output_root= to a writable path")
 
 
 def new_record(workload: str, **fields: Any) -> dict[str, Any]:

@@ -197,6 +197,12 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
             log.plugin = p["name"]
         elif (b := _BOOTSTRAP.search(msg)) is not None:
             log.bootstrap = re.sub(r"<\d+>$", "", b["ifc"])
+    return _finish(log, text, channels, received, rank_nranks)
+
+
+def _finish(log: ProcessLog, text: str, channels: Counter, received: Counter,
+            rank_nranks: list[tuple[int, int]]) -> ProcessLog:
+    """What needs the whole log: the world rank, the library, the channel counts."""
     if rank_nranks:
         # The widest communicator is the world group (subgroups come later and are smaller).
         log.rank, log.nranks = max(rank_nranks, key=lambda rn: rn[1])

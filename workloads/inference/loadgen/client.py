@@ -112,7 +112,7 @@ def make_session(max_connections: int | None = None, read_bufsize: int = 1 << 18
 async def stream_request(session: aiohttp.ClientSession, base_url: str, backend: Backend, spec, model: str,
                          timeout_s: float, extra: dict[str, Any] | None = None,
                          result: RequestResult | None = None) -> RequestResult:
-    # One function on purpose (67 lines): every timestamp of a request is taken in this
+    # One function on purpose (over 60 lines): every timestamp of a request is taken in this
     # one loop, with no call between reading a chunk and stamping it.
     r = result or RequestResult()
     r.prompt_len, r.output_len = int(spec.prompt_len), int(spec.output_len)
