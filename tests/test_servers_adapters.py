@@ -206,15 +206,17 @@ def test_ready_timeout_shows_log_tail(tmp_path):
     assert not _alive(int(pidfile.read_text()))
 
 
-def test_ctrl_c_stops_the_server_group(tmp_path):
-    """A real SIGINT to a process that holds a ManagedServer: no orphan survives."""
+def _client_holding_a_server(tmp_path, restore_sigint: bool):
+    """A real client process that holds a ManagedServer: (client, server leader pid, its
+    grandchild's pid) once the server is ready."""
     pidfile = tmp_path / "child.pid"
     port = _free_port()
     # A shell that starts jobs in the background without job control hands them SIGINT
     # ignored, and Python keeps it so; the process under test is a user's Ctrl-C-able one.
+    restore = "signal.signal(signal.SIGINT, signal.default_int_handler)" if restore_sigint else ""
     script = textwrap.dedent(f"""
         import os, signal, sys, time
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        {restore}
         sys.path.insert(0, {os.path.abspath(os.path.join(CONF, '..'))!r})
         from workloads.inference.adapters.base import ServerSpec, Launch
         from workloads.inference.adapters.orchestrator import ManagedServer
@@ -227,8 +229,12 @@ def test_ctrl_c_stops_the_server_group(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     assert line.startswith("READY"), line
-    leader = int(line.split()[1])
-    child = int(pidfile.read_text())
+    return p, int(line.split()[1]), int(pidfile.read_text())
+
+
+def test_ctrl_c_stops_the_server_group(tmp_path):
+    """A real SIGINT to a process that holds a ManagedServer: no orphan survives."""
+    p, leader, child = _client_holding_a_server(tmp_path, restore_sigint=True)
     p.send_signal(signal.SIGINT)
     p.wait(30)
     assert not _alive(leader) and not _alive(child)
@@ -237,24 +243,7 @@ def test_ctrl_c_stops_the_server_group(tmp_path):
 def test_sigkilled_client_takes_its_server_down(tmp_path):
     """SIGKILL cannot be caught, so the client cannot stop its server: the watchdog between
     them notices the parent's death and stops the whole group (leader and grandchild)."""
-    pidfile = tmp_path / "child.pid"
-    port = _free_port()
-    script = textwrap.dedent(f"""
-        import os, sys, time
-        sys.path.insert(0, {os.path.abspath(os.path.join(CONF, '..'))!r})
-        from workloads.inference.adapters.base import ServerSpec, Launch
-        from workloads.inference.adapters.orchestrator import ManagedServer
-        spec = ServerSpec(adapter="standin", port={port}, ready_timeout_s=30, stop_timeout_s=1)
-        argv = [sys.executable, "-c", {STANDIN!r}, "normal", "{port}", {str(pidfile)!r}]
-        with ManagedServer(spec, Launch(argv, {{}}, "m"), {str(tmp_path)!r}, dict(os.environ)) as s:
-            print("READY", s.proc.pid, flush=True)
-            time.sleep(600)
-    """)
-    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    assert line.startswith("READY"), line
-    leader = int(line.split()[1])
-    child = int(pidfile.read_text())
+    p, leader, child = _client_holding_a_server(tmp_path, restore_sigint=False)
     p.kill()
     p.wait(30)
     deadline = time.monotonic() + 20

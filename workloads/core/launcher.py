@@ -316,15 +316,17 @@ def _exit_words(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _precheck(config_name: str, workload: str | None) -> None:
+def _precheck(config_name: str, workload: str | None, self_launching: bool) -> None:
     """Select the entry point's workload, then check the run id and that every job of the
     command line composes, before Hydra runs: each problem is one line (from one rank per
-    node under torchrun) and exit 2, not Hydra's own multi-line message."""
+    node under torchrun) and exit 2, not Hydra's own multi-line message. A self-launch
+    composes every job itself (self_launch), so it is not composed twice."""
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
         add_override(sys.argv, f"workload={workload}")
     try:
         _check_path_overrides(sys.argv[1:])
-        _compose_each_job(sys.argv[1:], config_name)
+        if not self_launching:
+            _compose_each_job(sys.argv[1:], config_name)
     except UsageError as e:
         if _should_say(e):  # under torchrun: one rank per node, not every rank
             print(f"error: {e}", file=sys.stderr)
@@ -351,7 +353,7 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
-    _precheck(config_name, workload)
+    _precheck(config_name, workload, self_launching=distributed and not launched())
     if os.environ.get("RANK", "0") != "0":
         add_override(sys.argv, "hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
 
