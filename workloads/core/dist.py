@@ -113,6 +113,23 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
     return _INFO
 
 
+def drain(timeout_s: float = 60.0) -> None:
+    """Call when a run ended well on every rank: one barrier, waited on with the GIL released.
+
+    A Gloo (or NCCL) worker thread frees a finished collective's tensors after the caller
+    has been woken; freeing a tensor that Python made needs the GIL. If the main thread
+    reaches interpreter teardown first, that thread dies inside a destructor and the whole
+    rank aborts (SIGABRT, "terminate called without an active exception") after its record
+    was written. The barrier waits for every earlier collective of the group and gives those
+    threads the GIL meanwhile. A peer that never arrives costs `timeout_s`, not a hang."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    try:
+        dist.barrier(async_op=True).wait(timedelta(seconds=timeout_s))
+    except RuntimeError:
+        pass  # the peer's own exit code and message tell that story
+
+
 def shutdown() -> None:
     global _INFO
     if dist.is_initialized():

@@ -375,6 +375,10 @@ def hydra_entry(
             sys.exit(1)
         if code:
             sys.exit(code)
+        if "torch.distributed" in sys.modules:  # this job used a process group: no torch import otherwise
+            from workloads.core.dist import drain
+
+            drain()
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     die_with_launcher()
