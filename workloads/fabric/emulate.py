@@ -8,6 +8,12 @@ it. One torchrun agent runs per namespace (static rendezvous: --node_rank, --mas
 
     python launch/emulate.py launch/train.py fabric=emu-100m
     python launch/emulate.py --nodes 4 launch/collectives.py fabric=emu-1g
+    python launch/emulate.py launch/infer.py fabric=emu-100m server.tp=2
+
+Served inference is the one entry point that does not run in the namespaces: its load
+generator runs on this host, and the reference engine it starts puts its TP ranks one
+torchrun agent per namespace (`--serve`, below); rank 0 answers HTTP on an unshaped veth
+from this host into node 0, so only the engine's all_reduces cross the shaped link.
 
 The shaping comes from the fabric profile's `emulate:` block (conf/fabric/emu-*.yaml):
 
@@ -38,6 +44,11 @@ IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_I
 SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
 MASTER_PORT = 29500      # free by construction: node 0's namespace is new
 PREFIX = "fb-"           # every namespace we create: fb-<pid>-<suffix>
+HOST_IFNAME = "emuh"     # node 0's end of the unshaped link from the host (served inference)
+HOST_SUBNET = "10.78"    # a /30 of it per run, for that link
+# Set for the load generator of an emulated inference run: the namespaces (comma-separated)
+# that the server's ranks must run in, one torchrun agent each (see serve_agents).
+NODES_ENV = "FABRICBENCH_EMULATED_NODES"
 # tc's rate syntax: a number and a unit (bit/s or bytes/s); see tc(8) "PARAMETERS".
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
@@ -132,13 +143,17 @@ class Topology:
     """The namespaces, veths and qdiscs of one emulated cluster; a context manager that
     always tears them down."""
 
-    def __init__(self, spec: EmuSpec, tag: str | None = None):
+    def __init__(self, spec: EmuSpec, tag: str | None = None, host_link: bool = False):
         self.spec = spec
         self.tag = tag or str(os.getpid())
         self.nodes = [f"{PREFIX}{self.tag}-{i}" for i in range(spec.nodes)]
         self.bridge_ns = f"{PREFIX}{self.tag}-br" if spec.nodes > 2 else None
         self.created: list[str] = []
         self.netem = False
+        # (host end, node 0's address on it): an unshaped link from this host into node 0,
+        # for a client (the inference load generator) that must not share the shaped fabric.
+        self.host_link = host_link
+        self.host_addr: str | None = None
 
     def namespaces(self) -> list[str]:
         return self.nodes + ([self.bridge_ns] if self.bridge_ns else [])
@@ -185,6 +200,27 @@ class Topology:
             _run(["ip", "-n", ns, "addr", "add", f"{s.addr(i)}/24", "dev", IFNAME])
             _run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
             self._shape(ns, IFNAME)
+        if self.host_link:
+            self._link_host()
+
+    def _link_host(self) -> None:
+        """A veth from this host's namespace into node 0 (HOST_IFNAME there), on a /30 of
+        HOST_SUBNET that no interface here uses yet. Unshaped: it carries the clients'
+        requests, not the fabric's traffic. Deleting node 0 deletes it."""
+        used = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+        third = next((k for k in range(256) if f" {HOST_SUBNET}.{k}." not in used), None)
+        if third is None:
+            raise UsageError(f"every {HOST_SUBNET}.0.0/16 subnet is in use on this host; remove stale fb- veths "
+                             "(ip link show | grep fbh-)")
+        here, there = f"{HOST_SUBNET}.{third}.1", f"{HOST_SUBNET}.{third}.2"
+        host_end = f"fbh-{self.tag}"[:15]  # IFNAMSIZ
+        _run(["ip", "link", "add", "name", host_end, "type", "veth", "peer", "name", HOST_IFNAME,
+              "netns", self.nodes[0]])
+        _run(["ip", "addr", "add", f"{here}/30", "dev", host_end])
+        _run(["ip", "link", "set", host_end, "up"])
+        _run(["ip", "-n", self.nodes[0], "addr", "add", f"{there}/30", "dev", HOST_IFNAME])
+        _run(["ip", "-n", self.nodes[0], "link", "set", HOST_IFNAME, "up"])
+        self.host_addr = there
 
     def _shape(self, ns: str, dev: str) -> None:
         s = self.spec
@@ -219,7 +255,10 @@ class Topology:
         if s.latency:
             shape += f", netem delay {s.latency}"
         via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
-        return f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
+        text = f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
+        if self.host_addr:
+            text += f"; clients reach node 0 at {self.host_addr} (unshaped {HOST_IFNAME})"
+        return text
 
 
 def leftovers(prefix: str = PREFIX) -> list[str]:
@@ -293,6 +332,8 @@ def _killpg(p: subprocess.Popen, sig: int) -> None:
 LOOPBACK = "lo"
 # Entry points whose ranks span the namespaces, so their traffic crosses the emulated link.
 CROSSING_ENTRIES = ("train.py", "collectives.py")
+# The load generator stays on this host; the server it starts spans the namespaces.
+SERVING_ENTRY = "infer.py"
 
 
 def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
@@ -300,7 +341,7 @@ def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
 
 
 def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
-                        **cli: Any) -> tuple[EmuSpec, str]:
+                        config_name: str = "config", **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
     trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
     from workloads.core.launcher import compose, expand_sweep
@@ -311,9 +352,12 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
     points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]
     found = set()
     for point in points:
-        cfg = compose(conf_dir, point)
+        cfg = compose(conf_dir, point, config_name)
         spec = _spec_of(cfg, cli)
         found.add(spec)
+        if config_name == "infer":
+            _check_served(cfg, spec[0])
+            continue  # the load generator checks the rest itself, before it starts the server
         # The whole config, for the world it will run at, before any namespace exists (whose
         # interface does not exist yet either: lo stands in for it in the host checks).
         validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
@@ -336,6 +380,18 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
     return EmuSpec.from_config(block, **cli), str(cfg.fabric.name)
 
 
+def _check_served(cfg, spec: EmuSpec) -> None:
+    """Served inference across the namespaces: the reference engine, its TP ranks split evenly."""
+    adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
+    if adapter != "reference":
+        raise UsageError(f"server={adapter} does not run across emulated nodes here (only the reference engine's "
+                         "ranks are started one torchrun agent per namespace); use server=reference")
+    tp = cfg.server.get("tp")
+    if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
+        raise UsageError(f"server.tp={'null' if tp is None else tp} cannot span {spec.nodes} emulated nodes evenly; use server.tp={spec.nodes} "
+                         f"(or a multiple of {spec.nodes})")
+
+
 def add_arguments(ap) -> None:
     """`fabricbench emulate ...` and launch/emulate.py share this parser."""
     import argparse
@@ -346,7 +402,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per namespace [1]")
     ap.add_argument("--rate", help="tc rate, e.g. 100mbit (overrides fabric.emulate.rate; 'none' = unshaped)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before every agent is stopped [900]")
-    ap.add_argument("entry", help="launch/train.py or launch/collectives.py")
+    ap.add_argument("entry", help="launch/train.py, launch/collectives.py or launch/infer.py")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides, e.g. fabric=emu-100m")
 
 
@@ -362,19 +418,10 @@ def run(args, conf_dir: str | None = None) -> int:
     conf_dir = conf_dir or CONF_DIR
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        if not Path(args.entry).is_file():
-            raise UsageError(f"entry point {args.entry} does not exist; use launch/train.py or launch/collectives.py")
-        if Path(args.entry).name not in CROSSING_ENTRIES:
-            raise UsageError(f"{args.entry} does not run across emulated nodes (inference starts one server in one "
-                             "namespace, so its traffic would never cross the shaped link); use launch/train.py or "
-                             "launch/collectives.py")
-        if args.nproc_per_node < 1:
-            raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
-        if Path(args.entry).name == "collectives.py" and not any(
-                o.lstrip("+").startswith("workload=") for o in args.overrides):
-            args.overrides.insert(0, "workload=collectives")  # as that entry point does itself
+        serving = _check_entry(args)
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
-                                           nproc_per_node=args.nproc_per_node)
+                                           nproc_per_node=args.nproc_per_node,
+                                           config_name="infer" if serving else "config")
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into
             # the config, and the fabric gets a name of its own unless the user gave one.
@@ -382,8 +429,10 @@ def run(args, conf_dir: str | None = None) -> int:
             if not any(o.startswith("fabric.name=") for o in args.overrides):
                 args.overrides.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
         require_root()
-        with Topology(spec) as topo:
+        with Topology(spec, host_link=serving) as topo:
             print(f"emulate: {topo.describe()}", flush=True)
+            if serving:
+                return run_load_generator(topo, args.entry, args.overrides, args.timeout)
             return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -393,6 +442,78 @@ def run(args, conf_dir: str | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _check_entry(args) -> bool:
+    """UsageError for an entry point that cannot run across the namespaces; True for served
+    inference (its load generator runs here, its server's ranks there)."""
+    name = Path(args.entry).name
+    if not Path(args.entry).is_file():
+        raise UsageError(f"entry point {args.entry} does not exist; use launch/train.py, launch/collectives.py "
+                         "or launch/infer.py")
+    if name not in CROSSING_ENTRIES + (SERVING_ENTRY,):
+        raise UsageError(f"{args.entry} does not run across emulated nodes; use launch/train.py, "
+                         "launch/collectives.py or launch/infer.py")
+    if args.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
+    if name == "collectives.py" and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
+        args.overrides.insert(0, "workload=collectives")  # as that entry point does itself
+    return name == SERVING_ENTRY
+
+
+def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], timeout_s: float,
+                       python: str = sys.executable) -> int:
+    """Served inference: the load generator runs in this host's namespace and starts the
+    server through the reference adapter, which finds the namespaces in NODES_ENV and runs
+    one torchrun agent per node there (serve_agents). Rank 0 answers HTTP on node 0's end of
+    the unshaped host link; the TP all_reduces cross the shaped emu0 link."""
+    argv = [python, entry, *overrides, f"server.host={topo.host_addr}", f"server.nnodes={topo.spec.nodes}",
+            f"server.dist_init_addr={topo.spec.addr(0)}:{MASTER_PORT}"]
+    env = dict(os.environ) | {NODES_ENV: ",".join(topo.nodes)}
+    p = subprocess.Popen(argv, env=env)
+    try:
+        return p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"error: emulated run exceeded {timeout_s:g}s; stopping the load generator and its server",
+              file=sys.stderr)
+        return 124
+    finally:
+        if p.poll() is None:  # it stops its own server on SIGTERM (workloads/inference/run.py)
+            p.terminate()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def emulated_nodes() -> list[str] | None:
+    """The namespaces a served run's ranks go to, when launch/emulate.py started this process."""
+    nodes = [n for n in os.environ.get(NODES_ENV, "").split(",") if n]
+    return nodes or None
+
+
+class _Nodes:
+    """The namespaces of a topology another process built (run_agents needs only these)."""
+
+    def __init__(self, nodes: list[str]):
+        self.nodes, self.spec = nodes, EmuSpec(nodes=len(nodes))
+        self.tag = nodes[0].removeprefix(PREFIX).rsplit("-", 1)[0]
+
+
+def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:
+    """`python -m workloads.fabric.emulate --serve <nproc> <entry> <overrides>`: one torchrun
+    agent per namespace named in NODES_ENV, for as long as the server runs. The orchestrator
+    stops it with SIGTERM (turned into KeyboardInterrupt: every agent is stopped)."""
+    nodes = emulated_nodes() or []
+    if len(nodes) < 2:
+        print(f"error: {NODES_ENV} names no emulated nodes; run through launch/emulate.py", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        return run_agents(_Nodes(nodes), nproc, entry, overrides, float("inf"))
+    except KeyboardInterrupt:
+        return 0
 
 
 def agent_main(torchrun_args: Sequence[str]) -> int:
@@ -405,4 +526,6 @@ def agent_main(torchrun_args: Sequence[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--agent"]:
         sys.exit(agent_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["--serve"]:
+        sys.exit(serve_agents(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
     sys.exit(main())

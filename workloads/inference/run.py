@@ -42,6 +42,7 @@ from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
+from workloads.fabric.emulate import emulated_nodes
 
 WORKLOAD = "inference"
 
@@ -149,14 +150,15 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     """Everything checkable before a server starts. Raises UsageError."""
     spec = ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True))
     adapter = get_adapter(spec.adapter)
-    # A server started here runs on this host's fabric; an external one is not ours to check.
+    # A server started here runs on this host's fabric; an external one is not ours to check,
+    # nor is one whose ranks run in emulated nodes (they check their namespaces themselves).
     # The engine's own interpreter (its torch, its NCCL) runs the backend, not this one.
-    fabric = session.prepare(cfg, local=adapter.starts_process, backend=False)
+    fabric = session.prepare(cfg, local=adapter.starts_process and emulated_nodes() is None, backend=False)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if adapter.starts_process:
         check_tp_divides(spec.tp, model)
     adapter.check_available(spec, OmegaConf.to_container(cfg.server, resolve=True))
-    launch = adapter.command(spec, model, fabric.name, adapter.forwarded_overrides(overrides))
+    launch = adapter.command(spec, model, _chosen("fabric", fabric.name), adapter.forwarded_overrides(overrides))
     load = cfg.load
     backend = get_backend(str(load.backend))
     points = arrivals(load)
@@ -169,6 +171,17 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
                       warn=lambda m: print(m, flush=True))
     _check_prompts(plan, model, adapter, backend)
     return SweepPlan(fabric, spec, adapter, launch, backend, tuple(points), slo, plan, settings, str(cfg.model.name))
+
+
+def _chosen(group: str, default: str) -> str:
+    """The config group option this job chose (fabric=emu-100m), which an engine started with
+    our configs must choose too; a `name` inside it may differ (fabric.name=emu-100mbit)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return HydraConfig.get().runtime.choices.get(group) or default
+    except ValueError:  # composed outside a Hydra run (tests, the study planner)
+        return default
 
 
 # Config keys a resumed sweep may change without invalidating the points already measured.

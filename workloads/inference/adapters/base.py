@@ -106,3 +106,6 @@ class Launch:
     argv: list[str] | None          # None: nothing to start (external)
     env: dict[str, str]
     model_name: str
+    # The server listens in network namespaces of its own (launch/emulate.py): this host's
+    # port table does not show it, and its port there is free by construction.
+    own_network: bool = False

@@ -86,7 +86,8 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> None:
-        refuse_taken_port(self.spec)
+        if not self.launch.own_network:
+            refuse_taken_port(self.spec)
         exe = self.launch.argv[0]
         if shutil.which(exe) is None:
             raise UsageError(f"cannot start server={self.spec.adapter}: {exe!r} is not installed "

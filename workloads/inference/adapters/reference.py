@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 
 from workloads import REPO_ROOT
+from workloads.core.errors import UsageError
+from workloads.fabric.emulate import emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec
 
 # server.* keys that belong to the orchestrator, not to the reference engine's own config.
@@ -15,6 +17,10 @@ _ORCHESTRATOR_KEYS = {"adapter", "host", "port", "nnodes", "node_rank", "dist_in
 
 def check_available(spec: ServerSpec, server: dict) -> None:
     """A broken checkpoint is one line here, not the server's traceback in its log."""
+    if spec.nnodes > 1 and emulated_nodes() is None:
+        raise UsageError(f"server=reference with server.nnodes={spec.nnodes} runs only across emulated nodes "
+                         "(launch/emulate.py launch/infer.py fabric=emu-100m server.tp=2); on a real cluster "
+                         "use server=vllm or server=sglang for multi-node serving")
     if server.get("checkpoint"):
         from workloads.models.hf import load_hf_config
 
@@ -22,11 +28,12 @@ def check_available(spec: ServerSpec, server: dict) -> None:
 
 
 def forwarded_overrides(overrides: list[str]) -> tuple[str, ...]:
-    """CLI overrides the reference engine must see too (its model shape, its server knobs)."""
+    """CLI overrides the reference engine must see too (its model shape, its fabric's settings,
+    its server knobs); the fabric and model choices themselves are `command`'s arguments."""
     keep = []
     for o in overrides:
         key = o.lstrip("+~").split("=", 1)[0]
-        if key.startswith("model.") or key == "seed" or key.startswith("dist."):
+        if key.startswith(("model.", "dist.", "fabric.")) or key == "seed":
             keep.append(o)
         elif key.startswith("server.") and key.split(".")[1] not in _ORCHESTRATOR_KEYS:
             keep.append(o)
@@ -34,9 +41,16 @@ def forwarded_overrides(overrides: list[str]) -> tuple[str, ...]:
 
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.tp}",
-            str(REPO_ROOT / "launch" / "serve.py"), f"model={model.get('name')}"]
+    serve = str(REPO_ROOT / "launch" / "serve.py")
+    if spec.nnodes == 1:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.tp}", serve]
+    else:
+        # launch/emulate.py's namespaces (check_available refuses nnodes > 1 elsewhere): one
+        # torchrun agent in each, rendezvous on node 0's emu0 address, rank 0's HTTP on the
+        # host link (server.host, which emulate sets).
+        argv = [sys.executable, "-m", "workloads.fabric.emulate", "--serve", str(spec.tp // spec.nnodes), serve]
+    argv.append(f"model={model.get('name')}")
     if fabric:
         argv.append(f"fabric={fabric}")
     argv += [f"server.host={spec.host}", f"server.port={spec.port}", *overrides, *spec.extra_args]
-    return Launch(argv, dict(spec.env), spec.served_model_name or str(model.get("name")))
+    return Launch(argv, dict(spec.env), spec.served_model_name or str(model.get("name")), own_network=spec.nnodes > 1)
