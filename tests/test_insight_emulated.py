@@ -40,11 +40,10 @@ def test_percent_of_line_rate_is_the_shaped_payload_rate(emu_collectives):
     assert lr["per_rank(GB/s)"] == pytest.approx(0.0125) and lr["payload_per_rank(GB/s)"] == pytest.approx(0.0119551, abs=1e-7)
     assert [n["rails"] for n in lr["nodes"]] == [{"net:emu0": 1e8}, {"net:emu0": 1e8}]
     pct = rec["metrics"]["all_reduce/avg_busbw(%line)"]
-    # Issue 16 asks for 5% of the payload ceiling; this machine gives 90.3-90.5% of the line
-    # rate, 5.5% under it (the reverse direction's ACKs share the shaped egress, ~2%, and the
-    # ring's two phases leave the link idle between them). The bound is test_emulate's 15%,
-    # so a shaping or accounting error still fails; the README quotes the measured figure.
-    assert abs(pct - PAYLOAD_PCT) <= 0.15 * PAYLOAD_PCT, (pct, out[-2000:])
+    # Issue 16's bound: within 5% of the payload ceiling (>= 90.9% of the line rate). Measured
+    # 93.0-95.0% here at load ~2; 90.3% once while eight jobs shared the 2 cores (the reverse
+    # direction's ACKs share the shaped egress, ~2%, and the ring's phases leave gaps).
+    assert abs(pct - PAYLOAD_PCT) <= 0.05 * PAYLOAD_PCT, (pct, out[-2000:])
     (row,) = rec["rows"]
     assert row["in_place"]["pct_line_rate"] == pytest.approx(pct)
     assert lr["above_line_rate"] == []  # Gloo's ring cannot beat the link
