@@ -310,3 +310,44 @@ def test_server_log_first_line_hides_secrets(tmp_path):
             pass
     first = (tmp_path / "server" / "standin.log").read_text().splitlines()[0]
     assert "hf_secret123" not in first and "+fabric.env.HF_TOKEN=<redacted>" in first
+
+
+ENGINE_THAT_LEAKS = textwrap.dedent("""
+    import os, sys, time, traceback
+    token, key = os.environ["FAKE_TRACE_TOKEN"], os.environ["MY_SERVICE_API_KEY"]
+    print("engine starting: ordinary line", flush=True)
+    sys.stdout.buffer.write(b"raw bytes \\xff\\xfe end\\n"); sys.stdout.flush()
+    sys.stdout.write("split across writes " + token[:9]); sys.stdout.flush()
+    time.sleep(0.3)  # the watchdog reads the first half alone
+    sys.stdout.write(token[9:] + " rest\\n"); sys.stdout.flush()
+    try:
+        raise RuntimeError(f"login refused for {token} (key {key})")
+    except RuntimeError:
+        traceback.print_exc()
+    sys.stderr.write(f"last words without a newline, key={key}"); sys.stderr.flush()
+    os._exit(3)
+""")
+
+
+def test_engine_output_reaches_the_log_redacted(tmp_path):
+    """What an engine prints itself (a traceback holding an hf_ token and the value of a
+    secret-named variable of its environment) is redacted on its way through the watchdog
+    into the server log; ordinary lines, bytes that are not UTF-8 and the last words of a
+    dying engine still arrive, and so reach the orchestrator's error."""
+    import uuid
+
+    token = "hf_" + uuid.uuid4().hex  # token-shaped, made here: no real key
+    key = "s3cr3t-" + uuid.uuid4().hex[:12]  # no known credential shape: hidden as the variable's value
+    env = dict(os.environ, FAKE_TRACE_TOKEN=token, MY_SERVICE_API_KEY=key)
+    spec = ServerSpec(adapter="leaky", port=_free_port(), ready_timeout_s=30, stop_timeout_s=1)
+    with pytest.raises(UsageError, match="exited with code 3 before it was ready") as e:
+        with ManagedServer(spec, Launch([sys.executable, "-c", ENGINE_THAT_LEAKS], {}, "m"), tmp_path, env):
+            pass
+    text = (tmp_path / "server" / "leaky.log").read_text()
+    for shown in (text, str(e.value)):
+        assert token not in shown and key not in shown and token[9:] not in shown
+        assert "RuntimeError: login refused for <redacted> (key <redacted>)" in shown, shown
+        assert shown.rstrip().endswith("last words without a newline, key=<redacted>"), shown
+    assert "engine starting: ordinary line\n" in text
+    assert "raw bytes \ufffd\ufffd end\n" in text
+    assert "split across writes <redacted> rest\n" in text

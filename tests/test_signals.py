@@ -1,6 +1,6 @@
-"""Signals and deaths around a self-launched training run (`python launch/train.py`):
-real ranks over Gloo, real signals. Whatever ends the run, no rank outlives it and the
-point that was being measured has a failed record saying why."""
+"""Signals and deaths around a training run, self-launched (`python launch/train.py`) or under
+a raw `torchrun`: real ranks over Gloo, real signals. Whatever ends the run, no rank outlives
+it and the point that was being measured has one failed record saying why."""
 
 from __future__ import annotations
 
@@ -41,20 +41,29 @@ def _ranks(launcher: int) -> dict[int, int]:
     return out
 
 
-def _start_measuring(tmp_path: Path, out_root: Path) -> tuple[subprocess.Popen, dict[int, int]]:
-    """A self-launched run, returned once rank 0 is inside its measured point."""
+def _start_measuring(tmp_path: Path, out_root: Path, torchrun: list[str] | None = None
+                     ) -> tuple[subprocess.Popen, dict[int, int]]:
+    """A self-launched run (or, with `torchrun` as the agent's extra flags, one under a raw
+    torchrun agent), returned once rank 0 is inside its measured point: its in-flight copy
+    exists (in the launcher's folder, or beside the records)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    p = subprocess.Popen([sys.executable, str(REPO / "launch" / "train.py"), f"output_root={out_root}", *LONG],
+    agent = [] if torchrun is None else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *torchrun]
+    p = subprocess.Popen([sys.executable, *agent, str(REPO / "launch" / "train.py"), f"output_root={out_root}", *LONG],
                          cwd=REPO, env=child_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.monotonic() + 240
-    while not list(tmp.glob("fabricbench-inflight-*/*.json")):
+    while not (list(tmp.glob("fabricbench-inflight-*/*.inflight")) or _copies(out_root)):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
         time.sleep(0.2)
     ranks = _ranks(p.pid)
     assert sorted(ranks) == [0, 1]
     return p, ranks
+
+
+def _copies(out_root: Path) -> list[Path]:
+    """What is left in the in-flight folders beside the records (copies, claims, temp files)."""
+    return list(out_root.rglob("records/.inflight/*"))
 
 
 def _gone(pids, within_s: float = 30) -> bool:
@@ -95,4 +104,32 @@ def test_rank0_death_still_leaves_a_failed_record(tmp_path, out_root):
     (rec,) = records_in(out_root)
     assert rec["status"] == "failed" and rec["error"] == "rank 0 was killed by SIGKILL (exit code -9) during this point"
     assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
+    assert _gone(ranks.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent,rank1_got", [
+    ([], None),  # the agent SIGTERMs rank 1 at once: whichever comes first, the signal or Gloo's error
+    (["--monitor-interval=120"], "RuntimeError"),  # an agent slow to notice: Gloo's peer-closed error
+], ids=["agent-sigterm", "gloo-error"])
+def test_rank0_death_under_raw_torchrun_still_leaves_a_failed_record(tmp_path, out_root, agent, rank1_got):
+    """No launcher of ours watches a raw torchrun: rank 1, on rank 0's host, finds rank 0's pid
+    gone when its collective fails or the agent SIGTERMs it, and writes the point's one failed
+    record from rank 0's in-flight copy."""
+    p, ranks = _start_measuring(tmp_path, out_root, torchrun=agent)
+    time.sleep(2)  # into the steps (or DDP's first collectives on a loaded machine)
+    os.kill(ranks[0], signal.SIGKILL)
+    if rank1_got:  # rank 1 ends by itself; then the agent is stopped, as its user would
+        assert _gone([ranks[1]], within_s=90), "rank 1 outlived its dead peer"
+        p.terminate()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    (rec,) = records_in(out_root)
+    assert rec["status"] == "failed", rec["error"]
+    assert rec["error"].startswith(f"rank 0 (pid {ranks[0]} on ") and "died during this point" in rec["error"]
+    if rank1_got:
+        assert f"rank 1 then got {rank1_got}" in rec["error"], rec["error"]
+    assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
+    assert f"error: rank 0 (pid {ranks[0]}) died during this point; rank 1 wrote its failed record" in err, err
+    assert not _copies(out_root)
     assert _gone(ranks.values())

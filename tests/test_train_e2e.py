@@ -52,6 +52,7 @@ def test_zero_stages_in_one_torchrun_multirun(out_root):
     recs = records_in(out_root)
     assert sorted(x["config"]["parallel"]["name"] for x in recs) == ["zero1", "zero2", "zero3"]
     assert len({x["run_id"] for x in recs}) == 1  # all points of one job share one run directory
+    assert not [p for p in out_root.rglob("records/.inflight/*")]  # each point's in-flight copy went with its record
     for x in recs:
         assert x["status"] == "ok"
         assert x["batch"]["global_batch_size"] == 4 * 2 * 2  # micro x accumulation x world

@@ -14,29 +14,28 @@ Signals: SIGTERM is handled as Ctrl-C is (the interrupted point's record is writ
 failed), with exit 143 instead of 130. Self-launched ranks die with the launcher, even a
 SIGKILLed one (PR_SET_PDEATHSIG), and a point whose writing rank died without writing its
 record (rank 0 SIGKILLed, OOM-killed) still gets a failed record: the writer leaves an
-in-flight copy that the launcher turns into one (`recover_inflight`).
+in-flight copy that the launcher turns into one, naming how the rank died
+(workloads/core/inflight.py; under a raw torchrun a surviving rank does it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import threading
-from pathlib import Path
 from typing import Callable
 
 from workloads import CONF_DIR
 from workloads.core.errors import UsageError
+from workloads.core.inflight import INFLIGHT_ENV, recover
 
 
 LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
-INFLIGHT_ENV = "FABRICBENCH_INFLIGHT_DIR"   # where the writing rank keeps its in-flight record
 # After SIGTERM a rank has this long to write its record; a rank blocked in a collective whose
 # peers are gone must still exit.
 TERM_GRACE_S = 20.0
@@ -66,35 +65,6 @@ def die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != int(parent):  # it died before the prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def write_inflight(record: dict, directory: Path, stem: str) -> Path | None:
-    """The writing rank's copy of a record being measured, for the launcher to finish if the
-    rank dies before it writes the real one (None outside a self-launch)."""
-    where = os.environ.get(INFLIGHT_ENV)
-    if not where:
-        return None
-    path = Path(where) / f"{os.getpid()}-{stem}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"directory": str(Path(directory).resolve()), "stem": stem, "record": record},
-                              default=str))
-    tmp.replace(path)
-    return path
-
-
-def recover_inflight(where: str, why: str) -> list[Path]:
-    """Every in-flight record a dead rank left becomes a failed record, named by `why`."""
-    from workloads.core.records import write_record
-
-    written = []
-    for p in sorted(Path(where).glob("*.json")):
-        try:
-            left = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        rec = left["record"] | {"status": "failed", "error": why}
-        written.append(write_record(left["directory"], rec, left["stem"]))
-    return written
 
 
 # workload name -> module whose validate(cfg, world) checks a config before any rank starts
@@ -282,7 +252,7 @@ def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
         print(f"interrupted ({signal.Signals(sig).name}): measured points are kept", file=sys.stderr)
         code = 128 + int(sig)
     finally:
-        for path in recover_inflight(inflight, why):
+        for path in recover(inflight, why):
             print(f"the interrupted point's record (failed): {path}", file=sys.stderr)
         shutil.rmtree(inflight, ignore_errors=True)
     return code

@@ -18,7 +18,7 @@ import time
 import uuid
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
@@ -47,9 +47,22 @@ def is_secret_name(name: str) -> bool:
 _ASSIGNMENT = re.compile(r"^([+~]*[A-Za-z0-9_.\-/]+)=(.*)$", re.S)
 
 
-def redact_text(text: str) -> str:
-    """Known credential values replaced wherever they occur in free text."""
+def redact_text(text: str, values: Sequence[str] = ()) -> str:
+    """Known credential values replaced wherever they occur in free text; also each of
+    `values` (see `secret_values`), whatever its shape, replaced literally."""
+    for v in values:
+        text = text.replace(v, REDACTED)
     return _SECRET_VALUES.sub(REDACTED, text)
+
+
+def secret_values(environ: Mapping[str, str], shortest: int = 8) -> list[str]:
+    """The values of an environment's secret-named variables (HF_TOKEN, WANDB_API_KEY, ...)
+    for `redact_text`: a process's own output (an engine's traceback, a dump of its config)
+    can carry them verbatim in any shape. Values shorter than `shortest` (a flag such as
+    "1") would blank ordinary text, so they are left; longest first, so a value containing
+    another is hidden whole."""
+    return sorted({v for k, v in environ.items() if is_secret_name(k) and len(v.strip()) >= shortest},
+                  key=len, reverse=True)
 
 
 def _hide(value: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import rundir, schema
+from workloads.core import inflight, rundir, schema
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.core.records import check_writable, cpu_affinity, duplicate_message, new_record, same_trial, write_record
@@ -89,26 +89,30 @@ class Recorded:
 
     With `info` (the process group), entering first refuses a trial that an ok record in
     `directory` already holds (UsageError on every rank, nothing measured or written): a
-    rerun of the same run_id and trial would otherwise be counted as a second trial."""
+    rerun of the same run_id and trial would otherwise be counted as a second trial. The same
+    one collective tells the other ranks where the writer is and keeps its in-flight copy, so
+    a rank on its host writes the failed record if the writer dies mid-point (inflight.py)."""
 
     def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool,
                  info: fdist.DistInfo | None = None):
         self.record, self.directory, self.stem, self.write, self.info = record, directory, stem, write, info
         self.path: Path | None = None
         self.inflight: Path | None = None
+        self.writer: dict[str, Any] | None = None  # on the other ranks: the writer, while it measures
 
     def __enter__(self) -> dict[str, Any]:
+        main = self.info is None or self.info.is_main
+        held = same_trial(self.directory, self.record) if self.info is not None and main else None
+        if self.write and held is None:
+            self.inflight = inflight.write(self.record, self.directory, self.stem)
         if self.info is not None:
-            held = same_trial(self.directory, self.record) if self.info.is_main else None
-            held, _ = fdist.agree(None if held is None else str(held), self.info)  # rank 0 decides for all
-            if held is not None:
-                if not self.info.is_main:
+            mine = {"held": None if held is None else str(held), "writer": inflight.writer(self.inflight)}
+            shared, _ = fdist.agree(mine if main else None, self.info)  # rank 0 decides for all
+            if shared["held"] is not None:
+                if not main:
                     raise SystemExit(UsageError.exit_code)  # rank 0 says why, once
-                raise UsageError(duplicate_message(Path(held), self.record))
-        if self.write:
-            from workloads.core.launcher import write_inflight
-
-            self.inflight = write_inflight(self.record, self.directory, self.stem)
+                raise UsageError(duplicate_message(Path(shared["held"]), self.record))
+            self.writer = None if self.write else shared["writer"]
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -127,4 +131,8 @@ class Recorded:
             self.path = write_record(self.directory, rec, self.stem)
             if self.inflight is not None:
                 self.inflight.unlink(missing_ok=True)
+        elif exc is not None and not isinstance(exc, UsageError) and self.info is not None:
+            # A UsageError is the config's, seen by every rank; anything else may be the
+            # writer's death reaching this rank (a peer-closed collective, torchrun's SIGTERM).
+            inflight.after_writer_died(self.writer, self.info.rank, exc)
         return False
