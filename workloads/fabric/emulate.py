@@ -388,8 +388,9 @@ def _check_served(cfg, spec: EmuSpec) -> None:
                          "ranks are started one torchrun agent per namespace); use server=reference")
     tp = cfg.server.get("tp")
     if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
-        raise UsageError(f"server.tp={'null' if tp is None else tp} cannot span {spec.nodes} emulated nodes evenly; use server.tp={spec.nodes} "
-                         f"(or a multiple of {spec.nodes})")
+        shown = "null" if tp is None else tp
+        raise UsageError(f"server.tp={shown} cannot span {spec.nodes} emulated nodes evenly; use "
+                         f"server.tp={spec.nodes} (or a multiple of {spec.nodes})")
 
 
 def add_arguments(ap) -> None:
