@@ -30,6 +30,8 @@ def vllm(argv):
 
     if argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:])
+    elif argv[1].endswith("engines/vllm_headless.py"):  # a headless node: the same parser (that file)
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])
     else:
         assert argv[1] == "serve", argv[:2]
         args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])

@@ -138,8 +138,8 @@ CASES = [
     # emulation and doctor
     ("emulate-infer-tp-too-small", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server.tp=1"), None,
      "server.tp=1"),
-    ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=vllm",
-                                         "model=llama-3.1-8b", "server.tp=2"), None, "server=vllm"),
+    ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=sglang",
+                                         "model=llama-3.1-8b", "server.tp=2"), None, "server=sglang"),
     ("infer-reference-nnodes", ["launch/infer.py", "server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"], None,
      "server.nnodes=2"),
     ("emulate-bad-config", _cli("emulate", "launch/train.py", "fabric=emu-100m", "train.micro_batch_size=0"), None,

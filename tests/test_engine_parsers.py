@@ -81,7 +81,8 @@ def test_vllm_parses_our_command_lines(engines):
                         "server.served_model_name=m4", "server.extra_args=[--max-num-seqs,7,--dtype,float32]"),
                   _argv("server=vllm", *LLAMA, launcher, *MULTI),
                   _argv("server=vllm", *LLAMA, launcher, *MULTI, "server.node_rank=1")]
-    assert [a[1] for a in argvs] == ["-m"] * 3 + ["serve"] * 3
+    # the interpreter form's node 1 runs engines/vllm_headless.py (the API-server module ignores --headless)
+    assert [a[1] for a in argvs] == ["-m", "-m", str(REPO / "engines" / "vllm_headless.py")] + ["serve"] * 3
     parsed = _parse("vllm", argvs)
     for s, h, w in (parsed[:3], parsed[3:]):
         assert s == {"model": "/models/llama", "tensor_parallel_size": 4, "host": "127.0.0.1", "port": 8123,

@@ -14,9 +14,11 @@ check of it:
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ import yaml
 
 from conftest import REPO, child_env, records_in, run_entry
 from hf_tiny import model_dir
+from workloads.fabric.emulate import leftovers
 
 # A server start takes 1–2 min on an idle 2-core machine, far longer on a loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -141,3 +144,37 @@ def test_flush_cache_reaches_vllm(sweep):
     log = next(out.rglob("server/vllm.log")).read_text(errors="replace")
     flushed = re.findall(r'"POST /reset_prefix_cache HTTP/1\.1" 200', log)
     assert len(flushed) == len(POINTS), log[-3000:]
+
+
+@pytest.mark.root
+def test_vllm_tp2_across_emulated_nodes(vllm_env, tmp_path_factory):
+    """vLLM's multi-node mode with one node per network namespace (launch/emulate.py): node 0's
+    API server and worker in one, the headless worker (engines/vllm_headless.py) in the other,
+    the TP all_reduces over the shaped emu0 link, the load generator on the host."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces, veth and tc")
+    shape = yaml.safe_load((REPO / "conf" / "model" / "neox-tiny.yaml").read_text()) | NEOX
+    path = model_dir(tmp_path_factory.mktemp("neox-emu"), "gpt_neox", shape)
+    out = tmp_path_factory.mktemp("results")
+    r = subprocess.run([sys.executable, str(REPO / "launch" / "emulate.py"), "launch/infer.py", "fabric=emu-100m",
+                        "server=vllm", "server.tp=2", "model=neox-tiny", *(f"model.{k}={v}" for k, v in NEOX.items()),
+                        f"server.model_path={path}", "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager]",
+                        "+server.env.VLLM_CPU_KVCACHE_SPACE=1", "+server.env.VLLM_CPU_SIM_MULTI_NUMA=1",
+                        "server.ready_timeout_s=900", f"output_root={out}", "load.points=[1]",
+                        f"load.num_requests={REQUESTS}", "load.warmup_requests=1", "load.dataset.input_len=24",
+                        f"load.dataset.output_len={OUT_LEN}"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    (rec,) = records_in(out)
+    assert rec["status"] == "ok" and rec["metrics"]["completed"] == REQUESTS
+    assert rec["server"]["nnodes"] == 2 and rec["server"]["argv"][1:4] == ["-m", "workloads.fabric.emulate",
+                                                                             "--serve-nodes"]
+    t = rec["fabric"]["transport"]
+    assert t["verdict"] == "ok", t
+    ranks = t["summary"]["ranks"]
+    # one worker per namespace, each on its own node's end of the shaped veth
+    assert sorted(x["addresses"][0] for x in ranks) == ["10.77.0.1", "10.77.0.2"], ranks
+    assert all(x["interfaces"] == ["emu0"] and x["env"]["GLOO_SOCKET_IFNAME"] == "emu0" for x in ranks)
+    log = next(out.rglob("server/vllm.log")).read_text(errors="replace")
+    assert "headless multiproc executor" in log  # node 1 ran vLLM's headless path, not a second API server
+    assert leftovers() == []

@@ -11,9 +11,10 @@ it. One torchrun agent runs per namespace (static rendezvous: --node_rank, --mas
     python launch/emulate.py launch/infer.py fabric=emu-100m server.tp=2
 
 Served inference is the one entry point that does not run in the namespaces: its load
-generator runs on this host, and the reference engine it starts puts its TP ranks one
-torchrun agent per namespace (`--serve`, below); rank 0 answers HTTP on an unshaped veth
-from this host into node 0, so only the engine's all_reduces cross the shaped link.
+generator runs on this host, and the engine it starts puts its TP ranks in the namespaces —
+the reference engine one torchrun agent per namespace (`--serve`), vLLM node i's own command
+in namespace i (`--serve-nodes`); the API server answers on an unshaped veth from this host
+into node 0, so only the engine's all_reduces cross the shaped link.
 
 The shaping comes from the fabric profile's `emulate:` block (conf/fabric/emu-*.yaml):
 
@@ -277,21 +278,28 @@ def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, ov
 
 def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
                python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
-    """Start one agent per namespace (`ip netns exec`: the namespace's network, and a /sys
-    that shows its interfaces), wait for all, return the first failure's exit code (0 when
-    all succeeded). A timeout or Ctrl-C stops every agent."""
+    """Start one torchrun agent per namespace, wait for all, return the first failure's exit
+    code (0 when all succeeded). A timeout or Ctrl-C stops every agent."""
     base = dict(os.environ if env is None else env)
     # Every node's ranks must agree on the run directory; static rendezvous has no shared id.
     base.setdefault("FABRICBENCH_RUN_ID", f"emu-{time.strftime('%Y%m%d-%H%M%S')}-{topo.tag}")
     base.setdefault("OMP_NUM_THREADS", "1")
     base["GLOO_SOCKET_IFNAME"] = IFNAME
+    argvs = [agent_argv(python, topo.spec, i, nproc, entry, overrides) for i in range(topo.spec.nodes)]
+    return run_in_nodes(topo.nodes, argvs, [base] * len(argvs), timeout_s)
+
+
+def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
+                 timeout_s: float) -> int:
+    """`argvs[i]` in namespace `nodes[i]` (`ip netns exec`: the namespace's network, and a /sys
+    that shows its interfaces), each in a session of its own; wait for all, stop all when one
+    fails, times out or we are interrupted, and return the first failure's exit code."""
     procs: list[subprocess.Popen] = []
     try:
-        for i in range(topo.spec.nodes):
-            # `ip netns exec`, not bare nsenter: it also gives the agent a mount namespace
+        for ns, argv, env in zip(nodes, argvs, envs):
+            # `ip netns exec`, not bare nsenter: it also gives the process a mount namespace
             # whose /sys shows this namespace's interfaces (preflight reads them there).
-            argv = ["ip", "netns", "exec", topo.nodes[i], *agent_argv(python, topo.spec, i, nproc, entry, overrides)]
-            procs.append(subprocess.Popen(argv, env=base, start_new_session=True))
+            procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=dict(env), start_new_session=True))
         deadline = time.monotonic() + timeout_s
         codes: dict[int, int] = {}
         while len(codes) < len(procs):
@@ -307,7 +315,7 @@ def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str],
         bad = {i: c for i, c in codes.items() if c}
         if bad:
             i, c = min(bad.items())
-            print(f"error: node {i} ({topo.nodes[i]}) exited with code {c}; its message is above", file=sys.stderr)
+            print(f"error: node {i} ({nodes[i]}) exited with code {c}; its message is above", file=sys.stderr)
             return c if c > 0 else 1
         return 0
     finally:
@@ -381,11 +389,12 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
 
 
 def _check_served(cfg, spec: EmuSpec) -> None:
-    """Served inference across the namespaces: the reference engine, its TP ranks split evenly."""
+    """Served inference across the namespaces: an engine that can span nodes here (the reference
+    engine, one torchrun agent per namespace; vLLM, its multi-node mode), TP split evenly."""
     adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
-    if adapter != "reference":
-        raise UsageError(f"server={adapter} does not run across emulated nodes here (only the reference engine's "
-                         "ranks are started one torchrun agent per namespace); use server=reference")
+    if adapter not in ("reference", "vllm"):
+        raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference or "
+                         "server=vllm")
     tp = cfg.server.get("tp")
     if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
         shown = "null" if tp is None else tp
@@ -524,9 +533,30 @@ def agent_main(torchrun_args: Sequence[str]) -> int:
     return torchrun(list(torchrun_args))
 
 
+def serve_nodes(per_node_json: str) -> int:
+    """`python -m workloads.fabric.emulate --serve-nodes '[{"argv": [...], "env": {...}}, ...]'`:
+    an engine that starts each node itself (vLLM: node 0's API server, headless workers on the
+    others), entry i in the i-th namespace of NODES_ENV, for as long as the server runs."""
+    import json
+
+    nodes, per_node = emulated_nodes() or [], json.loads(per_node_json)
+    if len(nodes) != len(per_node):
+        print(f"error: {len(per_node)} node commands for {len(nodes)} emulated nodes ({NODES_ENV}); run through "
+              "launch/emulate.py", file=sys.stderr)
+        return 2
+    base = dict(os.environ) | {"GLOO_SOCKET_IFNAME": IFNAME}
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        return run_in_nodes(nodes, [n["argv"] for n in per_node], [base | n["env"] for n in per_node], float("inf"))
+    except KeyboardInterrupt:
+        return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--agent"]:
         sys.exit(agent_main(sys.argv[2:]))
     if sys.argv[1:2] == ["--serve"]:
         sys.exit(serve_agents(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
+    if sys.argv[1:2] == ["--serve-nodes"]:
+        sys.exit(serve_nodes(sys.argv[2]))
     sys.exit(main())

@@ -25,6 +25,7 @@ import fcntl
 import os
 import socket
 import struct
+import subprocess
 from glob import glob
 from pathlib import Path
 from typing import Any, Mapping
@@ -206,7 +207,27 @@ def socket_table(proc: str = "/proc/self") -> dict:
             elif state == "01":
                 established.append([list(local), list(remote)])
     return {"host": socket.gethostname(), "listen": listen, "established": established,
-            "addresses": interface_addresses()}
+            "addresses": _addresses_seen_by(proc)}
+
+
+def _addresses_seen_by(proc: str) -> dict[str, str]:
+    """ip -> interface name in the network namespace of process `proc` (another namespace's
+    addresses, e.g. an engine rank in an emulated node, are read there with nsenter)."""
+    try:
+        same = os.readlink(f"{proc}/ns/net") == os.readlink("/proc/self/ns/net")
+    except OSError:
+        same = True  # cannot tell: this namespace's names are the best guess
+    if same:
+        return interface_addresses()
+    pid = proc.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        out = subprocess.run(["nsenter", "-t", pid, "-n", "ip", "-o", "addr", "show"], capture_output=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    # "2: emu0    inet 10.77.0.1/24 brd ... scope global emu0\ ..."
+    return {f[3].split("/")[0]: f[1] for f in (line.split() for line in out.splitlines())
+            if len(f) > 3 and f[2] in ("inet", "inet6")}
 
 
 def interface_addresses() -> dict[str, str]:
@@ -401,6 +422,11 @@ def process_transport(profile, pids: list[int], world: int) -> dict | None:
     if not tables:
         return None
     ranks = [t for t, b in zip(tables, gloo_bindings(tables, None)) if b["peer_connections"]]
+    if len(ranks) > world:
+        # Across nodes vLLM's engine core also holds TCP connections to the workers (its
+        # message queues to remote readers); its workers are the processes it titles so.
+        workers = [t for t in ranks if "Worker" in _title(t["pid"])]
+        ranks = workers if len(workers) >= world else ranks
     evidence = [{"kind": "gloo", "table": t} for t in (ranks or tables[:1])]
     result = decide(profile, evidence, {})
     # The fabric's variables as each rank process holds them (did they reach vLLM's workers?).
@@ -421,6 +447,14 @@ def process_transport(profile, pids: list[int], world: int) -> dict | None:
     if result["problems"]:
         result["message"] = f"fabric={profile.name} but " + "; ".join(result["problems"] + result["hints"])
     return result
+
+
+def _title(pid: int) -> str:
+    """The process's title (vLLM sets one per role: VLLM::EngineCore, VLLM::Worker_TP0, ...)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def process_env(pid: int, keys) -> dict[str, str | None]:

@@ -12,18 +12,31 @@ the same flags (one parser, `make_arg_parser`); only the model's position differ
 
 Multi-node without Ray (vLLM's multiprocessing backend): every node runs the same
 command with `--nnodes`, `--node-rank` and `--master-addr`/`--master-port` (node 0's
-address); nodes other than 0 add `--headless` (no API server). `server.tp` is the
-total tensor-parallel degree across nodes.
+address); nodes other than 0 add `--headless` (no API server; under the interpreter form
+they run engines/vllm_headless.py, whose parser is the API server's). `server.tp` is the
+total tensor-parallel degree across nodes. Under launch/emulate.py every node's command runs
+in its own network namespace (`--serve-nodes`).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+from dataclasses import replace
+
 from workloads import REPO_ROOT
+from workloads.core.errors import UsageError
+from workloads.fabric.emulate import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
 
 # Where `make engines` puts vLLM (its own venv: vLLM pins its own torch).
 ENGINE_ENV = REPO_ROOT / ".engines" / "vllm"
 API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+# Nodes other than 0 of a multi-node server, under the interpreter form (engines/vllm_headless.py).
+HEADLESS = REPO_ROOT / "engines" / "vllm_headless.py"
 
 
 def launcher(spec: ServerSpec, path: str) -> list[str]:
@@ -32,24 +45,43 @@ def launcher(spec: ServerSpec, path: str) -> list[str]:
     if not python and not spec.executable and (ENGINE_ENV / "bin" / "python").exists():
         python = str(ENGINE_ENV / "bin" / "python")
     if python:
-        return [python, "-m", API_SERVER, "--model", path]
+        program = [str(HEADLESS)] if spec.node_rank > 0 else ["-m", API_SERVER]
+        return [python, *program, "--model", path]
     return [spec.executable or "vllm", "serve", path]
 
 
-def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
-    path = model_path(spec, model)
+def _node_argv(spec: ServerSpec, path: str) -> list[str]:
     argv = launcher(spec, path) + ["--tensor-parallel-size", str(spec.tp), "--host", spec.host,
                                    "--port", str(spec.port)]
     if spec.nnodes > 1:
         addr, _, port = str(spec.dist_init_addr).rpartition(":")
-        argv += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank), "--master-addr", addr or port]
+        # the multiprocessing backend (no Ray cluster): every node starts its own workers
+        argv += ["--distributed-executor-backend", "mp", "--nnodes", str(spec.nnodes), "--node-rank",
+                 str(spec.node_rank), "--master-addr", addr or port]
         if addr and port:
             argv += ["--master-port", port]
         if spec.node_rank > 0:
             argv.append("--headless")
-    name = spec.served_model_name
-    if name:
-        argv += ["--served-model-name", name]
+    if spec.served_model_name:
+        argv += ["--served-model-name", spec.served_model_name]
+    return argv + list(spec.extra_args)
+
+
+def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
+    path = model_path(spec, model)
     # vLLM retitles its processes (setproctitle), which overwrites /proc/<pid>/environ unless
     # SPT_NOENV is set; transport verification reads the fabric's variables from there.
-    return Launch(argv + list(spec.extra_args), {"SPT_NOENV": "1"} | dict(spec.env), name or path)
+    env = {"SPT_NOENV": "1"} | dict(spec.env)
+    name = spec.served_model_name or path
+    nodes = emulated_nodes() if spec.nnodes > 1 else None
+    if nodes is None:
+        return Launch(_node_argv(spec, path), env, name)
+    # launch/emulate.py's namespaces: every node's command, each in its own namespace, with
+    # the address vLLM must announce (its own emu0; it would probe a default route otherwise).
+    per_node = [{"argv": _node_argv(replace(spec, node_rank=i), path),
+                 "env": {"VLLM_HOST_IP": EmuSpec(nodes=len(nodes)).addr(i)}} for i in range(spec.nnodes)]
+    exe = per_node[0]["argv"][0]
+    if shutil.which(exe) is None:
+        raise UsageError(f"cannot start server=vllm: {exe!r} is not installed on this machine (make engines)")
+    return Launch([sys.executable, "-m", "workloads.fabric.emulate", "--serve-nodes", json.dumps(per_node)], env, name,
+                  own_network=True)
