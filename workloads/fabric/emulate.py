@@ -280,13 +280,19 @@ def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str],
                python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
     """Start one torchrun agent per namespace, wait for all, return the first failure's exit
     code (0 when all succeeded). A timeout or Ctrl-C stops every agent."""
-    base = dict(os.environ if env is None else env)
-    # Every node's ranks must agree on the run directory; static rendezvous has no shared id.
-    base.setdefault("FABRICBENCH_RUN_ID", f"emu-{time.strftime('%Y%m%d-%H%M%S')}-{topo.tag}")
-    base.setdefault("OMP_NUM_THREADS", "1")
-    base["GLOO_SOCKET_IFNAME"] = IFNAME
+    base = _node_env(os.environ if env is None else env, topo.tag)
     argvs = [agent_argv(python, topo.spec, i, nproc, entry, overrides) for i in range(topo.spec.nodes)]
     return run_in_nodes(topo.nodes, argvs, [base] * len(argvs), timeout_s)
+
+
+def _node_env(env: Mapping[str, str], tag: str) -> dict[str, str]:
+    """What every process in a node gets: Gloo on the emulated link, one thread per rank, and
+    one run id for all nodes (static rendezvous has no shared id to derive it from)."""
+    base = dict(env)
+    base.setdefault("FABRICBENCH_RUN_ID", f"emu-{time.strftime('%Y%m%d-%H%M%S')}-{tag}")
+    base.setdefault("OMP_NUM_THREADS", "1")
+    base["GLOO_SOCKET_IFNAME"] = IFNAME
+    return base
 
 
 def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
@@ -503,27 +509,13 @@ def emulated_nodes() -> list[str] | None:
     return nodes or None
 
 
-class _Nodes:
-    """The namespaces of a topology another process built (run_agents needs only these)."""
-
-    def __init__(self, nodes: list[str]):
-        self.nodes, self.spec = nodes, EmuSpec(nodes=len(nodes))
-        self.tag = nodes[0].removeprefix(PREFIX).rsplit("-", 1)[0]
-
-
 def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:
     """`python -m workloads.fabric.emulate --serve <nproc> <entry> <overrides>`: one torchrun
-    agent per namespace named in NODES_ENV, for as long as the server runs. The orchestrator
-    stops it with SIGTERM (turned into KeyboardInterrupt: every agent is stopped)."""
+    agent per namespace named in NODES_ENV (the reference engine), for as long as it serves."""
     nodes = emulated_nodes() or []
-    if len(nodes) < 2:
-        print(f"error: {NODES_ENV} names no emulated nodes; run through launch/emulate.py", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        return run_agents(_Nodes(nodes), nproc, entry, overrides, float("inf"))
-    except KeyboardInterrupt:
-        return 0
+    spec = EmuSpec(nodes=max(2, len(nodes)))
+    return _serve(nodes, [agent_argv(sys.executable, spec, i, nproc, entry, overrides) for i in range(len(nodes))],
+                  [{}] * len(nodes))
 
 
 def agent_main(torchrun_args: Sequence[str]) -> int:
@@ -539,15 +531,21 @@ def serve_nodes(per_node_json: str) -> int:
     others), entry i in the i-th namespace of NODES_ENV, for as long as the server runs."""
     import json
 
-    nodes, per_node = emulated_nodes() or [], json.loads(per_node_json)
-    if len(nodes) != len(per_node):
-        print(f"error: {len(per_node)} node commands for {len(nodes)} emulated nodes ({NODES_ENV}); run through "
-              "launch/emulate.py", file=sys.stderr)
+    per_node = json.loads(per_node_json)
+    return _serve(emulated_nodes() or [], [n["argv"] for n in per_node], [n["env"] for n in per_node])
+
+
+def _serve(nodes: list[str], argvs: list[list[str]], envs: list[dict[str, str]]) -> int:
+    """A server's processes, argvs[i] in namespace nodes[i], until one ends or the orchestrator
+    stops us with SIGTERM (turned into KeyboardInterrupt: every node's process is stopped)."""
+    if len(nodes) < 2 or len(nodes) != len(argvs):
+        print(f"error: {len(argvs)} node command(s) for the {len(nodes)} emulated nodes in {NODES_ENV}; run "
+              "through launch/emulate.py", file=sys.stderr)
         return 2
-    base = dict(os.environ) | {"GLOO_SOCKET_IFNAME": IFNAME}
+    base = _node_env(os.environ, nodes[0].removeprefix(PREFIX).rsplit("-", 1)[0])
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        return run_in_nodes(nodes, [n["argv"] for n in per_node], [base | n["env"] for n in per_node], float("inf"))
+        return run_in_nodes(nodes, argvs, [base | env for env in envs], float("inf"))
     except KeyboardInterrupt:
         return 0
 
