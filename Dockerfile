@@ -20,7 +20,7 @@ ARG VLLM_BASE=vllm/vllm-openai:latest
 
 # ---------------------------------------------------------------------------------------
 FROM ${CUDA_BASE} AS cuda
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends \
         python3 python3-venv python3-dev make git ca-certificates build-essential ninja-build \
@@ -43,7 +43,7 @@ CMD ["python", "launch/train.py", "--help"]
 # ROCm: the base image's PyTorch is the ROCm build (RCCL inside); the venv sees it through
 # --system-site-packages and the lock's CUDA torch wheels are not installed.
 FROM ${ROCM_BASE} AS rocm
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends \
         python3-venv make git ca-certificates \
@@ -62,7 +62,7 @@ CMD ["python", "launch/train.py", "--help"]
 # Serving images: the engine stays in the image's own Python; fabricbench (load generator,
 # records, analysis) lives in its own venv so neither disturbs the other's pins.
 FROM ${SGLANG_BASE} AS sglang
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends \
         python3-venv make ca-certificates \
@@ -77,7 +77,7 @@ RUN .tools/bin/uv sync --frozen
 ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python FB_ENGINE_PYTHON=python3
 
 FROM ${VLLM_BASE} AS vllm
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends \
         python3-venv make ca-certificates \

@@ -2,6 +2,11 @@
 # Both bootstrap uv into .tools/ if it is not on PATH, then use the lock file.
 UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 export OMP_NUM_THREADS ?= 1
+# Write every installed module's bytecode at install time: with PYTHONDONTWRITEBYTECODE set (as
+# in many containers and CI sandboxes) Python otherwise recompiles torch's ~1,300 imported
+# sources in every process, ~1.8 s of CPU per rank of every launch (measured: a 2-rank
+# collectives run went from 8.1 s to 4.8 s).
+export UV_COMPILE_BYTECODE ?= 1
 
 .PHONY: train test sync bench gpu-check engines
 
