@@ -142,6 +142,8 @@ def worker(a) -> None:
     import torch
     import torch.distributed as dist
 
+    from workloads.core.dist import close
+
     torch.set_num_threads(1 if a.backend == "gloo" else torch.get_num_threads())
     dist.init_process_group(a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -155,7 +157,7 @@ def worker(a) -> None:
         Path(a.worker).write_text(json.dumps(median_run(runs)))
     else:
         ours.eng.run_follower()
-    dist.destroy_process_group()
+    close()
 
 
 def main() -> None:

@@ -285,6 +285,7 @@ def _external_rank(rank: int, tmp: str, path_env: str) -> None:
 
     from tests.test_collectives_bw import _settings
     from workloads.collectives.nccltests import run_external_alone
+    from workloads.core import dist as fdist
     from workloads.core.dist import DistInfo
 
     os.environ["PATH"] = path_env
@@ -294,7 +295,7 @@ def _external_rank(rank: int, tmp: str, path_env: str) -> None:
     Path(tmp, f"left.{rank}").write_text(repr(time.time()))
     if rank == 0:
         Path(tmp, "status").write_text(block["status"])
-    dist.destroy_process_group()
+    fdist.close()
 
 
 @pytest.mark.slow
@@ -437,6 +438,7 @@ def _grad_bytes_rank(rank: int, tmp: str, engine: str, port: int) -> None:
     import torch.distributed as dist
     import yaml as _yaml
 
+    from workloads.core import dist as fdist
     from workloads.models.neox import GPTNeoX, NeoXConfig
     from workloads.training.commtimer import CommTimer
     from workloads.training.engines import TrainSettings, build_engine
@@ -458,7 +460,7 @@ def _grad_bytes_rank(rank: int, tmp: str, engine: str, port: int) -> None:
         timer.end_step()
     if rank == 0:
         Path(tmp, f"{engine}.json").write_text(json.dumps(timer.step_bytes))
-    dist.destroy_process_group()
+    fdist.close()
 
 
 def _free_port() -> int:

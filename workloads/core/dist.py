@@ -130,6 +130,14 @@ def drain(timeout_s: float = 60.0) -> None:
         pass  # the peer's own exit code and message tell that story
 
 
+def close() -> None:
+    """End a process group that did its work on every rank: drain, then destroy. For code
+    that makes its own group (tests' spawned ranks, benchmarks) rather than init_once's."""
+    drain()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def shutdown() -> None:
     global _INFO
     if dist.is_initialized():

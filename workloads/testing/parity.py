@@ -94,7 +94,9 @@ def main() -> None:
     if rank == 0:
         torch.save(results, a.out)
     if world > 1:
-        torch.distributed.destroy_process_group()
+        from workloads.core.dist import close
+
+        close()
 
 
 if __name__ == "__main__":
