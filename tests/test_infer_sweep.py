@@ -119,6 +119,9 @@ def test_reference_engine_tp2_sweep(tmp_path):
         # The engine verified its own wire (both TP ranks' Gloo sockets) and reported it.
         t = x["fabric"]["transport"]
         assert t["verdict"] == "ok" and t["summary"]["interfaces"] == ["lo"] and len(t["summary"]["ranks"]) == 2
+        # The engine's run folder is the sweep's (its NCCL logs land beside the records), not
+        # one of its own under the working directory's results/.
+        assert t["run_dir"] == str(out / "ref") and f"output_root='{out}'" in x["server"]["argv"]
     log = (out / "ref" / "server" / "reference.log").read_text()
     assert "nproc_per_node=2" in log
 

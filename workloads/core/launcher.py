@@ -152,6 +152,16 @@ def add_override(argv: list[str], override: str) -> None:
     argv.insert(at, override)
 
 
+def hydra_value(v) -> str:
+    """A value in Hydra's override grammar; strings quoted, so a~aa, n[1-2] or a path with
+    spaces or commas pass as themselves."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _report_job_error(overrides: list[str]) -> None:
     """Hydra's own "Error executing job" line and traceback, through the one redaction
     (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""

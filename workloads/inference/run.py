@@ -20,7 +20,7 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -148,7 +148,8 @@ def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> 
 
 def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     """Everything checkable before a server starts. Raises UsageError."""
-    spec = ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True))
+    spec = replace(ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True)),
+                   run_dir=rundir.run_dir(cfg.output_root, cfg.get("run_id")))
     adapter = get_adapter(spec.adapter)
     # A server started here runs on this host's fabric; an external one is not ours to check,
     # nor is one whose ranks run in emulated nodes (they check their namespaces themselves).

@@ -32,6 +32,7 @@ from statistics import median
 
 from workloads import CONF_DIR, REPO_ROOT
 from workloads.core.errors import UsageError
+from workloads.core.launcher import hydra_value
 from workloads.core.rundir import derive_run_id
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
@@ -70,24 +71,14 @@ def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
     return f
 
 
-def _hydra_value(v) -> str:
-    """A value in Hydra's override grammar; strings quoted, so a~aa, n[1-2] or a path with
-    spaces pass as themselves."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def study_override(field: dict) -> str:
     """One Hydra override `study={k: v, ...}`."""
-    return "study={" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in field.items()) + "}"
+    return "study={" + ",".join(f"{k}:{hydra_value(v)}" for k, v in field.items()) + "}"
 
 
 def cell_overrides(spec: StudySpec, job: Job, env=os.environ) -> list[str]:
     return [*job.workload.argv, *job.arm.overrides, f"fabric={job.arm.fabric}", f"trial={job.cell.trial}",
-            f"run_id={job.run_id(spec)}", f"output_root={_hydra_value(str(spec.dir))}",
+            f"run_id={job.run_id(spec)}", f"output_root={hydra_value(str(spec.dir))}",
             study_override(study_field(spec, job, env))]
 
 

@@ -4,9 +4,11 @@ GPT-NeoX over torch.distributed, started with torchrun from the repository root.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
+from workloads.core.launcher import hydra_value
 from workloads.fabric.emulate import emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec
 
@@ -52,5 +54,8 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     argv.append(f"model={model.get('name')}")
     if fabric:
         argv.append(f"fabric={fabric}")
-    argv += [f"server.host={spec.host}", f"server.port={spec.port}", *overrides, *spec.extra_args]
+    argv += [f"server.host={spec.host}", f"server.port={spec.port}"]
+    if spec.run_dir:  # the sweep's own folder (Hydra makes it; no folder of the engine's own)
+        argv += [f"output_root={hydra_value(str(Path(spec.run_dir).parent))}", f"run_id={Path(spec.run_dir).name}"]
+    argv += [*overrides, *spec.extra_args]
     return Launch(argv, dict(spec.env), spec.served_model_name or str(model.get("name")), own_network=spec.nnodes > 1)
