@@ -203,9 +203,11 @@ def test_inference_records_are_strict_json_and_multirun_takes_trials(tmp_path):
         r = subprocess.run([sys.executable, str(REPO / "launch" / "infer.py"), "-m", "trial=0,1", "server=external",
                             f"server.url={url}", f"output_root={out}", "run_id=inf1", "load.points=[1]",
                             "load.num_requests=4", "load.warmup_requests=1", "load.dataset.input_len=8",
-                            "load.dataset.output_len=4"], cwd=REPO, env=child_env(), capture_output=True, text=True,
-                           timeout=240)
+                            "load.dataset.output_len=4"], cwd=tmp_path, env=child_env(), capture_output=True,
+                           text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
+    # Hydra's sweep files go to the run folder, not to ./multirun/ wherever the user stood.
+    assert not (tmp_path / "multirun").exists() and (out / "inf1" / "multirun.yaml").is_file()
     paths = sorted(Path(out).rglob("records/*.json"))
     recs = [_strict(p.read_text()) for p in paths]
     assert sorted(x["config"]["trial"] for x in recs) == [0, 1]
