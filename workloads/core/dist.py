@@ -114,20 +114,33 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
 
 
 def drain(timeout_s: float = 60.0) -> None:
-    """Call when a run ended well on every rank: one barrier, waited on with the GIL released.
+    """Call when a run ended the same way on every rank (well, or with an error every rank
+    raised at the same point): one barrier, waited on with the GIL released.
 
     A Gloo (or NCCL) worker thread frees a finished collective's tensors after the caller
     has been woken; freeing a tensor that Python made needs the GIL. If the main thread
     reaches interpreter teardown first, that thread dies inside a destructor and the whole
     rank aborts (SIGABRT, "terminate called without an active exception") after its record
     was written. The barrier waits for every earlier collective of the group and gives those
-    threads the GIL meanwhile. A peer that never arrives costs `timeout_s`, not a hang."""
+    threads the GIL meanwhile. A peer that never arrives costs `timeout_s`, not a hang.
+
+    The barrier's own work object holds the collectives that were still in flight when it was
+    queued, and the worker drops its reference just after waking us: were ours dropped first,
+    the worker would free them, the same race one step later (seen in a core dump:
+    ~AsyncBarrierWork -> ~AsyncBroadcastWork -> take_gil during Py_FinalizeEx). So it is kept
+    until exit and released by the main thread (atexit, below)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     try:
-        dist.barrier(async_op=True).wait(timedelta(seconds=timeout_s))
+        work = dist.barrier(async_op=True)
+        _DRAINED.append(work)
+        work.wait(timedelta(seconds=timeout_s))
     except RuntimeError:
         pass  # the peer's own exit code and message tell that story
+
+
+_DRAINED: list = []
+atexit.register(_DRAINED.clear)  # registered first, so it runs after shutdown(): in the main thread
 
 
 def close() -> None:

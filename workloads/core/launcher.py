@@ -313,6 +313,13 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool) -> N
         sys.exit(e.exit_code)
 
 
+def _drain() -> None:
+    if "torch.distributed" in sys.modules:  # this job used a process group: no torch import otherwise
+        from workloads.core.dist import drain
+
+        drain()
+
+
 def hydra_entry(
     script: str,
     run: Callable[..., int | None],
@@ -349,16 +356,15 @@ def hydra_entry(
         except UsageError as e:
             if _should_say(e):
                 print(f"error: {e}", file=sys.stderr, flush=True)
+            if e.every_rank:  # the group is whole: drain it, or Gloo's teardown may abort the rank
+                _drain()
             sys.exit(e.exit_code)
         except Exception:  # a bug: its traceback, as Hydra would print it, minus secrets
             _report_job_error(overrides)
             sys.exit(1)
         if code:
             sys.exit(code)
-        if "torch.distributed" in sys.modules:  # this job used a process group: no torch import otherwise
-            from workloads.core.dist import drain
-
-            drain()
+        _drain()
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     die_with_launcher()
