@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from workloads.core import inflight
@@ -76,3 +77,59 @@ def test_a_launcher_keeps_its_copies_to_itself(tmp_path, monkeypatch):
     assert copy.parent == tmp_path / "launcher" and inflight.writer(copy) is None
     monkeypatch.delenv(inflight.INFLIGHT_ENV)
     assert inflight.writer(_copy_of(tmp_path, 1))["pid"] == os.getpid()
+
+
+
+def _enter_point(rank: int, port: int, out: str, late, q) -> None:
+    """One rank of a real 2-rank Gloo group entering a measured point; rank 1 only once
+    `late` is set, so rank 0 waits for it in the point's opening collective."""
+    import torch
+    import torch.distributed as dist
+
+    from workloads.core import dist as fdist
+    from workloads.core.session import Recorded
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    info = fdist.DistInfo(rank, 2, rank, 2, "gloo", torch.device("cpu"))
+    if rank == 1:
+        late.wait(60)
+    q.put((rank, "entering"))
+    point = Recorded(new_record("pretrain", config={"trial": 0}, run_id="r"), Path(out), "point",
+                     write=rank == 0, info=info)
+    with point:
+        copies = sorted(str(p) for p in (Path(out) / ".inflight").glob(f"*{inflight.SUFFIX}"))
+        q.put((rank, copies if rank == 0 else point.writer["path"]))
+    fdist.close()
+
+
+def test_the_copy_is_written_once_every_rank_knows_where(tmp_path):
+    """While rank 0 waits in the point's opening collective for a late rank 1 there is no copy:
+    were rank 0 to die there, no rank could finish one (it would be orphaned beside the records).
+    Once both are in, the copy exists where rank 1 was told it is. Real Gloo ranks."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "records"
+    ctx = multiprocessing.get_context("spawn")
+    q, late = ctx.Queue(), ctx.Event()
+    ranks = [ctx.Process(target=_enter_point, args=(r, port, str(out), late, q)) for r in (0, 1)]
+    for r in ranks:
+        r.start()
+    try:
+        assert q.get(timeout=120) == (0, "entering")
+        deadline = time.monotonic() + 1.0  # rank 0 is in (or about to be in) the opening collective
+        while time.monotonic() < deadline:
+            assert not list(out.glob(".inflight/*")), "a copy before rank 1 knows where it is"
+            time.sleep(0.05)
+    finally:
+        late.set()
+    seen = dict(q.get(timeout=60) for _ in range(3))
+    for r in ranks:
+        r.join(60)
+    assert [r.exitcode for r in ranks] == [0, 0]
+    (copy,) = seen[0]
+    assert seen[1] == copy
+    (rec,) = out.glob("*.json")
+    assert json.loads(rec.read_text())["status"] == "ok" and not list(out.glob(".inflight/*"))

@@ -133,3 +133,32 @@ def test_rank0_death_under_raw_torchrun_still_leaves_a_failed_record(tmp_path, o
     assert f"error: rank 0 (pid {ranks[0]}) died during this point; rank 1 wrote its failed record" in err, err
     assert not _copies(out_root)
     assert _gone(ranks.values())
+
+
+_ENDING = """
+import atexit, ctypes, sys, threading, time
+from workloads.core.dist import exit_process
+atexit.register(lambda: print("exit function ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished"))).start()
+from concurrent.futures import ThreadPoolExecutor
+ThreadPoolExecutor(1).submit(print, "executor ran").result()  # its idle worker waits to be told to stop
+print("python line", end="")            # unflushed, stdout is a pipe
+ctypes.CDLL(None).printf(b" c line")     # C stdio, unflushed too
+exit_process({code})
+"""
+
+
+@pytest.mark.parametrize("code,status", [("None", 0), ("3", 3), ("143", 143), ("'a message'", 1)])
+def test_a_rank_ends_without_teardown_and_loses_nothing(code, status):
+    """exit_process (how every rank that made a process group ends, dist.py says why) keeps
+    what sys.exit gives: the status, the exit functions, threads joined (an idle executor's
+    worker included, which waits to be told), and every
+    line written, Python's and C's, though the streams are pipes and nothing was flushed."""
+    env = child_env()
+    env.pop("PYTHONUNBUFFERED")  # which would make C's stdout unbuffered as well as Python's
+    r = subprocess.run([sys.executable, "-c", _ENDING.format(code=code)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == status, r.stderr
+    for line in ("python line", "thread finished", "executor ran", "exit function ran", " c line"):
+        assert line in r.stdout, r.stdout
+    assert r.stderr == ("a message\n" if status == 1 else ""), r.stderr

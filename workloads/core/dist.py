@@ -8,8 +8,12 @@ and destroyed at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import os
 import socket
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -156,6 +160,41 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _INFO = None
+
+
+def made_group() -> bool:
+    """Whether this process started a process group (init_once), so its end must be exit_process's."""
+    return _INFO is not None
+
+
+def exit_process(code: int | str | None) -> None:
+    """End a rank's process as sys.exit(code) would, but without interpreter teardown.
+
+    Gloo's (and NCCL's) worker threads free finished collectives' tensors after the caller
+    has been woken, and freeing a tensor that Python made takes the GIL. Once teardown has
+    begun, a thread taking the GIL is ended by pthread_exit, which unwinds through a noexcept
+    C++ destructor: std::terminate, SIGABRT, "terminate called without an active exception",
+    after the record was written (core dumps showed it in ~AsyncBroadcastWork and
+    ~AsyncBarrierWork). Draining the group first made it rarer, not impossible (a fresh CI run
+    still lost a rank to it). So teardown is skipped: the exit functions run (ours destroys
+    the group; logging's and wandb's flush), non-daemon threads are joined, the Python and C
+    streams are flushed, and the process ends with os._exit, as multiprocessing's forked
+    children do. A worker thread still holding something then simply ends with the process."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
+        status = 1
+    # The two steps Py_FinalizeEx takes before it marks the interpreter finalizing, in its order:
+    threading._shutdown()    # threading's exit hooks (e.g. idle executors told to stop), then joins
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    ctypes.CDLL(None).fflush(None)  # C stdio, e.g. NCCL's own log lines, buffered when piped
+    os._exit(status & 0xFF)
 
 
 def agree(value, info: DistInfo):

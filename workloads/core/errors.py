@@ -10,13 +10,9 @@ class UsageError(Exception):
     """Bad input the user can fix: the message says what and how."""
 
     exit_code = 2
-    # Raised by every rank at the same point after their last collective, so the process
-    # group is still whole and can be drained before exit (workloads/core/dist.py: drain).
-    every_rank = False
 
 
 class TransportMismatch(UsageError):
     """The fabric label and the transport actually used disagree."""
 
     exit_code = 3
-    every_rank = True  # check_transport broadcasts the verdict; each rank raises on it

@@ -39,11 +39,15 @@ def _where(directory: Path) -> Path:
     return Path(launcher) if launcher else Path(directory) / ".inflight"
 
 
+def planned(directory: Path, stem: str) -> Path:
+    """Where this process keeps its copy of the record to be written into `directory` as `stem`."""
+    return _where(directory) / f"{os.getpid()}-{stem}{SUFFIX}"
+
+
 def write(record: dict, directory: Path, stem: str) -> Path:
     """Keep the writing rank's copy of `record` (to be written into `directory` as `stem`)."""
-    where = _where(directory)
-    where.mkdir(parents=True, exist_ok=True)
-    path = where / f"{os.getpid()}-{stem}{SUFFIX}"
+    path = planned(directory, stem)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"directory": str(Path(directory).resolve()), "stem": stem, "record": record},
                               default=str))
@@ -94,8 +98,8 @@ def _pid_space() -> str | None:
 
 def writer(path: Path | None) -> dict[str, Any] | None:
     """What the other ranks need to finish the writer's copy: its pid, host and the copy's
-    path. None where a launcher finishes copies (it also knows how the rank died) or there
-    is no copy."""
+    path (`planned`: told before the copy is written). None where a launcher finishes copies
+    (it also knows how the rank died) or there will be no copy."""
     if path is None or os.environ.get(INFLIGHT_ENV):
         return None
     pid = os.getpid()

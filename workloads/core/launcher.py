@@ -313,11 +313,14 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool) -> N
         sys.exit(e.exit_code)
 
 
-def _drain() -> None:
-    if "torch.distributed" in sys.modules:  # this job used a process group: no torch import otherwise
-        from workloads.core.dist import drain
+def _end(code: int | str | None) -> None:
+    """A process that made a process group ends without interpreter teardown
+    (dist.exit_process); any other returns, to end as usual."""
+    if "workloads.core.dist" in sys.modules:  # no torch import for a job that never needed one
+        from workloads.core.dist import exit_process, made_group
 
-        drain()
+        if made_group():
+            exit_process(code)
 
 
 def hydra_entry(
@@ -356,25 +359,27 @@ def hydra_entry(
         except UsageError as e:
             if _should_say(e):
                 print(f"error: {e}", file=sys.stderr, flush=True)
-            if e.every_rank:  # the group is whole: drain it, or Gloo's teardown may abort the rank
-                _drain()
             sys.exit(e.exit_code)
         except Exception:  # a bug: its traceback, as Hydra would print it, minus secrets
             _report_job_error(overrides)
             sys.exit(1)
         if code:
             sys.exit(code)
-        _drain()
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     die_with_launcher()
     try:
-        if distributed and not launched():
-            code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
-            if code is not None:
-                sys.exit(code)
-        main()
-    except KeyboardInterrupt as e:
-        if speaks:
-            print("interrupted: measured points are kept", file=sys.stderr, flush=True)
-        sys.exit(getattr(e, "exit_code", 130))
+        try:
+            if distributed and not launched():
+                code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
+                if code is not None:
+                    sys.exit(code)
+            main()
+        except KeyboardInterrupt as e:
+            if speaks:
+                print("interrupted: measured points are kept", file=sys.stderr, flush=True)
+            sys.exit(getattr(e, "exit_code", 130))
+    except SystemExit as e:
+        _end(e.code)
+        raise
+    _end(0)

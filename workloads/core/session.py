@@ -90,8 +90,9 @@ class Recorded:
     With `info` (the process group), entering first refuses a trial that an ok record in
     `directory` already holds (UsageError on every rank, nothing measured or written): a
     rerun of the same run_id and trial would otherwise be counted as a second trial. The same
-    one collective tells the other ranks where the writer is and keeps its in-flight copy, so
-    a rank on its host writes the failed record if the writer dies mid-point (inflight.py)."""
+    one collective tells the other ranks where the writer will keep its in-flight copy (written
+    once they all know it), so a rank on its host writes the failed record if the writer dies
+    mid-point (inflight.py)."""
 
     def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool,
                  info: fdist.DistInfo | None = None):
@@ -103,16 +104,19 @@ class Recorded:
     def __enter__(self) -> dict[str, Any]:
         main = self.info is None or self.info.is_main
         held = same_trial(self.directory, self.record) if self.info is not None and main else None
-        if self.write and held is None:
-            self.inflight = inflight.write(self.record, self.directory, self.stem)
+        copy = inflight.planned(self.directory, self.stem) if self.write and held is None else None
         if self.info is not None:
-            mine = {"held": None if held is None else str(held), "writer": inflight.writer(self.inflight)}
+            mine = {"held": None if held is None else str(held), "writer": inflight.writer(copy)}
             shared, _ = fdist.agree(mine if main else None, self.info)  # rank 0 decides for all
             if shared["held"] is not None:
                 if not main:
                     raise SystemExit(UsageError.exit_code)  # rank 0 says why, once
                 raise UsageError(duplicate_message(Path(shared["held"]), self.record))
             self.writer = None if self.write else shared["writer"]
+        # Only now, once every rank knows where it will be: a copy written before the collective
+        # that tells them would be orphaned if rank 0 died inside it (no rank could finish it).
+        if copy is not None:
+            self.inflight = inflight.write(self.record, self.directory, self.stem)
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
