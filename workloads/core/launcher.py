@@ -28,6 +28,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from typing import Callable
 
 from workloads import CONF_DIR
@@ -39,6 +40,7 @@ LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch sta
 # After SIGTERM a rank has this long to write its record; a rank blocked in a collective whose
 # peers are gone must still exit.
 TERM_GRACE_S = 20.0
+QUIET_WAIT_S = 10.0  # how long a rank that does not speak for its node waits for the one that does
 _PR_SET_PDEATHSIG = 1
 
 
@@ -182,6 +184,20 @@ def _should_say(e: UsageError) -> bool:
     return started or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
+def _say(e: UsageError) -> None:
+    """Print the error if this rank speaks for its node; else give the rank that does time to.
+
+    The first rank to fail is the one torchrun's agent reports, and it SIGTERMs the others at
+    once: a quiet rank that exits first can silence its node's speaker before it has printed
+    (seen on a slow machine: "interrupted" in place of the one error line). So a quiet rank
+    waits; the speaker's exit ends the wait (the agent's SIGTERM), and QUIET_WAIT_S bounds it
+    where nothing sends one (srun without --kill-on-bad-exit)."""
+    if _should_say(e):
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    elif launched():
+        time.sleep(QUIET_WAIT_S)
+
+
 def launched() -> bool:
     """True inside a rank that torchrun or Slurm started."""
     return "LOCAL_RANK" in os.environ or "SLURM_PROCID" in os.environ
@@ -308,8 +324,7 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool) -> N
         if not self_launching:
             _compose_each_job(sys.argv[1:], config_name)
     except UsageError as e:
-        if _should_say(e):  # under torchrun: one rank per node, not every rank
-            print(f"error: {e}", file=sys.stderr)
+        _say(e)  # under torchrun: one rank per node, not every rank
         sys.exit(e.exit_code)
 
 
@@ -357,8 +372,7 @@ def hydra_entry(
             with config_errors():
                 code = run(cfg, overrides)
         except UsageError as e:
-            if _should_say(e):
-                print(f"error: {e}", file=sys.stderr, flush=True)
+            _say(e)
             sys.exit(e.exit_code)
         except Exception:  # a bug: its traceback, as Hydra would print it, minus secrets
             _report_job_error(overrides)
