@@ -118,8 +118,9 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
 
 
 def drain(timeout_s: float = 60.0) -> None:
-    """Call when a run ended the same way on every rank (well, or with an error every rank
-    raised at the same point): one barrier, waited on with the GIL released.
+    """For a process that ends by interpreter teardown after its group did its work on every
+    rank (close(): tests' spawned ranks, benchmarks; hydra_entry's ranks end by exit_process
+    instead): one barrier, waited on with the GIL released.
 
     A Gloo (or NCCL) worker thread frees a finished collective's tensors after the caller
     has been woken; freeing a tensor that Python made needs the GIL. If the main thread
