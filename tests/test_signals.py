@@ -124,7 +124,9 @@ def test_rank0_death_under_raw_torchrun_still_leaves_a_failed_record(tmp_path, o
         p.terminate()
     out, err = p.communicate(timeout=120)
     assert p.returncode != 0
-    (rec,) = records_in(out_root)
+    recs = records_in(out_root)
+    assert len(recs) == 1, (recs, err[-4000:])
+    rec = recs[0]
     assert rec["status"] == "failed", rec["error"]
     assert rec["error"].startswith(f"rank 0 (pid {ranks[0]} on ") and "died during this point" in rec["error"]
     if rank1_got:

@@ -67,11 +67,20 @@ def finish(path: Path, why: str) -> Path | None:
         return None
     try:
         left = json.loads(claimed.read_text())
-        return write_record(left["directory"], left["record"] | {"status": "failed", "error": why}, left["stem"])
-    except (OSError, ValueError, KeyError):
-        return None  # a copy cut short by the death it reports: nothing to write from
-    finally:
+        directory, record, stem = left["directory"], left["record"], left["stem"]
+    except (OSError, ValueError, KeyError) as e:  # written atomically: only someone else's file can be so
         claimed.unlink(missing_ok=True)
+        print(f"warning: {path} is not an in-flight copy ({type(e).__name__}: {e}); removed", file=sys.stderr)
+        return None
+    try:
+        written = write_record(directory, record | {"status": "failed", "error": why}, stem)
+    except Exception as e:
+        os.rename(claimed, path)  # kept for a later finisher, and for the user
+        print(f"warning: could not write the failed record of {path} ({type(e).__name__}: {e}); "
+              "the copy is kept", file=sys.stderr, flush=True)
+        return None
+    claimed.unlink()
+    return written
 
 
 def recover(where: str, why: str) -> list[Path]:
