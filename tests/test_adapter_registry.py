@@ -8,11 +8,11 @@ stop) and the real load generator, with no edit to fabricbench.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from workloads.core.dist import free_port
 from workloads.inference.adapters import builtin, get_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,12 +28,6 @@ def command(spec, model, fabric=None, overrides=()):
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_builtin_adapters_are_the_modules_of_the_package():
     assert builtin() == ["external", "reference", "sglang", "vllm"]
     assert not get_adapter("external").starts_process and get_adapter("vllm").starts_process
@@ -46,7 +40,7 @@ def test_one_module_and_one_yaml_add_an_engine(tmp_path):
     conf = tmp_path / "conf" / "server"
     conf.mkdir(parents=True)
     (conf / "scripted.yaml").write_text(
-        f"name: scripted\nadapter: fbtest.engine\nhost: 127.0.0.1\nport: {_free_port()}\ntp: 1\n"
+        f"name: scripted\nadapter: fbtest.engine\nhost: 127.0.0.1\nport: {free_port()}\ntp: 1\n"
         "health_path: /health\nready_timeout_s: 60\nstop_timeout_s: 10\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}", OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0")
     out = tmp_path / "res"

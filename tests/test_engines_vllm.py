@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import yaml
 from conftest import REPO, child_env, records_in, run_entry
 from hf_tiny import model_dir
 from workloads.fabric.emulate import leftovers
+from workloads.core.dist import free_port
 
 # A server start takes 1–2 min on an idle 2-core machine, far longer on a loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -45,12 +45,6 @@ def vllm_env() -> Path:
     return VLLM / "bin" / "python"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sweep(tmp_path_factory, model: str, arch: str, tp: int, shape_over: dict) -> tuple[list[dict], Path,
                                                                                        subprocess.CompletedProcess]:
     shape = yaml.safe_load((REPO / "conf" / "model" / f"{model}.yaml").read_text()) | shape_over
@@ -58,7 +52,7 @@ def _sweep(tmp_path_factory, model: str, arch: str, tp: int, shape_over: dict) -
     out = tmp_path_factory.mktemp("results")
     r = run_entry("infer.py", "server=vllm", f"model={model}", *(f"model.{k}={v}" for k, v in shape_over.items()),
                   f"server.model_path={path}", f"server.tp={tp}",
-                  f"server.port={_free_port()}",
+                  f"server.port={free_port()}",
                   # Eager: torch.compile's CPU kernels take minutes to build on 2 cores and are
                   # not what a fabric test measures.
                   "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager]",

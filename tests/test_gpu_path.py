@@ -13,6 +13,7 @@ import yaml
 from workloads.collectives import ops
 from workloads.fabric import nccl_log, nic, verify
 from workloads.fabric.profile import FabricProfile
+from workloads.core.dist import free_port
 
 LOGS = Path(__file__).parent / "fixtures" / "nccl_logs"
 CONF = Path(__file__).parent.parent / "conf" / "fabric"
@@ -463,14 +464,6 @@ def _grad_bytes_rank(rank: int, tmp: str, engine: str, port: int) -> None:
     fdist.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_bf16_ddp_moves_fp32_gradients_and_zero_moves_bf16(tmp_path):
     """Two real Gloo ranks per engine, precision bf16: DDP all-reduces fp32 buckets (autocast
@@ -483,7 +476,7 @@ def test_bf16_ddp_moves_fp32_gradients_and_zero_moves_bf16(tmp_path):
 
     seen = {}
     for engine in ("ddp", "zero1"):
-        mp.spawn(_grad_bytes_rank, args=(str(tmp_path), engine, _free_port()), nprocs=2)
+        mp.spawn(_grad_bytes_rank, args=(str(tmp_path), engine, free_port()), nprocs=2)
         seen[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
     assert comm_dtypes([seen["ddp"]], 0)["dtype"] == "float32"
     assert comm_dtypes([seen["zero1"]], 0)["dtype"] == "bfloat16"

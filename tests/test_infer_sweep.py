@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from workloads.testing.scripted_server import Running
+from workloads.core.dist import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,7 +110,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
 def test_reference_engine_tp2_sweep(tmp_path):
     out = tmp_path / "res"
     r = _infer("server=reference", "server.tp=2", "fabric=loopback", "load.points=[1,2]", f"output_root={out}",
-               "run_id=ref", f"server.port={_free_port()}", *SMALL, timeout=400)
+               "run_id=ref", f"server.port={free_port()}", *SMALL, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
     assert sorted(x["point"] for x in recs) == ["c1", "c2"]
@@ -154,7 +155,7 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
     fake = tmp_path / "vllm"
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
     fake.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     r = _infer("server=vllm", f"server.executable={fake}", "model=llama-3.1-8b", f"server.port={port}",
                "server.ready_timeout_s=30", f"output_root={out}", "run_id=d1", *SMALL, "load.warmup_requests=0",
                "load.points=[1,4]")
@@ -166,18 +167,10 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
     assert recs["c4"]["error"] == "server=vllm exited with code -9 during point c4"
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unreachable_wandb_costs_one_timeout_per_run(tmp_path):
     """W&B online with a key but nothing listening at its address: the first point's W&B
     start fails once (one warning), the later points do not try again; records are all ok."""
-    port = _free_port()  # closed: nothing listens there
+    port = free_port()  # closed: nothing listens there
     with Running(ttft_ms=2, itl_ms=1) as url:
         r = _infer("server=external", f"server.url={url}", f"output_root={tmp_path}/res", "run_id=w1", *SMALL,
                    "load.points=[1,2,3]", "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5",

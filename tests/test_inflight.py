@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from workloads.core import inflight
+from workloads.core.dist import free_port
 from workloads.core.records import new_record
 
 
@@ -79,7 +80,6 @@ def test_a_launcher_keeps_its_copies_to_itself(tmp_path, monkeypatch):
     assert inflight.writer(_copy_of(tmp_path, 1))["pid"] == os.getpid()
 
 
-
 def _enter_point(rank: int, port: int, out: str, late, q) -> None:
     """One rank of a real 2-rank Gloo group entering a measured point; rank 1 only once
     `late` is set, so rank 0 waits for it in the point's opening collective."""
@@ -106,11 +106,7 @@ def test_the_copy_is_written_once_every_rank_knows_where(tmp_path):
     """While rank 0 waits in the point's opening collective for a late rank 1 there is no copy:
     were rank 0 to die there, no rank could finish one (it would be orphaned beside the records).
     Once both are in, the copy exists where rank 1 was told it is. Real Gloo ranks."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "records"
     ctx = multiprocessing.get_context("spawn")
     q, late = ctx.Queue(), ctx.Event()

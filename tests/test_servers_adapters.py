@@ -23,6 +23,7 @@ from workloads.fabric.profile import FabricProfile
 from workloads.inference.adapters import get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer
+from workloads.core.dist import free_port
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "conf")
 
@@ -126,7 +127,7 @@ def test_fabric_env_reaches_the_server(tmp_path):
     fabric = FabricProfile.from_config(OmegaConf.to_container(c.fabric, resolve=True))
     env = dict(os.environ)
     fabric.apply(tmp_path, env)
-    spec = ServerSpec(adapter="sglang", port=_free_port(), ready_timeout_s=20, env={"SGLANG_EXTRA": "1"})
+    spec = ServerSpec(adapter="sglang", port=free_port(), ready_timeout_s=20, env={"SGLANG_EXTRA": "1"})
     argv = [sys.executable, "-c", "import os,json; print(json.dumps(dict(os.environ)), flush=True)"]
     with pytest.raises(UsageError, match="exited with code 0 before it was ready"):
         with ManagedServer(spec, Launch(argv, dict(spec.env), "m"), tmp_path, env):
@@ -137,16 +138,6 @@ def test_fabric_env_reaches_the_server(tmp_path):
     for k in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME", "NCCL_IB_TC", "SGLANG_EXTRA"):
         assert logged[k] == env.get(k, "1"), k
     assert logged["NCCL_DEBUG_FILE"].startswith(str(tmp_path / "nccl"))
-
-
-def _free_port():
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 STANDIN = textwrap.dedent("""
@@ -180,7 +171,7 @@ def _alive(pid):
 @pytest.mark.parametrize("mode", ["normal", "stubborn"])
 def test_stop_leaves_no_orphans(tmp_path, mode):
     pidfile = tmp_path / "child.pid"
-    port = _free_port()
+    port = free_port()
     spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=30, stop_timeout_s=1)
     argv = [sys.executable, "-c", STANDIN, mode, str(port), str(pidfile)]
     with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)) as srv:
@@ -193,7 +184,7 @@ def test_stop_leaves_no_orphans(tmp_path, mode):
 
 def test_ready_timeout_shows_log_tail(tmp_path):
     pidfile = tmp_path / "child.pid"
-    port = _free_port()
+    port = free_port()
     spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=2, stop_timeout_s=1)
     argv = [sys.executable, "-c", STANDIN, "never", str(port), str(pidfile)]
     t = time.monotonic()
@@ -210,7 +201,7 @@ def _client_holding_a_server(tmp_path, restore_sigint: bool):
     """A real client process that holds a ManagedServer: (client, server leader pid, its
     grandchild's pid) once the server is ready."""
     pidfile = tmp_path / "child.pid"
-    port = _free_port()
+    port = free_port()
     # A shell that starts jobs in the background without job control hands them SIGINT
     # ignored, and Python keeps it so; the process under test is a user's Ctrl-C-able one.
     restore = "signal.signal(signal.SIGINT, signal.default_int_handler)" if restore_sigint else ""
@@ -270,7 +261,7 @@ def test_a_server_outside_our_child_is_not_measured(tmp_path):
     second user's server would be) answers first: refused after readiness, not measured."""
     import threading
 
-    port = _free_port()
+    port = free_port()
     spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=60, stop_timeout_s=1)
     stray = []
 
@@ -293,7 +284,7 @@ def test_a_server_outside_our_child_is_not_measured(tmp_path):
 
 def test_the_reference_engine_must_echo_this_runs_token(tmp_path):
     """Our own child answers, but not as the reference engine started for this run."""
-    port = _free_port()
+    port = free_port()
     spec = ServerSpec(adapter="reference", port=port, ready_timeout_s=20, stop_timeout_s=1)
     argv = [sys.executable, "-m", "workloads.testing.scripted_server", "--port", str(port)]
     with pytest.raises(UsageError, match="lacks this run's token"):
@@ -302,7 +293,7 @@ def test_the_reference_engine_must_echo_this_runs_token(tmp_path):
 
 
 def test_server_log_first_line_hides_secrets(tmp_path):
-    port = _free_port()
+    port = free_port()
     spec = ServerSpec(adapter="standin", port=port, ready_timeout_s=1, stop_timeout_s=1)
     argv = [sys.executable, "-c", "pass", "+fabric.env.HF_TOKEN=hf_secret123"]
     with pytest.raises(UsageError):
@@ -339,7 +330,7 @@ def test_engine_output_reaches_the_log_redacted(tmp_path):
     token = "hf_" + uuid.uuid4().hex  # token-shaped, made here: no real key
     key = "s3cr3t-" + uuid.uuid4().hex[:12]  # no known credential shape: hidden as the variable's value
     env = dict(os.environ, FAKE_TRACE_TOKEN=token, MY_SERVICE_API_KEY=key)
-    spec = ServerSpec(adapter="leaky", port=_free_port(), ready_timeout_s=30, stop_timeout_s=1)
+    spec = ServerSpec(adapter="leaky", port=free_port(), ready_timeout_s=30, stop_timeout_s=1)
     with pytest.raises(UsageError, match="exited with code 3 before it was ready") as e:
         with ManagedServer(spec, Launch([sys.executable, "-c", ENGINE_THAT_LEAKS], {}, "m"), tmp_path, env):
             pass

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from workloads.core.dist import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TP_ATOL = 1e-5  # fp32; TP changes only the summation order of the two all_reduces per layer
@@ -55,11 +55,6 @@ def test_tp2_logits_equal_tp1_every_step(tmp_path):
 
 # ---- the TP=2 server -------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _children(pid: int) -> list[int]:
     try:
@@ -72,7 +67,7 @@ def _children(pid: int) -> list[int]:
 def server(tmp_path_factory):
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "launch/serve.py",
            "model=neox-tiny", "fabric=loopback", "server.host=127.0.0.1", f"server.port={port}",

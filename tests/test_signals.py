@@ -154,8 +154,8 @@ exit_process({code})
 def test_a_rank_ends_without_teardown_and_loses_nothing(code, status):
     """exit_process (how every rank that made a process group ends, dist.py says why) keeps
     what sys.exit gives: the status, the exit functions, threads joined (an idle executor's
-    worker included, which waits to be told), and every
-    line written, Python's and C's, though the streams are pipes and nothing was flushed."""
+    worker included, which waits to be told), and every line written, Python's and C's,
+    though the streams are pipes and nothing was flushed."""
     env = child_env()
     env.pop("PYTHONUNBUFFERED")  # which would make C's stdout unbuffered as well as Python's
     r = subprocess.run([sys.executable, "-c", _ENDING.format(code=code)], cwd=REPO, env=env,

@@ -59,7 +59,8 @@ def launch_env(environ: dict | None = None) -> tuple[int, int, int, int]:
     return 0, 1, 0, 1
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (the kernel's pick); the caller binds it soon after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -85,7 +86,7 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
     if world == 1:
         # Nothing launched us: a private one-rank group on a free local port.
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     if backend == "nccl":
         index = device_index(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(index)
