@@ -129,3 +129,24 @@ def test_the_copy_is_written_once_every_rank_knows_where(tmp_path):
     assert seen[1] == copy
     (rec,) = out.glob("*.json")
     assert json.loads(rec.read_text())["status"] == "ok" and not list(out.glob(".inflight/*"))
+
+
+def test_an_error_after_a_signal_is_recorded_as_the_interruption(tmp_path, monkeypatch):
+    """A rank asked to stop whose interruption Python dropped (workloads/core/signals.py) then
+    fails on a stopped peer: its record says interrupted, as the entry point's line does, not
+    the peer's error as if it were the fabric's."""
+    import signal
+
+    import pytest
+
+    from workloads.core import signals
+    from workloads.core.session import Recorded
+
+    for received, error in [(None, "RuntimeError: Connection closed by peer"),
+                            (signal.SIGTERM, "interrupted (Ctrl-C or SIGTERM)")]:
+        monkeypatch.setattr(signals, "_received", received)
+        point = Recorded(new_record("pretrain", config={"trial": 0}, run_id="r"), tmp_path / str(received),
+                         "point", write=True)
+        with pytest.raises(RuntimeError), point:
+            raise RuntimeError("Connection closed by peer")
+        assert json.loads(point.path.read_text())["error"] == error

@@ -128,7 +128,7 @@ def _gone(who: dict[str, Any], wait_s: float) -> bool:
 @contextlib.contextmanager
 def _signals_held():
     """SIGTERM and SIGINT wait until the record is written: torchrun's agent SIGTERMs the
-    surviving ranks right after rank 0 dies, and ours raises (launcher._on_sigterm). A handler
+    surviving ranks right after rank 0 dies, and ours raises (signals._on_sigterm). A handler
     that only notes the signal, not a blocked mask: torch's own threads would still take it."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers; signals are the main thread's anyway

@@ -10,8 +10,8 @@ torchrun's own machinery and reports a failed rank in one line instead of torchr
 traceback. A sweep sent to Slurm by `hydra/launcher=submitit_slurm` is not self-launched:
 this process only submits, and each job's Slurm tasks are the ranks.
 
-Signals: SIGTERM is handled as Ctrl-C is (the interrupted point's record is written as
-failed), with exit 143 instead of 130. Self-launched ranks die with the launcher, even a
+Signals (workloads/core/signals.py): SIGTERM is handled as Ctrl-C is (the interrupted point's
+record is written as failed), with exit 143 instead of 130. Self-launched ranks die with the launcher, even a
 SIGKILLed one (PR_SET_PDEATHSIG), and a point whose writing rank died without writing its
 record (rank 0 SIGKILLed, OOM-killed) still gets a failed record: the writer leaves an
 in-flight copy that the launcher turns into one, naming how the rank died
@@ -27,34 +27,18 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from typing import Callable
 
 from workloads import CONF_DIR
+from workloads.core import signals
 from workloads.core.errors import UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
 
 
 LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
-# After SIGTERM a rank has this long to write its record; a rank blocked in a collective whose
-# peers are gone must still exit.
-TERM_GRACE_S = 20.0
 QUIET_WAIT_S = 10.0  # how long a rank that does not speak for its node waits for the one that does
 _PR_SET_PDEATHSIG = 1
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled wherever Ctrl-C is (records say "interrupted"), exit 143."""
-
-    exit_code = 128 + signal.SIGTERM
-
-
-def _on_sigterm(signum, frame):
-    timer = threading.Timer(TERM_GRACE_S, os._exit, (128 + signum,))
-    timer.daemon = True
-    timer.start()
-    raise Terminated(f"received signal {signum}")
 
 
 def die_with_launcher() -> None:
@@ -374,13 +358,15 @@ def hydra_entry(
         except UsageError as e:
             _say(e)
             sys.exit(e.exit_code)
-        except Exception:  # a bug: its traceback, as Hydra would print it, minus secrets
-            _report_job_error(overrides)
+        except Exception:
+            if signals.received():  # what stopping did to this rank (a peer gone), not a bug
+                raise signals.interruption() from None
+            _report_job_error(overrides)  # a bug: its traceback, as Hydra would print it, minus secrets
             sys.exit(1)
         if code:
             sys.exit(code)
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signals.install()
     die_with_launcher()
     try:
         try:

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import inflight, rundir, schema
+from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.core.records import check_writable, cpu_affinity, duplicate_message, new_record, same_trial, write_record
@@ -126,7 +126,7 @@ class Recorded:
                 rec["status"] = "ok"
         elif isinstance(exc, UsageError):
             rec["status"], rec["error"] = "failed", str(exc)
-        elif isinstance(exc, KeyboardInterrupt):
+        elif isinstance(exc, KeyboardInterrupt) or signals.received():  # or what stopping did (signals.py)
             rec["status"], rec["error"] = "failed", "interrupted (Ctrl-C or SIGTERM)"
         else:
             rec["status"], rec["error"] = "failed", f"{type(exc).__name__}: {exc}"
