@@ -9,7 +9,10 @@
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -165,6 +168,42 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
     assert recs["c1"]["status"] == "ok"
     assert recs["c4"]["status"] == "failed"
     assert recs["c4"]["error"] == "server=vllm exited with code -9 during point c4"
+
+
+def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_path):
+    """SIGTERM (a scheduler's cancel) during point c2 of [1, 2]: the sweep stops then, not when
+    its points are done. The signal lands in the event loop's callbacks, which swallow an
+    Exception raised there (it did: the sweep ran on), so it is a KeyboardInterrupt
+    (workloads/core/signals.py). The server started here (a scripted one behind the vLLM
+    adapter's command line) is stopped, c1's record stays ok, c2's says interrupted, and the
+    one line and exit 143 are every entry point's."""
+    out, pid_file = tmp_path / "res", tmp_path / "server.pid"
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\n"
+                    f"exec {sys.executable} -m workloads.testing.scripted_server --itl-ms 50 \"$@\"\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", WANDB_MODE="offline")
+    p = subprocess.Popen([sys.executable, str(REPO / "launch" / "infer.py"), "server=vllm", f"server.executable={fake}",
+                          "model=llama-3.1-8b", f"server.port={free_port()}", "server.ready_timeout_s=60",
+                          f"output_root={out}", "run_id=t1", *SMALL, "load.num_requests=3", "load.warmup_requests=0",
+                          "load.dataset.output_len=40", "load.points=[1,2]"],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # c1: 3 requests of 40 tokens 50 ms apart, ~6 s; c2 ~4 s
+    while not _records(out):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert (p.returncode, err.splitlines()[-1:]) == (143, ["interrupted: measured points are kept"]), err
+    assert "Traceback" not in err, err
+    recs = {x["point"]: x for x in _records(out)}
+    assert recs["c1"]["status"] == "ok"
+    assert (recs["c2"]["status"], recs["c2"]["error"]) == ("failed", "interrupted")
+    server = Path(f"/proc/{pid_file.read_text().strip()}/stat")
+    deadline = time.monotonic() + 30
+    while server.exists() and server.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not server.exists() or server.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the server outlived its sweep"
 
 
 def test_unreachable_wandb_costs_one_timeout_per_run(tmp_path):

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 # After SIGTERM a rank has this long to write its record; a rank blocked in a collective whose
 # peers are gone must still exit.
@@ -28,6 +29,7 @@ TERM_GRACE_S = 20.0
 REDELIVER_S = 0.05  # long enough for the callback that dropped the interruption to have returned
 
 _received: int | None = None
+_grace_s: float | None = TERM_GRACE_S
 
 
 class Terminated(KeyboardInterrupt):
@@ -39,9 +41,10 @@ class Terminated(KeyboardInterrupt):
 def _on_sigterm(signum, frame):
     global _received
     _received = signum
-    timer = threading.Timer(TERM_GRACE_S, os._exit, (128 + signum,))
-    timer.daemon = True
-    timer.start()
+    if _grace_s is not None:
+        timer = threading.Timer(_grace_s, os._exit, (128 + signum,))
+        timer.daemon = True
+        timer.start()
     raise Terminated(f"received signal {signum}")
 
 
@@ -49,6 +52,19 @@ def _on_sigint(signum, frame):
     global _received
     _received = signum
     raise KeyboardInterrupt
+
+
+@contextmanager
+def grace(seconds: float | None):
+    """SIGTERM's grace timer while the body runs; None while this process owns something whose
+    own stop may take longer (an engine server: the `with` that owns it stops it on the way out,
+    and a timer's os._exit would orphan it)."""
+    global _grace_s
+    before, _grace_s = _grace_s, seconds
+    try:
+        yield
+    finally:
+        _grace_s = before
 
 
 def received() -> int | None:

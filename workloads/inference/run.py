@@ -17,7 +17,6 @@ import copy
 import json
 import math
 import os
-import signal
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -35,7 +34,7 @@ from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
-from workloads.core import session
+from workloads.core import session, signals
 from workloads.core.loggers import build_loggers, flatten
 from workloads.core.records import json_safe, write_record
 from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
@@ -215,14 +214,6 @@ def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
     return done
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated(f"received signal {signum}")
-
-
 def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     overrides = list(overrides or [])
     plan = validate(cfg, overrides)
@@ -251,8 +242,9 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         return build_loggers(cfg, info, label=label)
 
     failed = 0
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    # SIGTERM is Ctrl-C here too (signals.py): a KeyboardInterrupt, which the event loop lets
+    # through where it swallows an Exception raised in its callbacks, so the sweep stops.
+    with signals.grace(None):
         from workloads.core.records import fingerprint
 
         from workloads.inference.engine_info import engine_versions
@@ -270,10 +262,6 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
                 if not srv.alive():
                     raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
                                      f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
-    except _Terminated as e:
-        raise UsageError(f"stopped ({e}); the server was shut down and finished points are kept in {records}") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 1 if failed else 0
 
 
