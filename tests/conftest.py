@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,23 @@ def run_entry(script: str, *overrides: str, torchrun: int | None = None, timeout
 
 def records_in(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(root).rglob("records/*.json"))]
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an exited child not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def gone(pids, within_s: float = 30) -> bool:
+    """Every one of `pids` ended within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while any(alive(x) for x in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(alive(x) for x in pids)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from workloads.inference.adapters import get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer
 from workloads.core.dist import free_port
+from tests.conftest import alive
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "conf")
 
@@ -159,15 +160,6 @@ STANDIN = textwrap.dedent("""
 """)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    return st != "Z"
-
-
 @pytest.mark.parametrize("mode", ["normal", "stubborn"])
 def test_stop_leaves_no_orphans(tmp_path, mode):
     pidfile = tmp_path / "child.pid"
@@ -177,9 +169,9 @@ def test_stop_leaves_no_orphans(tmp_path, mode):
     with ManagedServer(spec, Launch(argv, {}, "m"), tmp_path, dict(os.environ)) as srv:
         leader = srv.proc.pid
         child = int(pidfile.read_text())
-        assert _alive(child)
+        assert alive(child)
     # The grandchild ignores SIGTERM (and in "stubborn" the leader too): KILL follows.
-    assert not _alive(leader) and not _alive(child)
+    assert not alive(leader) and not alive(child)
 
 
 def test_ready_timeout_shows_log_tail(tmp_path):
@@ -194,7 +186,7 @@ def test_ready_timeout_shows_log_tail(tmp_path):
     assert time.monotonic() - t < 15
     msg = str(e.value)
     assert "did not answer 200" in msg and "ready_timeout_s=2" in msg and "loading weights" in msg
-    assert not _alive(int(pidfile.read_text()))
+    assert not alive(int(pidfile.read_text()))
 
 
 def _client_holding_a_server(tmp_path, restore_sigint: bool):
@@ -228,7 +220,7 @@ def test_ctrl_c_stops_the_server_group(tmp_path):
     p, leader, child = _client_holding_a_server(tmp_path, restore_sigint=True)
     p.send_signal(signal.SIGINT)
     p.wait(30)
-    assert not _alive(leader) and not _alive(child)
+    assert not alive(leader) and not alive(child)
 
 
 def test_sigkilled_client_takes_its_server_down(tmp_path):
@@ -238,9 +230,9 @@ def test_sigkilled_client_takes_its_server_down(tmp_path):
     p.kill()
     p.wait(30)
     deadline = time.monotonic() + 20
-    while (_alive(leader) or _alive(child)) and time.monotonic() < deadline:
+    while (alive(leader) or alive(child)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(leader) and not _alive(child)
+    assert not alive(leader) and not alive(child)
 
 
 def test_a_taken_port_is_refused_and_named(tmp_path):

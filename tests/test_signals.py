@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env, records_in
+from tests.conftest import REPO, child_env, gone, records_in
 
 LONG = ["train.steps=100000", "train.warmup_steps=1"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _ranks(launcher: int) -> dict[int, int]:
@@ -66,13 +58,6 @@ def _copies(out_root: Path) -> list[Path]:
     return list(out_root.rglob("records/.inflight/*"))
 
 
-def _gone(pids, within_s: float = 30) -> bool:
-    deadline = time.monotonic() + within_s
-    while any(_alive(x) for x in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not any(_alive(x) for x in pids)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_is_one_line_and_a_failed_record(tmp_path, out_root, sig, code):
@@ -83,7 +68,7 @@ def test_interrupt_is_one_line_and_a_failed_record(tmp_path, out_root, sig, code
     assert err.strip() == f"interrupted ({sig.name}): measured points are kept", err
     (rec,) = records_in(out_root)
     assert rec["status"] == "failed" and rec["error"].startswith("interrupted")
-    assert _gone(ranks.values())
+    assert gone(ranks.values())
 
 
 @pytest.mark.slow
@@ -91,7 +76,7 @@ def test_sigkilled_launcher_takes_its_ranks_down(tmp_path, out_root):
     p, ranks = _start_measuring(tmp_path, out_root)
     p.kill()
     p.wait(30)
-    assert _gone(ranks.values()), "ranks outlived their SIGKILLed launcher"
+    assert gone(ranks.values()), "ranks outlived their SIGKILLed launcher"
 
 
 @pytest.mark.slow
@@ -104,7 +89,7 @@ def test_rank0_death_still_leaves_a_failed_record(tmp_path, out_root):
     (rec,) = records_in(out_root)
     assert rec["status"] == "failed" and rec["error"] == "rank 0 was killed by SIGKILL (exit code -9) during this point"
     assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
-    assert _gone(ranks.values())
+    assert gone(ranks.values())
 
 
 @pytest.mark.slow
@@ -120,7 +105,7 @@ def test_rank0_death_under_raw_torchrun_still_leaves_a_failed_record(tmp_path, o
     time.sleep(2)  # into the steps (or DDP's first collectives on a loaded machine)
     os.kill(ranks[0], signal.SIGKILL)
     if rank1_got:  # rank 1 ends by itself; then the agent is stopped, as its user would
-        assert _gone([ranks[1]], within_s=90), "rank 1 outlived its dead peer"
+        assert gone([ranks[1]], within_s=90), "rank 1 outlived its dead peer"
         p.terminate()
     out, err = p.communicate(timeout=120)
     assert p.returncode != 0
@@ -134,7 +119,7 @@ def test_rank0_death_under_raw_torchrun_still_leaves_a_failed_record(tmp_path, o
     assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
     assert f"error: rank 0 (pid {ranks[0]}) died during this point; rank 1 wrote its failed record" in err, err
     assert not _copies(out_root)
-    assert _gone(ranks.values())
+    assert gone(ranks.values())
 
 
 _ENDING = """
