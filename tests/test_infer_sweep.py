@@ -20,7 +20,7 @@ import pytest
 
 from workloads.testing.scripted_server import Running
 from workloads.core.dist import free_port
-from tests.conftest import gone
+from tests.conftest import child_env, gone
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -183,12 +183,11 @@ def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_pat
     fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\n"
                     f"exec {sys.executable} -m workloads.testing.scripted_server --itl-ms 50 \"$@\"\n")
     fake.chmod(0o755)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", WANDB_MODE="offline")
     p = subprocess.Popen([sys.executable, str(REPO / "launch" / "infer.py"), "server=vllm", f"server.executable={fake}",
                           "model=llama-3.1-8b", f"server.port={free_port()}", "server.ready_timeout_s=60",
                           f"output_root={out}", "run_id=t1", *SMALL, "load.num_requests=3", "load.warmup_requests=0",
                           "load.dataset.output_len=40", "load.points=[1,2]"],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # c1: 3 requests of 40 tokens 50 ms apart, ~6 s; c2 ~4 s
     while not _records(out):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()

@@ -34,7 +34,7 @@ from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
-from workloads.core import session, signals
+from workloads.core import session
 from workloads.core.loggers import build_loggers, flatten
 from workloads.core.records import json_safe, write_record
 from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
@@ -241,27 +241,24 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         info = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
         return build_loggers(cfg, info, label=label)
 
+    from workloads.core.records import fingerprint
+
+    from workloads.inference.engine_info import engine_versions
+
+    # the engine's own torch/NCCL (its image's interpreter), beside this process's
+    fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
     failed = 0
-    # SIGTERM is Ctrl-C here too (signals.py): a KeyboardInterrupt, which the event loop lets
-    # through where it swallows an Exception raised in its callbacks, so the sweep stops.
-    with signals.grace(None):
-        from workloads.core.records import fingerprint
-
-        from workloads.inference.engine_info import engine_versions
-
-        # the engine's own torch/NCCL (its image's interpreter), beside this process's
-        fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
-        started = time.time()  # logs older than this are an earlier server's (a resumed run id)
-        with ManagedServer(spec, launch, run_dir, env) as srv:
-            _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started, srv.pids())
-            for k, a in enumerate(plan.points):
-                if a.label() in done:
-                    continue
-                failed += not _run_one(plan, k, srv, base, fp, records, loggers)
-                plan.prompts.release(k)
-                if not srv.alive():
-                    raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
-                                     f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
+    started = time.time()  # logs older than this are an earlier server's (a resumed run id)
+    with ManagedServer(spec, launch, run_dir, env) as srv:
+        _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started, srv.pids())
+        for k, a in enumerate(plan.points):
+            if a.label() in done:
+                continue
+            failed += not _run_one(plan, k, srv, base, fp, records, loggers)
+            plan.prompts.release(k)
+            if not srv.alive():
+                raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
+                                 f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
     return 1 if failed else 0
 
 

@@ -16,6 +16,7 @@ engine takes the group down if this process dies without stopping it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+from workloads.core import signals
 from workloads.core.errors import UsageError
 from workloads.core.records import redact_argv
 from workloads import REPO_ROOT
@@ -71,6 +73,11 @@ class ManagedServer:
         return self.spec.base_url
 
     def __enter__(self) -> ManagedServer:
+        self._held = contextlib.ExitStack()
+        # No SIGTERM grace timer while the server is ours: its stop (stop_timeout_s) may take
+        # longer, and the timer's os._exit would orphan it. Stopped first, then the timer is back.
+        self._held.enter_context(signals.grace(None))
+        self._held.callback(self.stop)
         try:
             if self.launch.argv is not None:
                 self.start()
@@ -78,12 +85,12 @@ class ManagedServer:
             if self.proc is not None:
                 self.check_identity()
         except BaseException:
-            self.stop()
+            self._held.close()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self._held.close()
 
     def start(self) -> None:
         if not self.launch.own_network:
