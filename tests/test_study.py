@@ -43,8 +43,27 @@ def test_abba_reverses_every_other_block():
     assert [(c.block, c.trial) for c in cells][:4] == [(0, 0), (0, 0), (1, 1), (1, 1)]
     # Linear drift adds the same total to each arm: equal sums of positions.
     assert sum(c.position for c in cells if c.arm == "A") == sum(c.position for c in cells if c.arm == "B")
-    assert "".join(c.arm for c in schedule(["A", "B", "C"], 2, "abba")) == "ABCCBA"
+    # three arms: ABBA's reversal (ABC CBA) would leave B never first and A, C following
+    # themselves; abba there is the Williams design
+    assert schedule(["A", "B", "C"], 6, "abba", seed=1) == schedule(["A", "B", "C"], 6, "williams", seed=1)
 
+
+@pytest.mark.parametrize("arms", [3, 4, 5])
+def test_williams_balances_first_order_carry_over(arms):
+    from collections import Counter
+
+    from workloads.study.schedule import williams_rows
+
+    names = [f"a{i}" for i in range(arms)]
+    rows = williams_rows(arms)
+    pairs = Counter((r[i], r[i + 1]) for r in rows for i in range(arms - 1))
+    # every ordered pair of different arms is adjacent equally often within the square's blocks
+    assert len(pairs) == arms * (arms - 1) and len(set(pairs.values())) == 1
+    for seed in range(10):
+        seq = [c.arm for c in schedule(names, 3 * len(rows), "williams", seed)]
+        assert all(x != y for x, y in zip(seq, seq[1:]))  # no arm ever follows itself, across blocks too
+        firsts = Counter(seq[b * arms] for b in range(3 * len(rows)))
+        assert set(firsts.values()) == {3 * len(rows) // arms}  # each arm opens as many blocks
 
 def test_permuted_is_seeded_and_each_block_holds_every_arm_once():
     a = schedule(["A", "B", "C"], 6, "permuted", seed=3)
@@ -68,6 +87,7 @@ workloads:
     overrides: ["collectives.ops=[all_reduce]", collectives.minbytes=64K, collectives.maxbytes=64K,
                 collectives.iters=5, collectives.warmup_iters=1]
 trials: 2
+detect: 500%                   # a smoke test of the machinery: 2 blocks can only call a 5x difference
 """
 
 
@@ -84,13 +104,18 @@ def test_spec_control_arm_baseline_and_sweep_expansion(tmp_path):
 
 
 @pytest.mark.parametrize("edit,message", [
-    (("trials: 2", "trials: 0"), "trials=0 must be a positive integer"),
+    (("trials: 2", "trials: 1"), "trials=1 must be an integer >= 2"),
+    (("detect: 500%", "detect: big"), "detect='big': write a percentage such as 5%"),
+    (("control: true", "control: true\nequivalence: 0"), "equivalence=0: write a percentage"),
+    (("entry: collectives", "entry: collectives\n    primary: {metric: samples_per_sec, point: c8}"),
+     "workloads[0].primary.point: only inference sweeps have load points"),
+    (("entry: collectives", "entry: collectives\n    primary: {metric: wibble}"), "--metric wibble: no known direction"),
     (("name: aa", "name: aa\ncolour: red"), "unknown field(s) colour"),
     (("fabric: loopback}", "fabric: nosuch}"), "fabric=nosuch has no profile conf/fabric/nosuch.yaml; present:"),
     (("collectives.iters=5", "trial=3"), "sets trial, which the study decides per cell"),
     (("entry: collectives", "entry: bench"), "workloads[0].entry must be one of train, finetune, collectives, infer"),
     (("control: true", "control: false"), "a study needs two arms"),
-    (("trials: 2", "trials: 2\ndesign: latin"), "design='latin'; use abba"),
+    (("trials: 2", "trials: 2\ndesign: latin"), "design='latin'; use abba (2 arms; Williams for 3 or more)"),
 ])
 def test_spec_errors_name_the_field_and_the_fix(tmp_path, edit, message):
     with pytest.raises(UsageError) as e:
@@ -126,7 +151,7 @@ def test_cell_command_carries_the_study_cell_in_one_override(tmp_path):
     cfg = compose(CONF_DIR, [a for a in argv[2:]], "config")
     assert dict(cfg.study) == {"name": "aa", "id": "aa", "arm": "loopback~aa", "baseline": "loopback",
                                "control": True, "block": 0, "position": 1, "design": "abba", "seed": 0,
-                               "blocks": 2, "workload": "ar"}
+                               "blocks": 2, "workload": "ar", "margin": 0.02, "detect": 5.0, "looks": 1}
     assert cfg.output_root == str(tmp_path / "my out" / "aa") and cfg.trial == 0
 
 
@@ -190,7 +215,10 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     # Progress per run, a summary table, and compare's verdicts per arm label.
     assert "[1/4] block 0 · loopback · trial 0 · ar (1/1)" in r.stdout and "ETA" in r.stdout
     assert "Study aa" in r.stdout and "loopback~aa  2/2" in r.stdout
-    assert "loopback~aa" in (out / "aa" / "compare.txt").read_text() and "n=2 vs 2" in r.stdout
+    assert "loopback~aa" in (out / "aa" / "compare.txt").read_text() and "interleaved ABBA, 2 blocks" in r.stdout
+    # the plan came first, and the A/A control says what it can and cannot tell
+    assert r.stdout.startswith("plan of study aa: 2 arms x 1 workload point(s) x 2 blocks = 4 runs, design abba")
+    assert "A/A control" in r.stdout and "quiet" not in r.stdout
     assert (out / "aa" / "report" / "report.md").is_file()
 
     # A rerun of a finished study writes nothing.
@@ -211,9 +239,9 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     untouched = {k: v for k, v in before.items() if "records" in k and k != str(lost["_path"].relative_to(out))}
     assert all(digest(out)[k] == v for k, v in untouched.items())
 
-    # The same id with another study is refused, not mixed in.
-    r = study(write(tmp_path, AA.replace("trials: 2", "trials: 3")), out)
-    assert r.returncode == 2 and "holds study 'aa' with other trials" in r.stderr
+    # The same id with another study is refused, not mixed in (more trials is the same study, extended).
+    r = study(write(tmp_path, AA.replace("trials: 2", "trials: 2\ndesign: permuted")), out)
+    assert r.returncode == 2 and "holds study 'aa' with other design" in r.stderr
 
 
 @pytest.mark.root
