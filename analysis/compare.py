@@ -362,6 +362,7 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
     every = [r for runs in groups.values() for r in runs]
     margin = float(_study_value(every, "margin", stats.MARGIN))
     looks = int(_study_value(every, "looks", 1))
+    detect = float(_study_value(every, "detect", stats.DETECT))
     base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
     out = []
     for arm, runs in groups.items():
@@ -372,7 +373,7 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         control = any(r.control for r in runs)
         out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
                                  blocks=design[0] if design else None, design=design[1] if design else None,
-                                 control=control, margin=margin, primary=primary, looks=looks))
+                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect))
     return out
 
 

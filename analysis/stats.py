@@ -325,6 +325,7 @@ class Comparison:
     sd: float = math.nan      # spread of the data in log units: sd of d (blocked), pooled sd of logs (rank)
     mde: float = math.nan     # fraction this test calls with 80% power at its level and measured sd
     margin: float = MARGIN    # equivalence margin (a fraction)
+    detect: float = DETECT    # the difference the study was sized to call (a fraction)
     primary: bool = True      # a decision (False: exploratory, a family of its own)
     looks: int = 1            # planned looks of a sequential study (alpha is spent over them)
     higher_is_better: bool = True
@@ -339,6 +340,18 @@ class Comparison:
     def equivalent(self) -> bool:
         """The whole interval lies inside the margin (TOST read off the interval)."""
         return self.tested and 1 / (1 + self.margin) < self.speedup_lo and self.speedup_hi < 1 + self.margin
+
+    @property
+    def rules_out(self) -> bool:
+        """The interval excludes a difference of `detect` or more either way: the question the
+        study was sized for is answered 'no' even when equivalence at the margin is not."""
+        return self.tested and 1 / (1 + self.detect) < self.speedup_lo and self.speedup_hi < 1 + self.detect
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to learn at the study's scale: a difference called, equivalence, or one of
+        `detect` ruled out (what a sequential study stops on)."""
+        return self.significant or self.equivalent or self.rules_out
 
     @property
     def outcome(self) -> str:
@@ -374,7 +387,8 @@ def _interval(c: Comparison, conf: float) -> tuple[float, float, float, float]:
 def compare(values: Sequence[float], base: Sequence[float], fabric: str, baseline: str, metric: str,
             higher_is_better: bool = True, alpha: float = 0.05, seed: int | None = None,
             word: str = "faster", blocks: Sequence[float] | None = None, design: str | None = None,
-            control: bool = False, margin: float = MARGIN, primary: bool = True, looks: int = 1) -> Comparison:
+            control: bool = False, margin: float = MARGIN, primary: bool = True, looks: int = 1,
+            detect: float = DETECT) -> Comparison:
     """`fabric` against `baseline` on one metric's per-trial values, as a family of one test
     (`correct` re-judges it once the whole family is known). `blocks`: the per-block
     log-ratios of a blocked design (then the paired t-test; `design` names it); None: the
@@ -404,7 +418,7 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
                        False, "", word, design or Comparison.design, 0, p, control=control, alpha=alpha,
                        floor=rank_floor(len(x), len(y)) if not math.isnan(p) else math.nan, sd=sd, margin=margin,
                        primary=primary, looks=looks, data=lx, data_base=ly)
-    c = replace(c, higher_is_better=higher_is_better)
+    c = replace(c, higher_is_better=higher_is_better, detect=detect)
     return correct([c], "holm", alpha)[0]
 
 
@@ -496,4 +510,6 @@ def verdict(c: Comparison) -> str:
                 f"{_tail(c)}")
     could = f"this test could detect >= {pct(c.mde)}" if math.isfinite(c.mde) else \
         f"this test cannot call any difference (its smallest p is {c.floor:.3g}; more runs are needed)"
+    if c.rules_out:
+        could = f"it rules out a difference of {pct(c.detect)} or more, not yet equivalent within +-{pct(c.margin)}"
     return f"inconclusive: {lead} {word} than {trail} by {pct(frac)} {interval}; {could} {_tail(c)}"

@@ -23,13 +23,9 @@ from workloads.core.records import write_record
 ALPHA = 0.05
 
 
-def binomial_bound(n: int, p: float = ALPHA, z: float = 3.0, effective: float | None = None) -> float:
-    """Most false positives of n tests at level p a correct test shows, within z standard deviations.
-    `effective`: how many independent tests n correlated ones amount to. n tests that fall into
-    `effective` clusters of n/effective moving together have the same mean count and a variance
-    n/effective times the binomial one (the design effect)."""
-    deff = n / effective if effective else 1.0
-    return n * p + z * math.sqrt(n * p * (1 - p) * deff)
+def binomial_bound(n: int, p: float = ALPHA, z: float = 3.0) -> float:
+    """Most false positives of n independent tests at level p a correct test shows, within z standard deviations."""
+    return n * p + z * math.sqrt(n * p * (1 - p))
 
 
 # --- worked values ------------------------------------------------------------------------

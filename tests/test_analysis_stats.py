@@ -84,7 +84,10 @@ def test_no_difference_says_so():
     _, c = res.comparisons[0]
     assert not c.significant and c.lo <= 1.0 <= c.hi
     # never a bare "not significant": the interval, and what this test could have seen
-    assert c.verdict.startswith("inconclusive: b faster than a by 0.7% [-3.2, +4.1]; this test could detect >= 5.3%"), c.verdict
+    assert c.verdict.startswith("inconclusive: b faster than a by 0.7% [-3.2, +4.1]; it rules out a difference of "
+                                "10.0% or more, not yet equivalent within +-2.0% (95% CI; rank test p=0.721"), c.verdict
+    wide = stats.compare([1.0, 1.3, 0.8, 1.1, 0.95, 1.2], [1.1, 0.9, 1.25, 0.85, 1.0, 1.05], "b", "a", "samples_per_sec")
+    assert wide.outcome == "inconclusive" and "; this test could detect >= " in wide.verdict, wide.verdict
 
 
 def test_lower_is_better_metric_inverts_speed():

@@ -18,7 +18,8 @@ cannot call `detect` with the trials it was given is refused before anything run
 Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 3, 4, 6, 8,
 12, 16, 24, ... blocks and at N; alpha is spent as alpha/L at each of the L looks (Bonferroni
 over looks: valid whenever the study stops), and the study stops at the first look where
-every primary verdict is decided (faster, slower or equivalent).
+every primary verdict is settled: a difference called, equivalence within the margin, or a
+difference of `detect` ruled out by the interval (the study's own question, answered).
 """
 
 from __future__ import annotations

@@ -308,14 +308,14 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
 def decided(spec: StudySpec) -> tuple[int, int, list[str]]:
     """(decided, primary verdicts, their sentences) over the study's records so far: the real
     arms' primaries (the A/A control's when the study has no other arm). Decided: faster,
-    slower or equivalent."""
+    slower, equivalent, or a difference of `detect` ruled out (stats.Comparison.settled)."""
     from analysis.compare import compare_table
     from analysis.load import load_table
 
     res = compare_table(load_table([spec.dir]), spec.baseline.label, alpha=spec.alpha)
     real = [(p, c) for p, c in res.comparisons if c.primary and not c.control]
     mine = real or [(p, c) for p, c in res.comparisons if c.primary]
-    return (sum(c.outcome in ("differs", "equivalent") for _, c in mine), len(mine),
+    return (sum(c.settled for _, c in mine), len(mine),
             [f"{p.label} [{c.metric}]: {c.verdict}" for p, c in mine])
 
 
@@ -383,7 +383,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plan", action="store_true",
                         help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
     parser.add_argument("--until-decided", action="store_true",
-                        help="add blocks until every primary verdict is faster, slower or equivalent (needs --max-trials)")
+                        help="add blocks until every primary verdict is settled: faster, slower, equivalent, or a `detect`-sized "
+                             "difference ruled out (needs --max-trials)")
     parser.add_argument("--max-trials", type=int, metavar="N", help="the most blocks a --until-decided study runs")
 
 
