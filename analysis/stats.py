@@ -410,7 +410,8 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
     else:
         pos = all(v > 0 for v in x + y)
         lx, ly = (tuple(np.log(x)), tuple(np.log(y))) if pos else (tuple(x), tuple(y))
-        ratio = math.exp(hodges_lehmann(lx, ly)[0]) if pos else med / med_base
+        # a value <= 0 has no log: the ratio of medians is shown, not tested
+        ratio = math.exp(hodges_lehmann(lx, ly)[0]) if pos else med / med_base if med_base else 1.0 if med == 0 else math.inf
         p = permutation_p(x, y, seed=seed) if len(x) >= 2 and len(y) >= 2 and pos else math.nan
         sd = math.sqrt(((len(lx) - 1) * np.var(lx, ddof=1) + (len(ly) - 1) * np.var(ly, ddof=1)) / (len(lx) + len(ly) - 2)) \
             if len(lx) >= 2 and len(ly) >= 2 else math.nan
@@ -498,8 +499,9 @@ def verdict(c: Comparison) -> str:
     word = c.word
     lead, trail, frac, flo, fhi = edge(c)
     if not c.tested:
-        need = ">= 2 blocks" if c.blocks or "block" in c.design else ">= 2 runs each (>= 4 to reach p < 0.05)"
-        return (f"not tested ({c.n} vs {c.n_base} runs{f', {c.blocks} block(s)' if c.blocks else ''}; need {need}): "
+        need = "need >= 2 blocks" if c.blocks or "block" in c.design else \
+            "a value <= 0 has no ratio to test" if c.n >= 2 and c.n_base >= 2 else "need >= 2 runs each (>= 4 to reach p < 0.05)"
+        return (f"not tested ({c.n} vs {c.n_base} runs{f', {c.blocks} block(s)' if c.blocks else ''}; {need}): "
                 f"{lead} {word} than {trail} by {pct(frac)} ({c.design})")
     interval = f"[{100 * flo:+.1f}, {100 * fhi:+.1f}]" if math.isfinite(fhi) and flo > -1 else "[unbounded]"
     if c.significant:
