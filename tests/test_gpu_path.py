@@ -385,7 +385,7 @@ def test_worker_node_gets_the_fabric_profile_and_nccl_log(tmp_path):
                FB_SERVE_PORT="30000", SLURM_NODEID="1", SLURM_JOB_NUM_NODES="2", FB_NODE_ADDRS="10.0.0.1 10.0.0.2",
                FB_PYTHON=sys.executable, FB_HOME=str(repo), FB_ENGINE_PYTHON=str(fake),
                FABRICBENCH_RUN_ID="slurm-42")
-    r = subprocess.run(["bash", str(repo / "launch/slurm/serve_node.sh"), "fabric=roce",
+    r = subprocess.run(["bash", str(repo / "launch/slurm/serve_node.sh"), "fabric=roce", "model=llama-3.1-8b",
                         f"output_root={tmp_path / 'results'}"], env=env, cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,179 @@
+"""The second review of the GPU code paths (../shared/reviews/gpu-path-2.md), new findings
+N2..N8, one or more tests each, written to fail on the code before its fix. Nothing here
+needs a GPU: NCCL/RCCL logs are fixtures written from their format strings (each file's
+header names the source line), engines are stand-ins at the process boundary, and Slurm's
+commands are shims. N1 (the external nccl-tests split) is in test_gpu_path.py beside #6."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import REPO
+
+SLURM = REPO / "launch" / "slurm"
+ENGINE_VARS = ("NCCL_", "SLURM_", "FB_", "FABRICBENCH_")
+
+
+def _stand_in(path: Path, seen: Path) -> Path:
+    """An engine (it needs a GPU) replaced at the process boundary: it records the argv and
+    environment it was started with."""
+    path.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"json.dump({{'env': dict(os.environ), 'argv': sys.argv}}, open({str(seen)!r}, 'w'))\n")
+    path.chmod(0o755)
+    return path
+
+
+def _engine_python_without_hydra(bindir: Path) -> None:
+    """`python3`/`python` as in the sglang/vllm images: the engine's interpreter, without
+    fabricbench's dependencies (-S: no site-packages, so no hydra)."""
+    bindir.mkdir(exist_ok=True)
+    for name in ("python3", "python"):
+        (bindir / name).write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+        (bindir / name).chmod(0o755)
+
+
+def _node_env(tmp_path: Path, node: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENGINE_VARS)}
+    env.update(FB_MODEL_PATH="/models/m", FB_TP="16", FB_DIST_ADDR="10.0.0.1:29500", SLURM_NODEID=str(node),
+               SLURM_JOB_NUM_NODES="2", FB_NODE_ADDRS="10.0.0.1 10.0.0.2", FB_PYTHON=sys.executable,
+               FB_HOME=str(REPO), FABRICBENCH_RUN_ID="slurm-42")
+    env.update(extra)
+    return env
+
+
+# ---- N5: worker nodes start the engine with node 0's arguments ----
+
+ENGINE_OVERRIDES = {
+    "sglang": ["server.extra_args=[--mem-fraction-static,'0.85',--enable-torch-compile]"],
+    "vllm": ["server.extra_args=[--max-model-len,'8192',--enforce-eager]"],
+}
+
+
+def _head_argv(engine: str, overrides: list[str]) -> list[str]:
+    """Node 0's engine command, from the adapter launch/infer.py uses."""
+    from workloads.fabric.profile import compose_node
+    from workloads.inference.adapters import get_adapter
+    from workloads.inference.adapters.base import ServerSpec
+
+    cfg = compose_node(overrides)
+    spec = ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True))
+    return get_adapter(engine).command(spec, OmegaConf.to_container(cfg.model, resolve=True)).argv
+
+
+def _without_node_fields(argv: list[str]) -> list[str]:
+    """argv less what the adapters make differ per node: --node-rank, --host, --headless."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--node-rank", "--host"):
+            skip = True
+        elif a != "--headless":
+            out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_worker_node_gets_node_0s_engine_arguments(tmp_path, engine):
+    """serve_node.sh as srun runs it on node 1 of a 2-node job, with extra_args, env and a
+    served name: the worker's command must equal node 0's except where a worker differs."""
+    fake = _stand_in(tmp_path / f"{engine}-engine", tmp_path / "seen.json")
+    common = [f"output_root={tmp_path / 'results'}", "fabric=roce", "model=llama-3.1-8b", "server.served_model_name=big",
+              "+server.env.ENGINE_KNOB=on", *ENGINE_OVERRIDES[engine]]
+    pick = f"server.python={fake}" if engine == "sglang" else f"server.executable={fake}"
+    env = _node_env(tmp_path, 1, FB_ENGINE=engine, FB_SERVE_PORT="30000")
+    r = subprocess.run(["bash", str(SLURM / "serve_node.sh"), *common, pick], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    node0 = [f"server={engine}", "server.tp=16", "server.nnodes=2", "server.node_rank=0",
+             "server.dist_init_addr=10.0.0.1:29500", "server.host=10.0.0.1", "server.port=30000",
+             "server.model_path=/models/m", *common, pick]
+    head = _head_argv(engine, node0)
+    worker = seen["argv"]
+    worker[0] = str(fake)  # the stand-in sees its own path as argv[0]
+    assert _without_node_fields(worker) == _without_node_fields(head)
+    assert worker[worker.index("--node-rank") + 1] == "1" and worker[worker.index("--host") + 1] == "10.0.0.2"
+    assert "--served-model-name" in worker and worker[-1] in ("--enable-torch-compile", "--enforce-eager")
+    if engine == "vllm":
+        assert "--headless" in worker and worker[worker.index("--distributed-executor-backend") + 1] == "mp"
+        assert seen["env"]["SPT_NOENV"] == "1"
+    # server.env and the fabric profile, with NCCL's log under the job's run directory
+    e = seen["env"]
+    assert e["ENGINE_KNOB"] == "on" and e["NCCL_IB_GID_INDEX"] == "3"
+    assert e["NCCL_DEBUG_FILE"] == str(tmp_path / "results" / "slurm-42" / "nccl" / "nccl.%h.%p.log")
+
+
+def test_worker_refuses_the_head_node_and_bad_overrides_in_one_line():
+    from workloads.inference.worker import main
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENGINE_VARS)}
+    r = subprocess.run([sys.executable, "-m", "workloads.inference.worker", "server=sglang", "server.node_rank=0"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "node_rank=0 is the head node" in r.stderr
+    assert main(["server=nonesuch"]) == 2
+
+
+# ---- N4: serving images run fabricbench in its venv, not in the engine's python3 ----
+
+def _image_env(stage: str) -> dict[str, str]:
+    from tests.test_dockerfile import stages
+
+    text = stages((REPO / "Dockerfile").read_text())[stage]
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            out.update(dict(re.findall(r"(\w+)=(\S+)", line)))
+    return out
+
+
+def _image_cmd(stage: str) -> list[str]:
+    from tests.test_dockerfile import stages
+
+    cmds = re.findall(r"^CMD (\[.*\])$", stages((REPO / "Dockerfile").read_text())[stage], re.M)
+    return json.loads(cmds[-1])
+
+
+def _workdir(stage: str) -> str:
+    from tests.test_dockerfile import stages
+
+    return re.findall(r"^WORKDIR (\S+)$", stages((REPO / "Dockerfile").read_text())[stage], re.M)[-1]
+
+
+@pytest.mark.parametrize("stage", ["sglang", "vllm"])
+def test_serving_image_commands_run_in_fabricbench_venv(tmp_path, stage):
+    """The image laid out here: `python3` is the engine's interpreter (no hydra), and the
+    image's FB_CLIENT_PYTHON, the venv `uv sync` makes in its WORKDIR, is this checkout's
+    .venv. The image's CMD and the Slurm path (lib.sh's FB_PYTHON inside a container) must
+    both reach hydra and fabricbench."""
+    _engine_python_without_hydra(tmp_path / "bin")
+    image = _image_env(stage)
+    venv_python = f"{_workdir(stage)}/.venv/bin/python"
+    assert image["FB_CLIENT_PYTHON"] == venv_python
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENGINE_VARS)}
+    env.update(PATH=f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}", FB_CLIENT_PYTHON=sys.executable)
+    no_hydra = subprocess.run(["python3", "-c", "import hydra"], env=env, capture_output=True, timeout=60)
+    assert no_hydra.returncode != 0  # the stand-in really is the engine's interpreter
+    cmd = [sys.executable if a == venv_python else a for a in _image_cmd(stage)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "server" in r.stdout, r.stderr[-2000:]
+    # the batch files: lib.sh in container mode, then what serve_node.sh / torchrun_node.sh run
+    (tmp_path / "bin" / "scontrol").write_text(
+        '#!/bin/sh\n[ "$2" = hostnames ] && echo "n1 n2" && exit 0\necho "NodeName=$3 NodeAddr=10.0.0.$3"\n')
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    script = (f'source {SLURM / "lib.sh"} && fb_setup >/dev/null && "$FB_PYTHON" -c '
+              '"import hydra, workloads.inference.worker, sys; print(sys.executable)"')
+    r = subprocess.run(["bash", "-c", script], env=env | {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2",
+                                                            "SLURM_JOB_NODELIST": "n[1-2]", "FB_HOME": str(REPO),
+                                                            "FB_CONTAINER_IMAGE": f"fabricbench+{stage}.sqsh"},
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == sys.executable
