@@ -285,3 +285,43 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
     workload = [] if script.endswith("train.py") else ["workload=collectives"]
     cfg = launcher.compose(launcher.CONF_DIR, [*workload, *overrides, f"output_root={tmp_path / 'results'}"])
     launcher.validate_job(cfg, nproc * nnodes)
+
+
+# ---- N2 / N3: fabric=pcie on an XGMI box and on NVLink-bridged pairs ----
+
+LOGS = Path(__file__).parent / "fixtures" / "nccl_logs"
+
+
+def _pcie_verdict(case: str) -> dict:
+    from tests.test_gpu_path import evidence, profile
+    from workloads.fabric import verify
+
+    return verify.decide(profile("pcie"), evidence(case), environ={})
+
+
+def test_pcie_label_rejects_an_xgmi_box():
+    """RCCL names the NVLink path type XGMI (rccl src/graph/topo.cc:27) and P2P/IPC reads the
+    same over XGMI and PCIe: the fixture passed fabric=pcie before XGMI was forbidden."""
+    from workloads.fabric import nccl_log
+
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "rccl_2.21_xgmi"))
+    assert (s["library"], s["version"]) == ("RCCL", "2.21.5-0cbce2a7")  # "RCCL version : x" (init.cc:719)
+    assert s["graph_types"] == ["XGMI"] and s["gpu_links"] == ["XGMI"] and s["channels"] == {"P2P/IPC": 8}
+    d = _pcie_verdict("rccl_2.21_xgmi")
+    assert d["verdict"] == "mismatch" and "XGMI" in d["message"]
+
+
+def test_pcie_label_rejects_nvlink_bridged_pairs_that_the_graph_line_hides():
+    """NCCL 2.30.7, H100 NVL bridged in pairs: the ring's GRAPH type is its worst hop (PXB), so
+    only the topology dump's `+ NVL[..] - DEV/..` links show the NVLink hops."""
+    from workloads.fabric import nccl_log
+
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.30_nvlink_bridged"))
+    assert s["graph_types"] == ["PXB"] and s["gpu_links"] == ["NVL"]
+    d = _pcie_verdict("nccl_2.30_nvlink_bridged")
+    assert d["verdict"] == "mismatch" and "NVL links between GPUs" in d["message"]
+    # a true PCIe box (no GPU links in its dump) still passes; LOC/PCI links are not GPU fabric
+    assert _pcie_verdict("nccl_pcie")["verdict"] == "ok"
+    lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO   + LOC[5000.0] - GPU/0-180000\n"
+                             "h:1:2 [0] NCCL INFO + PCI[24.0] - GPU/0-18000 (0)\n")
+    assert lg.gpu_links == []

@@ -21,7 +21,10 @@ NCCL 2.x and RCCL print them (host:pid:tid [dev] prefix left out):
     NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/2/GDRDMA(PCI)    (C2C platforms, NCCL >= 2.26)
     NCCL INFO CollNet 00/0 : 0 [send] via COLLNET/IB/0/GDRDMA                (coll_net.cc)
     NCCL INFO Pattern 4, crossNic 0, nChannels 16, bw 40.000000/40.000000, type NVL/PIX, sameChannels 1
-                                               (graph/search.cc ncclTopoPrintGraph: intra/inter path type)
+                                               (graph/search.cc ncclTopoPrintGraph: intra/inter path type;
+                                                RCCL prints XGMI where NCCL prints NVL, topo.cc topoPathTypeStr)
+    NCCL INFO                   + NVL[40.0] - GPU/0-19000        (graph/topo.cc ncclTopoPrintRec, the system
+    NCCL INFO                   + XGMI[64.0] - GPU/C1000          dump at init: one line per link; RCCL: XGMI)
     RCCL appends ` comm 0x95cdeb0 nRanks 08` to many of these lines.
 
 The parser is pure (text in, summary out) so fixture logs pin it.
@@ -36,7 +39,9 @@ from pathlib import Path
 
 _PREFIX = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]]*)\] NCCL (?P<level>INFO|WARN|TRACE) ")
 _RCCL_TRAILER = re.compile(r"\s+comm 0x[0-9a-fA-F]+ nRanks \d+.*$")
-_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\S+)")
+# RCCL >= 2.21 prints "RCCL version : 2.21.5-<git hash>" (init.cc VERSION_STRING); older RCCL and NCCL
+# "RCCL version 2.18.3+hip6.0 HEAD:..." / "NCCL version 2.21.5+cuda12.4".
+_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version(?: :)? (?P<ver>\S+)")
 _NETWORK = re.compile(r"\bUsing network (?P<net>.+?)\s*$")
 _NET_USING = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: Using (?P<devs>.*?)(?:\s*;\s*OOB (?P<oob>\S+))?\s*$")
 _NO_DEVICE = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: No device found")
@@ -51,6 +56,11 @@ _DEVICE = re.compile(r"\[(\d+)\](\S+)")
 _COLLNET = re.compile(r"\bCollNet (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] via (?P<via>.+?)\s*$")
 # graph/search.cc: "Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s, ..." (older: "speed %f/%f")
 _GRAPH = re.compile(r"\bPattern (?P<pattern>\d+), crossNic \d+, nChannels (?P<n>\d+), .*?\btype (?P<intra>[A-Z0-9]+)/(?P<inter>[A-Z0-9]+)")
+# graph/topo.cc ncclTopoPrintRec: "+ %s[%2.1f] - %s/..." (link type, bandwidth, remote node type).
+# A link to a GPU (NCCL >= 2.30: its DEV node) or an NVSwitch that is neither PCI nor LOC is a
+# GPU-to-GPU fabric link (NVL; RCCL's XGMI): a GRAPH line only gives the worst hop of a ring.
+_TOPO_LINK = re.compile(r"^\s*\+ (?P<link>[A-Z0-9]+)\[[0-9.]+\] - (?P<node>GPU|NVS|DEV)/")
+_NOT_GPU_FABRIC = ("PCI", "LOC")
 
 
 def transport_key(via: str) -> tuple[str, bool]:
@@ -118,6 +128,7 @@ class ProcessLog:
     net_channels: int = 0
     collnet_channels: int = 0  # `CollNet NN : r [send] via COLLNET/...` (in-network reduction, e.g. SHARP)
     graph_types: list[str] = field(default_factory=list)  # intra-node path types of every GRAPH search (NVL, PIX, ...)
+    gpu_links: list[str] = field(default_factory=list)  # link types between GPUs in NCCL's topology dump (NVL, XGMI)
     lines: int = 0  # NCCL lines seen; 0 means NCCL logged nothing here
 
     @property
@@ -184,6 +195,9 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
         elif (g := _GRAPH.search(msg)) is not None:
             if int(g["n"]) and g["intra"] not in log.graph_types:
                 log.graph_types.append(g["intra"])
+        elif (tl := _TOPO_LINK.search(msg)) is not None:
+            if tl["link"] not in _NOT_GPU_FABRIC and tl["link"] not in log.gpu_links:
+                log.gpu_links.append(tl["link"])
         elif (n := _NETWORK.search(msg)) is not None:
             log.network = n["net"]
         elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
@@ -249,6 +263,7 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "gdr_channels": gdr,
         "no_device": sorted({n for lg in logs for n in lg.no_device}),
         "graph_types": sorted({t for lg in logs for t in lg.graph_types}),
+        "gpu_links": sorted({t for lg in logs for t in lg.gpu_links}),
         "collnet_channels": sum(lg.collnet_channels for lg in logs),
         "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
         "processes": len(logs),

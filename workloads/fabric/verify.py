@@ -16,6 +16,8 @@ A mismatch raises `TransportMismatch` with one message unless `fabric.verify=war
   gdr                true                                 every NET channel must be GPUDirect RDMA
   forbid_graph_types [NVL, ...]                           no GRAPH search may find this intra-node path
                                                           type (graph/search.cc `type %s/%s`: NVLink is NVL)
+  forbid_gpu_links   [NVL, XGMI]                          no GPU-to-GPU link of these types in NCCL's
+                                                          topology dump (graph/topo.cc ncclTopoPrintRec)
   interfaces         [name, ...]                          (Gloo) the interfaces ranks must bind
 """
 
@@ -133,6 +135,13 @@ def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) 
     for what, rs in _group({i: v for i, v in hit.items() if v}).items():
         out.append(f"{rank_list(rs)} found intra-node paths of type {what} (NCCL's GRAPH line; "
                    f"not allowed: {', '.join(forbid)})")
+    # The GRAPH type is the worst hop a ring may take (search.cc rejects path->type > typeIntra),
+    # so a ring over NVLink-bridged pairs prints PXB/SYS; the topology dump lists every link.
+    links = expect.get("forbid_gpu_links") or []
+    hit = {i: "/".join(t for t in r.get("gpu_links") or [] if t in links) for i, r in talking}
+    for what, rs in _group({i: v for i, v in hit.items() if v}).items():
+        out.append(f"{rank_list(rs)} see {what} links between GPUs in NCCL's topology, which carry P2P traffic "
+                   f"that reads the same as PCIe (not allowed: {', '.join(links)})")
     return out
 
 
