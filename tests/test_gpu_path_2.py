@@ -325,3 +325,33 @@ def test_pcie_label_rejects_nvlink_bridged_pairs_that_the_graph_line_hides():
     lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO   + LOC[5000.0] - GPU/0-180000\n"
                              "h:1:2 [0] NCCL INFO + PCI[24.0] - GPU/0-18000 (0)\n")
     assert lg.gpu_links == []
+
+
+# ---- N6: % of line rate over the NICs the channels used, not every NIC NCCL listed ----
+
+def test_line_rate_counts_only_the_ports_the_channels_used():
+    from tests.test_gpu_path import evidence, profile
+    from workloads.fabric import linerate, nccl_log, nic, verify
+
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.30_idle_ports"))
+    assert [d["name"] for d in s["devices_listed"]] == ["mlx5_0", "mlx5_1", "mlx5_4"]
+    assert [d["name"] for d in s["devices"]] == ["mlx5_0"]
+    transport = verify.decide(profile("ib"), evidence("nccl_2.30_idle_ports"), environ={})
+    assert transport["verdict"] == "ok"
+    rails = nic.rails_for(profile("ib"), {}, transport)
+    assert rails == ["rdma:mlx5_0:1"]
+    # the per-rank bound busbw is compared with: one 200 Gb/s port, not three ports' worth
+    rate = linerate.node_line_rate(rails, root=Path(__file__).parent / "fixtures" / "sysfs" / "ib_host")
+    assert rate["bits_per_s"] == 200e9 and rate["unknown_rails"] == []
+    assert linerate.job_line_rate([rate, rate], 1)["per_rank(GB/s)"] == 25.0
+
+
+def test_a_channel_on_a_merged_virtual_nic_keeps_every_listed_port():
+    """A virtual NIC (NCCL_IB_MERGE_NICS) is numbered after the listed ports: its index names
+    no listed device, so nothing is dropped on a guess."""
+    from workloads.fabric import nccl_log
+
+    lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB; OOB ib0:10.0.0.1<0>\n"
+                             "h:1:2 [0] NCCL INFO Using network IB\n"
+                             "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/2/GDRDMA\n")
+    assert lg.net_devs_used == [2] and [d["name"] for d in lg.used_devices] == ["mlx5_0", "mlx5_1"]

@@ -61,6 +61,9 @@ _GRAPH = re.compile(r"\bPattern (?P<pattern>\d+), crossNic \d+, nChannels (?P<n>
 # GPU-to-GPU fabric link (NVL; RCCL's XGMI): a GRAPH line only gives the worst hop of a ring.
 _TOPO_LINK = re.compile(r"^\s*\+ (?P<link>[A-Z0-9]+)\[[0-9.]+\] - (?P<node>GPU|NVS|DEV)/")
 _NOT_GPU_FABRIC = ("PCI", "LOC")
+# net.cc:324-331,377: "via NET/%s/%d..." -- the %d is req.netDev, the index of the device in the
+# `NET/IB : Using [i]...` list (net_ib/init.cc prints " [%d]%s:%d" with the same d).
+_NET_DEV = re.compile(r"^NET/[^/]+/(\d+)")
 
 
 def transport_key(via: str) -> tuple[str, bool]:
@@ -129,6 +132,7 @@ class ProcessLog:
     collnet_channels: int = 0  # `CollNet NN : r [send] via COLLNET/...` (in-network reduction, e.g. SHARP)
     graph_types: list[str] = field(default_factory=list)  # intra-node path types of every GRAPH search (NVL, PIX, ...)
     gpu_links: list[str] = field(default_factory=list)  # link types between GPUs in NCCL's topology dump (NVL, XGMI)
+    net_devs_used: list[int] = field(default_factory=list)  # device indices NET channels went through
     lines: int = 0  # NCCL lines seen; 0 means NCCL logged nothing here
 
     @property
@@ -149,10 +153,23 @@ class ProcessLog:
             return self.net_devices["IB"]  # plugin IBext prints its devices as NET/IB
         return [d for ds in self.net_devices.values() for d in ds] if not self.network else []
 
+    @property
+    def used_devices(self) -> list[dict]:
+        """The listed devices its NET channels went through. NCCL lists every port that matches
+        NCCL_IB_HCA (storage ports too), and GPU-NIC affinity leaves some idle. All listed when
+        no NET channel named one, or one names an index beyond the list (a merged virtual NIC,
+        NCCL_IB_MERGE_NICS, is numbered after the physical ports)."""
+        listed = self.devices
+        indices = {d.get("index") for d in listed}
+        if not self.net_devs_used or not set(self.net_devs_used) <= indices:
+            return listed
+        return [d for d in listed if d.get("index") in self.net_devs_used]
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["family"] = self.family
         d["devices"] = self.devices
+        d["used_devices"] = self.used_devices
         d["gdr"] = None if not self.net_channels else self.gdr_channels == self.net_channels
         return d
 
@@ -181,6 +198,9 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
             log.library = "RCCL" if v["lib"] == "RCCL" or "+hip" in v["ver"] or "rocm" in v["ver"].lower() else "NCCL"
         elif (c := _CHANNEL.search(msg)) is not None:
             key, gdr = transport_key(c["via"])
+            # both ends name their own NIC: receiving on a port is traffic on it too
+            if (nd := _NET_DEV.match(c["via"].strip())) is not None and int(nd[1]) not in log.net_devs_used:
+                log.net_devs_used.append(int(nd[1]))
             if c["dir"] == "receive":
                 received[key] += 1  # NET connections are logged by both ends: count them on the sender
                 continue
@@ -201,7 +221,7 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
         elif (n := _NETWORK.search(msg)) is not None:
             log.network = n["net"]
         elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
-            log.net_devices[u["net"]] = [_device(t, u["net"]) for _, t in _DEVICE.findall(u["devs"])]
+            log.net_devices[u["net"]] = [_device(t, u["net"]) | {"index": int(i)} for i, t in _DEVICE.findall(u["devs"])]
             if u["oob"]:
                 log.oob = re.sub(r"<\d+>$", "", u["oob"])
         elif (nd := _NO_DEVICE.search(msg)) is not None:
@@ -244,11 +264,14 @@ def summarize(logs: list[ProcessLog]) -> dict:
     for lg in logs:
         channels.update(lg.channels)
     versions = sorted({f"{lg.library} {lg.version}" for lg in logs if lg.version})
-    devices = {}
-    for lg in logs:
-        for d in lg.devices:
-            key = d["name"] + (f":{d['port']}" if d.get("port") is not None else "")
-            devices.setdefault(key, d)
+    def union(per_log) -> dict:
+        out = {}
+        for lg in logs:
+            for d in per_log(lg):
+                out.setdefault(d["name"] + (f":{d['port']}" if d.get("port") is not None else ""), d)
+        return out
+
+    devices = union(lambda lg: lg.used_devices)  # what carried traffic: line rate and rails read these
     net = sum(lg.net_channels for lg in logs)
     gdr = sum(lg.gdr_channels for lg in logs)
     return {
@@ -256,6 +279,7 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "version": versions[0].split()[1] if len(versions) == 1 else (versions or None),
         "networks": sorted({lg.network for lg in logs if lg.network}),
         "devices": list(devices.values()),
+        "devices_listed": list(union(lambda lg: lg.devices).values()),
         "link_layers": sorted({d["link_layer"] for d in devices.values() if d.get("link_layer")}),
         "channels": dict(sorted(channels.items())),
         "net_channels": net,
