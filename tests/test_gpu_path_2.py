@@ -355,3 +355,28 @@ def test_a_channel_on_a_merged_virtual_nic_keeps_every_listed_port():
                              "h:1:2 [0] NCCL INFO Using network IB\n"
                              "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/2/GDRDMA\n")
     assert lg.net_devs_used == [2] and [d["name"] for d in lg.used_devices] == ["mlx5_0", "mlx5_1"]
+
+
+# ---- N8: a server's verdict names NCCL's ranks, not the log files' order ----
+
+def test_server_verdict_names_the_rank_that_went_wrong(tmp_path):
+    """Two TP ranks of a server on two hosts; the logs sort by host name (a-node before
+    b-node) while rank 1 lives on a-node and fell back to sockets: the message must say
+    rank 1, which is what an operator looks for in that rank's log."""
+    from tests.test_gpu_path import profile
+    from workloads.fabric import verify
+
+    logs = tmp_path / "nccl"
+    logs.mkdir()
+    for host, rank, via, net in (("a-node", 1, "NET/Socket/0", "Socket"), ("b-node", 0, "NET/IB/0/GDRDMA", "IB")):
+        p = f"{host}:900:950 [0] NCCL INFO "
+        (logs / f"nccl.{host}.900.log").write_text("\n".join([
+            p + "NCCL version 2.21.5+cuda12.4",
+            p + "NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:10.0.0.1<0>",
+            p + f"Using network {net}",
+            p + f"comm 0x55d1 rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 18000 commId 0x4 - Init COMPLETE",
+            p + f"Channel 00/0 : {rank}[0] -> {1 - rank}[0] [send] via {via}", ""]))
+    d = verify.server_transport(profile("roce"), tmp_path, ranks=2)
+    assert d["verdict"] == "mismatch"
+    assert "rank 1 used NET/Socket" in d["message"] and "rank 0" not in d["message"], d["message"]
+    assert [r["rank"] for r in d["summary"]["ranks"]] == [0, 1]

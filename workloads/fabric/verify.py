@@ -71,12 +71,16 @@ CHANNEL_RULES = ("forbid_transports", "allow_transports", "gdr")
 
 
 def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
-    """`ranks[i]` is rank i's `ProcessLog.as_dict()`. Returns what disagrees with `expect`."""
+    """`ranks` holds one `ProcessLog.as_dict()` per process. Returns what disagrees with
+    `expect`, naming each process by the rank NCCL gave it (its `comm ... rank r` line): a
+    server's logs come in file-name order (host, pid), not rank order. The list position
+    stands in only for a log that printed no rank."""
     problems = []
-    silent = [i for i, r in enumerate(ranks) if not r.get("lines")]
+    named = [(i if r.get("rank") is None else r["rank"], r) for i, r in enumerate(ranks)]
+    silent = [i for i, r in named if not r.get("lines")]
     if silent:
         problems.append(f"{rank_list(silent)} wrote no NCCL INFO log")
-    talking = [(i, r) for i, r in enumerate(ranks) if r.get("lines")]
+    talking = [(i, r) for i, r in named if r.get("lines")]
     if any(expect.get(k) for k in CHANNEL_RULES) and len(ranks) > 1:
         # NCCL >= 2.22 connects channels lazily (NCCL_RUNTIME_CONNECT): before a real
         # collective the log holds no "Channel ... via" line and every channel rule would pass
@@ -498,6 +502,7 @@ def server_transport(profile, run_dir, reported: Path | None = None, ranks: int 
     if profile.backend == "nccl":
         logs = [nccl_log.parse_file(p) for p in server_logs(run_dir, since)]
         logs = [lg for lg in logs if lg.lines]  # e.g. an API-server process that loaded NCCL and never used it
+        logs.sort(key=lambda lg: (lg.rank is None, lg.rank or 0, lg.file or ""))  # the summary in rank order
         if logs:
             result = decide(profile, [{"kind": "nccl", "log": lg.as_dict()} for lg in logs])
             if ranks is not None and len(logs) < ranks:
