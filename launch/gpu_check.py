@@ -3,13 +3,18 @@
 On one CUDA machine with 1-8 GPUs, in under 10 minutes, it runs the real workloads on NCCL
 and checks what they report:
 
-  train/ddp     GPT-NeoX 125M, bf16, DDP        MFU, transport verdict, gradients moved as float32
-  train/zero1   the same under DeepSpeed ZeRO-1 MFU, transport verdict, gradients moved as bfloat16
-  collectives   all_reduce sweep (1 MiB-256 MiB) no wrong element, verdict, and, when all_reduce_perf
-                                                is on PATH, our busbw at the largest size >= 0.75 x its busbw
+  train/ddp     GPT-NeoX 125M, bf16, DDP        MFU in its band, TFLOPS/GPU = the FLOPs formula over the
+                                                timed steps, transport verdict, gradients moved as float32
+  train/zero1   the same under DeepSpeed ZeRO-1 the same, gradients moved as bfloat16
+  collectives   all_reduce sweep (1 MiB-256 MiB) no wrong element, verdict, busbw at the largest size
+                                                within the band of this GPU's NVLink (workloads/fabric/
+                                                ceiling.py), and, when all_reduce_perf is on PATH, our busbw
+                                                there >= 0.75 x its busbw
   serve/tp<k>   the reference engine at TP=min(2, GPUs), bf16, a short closed-loop sweep: every request
                 completed, transport verdict
 
+Every figure is compared with a value or a band whose source the row names (MFU bands:
+workloads/training/expected.py; busbw: workloads/fabric/ceiling.py), never with "> 0".
 It prints one table and exits 0 when every row is ok, 1 on any mismatch, 2 when it cannot run
 (no GPU: one line says so). Each step's log and records stay under --out. Steps are separate
 processes (one torchrun each), with a time limit each.
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the expected bands live in workloads/, as for every entry point
 EXTERNAL_MIN_RATIO = 0.75  # ours vs all_reduce_perf at the largest size: below this is a mismatch
 GRAD_DTYPE = {"ddp": "float32", "zero1": "bfloat16"}  # what the gradient collectives must move at bf16
 
@@ -57,12 +63,11 @@ def _verdict_row(step: str, rec: dict) -> Row:
 def train_rows(step: str, engine: str, rec: dict | None) -> list[Row]:
     if rec is None:
         return [row(f"{step}", "no record", "a record", False)]
-    m = rec.get("metrics") or {}
+    from workloads.training.expected import mfu_check, tflops_check
+
     rows = [row(f"{step} status", rec.get("status"), "ok", rec.get("status") == "ok")]
-    mfu = m.get("mfu")
-    rows.append(row(f"{step} MFU", f"{mfu:.1%} of {m.get('mfu_peak(TFLOPS)'):g} TFLOPS" if mfu is not None else
-                    "none (GPU not in the peak table; give metrics.peak_tflops)", "> 0", None if mfu is None else mfu > 0))
-    rows.append(row(f"{step} TFLOPS/GPU", f"{m.get('tflops_per_gpu', 0):.1f}", "> 0", (m.get("tflops_per_gpu") or 0) > 0))
+    rows.append(row(f"{step} MFU", *mfu_check(rec)))
+    rows.append(row(f"{step} TFLOPS/GPU", *tflops_check(rec)))
     rows.append(_verdict_row(step, rec))
     dtype = (rec.get("comm") or {}).get("dtype")
     alone = (rec.get("world") or {}).get("world_size") == 1 and dtype is None  # one GPU: nothing to reduce
@@ -77,10 +82,32 @@ def collectives_rows(rec: dict | None) -> list[Row]:
     m = rec.get("metrics") or {}
     rows = [row("collectives status", rec.get("status"), "ok", rec.get("status") == "ok"),
             row("collectives wrong elements", m.get("wrong_elements"), "0", m.get("wrong_elements") == 0),
-            row("collectives avg busbw", f"{m.get('avg_busbw(GB/s)', 0):.2f} GB/s", "> 0",
-                (m.get("avg_busbw(GB/s)") or 0) > 0),
+            ceiling_row(rec),
             _verdict_row("collectives", rec)]
     return rows + [external_row(rec.get("rows") or [], rec.get("external") or {})]
+
+
+def _largest_all_reduce(rows: list[dict]) -> tuple[int, float] | None:
+    cells = [(r["size"], c["busbw"]) for r in rows if r.get("op") == "all_reduce"
+             for c in (r.get("in_place"), r.get("out_of_place")) if c and c.get("busbw") is not None]
+    if not cells:
+        return None
+    size = max(s for s, _ in cells)
+    return size, max(b for s, b in cells if s == size)
+
+
+def ceiling_row(rec: dict) -> Row:
+    """all_reduce busbw at the largest size against the band of this machine's class."""
+    from workloads.fabric.ceiling import all_reduce_ceiling
+
+    name = "collectives busbw vs ceiling"
+    got = _largest_all_reduce(rec.get("rows") or [])
+    if got is None:
+        return row(name, "no all_reduce row", "a row", False)
+    size, busbw = got
+    c = all_reduce_ceiling(rec)
+    share = f" = {busbw / c.line_gbps:.0%} of line" if c.line_gbps else ""
+    return row(name, f"{busbw:.1f} GB/s at {size} B{share}", c.expected(), c.judge(busbw))
 
 
 def external_row(ours: list[dict], ext: dict) -> Row:

@@ -380,3 +380,25 @@ def test_server_verdict_names_the_rank_that_went_wrong(tmp_path):
     assert d["verdict"] == "mismatch"
     assert "rank 1 used NET/Socket" in d["message"] and "rank 0" not in d["message"], d["message"]
     assert [r["rank"] for r in d["summary"]["ranks"]] == [0, 1]
+
+
+# ---- gpu-check: figures against the formula and bands, on a record a real run wrote ----
+
+@pytest.mark.slow
+def test_tflops_and_mfu_checks_recompute_a_real_records_figures(tmp_path):
+    """A one-rank CPU run (a GPU would only change the numbers): gpu-check's TFLOPS/GPU and
+    MFU checks recompute the record's figures from its raw step times and shape and agree."""
+    from conftest import run_entry, records_in
+    from workloads.training.expected import mfu_check, tflops_check
+
+    r = run_entry("train.py", "launcher.nproc_per_node=1", "train.steps=4", "train.warmup_steps=1",
+                  "metrics.peak_tflops=1", f"output_root={tmp_path}", "run_id=t", timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = records_in(tmp_path)
+    result, expected, ok = tflops_check(rec)
+    assert ok is True, (result, expected)
+    result, expected, ok = mfu_check(rec)
+    assert ok is None and expected == "no band for this model", (result, expected)  # consistent; neox-tiny has no band
+    # the same record with its reported TFLOPS off by the world size (2 ranks' worth) fails
+    bad = rec | {"metrics": rec["metrics"] | {"tflops_per_gpu": rec["metrics"]["tflops_per_gpu"] / 2}}
+    assert tflops_check(bad)[2] is False
