@@ -158,11 +158,15 @@ def exit_code(rows: list[Row]) -> int:
 # ---- running the steps ----
 
 def gpus() -> tuple[int, str]:
-    """(visible CUDA GPUs, a description of the machine); 0 when there is none."""
+    """(visible CUDA GPUs, a description of the machine); with 0, why not, in one line."""
     import torch
 
     if not torch.cuda.is_available():
-        return 0, f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU"
+        from workloads.core.driver import driver_problem, nvidia_driver
+
+        problem = driver_problem(nvidia_driver(), torch.version.cuda)
+        return 0, problem or (f"no GPU here (torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA "
+                              "GPU); run it on a CUDA machine with 1-8 GPUs")
     n = torch.cuda.device_count()
     return n, f"{n} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
 
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     n, machine = gpus()
     if n == 0:
-        print(f"gpu-check: no GPU here ({machine}); run it on a CUDA machine with 1-8 GPUs", file=sys.stderr)
+        print(f"gpu-check: {machine}", file=sys.stderr)
         return 2
     n = min(n, 8)
     out = Path(a.out).resolve()

@@ -150,3 +150,36 @@ def test_without_a_gpu_it_says_so_in_one_line():
                        timeout=300)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("gpu-check: no GPU here") and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("driver, says", [
+    ("570.124.06", "the NVIDIA driver is 570.124.06, older than the R580 that this torch's CUDA 13.2 needs"),
+    (None, "no GPU here"),
+])
+def test_an_old_driver_is_named_not_taken_for_no_gpu(tmp_path, driver, says):
+    """The lock's torch is CUDA 13 (R580+); on an R570 node torch.cuda.is_available() is False,
+    as it is on this CPU machine, where nvidia-smi is a stand-in reporting that driver."""
+    import os
+
+    import torch
+
+    if driver:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho {driver}\n")
+        smi.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "gpu_check.py")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    if driver and torch.version.cuda and torch.version.cuda.startswith("13"):
+        assert says.replace("13.2", torch.version.cuda) in r.stderr and "or a torch built for CUDA 12" in r.stderr
+    elif not driver:
+        assert r.stderr.startswith(f"gpu-check: {says}")
+
+
+def test_driver_table():
+    from workloads.core.driver import driver_problem
+
+    assert driver_problem("580.65.06", "13.0") is None and driver_problem("550.54", "12.4") is None
+    assert "R525" in driver_problem("470.82", "12.4") and "CUDA 11" in driver_problem("470.82", "12.4")
+    assert driver_problem(None, "13.2") is None and driver_problem("570.1", None) is None

@@ -402,3 +402,20 @@ def test_tflops_and_mfu_checks_recompute_a_real_records_figures(tmp_path):
     # the same record with its reported TFLOPS off by the world size (2 ranks' worth) fails
     bad = rec | {"metrics": rec["metrics"] | {"tflops_per_gpu": rec["metrics"]["tflops_per_gpu"] / 2}}
     assert tflops_check(bad)[2] is False
+
+
+def test_nccl_fabric_on_an_old_driver_names_the_driver(tmp_path, monkeypatch):
+    """Review #9/gpu-check risk 1: every workload's backend check, not only gpu-check."""
+    import torch
+
+    from tests.test_gpu_path import profile
+    from workloads.core.errors import UsageError
+
+    if torch.cuda.is_available() or not (torch.version.cuda or "").startswith("13"):
+        pytest.skip("needs this lock's CUDA 13 torch on a machine where it sees no GPU")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 550.163.01\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(UsageError, match=r"torch sees no GPU: the NVIDIA driver is 550.163.01, older than the R580"):
+        profile("intranode").check_backend_usable()

@@ -58,6 +58,10 @@ class FabricProfile:
             import torch
 
             if not torch.cuda.is_available():
+                from workloads.core.driver import driver_problem, nvidia_driver
+
+                if problem := driver_problem(nvidia_driver(), torch.version.cuda):
+                    raise UsageError(f"fabric={self.name} uses backend nccl, and torch sees no GPU: {problem}")
                 raise UsageError(
                     f"fabric={self.name} uses backend nccl, which needs a GPU, and this machine "
                     "has none (torch.cuda.is_available() is False); use fabric=loopback on CPU"
