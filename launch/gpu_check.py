@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -33,6 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the expected bands live in workloads/, as for every entry point
 EXTERNAL_MIN_RATIO = 0.75  # ours vs all_reduce_perf at the largest size: below this is a mismatch
+# NCCL's SHM transport and the CUDA-IPC handles live in /dev/shm; Docker's default 64 MB makes
+# NCCL segfault in ncclShmOpen (pytorch/tutorials 0ba3e39 added --shm-size=2gb for exactly
+# that); NVIDIA's NGC containers document --shm-size=1g. Below 1 GiB is a mismatch.
+SHM_MIN_BYTES = 1 << 30
 GRAD_DTYPE = {"ddp": "float32", "zero1": "bfloat16"}  # what the gradient collectives must move at bf16
 
 
@@ -54,15 +59,33 @@ def row(check: str, result, expected: str, ok: bool | None) -> Row:
 
 # ---- what each step's records must say (pure: records in, rows out) ----
 
+def shm_row(total_bytes: int | None) -> Row:
+    if total_bytes is None:
+        return row("host /dev/shm", "not mounted", ">= 1 GiB", False)
+    return row("host /dev/shm", f"{total_bytes / 2**30:.2f} GiB",
+               ">= 1 GiB (docker: --ipc=host or --shm-size=16g; 64 MB crashes NCCL in ncclShmOpen)",
+               total_bytes >= SHM_MIN_BYTES)
+
+
+def missing(step: str, exit_code: int | None, limit_s: float | None) -> Row:
+    """A step that left no record: say whether it ran out of time, failed, or never ran."""
+    if exit_code == 124:
+        return row(step, f"timeout: killed after {limit_s:g}s, no record", "a record within the step's limit", False)
+    if exit_code is not None:
+        return row(step, f"exit {exit_code}, no record (see its log)", "a record", False)
+    return row(step, "no record", "a record", False)
+
+
 def _verdict_row(step: str, rec: dict) -> Row:
     t = (rec.get("fabric") or {}).get("transport") or {}
     v = t.get("verdict")
     return row(f"{step} transport", v if not t.get("message") else f"{v}: {t['message']}", "ok", v == "ok")
 
 
-def train_rows(step: str, engine: str, rec: dict | None) -> list[Row]:
+def train_rows(step: str, engine: str, rec: dict | None, exit_code: int | None = None,
+               limit_s: float | None = None) -> list[Row]:
     if rec is None:
-        return [row(f"{step}", "no record", "a record", False)]
+        return [missing(step, exit_code, limit_s)]
     from workloads.training.expected import mfu_check, tflops_check
 
     rows = [row(f"{step} status", rec.get("status"), "ok", rec.get("status") == "ok")]
@@ -76,9 +99,9 @@ def train_rows(step: str, engine: str, rec: dict | None) -> list[Row]:
     return rows
 
 
-def collectives_rows(rec: dict | None) -> list[Row]:
+def collectives_rows(rec: dict | None, exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
     if rec is None:
-        return [row("collectives", "no record", "a record", False)]
+        return [missing("collectives", exit_code, limit_s)]
     m = rec.get("metrics") or {}
     rows = [row("collectives status", rec.get("status"), "ok", rec.get("status") == "ok"),
             row("collectives wrong elements", m.get("wrong_elements"), "0", m.get("wrong_elements") == 0),
@@ -128,9 +151,9 @@ def external_row(ours: list[dict], ext: dict) -> Row:
                ratio >= EXTERNAL_MIN_RATIO)
 
 
-def serve_rows(step: str, recs: list[dict]) -> list[Row]:
+def serve_rows(step: str, recs: list[dict], exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
     if not recs:
-        return [row(step, "no record", "a record per point", False)]
+        return [missing(step, exit_code, limit_s)]
     rows = []
     for rec in recs:
         m = rec.get("metrics") or {}
@@ -169,6 +192,14 @@ def gpus() -> tuple[int, str]:
                               "GPU); run it on a CUDA machine with 1-8 GPUs")
     n = torch.cuda.device_count()
     return n, f"{n} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
 
 
 def records(out: Path, run_id: str) -> list[dict]:
@@ -217,12 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     n = min(n, 8)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for name, args, limit in steps(n, a.fabric, out):
-        run_step(name, args, out, limit)
-    rows = (train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None))
-            + train_rows("train/zero1", "zero1", next(iter(records(out, "gpu-check-zero1")), None))
-            + collectives_rows(next(iter(records(out, "gpu-check-coll")), None))
-            + serve_rows(f"serve/tp{min(2, n)}", records(out, "gpu-check-serve")))
+    done = {name: (run_step(name, args, out, limit), limit) for name, args, limit in steps(n, a.fabric, out)}
+    serve = f"serve/tp{min(2, n)}"
+    rows = ([shm_row(shm_bytes())]
+            + train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None), *done["train/ddp"])
+            + train_rows("train/zero1", "zero1", next(iter(records(out, "gpu-check-zero1")), None),
+                         *done["train/zero1"])
+            + collectives_rows(next(iter(records(out, "gpu-check-coll")), None), *done["collectives"])
+            + serve_rows(serve, records(out, "gpu-check-serve"), *done[serve]))
     print(render(rows, f"{machine}, fabric={a.fabric}"))
     return exit_code(rows)
 

@@ -183,3 +183,24 @@ def test_driver_table():
     assert driver_problem("580.65.06", "13.0") is None and driver_problem("550.54", "12.4") is None
     assert "R525" in driver_problem("470.82", "12.4") and "CUDA 11" in driver_problem("470.82", "12.4")
     assert driver_problem(None, "13.2") is None and driver_problem("570.1", None) is None
+
+
+def test_a_step_that_timed_out_says_timeout_and_docker_shm_is_a_mismatch():
+    rows = gpu_check.collectives_rows(None, 124, 90) + gpu_check.train_rows("train/ddp", "ddp", None, 1, 120)
+    assert [(r.result, r.status) for r in rows] == [("timeout: killed after 90s, no record", "MISMATCH"),
+                                                    ("exit 1, no record (see its log)", "MISMATCH")]
+    assert gpu_check.shm_row(64 << 20).status == "MISMATCH"  # Docker's default
+    assert gpu_check.shm_row(16 << 30).status == "ok" and gpu_check.shm_row(None).status == "MISMATCH"
+    assert gpu_check.shm_bytes("/dev/shm") and gpu_check.shm_bytes("/no/such/dir") is None
+
+
+def test_main_assembles_the_table_from_each_steps_exit(tmp_path, monkeypatch, capsys):
+    """main() on a machine whose steps all time out (they need GPUs: run_step is the boundary
+    replaced here): every step's row says timeout, the host row is there, exit 1."""
+    monkeypatch.setattr(gpu_check, "gpus", lambda: (2, "2 x stand-in"))
+    ran = []
+    monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: ran.append(name) or 124)
+    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+    table = capsys.readouterr().out
+    assert ran == ["train/ddp", "train/zero1", "collectives", "serve/tp2"]
+    assert table.count("timeout: killed after") == 4 and "host /dev/shm" in table
