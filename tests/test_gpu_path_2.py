@@ -419,3 +419,30 @@ def test_nccl_fabric_on_an_old_driver_names_the_driver(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(UsageError, match=r"torch sees no GPU: the NVIDIA driver is 550.163.01, older than the R580"):
         profile("intranode").check_backend_usable()
+
+
+# ---- gpu-check risk 7: the external binary's NCCL log stays out of our run's nccl/ folder ----
+
+def test_external_binary_logs_beside_its_output_not_in_our_nccl_folder(tmp_path, monkeypatch):
+    """Its tuning lines in <run dir>/nccl would be read as the algorithms behind OUR rows
+    (linerate.algorithms_in). The stand-in binary (it needs a GPU) writes where NCCL would."""
+    from tests.test_collectives_bw import _settings
+    from workloads.collectives import nccltests
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "all_reduce_perf"
+    fake.write_text('#!/bin/sh\n[ "$1" = "-h" ] && exit 0\n'
+                    'echo "NCCL INFO AllReduce: opCount 0 bytes 1048576 datatype 7 op 0 algorithm 1 protocol 2" '
+                    '> "$(echo "$NCCL_DEBUG_FILE" | sed "s/%h/h/; s/%p/1/")"\n'
+                    f'{sys.executable} {Path(__file__).parent / "nccl_tests_emulator.py"} perf "$@"\n')
+    fake.chmod(0o755)
+    run_dir = tmp_path / "run"
+    (run_dir / "nccl").mkdir(parents=True)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("NCCL_DEBUG_FILE", str(run_dir / "nccl" / "nccl.%h.%p.log"))
+    monkeypatch.setenv("FAKE_NCCL_TESTS_ARGV", str(bindir / "argv"))
+    block = nccltests.run_external(_settings("collectives.minbytes=1M", "collectives.maxbytes=2M"),
+                                   run_dir / "external", 1)
+    assert block["status"] == "ok" and block["nccl_log"] == str(run_dir / "external" / "nccl.%h.%p.log")
+    assert list((run_dir / "nccl").iterdir()) == [] and (run_dir / "external" / "nccl.h.1.log").exists()

@@ -197,9 +197,14 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
     cmd = build_command(binary, s, gpus, json_path, prefix)
     block: dict[str, Any] = {"binary": binary, "command": cmd, "scope": external_scope(prefix, nodes),
                              "nodes": nodes, "gpus": gpus, "env": dict(env or {})}
+    run_env = {**os.environ, **(env or {})}
+    if "NCCL_DEBUG_FILE" in run_env:
+        # its own folder: <run dir>/nccl is ours, read for the algorithms behind our rows
+        # (linerate.algorithms_in); the binary's tuning lines there would be taken for ours
+        run_env["NCCL_DEBUG_FILE"] = str(out_dir / "nccl.%h.%p.log")
+        block["nccl_log"] = run_env["NCCL_DEBUG_FILE"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s,
-                              env={**os.environ, **(env or {})})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s, env=run_env)
     except subprocess.TimeoutExpired:
         return block | {"status": "failed", "reason": f"timed out after {s.external_timeout_s:g}s"}
     except OSError as e:
