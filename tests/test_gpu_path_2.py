@@ -446,3 +446,25 @@ def test_external_binary_logs_beside_its_output_not_in_our_nccl_folder(tmp_path,
                                    run_dir / "external", 1)
     assert block["status"] == "ok" and block["nccl_log"] == str(run_dir / "external" / "nccl.%h.%p.log")
     assert list((run_dir / "nccl").iterdir()) == [] and (run_dir / "external" / "nccl.h.1.log").exists()
+
+
+# ---- the net plugin: recorded with its API version and library, and held to the profile ----
+
+def test_net_plugin_is_recorded_and_a_profile_can_pin_it():
+    from tests.test_gpu_path import evidence, profile
+    from workloads.fabric import nccl_log, verify
+
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_ib_plugin"))
+    assert (s["plugin"], s["plugin_api"]) == ("NCCL RDMA Plugin v8", 8)
+    assert s["plugin_path"] == "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so"
+    # 2.30.7's wording (plugin/net.cc:126)
+    lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO Successfully loaded external network plugin /usr/lib/libnccl-net-ofi.so\n"
+                             "h:1:2 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)\n")
+    assert (lg.plugin, lg.plugin_api, lg.plugin_path) == ("Libfabric", 10, "/usr/lib/libnccl-net-ofi.so")
+    assert verify.decide(profile("ib"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"  # not pinned
+    d = verify.decide(profile("ib", plugin="none"), evidence("nccl_ib_plugin"), environ={})
+    assert d["verdict"] == "mismatch"
+    assert "loaded net plugin 'NCCL RDMA Plugin v8' from /opt/hpcx/" in d["message"] and "expected plugin: none" in d["message"]
+    assert verify.decide(profile("ib", plugin="RDMA Plugin"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"
+    d = verify.decide(profile("roce", plugin="spcx"), evidence("nccl_roce"), environ={})
+    assert d["verdict"] == "mismatch" and "loaded no net plugin" in d["message"]

@@ -45,7 +45,11 @@ _VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version(?: :)? (?P<ver>\S+)")
 _NETWORK = re.compile(r"\bUsing network (?P<net>.+?)\s*$")
 _NET_USING = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: Using (?P<devs>.*?)(?:\s*;\s*OOB (?P<oob>\S+))?\s*$")
 _NO_DEVICE = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: No device found")
-_PLUGIN = re.compile(r"\bNET/Plugin\s*: Loaded net plugin (?P<name>.+?)\s*$")
+# plugin/net/net_v*.cc (2.30.7): "NET/Plugin: Loaded net plugin %s (v%d)" (name, plugin API version);
+# plugin/net.cc:126 "Successfully loaded external network plugin %s" (its library), older NCCL
+# "Plugin Path : %s".
+_PLUGIN = re.compile(r"\bNET/Plugin\s*: Loaded net plugin (?P<name>.+?)(?: \(v(?P<api>\d+)\))?\s*$")
+_PLUGIN_PATH = re.compile(r"\b(?:Successfully loaded external network plugin|Plugin Path :) (?P<path>\S+)")
 _BOOTSTRAP = re.compile(r"\bBootstrap\s*: Using (?P<ifc>\S+)")
 _RANK = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) nranks (?P<nranks>\d+)")
 _CHANNEL = re.compile(
@@ -120,7 +124,9 @@ class ProcessLog:
     library: str | None = None  # NCCL | RCCL
     version: str | None = None
     network: str | None = None  # as NCCL names it: IB, Socket, IBext_v8, AWS Libfabric
-    plugin: str | None = None
+    plugin: str | None = None  # the external net plugin's name (NCCL's own IB/Socket: None)
+    plugin_api: int | None = None  # its ncclNet API version (the "(v8)")
+    plugin_path: str | None = None  # the library NCCL loaded it from
     net_devices: dict[str, list[dict]] = field(default_factory=dict)  # "IB" -> [{name, port, link_layer}]
     oob: str | None = None
     bootstrap: str | None = None
@@ -229,6 +235,9 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
                 log.no_device.append(nd["net"])
         elif (p := _PLUGIN.search(msg)) is not None:
             log.plugin = p["name"]
+            log.plugin_api = int(p["api"]) if p["api"] else None
+        elif (pp := _PLUGIN_PATH.search(msg)) is not None:
+            log.plugin_path = pp["path"]
         elif (b := _BOOTSTRAP.search(msg)) is not None:
             log.bootstrap = re.sub(r"<\d+>$", "", b["ifc"])
     return _finish(log, text, channels, received, rank_nranks)
@@ -290,6 +299,8 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "gpu_links": sorted({t for lg in logs for t in lg.gpu_links}),
         "collnet_channels": sum(lg.collnet_channels for lg in logs),
         "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
+        "plugin_api": next((lg.plugin_api for lg in logs if lg.plugin_api), None),
+        "plugin_path": next((lg.plugin_path for lg in logs if lg.plugin_path), None),
         "processes": len(logs),
         "ranks": [lg.as_dict() for lg in logs],
     }

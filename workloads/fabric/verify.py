@@ -10,6 +10,9 @@ A mismatch raises `TransportMismatch` with one message unless `fabric.verify=war
 
 `expect:` keys (conf/fabric/*.yaml):
   network            IB | Socket | <plugin name> | null   NCCL's `Using network` (IBext* counts as IB)
+  plugin             none | <text>                        the external net plugin (NET/Plugin: Loaded net
+                                                          plugin ...): none = NCCL's own transports only;
+                                                          text = the plugin's name must contain it
   link_layer         IB | RoCE                            of every device of the NET/IB line
   forbid_transports  [prefix, ...]                        no channel may go via these (NET/Socket)
   allow_transports   [prefix, ...]                        every channel must go via one of these
@@ -96,6 +99,7 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
                   for i, r in talking if nccl_log.network_family(r.get("network")) != want_net}
         for what, rs in _group(actual).items():
             problems.append(f"{rank_list(rs)} {'used ' + what if what.startswith('NET/') else 'logged ' + what}")
+    problems += _plugin_problems(expect.get("plugin"), talking)
     want_link = expect.get("link_layer")
     if want_link:
         wrong = {}
@@ -122,6 +126,24 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
         if no_gdr:
             problems.append(f"{rank_list(no_gdr)} have NET channels without GPUDirect RDMA (no /GDRDMA)")
     return problems
+
+
+def _plugin_problems(want: str | None, talking: list[tuple[int, dict]]) -> list[str]:
+    """An external net plugin (SHARP's IBext, aws-ofi, Spectrum-X, gIB, ...) replaces NCCL's
+    own IB transport with its own code and tuning: a run labelled for one must not run on
+    another. `want`: none, or text the plugin's name must contain; absent = not checked."""
+    if want is None:
+        return []
+    wrong = {}
+    for i, r in talking:
+        name = r.get("plugin")
+        if str(want).lower() == "none":
+            if name:
+                wrong[i] = f"loaded net plugin {name!r}" + (f" from {r['plugin_path']}" if r.get("plugin_path") else "")
+        elif not name or str(want).lower() not in name.lower():
+            wrong[i] = f"loaded {'net plugin ' + repr(name) if name else 'no net plugin'}"
+    expected = "none" if str(want).lower() == "none" else f"one named like {want!r}"
+    return [f"{rank_list(rs)} {what} (expected plugin: {expected})" for what, rs in _group(wrong).items()]
 
 
 def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) -> list[str]:
