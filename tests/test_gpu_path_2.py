@@ -212,7 +212,8 @@ def _shims(bindir: Path) -> None:
     shims = {
         "scontrol": '[ "$2" = hostnames ] && { seq -f "n%g" 1 "$SLURM_JOB_NUM_NODES" | tr "\\n" " "; exit 0; }\n'
                     'echo "NodeName=$3 NodeAddr=10.0.0.${3#n}"\n',
-        "srun": 'while [ "${1#--}" != "$1" ]; do shift; done\n'
+        "srun": 'printf "%s\\n" "$@" > "$FAKE_SRUN_ARGV"\n'
+                'while [ "${1#--}" != "$1" ]; do shift; done\n'
                 'if [ "$1" = apptainer ]; then shift 2\n'
                 '  while [ "${1#--}" != "$1" ]; do [ "$1" = --nv ] && shift || shift 2; done; shift; fi\n'
                 'export SLURM_NODEID="$FAKE_NODEID"\nexec "$@"\n',
@@ -234,11 +235,26 @@ def _submit(tmp_path: Path, words: list[str], node: int, extra_env: dict[str, st
     env.update(dict(w.split("=", 1) for w in env_words))
     env.update(SLURM_JOB_ID="42", SLURM_JOB_NUM_NODES=opts.get("nodes", "2"), SLURM_JOB_NODELIST="n[1-2]",
                SLURM_SUBMIT_DIR=str(REPO), FB_HOME=str(REPO), FAKE_NODEID=str(node),
+               FAKE_SRUN_ARGV=str(tmp_path / "srun.argv"),
                PATH=f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}", **extra_env)
     if "gpus-per-node" in opts:
         env["SLURM_GPUS_ON_NODE"] = opts["gpus-per-node"]
     return subprocess.run(["bash", str(REPO / batch), *overrides], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=180)
+
+
+def _srun_gets_whole_nodes(tmp_path: Path, words: list[str], wait: bool) -> None:
+    """What the step asked srun for (review #5, #11): one task per node holding every CPU of
+    the node, unbound; the serving job ends its workers after node 0's sweep; a container
+    example runs in its image."""
+    argv = (tmp_path / "srun.argv").read_text().split("\n")
+    assert {"--whole", "--cpu-bind=none", "--ntasks-per-node=1", "--kill-on-bad-exit=1"} <= set(argv), argv
+    assert ("--wait=60" in argv) == wait
+    image = next((w.split("=", 1)[1] for w in words if w.startswith(("FB_CONTAINER_IMAGE=", "FB_APPTAINER_IMAGE="))), None)
+    if image and image.endswith(".sqsh"):
+        assert f"--container-image={image}" in argv
+    elif image:
+        assert argv[argv.index("apptainer"):argv.index("apptainer") + 3] == ["apptainer", "exec", "--nv"] and image in argv
 
 
 EXAMPLES = documented_examples()
@@ -270,9 +286,11 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
         argv = json.loads(seen.read_text())["argv"]
         tp = argv[argv.index("--tp-size" if "--tp-size" in argv else "--tensor-parallel-size") + 1]
         assert tp == "16" and argv[argv.index("--node-rank") + 1] == "1"
+        _srun_gets_whole_nodes(tmp_path, words, wait=True)
         return
     r = _submit(tmp_path, words, 0, {"FB_PYTHON": stand_in, "FB_CLIENT_PYTHON": stand_in})
     assert r.returncode == 0, f"{where}: {r.stderr[-1500:]}"
+    _srun_gets_whole_nodes(tmp_path, words, wait=False)
     argv = json.loads(seen.read_text())["argv"]
     nproc = int(next(a for a in argv if a.startswith("--nproc_per_node=")).split("=")[1])
     nnodes = int(next(a for a in argv if a.startswith("--nnodes=")).split("=")[1])
