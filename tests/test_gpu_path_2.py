@@ -486,3 +486,29 @@ def test_net_plugin_is_recorded_and_a_profile_can_pin_it():
     assert verify.decide(profile("ib", plugin="RDMA Plugin"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"
     d = verify.decide(profile("roce", plugin="spcx"), evidence("nccl_roce"), environ={})
     assert d["verdict"] == "mismatch" and "loaded no net plugin" in d["message"]
+
+
+@pytest.mark.slow
+def test_collectives_record_carries_its_class_ceiling(tmp_path):
+    """Issue 27 item 2 in a real run: the record says which ceiling applies and why (here,
+    two Gloo ranks on one host: none), and the table prints it."""
+    from conftest import run_entry, records_in
+
+    r = run_entry("collectives.py", f"output_root={tmp_path}", "launcher.nproc_per_node=2", "collectives.minbytes=1K",
+                  "collectives.maxbytes=4K", "collectives.iters=2", "collectives.warmup_iters=1",
+                  "collectives.sample_iters=0", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = records_in(tmp_path)
+    assert rec["ceiling"] == {"line(GB/s)": None, "band(GB/s)": [None, None],
+                              "source": "Gloo on one host: memory copies, no link class"}
+    assert "peak_busbw(%ceiling)" not in rec["metrics"]
+    assert "# Class ceiling        : n/a (Gloo on one host" in r.stdout
+
+
+def test_ceiling_across_nodes_is_the_line_rate_of_the_rails_used():
+    from workloads.fabric.ceiling import all_reduce_ceiling
+
+    rec = {"world": {"world_size": 4, "nodes": 2}, "line_rate": {"per_rank(GB/s)": 0.0125},
+           "fabric": {"transport": {"summary": {"backend": "gloo"}}}}
+    c = all_reduce_ceiling(rec)
+    assert c.line_gbps == 0.0125 and "rails the channels used" in c.source

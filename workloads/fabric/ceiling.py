@@ -64,7 +64,10 @@ def all_reduce_ceiling(rec: dict) -> Ceiling:
     if int(world.get("world_size") or 0) < 2:
         return Ceiling(None, None, None, "one rank: nothing crosses a link")
     summary = (((rec.get("fabric") or {}).get("transport") or {}).get("summary")) or {}
-    if int(world.get("nodes") or 1) > 1:
+    multi = int(world.get("nodes") or 1) > 1
+    if summary.get("backend") == "gloo" and not multi:
+        return Ceiling(None, None, None, "Gloo on one host: memory copies, no link class")
+    if multi:
         per_rank = ((rec.get("line_rate") or {}).get("per_rank(GB/s)"))
         if not per_rank:
             return Ceiling(None, None, None, "multi-node, but the rails' line rate is unknown (record.line_rate)")
