@@ -116,15 +116,33 @@ def test_warmup_collectives_run_before_the_log_is_read(monkeypatch, tmp_path):
     assert sizes == [1, 1 << 20]
 
 
-def test_reference_server_warms_up_before_check_transport():
-    """Order in run_server: the warm-up collectives come before check_transport (a test of
-    the source order, because run_server itself needs a served engine)."""
-    import inspect
+def test_reference_server_warms_up_before_check_transport(tmp_path):
+    """run_server itself, in its own one-rank process (Gloo, a real tiny engine): when it reads
+    the transport, the tiny and the multi-MB all_reduce have run. A spy stands where NCCL's log
+    would be read and stops the server there (it would serve forever)."""
+    import subprocess
+    import sys
 
-    from workloads.inference.engine import run
+    from conftest import REPO, child_env
 
-    src = inspect.getsource(run.run_server)
-    assert src.index("warmup_collectives(") < src.index("check_transport(")
+    script = f"""
+import sys, torch.distributed as dist
+from workloads.core import launcher, rundir
+from workloads.inference.engine import run
+sizes, real = [], dist.all_reduce
+dist.all_reduce = lambda t, **kw: (sizes.append(t.numel()), real(t, **kw))[1]
+def spy(fabric, run_dir, info):
+    print("AT CHECK", sizes, flush=True)
+    raise SystemExit(0)
+run.check_transport = spy
+rundir.register_resolvers()
+cfg = launcher.compose(launcher.CONF_DIR, ["model=neox-tiny", "fabric=loopback", "output_root={tmp_path}"], "serve")
+run.run_server(cfg)
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "AT CHECK [1, 1048576]" in r.stdout, r.stdout[-2000:]
 
 
 # ---- #4 fabric=pcie rejects NVLink ----

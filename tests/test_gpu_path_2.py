@@ -512,3 +512,70 @@ def test_ceiling_across_nodes_is_the_line_rate_of_the_rails_used():
            "fabric": {"transport": {"summary": {"backend": "gloo"}}}}
     c = all_reduce_ceiling(rec)
     assert c.line_gbps == 0.0125 and "rails the channels used" in c.source
+
+
+# ---- review 2: the collectives warm-up before the transport check had no test ----
+
+def test_collectives_read_their_transport_only_after_real_collectives(tmp_path, monkeypatch):
+    """collectives/run.py's _measure on a real one-rank Gloo group: when it reads the
+    transport, all_reduces of a tiny and a multi-MB buffer have already run on the measured
+    communicator (NCCL >= 2.22 connects channels at first use; before that its log holds no
+    Channel line). The spy stands where NCCL's log would be read."""
+    import torch
+    import torch.distributed as dist
+
+    from tests.test_collectives_bw import _settings
+    from tests.test_gpu_path import profile
+    from workloads.collectives import run
+    from workloads.core.dist import DistInfo
+    from workloads.fabric import verify
+
+    sizes: list[int] = []
+    real = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda t, **kw: (sizes.append(t.numel()), real(t, **kw))[1])
+    seen_at_check: list[list[int]] = []
+
+    class Checked(Exception):
+        pass
+
+    def spy(fabric, run_dir, info):
+        seen_at_check.append(list(sizes))
+        raise Checked  # what comes after is the sweep, tested elsewhere
+
+    monkeypatch.setattr(verify, "check_transport", spy)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        info = DistInfo(0, 1, 0, 1, "gloo", torch.device("cpu"))
+        record = {"collectives": {}, "fabric": {}}
+        with pytest.raises(Checked):
+            run._measure(_settings("collectives.minbytes=1K", "collectives.maxbytes=2K", world=1), profile("loopback"),
+                         info, tmp_path, record, 1, None)
+    finally:
+        dist.destroy_process_group()
+    assert seen_at_check == [[1, 1 << 20]]
+
+
+# ---- review 2: init_once's set_device call (review #13) had no test ----
+
+@pytest.mark.parametrize("visible, index", [(1, 0), (8, 3)])
+def test_init_once_binds_the_visible_gpu_of_a_per_task_binding(monkeypatch, visible, index):
+    """init_once itself for local rank 3 of 4, with torch.cuda and init_process_group as the
+    boundary (no GPU here): under srun --gpus-per-task=1 the one visible GPU is cuda:0."""
+    import torch
+    import torch.distributed as dist
+
+    from workloads.core import dist as fdist
+
+    for k, v in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(k, v)
+    bound, init = [], {}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: bound.append(i))
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: init.update(kw))
+    monkeypatch.setattr(fdist, "_INFO", None)
+    monkeypatch.setattr(fdist, "_FABRIC", None)
+    monkeypatch.setattr(fdist.atexit, "register", lambda fn: None)
+    info = fdist.init_once("nccl", "ib", 60)
+    assert bound == [index] and info.device == torch.device("cuda", index) == init["device_id"]
+    assert (init["rank"], init["world_size"], info.local_rank) == (3, 4, 3)
