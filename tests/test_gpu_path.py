@@ -329,14 +329,15 @@ def test_split_pattern_without_a_launcher_is_not_run(tmp_path, monkeypatch):
     assert block["status"] == "ok" and block["gpus"] == 8 and block["groups"] == [list(range(8))]
 
 
-def test_external_prefix_placeholders_are_checked():
-    from workloads.collectives.nccltests import launch_prefix
+def test_external_prefix_placeholders_are_checked_with_the_settings():
+    from tests.test_collectives_bw import _settings
+    from workloads.collectives.settings import launch_prefix
     from workloads.core.errors import UsageError
 
     assert launch_prefix(["srun", "-n", "{world}", "--ntasks-per-node={ranks_per_node}"], 16, 2, 8) == \
         ["srun", "-n", "16", "--ntasks-per-node=8"]
-    with pytest.raises(UsageError, match="placeholder other than"):
-        launch_prefix(["mpirun", "-np", "{gpus}"], 16, 2, 8)
+    with pytest.raises(UsageError, match="placeholder other than"):  # every rank, before the sweep
+        _settings("collectives.external_prefix=[mpirun,-np,'{gpus}']")
 
 
 def _external_rank(rank: int, tmp: str, path_env: str) -> None:

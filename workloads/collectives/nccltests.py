@@ -21,8 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from workloads.collectives.settings import Settings
-from workloads.core.errors import UsageError
+from workloads.collectives.settings import Settings, launch_prefix
 
 AVERAGE_FLAG = {"rank0": "0", "mean": "1", "min": "2", "max": "3"}
 _AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)", re.I)
@@ -32,8 +31,6 @@ _STAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}:\d{2}")
 # writeDeviceReport (nccl-tests src/util.cu, v2.13.10 on; rccl-tests the same): one line per
 # GPU, "#  Rank %2d Group %2d Pid %6d on %10s device %2d ...", group = that process's colour.
 _DEVICE_RE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\b")
-# Placeholders a prefix may carry, filled from the job, so one prefix fits every job size.
-PREFIX_FIELDS = ("world", "nodes", "ranks_per_node")
 
 
 def _num(tok: str) -> float | None:
@@ -120,16 +117,6 @@ def device_groups(text: str) -> list[list[int]]:
         if m := _DEVICE_RE.match(line.strip()):
             groups.setdefault(int(m.group(2)), []).append(int(m.group(1)))
     return [sorted(groups[g]) for g in sorted(groups)]
-
-
-def launch_prefix(prefix: tuple[str, ...] | list[str], world: int, nodes: int, ranks_per_node: int) -> list[str]:
-    """collectives.external_prefix with {world}, {nodes} and {ranks_per_node} filled in."""
-    values = {"world": world, "nodes": nodes, "ranks_per_node": ranks_per_node}
-    try:
-        return [str(arg).format(**values) for arg in prefix]
-    except (KeyError, IndexError, ValueError) as e:
-        raise UsageError(f"collectives.external_prefix={list(prefix)} has a placeholder other than "
-                         f"{', '.join('{' + f + '}' for f in PREFIX_FIELDS)} ({e}); use only those") from None
 
 
 def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None,
