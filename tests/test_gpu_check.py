@@ -109,9 +109,21 @@ def test_what_is_not_a_mismatch():
     na = {r.check: r for r in rows if r.status == "n/a"}
     assert {"collectives vs all_reduce_perf", "train/ddp MFU", "train/ddp gradient dtype",
             "collectives busbw vs ceiling"} <= set(na)
-    assert "PCIe: generation and width are not recorded" in na["collectives busbw vs ceiling"].expected
+    assert "gave no PCI link rate" in na["collectives busbw vs ceiling"].expected
     # TFLOPS/GPU is still checked on a GPU without a peak: it needs none
     assert next(r for r in rows if r.check == "train/ddp TFLOPS/GPU").status == "ok"
+
+
+def test_pcie_box_is_held_to_its_links_wire_rate():
+    """NCCL rates a gen4 x16 link 24 GB/s (topo.cc: 16 x 120 / 80); the wire carries 31.5."""
+    def pcie(busbw):
+        rec = coll_record(ours=busbw, theirs=busbw, gpu="NVIDIA L40S", graph=("PXB",))
+        rec["fabric"]["transport"]["summary"]["gpu_pci(GB/s)"] = 24.0
+        return next(r for r in gpu_check.collectives_rows(rec) if r.check == "collectives busbw vs ceiling")
+
+    ok, too_fast = pcie(20.0), pcie(40.0)
+    assert ok.status == "ok" and ok.expected.startswith("<= 31.5 GB/s, no floor (PCIe: NCCL rates")
+    assert too_fast.status == "MISMATCH"
 
 
 def test_ceiling_by_class_cites_its_source():

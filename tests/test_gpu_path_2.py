@@ -336,6 +336,7 @@ def test_pcie_label_rejects_nvlink_bridged_pairs_that_the_graph_line_hides():
 
     s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.30_nvlink_bridged"))
     assert s["graph_types"] == ["PXB"] and s["gpu_links"] == ["NVL"]
+    assert s["gpu_pci(GB/s)"] == 24.0  # "+ PCI[24.0] - DEV/..": gen4 x16 as NCCL rates it (the PCIe ceiling)
     d = _pcie_verdict("nccl_2.30_nvlink_bridged")
     assert d["verdict"] == "mismatch" and "NVL links between GPUs" in d["message"]
     # a true PCIe box (no GPU links in its dump) still passes; LOC/PCI links are not GPU fabric

@@ -28,6 +28,12 @@ NVLINK_SOURCE = "NVLink line rate per direction (datasheet: A100 600, H100/H200 
 EFFECTIVE = 0.80   # nccl-tests#212: 370 of 450 GB/s
 FLOOR = 0.5        # of EFFECTIVE x line, at sizes below the peak (256 MiB, nccl-tests#212)
 TOP = 1.2          # of the line rate: NVLS reaches ~1.07x (nccl-tests#212, #272)
+# PCIe: NCCL rates a link at width x (12 Gbit/s per lane at 16 GT/s, 6 at 8 GT/s, ...) / 8
+# (graph/topo.cc kvDictPciGen, `bw = width * speed / 80.0`): gen4 x16 is 24 GB/s, while the wire
+# carries 16 GT/s x 128/130 = 15.75 Gbit/s per lane, 1.3125x NCCL's figure. That raw rate is
+# the top; no floor is stated, since paths through the CPU's root complex are much slower and
+# no sourced figure was found.
+PCIE_RAW_OVER_NCCL = 15.75 / 12.0
 # Board variants with other NVLink (H100 NVL/PCIe: bridges of 600 GB/s between pairs only).
 _OTHER_VARIANTS = ("PCIE", "NVL")
 
@@ -40,13 +46,15 @@ class Ceiling:
     source: str
 
     def judge(self, busbw: float) -> bool | None:
-        if self.low_gbps is None or self.high_gbps is None:
+        if self.high_gbps is None:
             return None
-        return self.low_gbps <= busbw <= self.high_gbps
+        return (self.low_gbps or 0.0) <= busbw <= self.high_gbps
 
     def expected(self) -> str:
-        if self.low_gbps is None:
+        if self.high_gbps is None:
             return f"n/a: {self.source}"
+        if self.low_gbps is None:
+            return f"<= {self.high_gbps:.1f} GB/s, no floor ({self.source})"
         return f"{self.low_gbps:.0f}-{self.high_gbps:.0f} GB/s ({self.source})"
 
 
@@ -76,7 +84,13 @@ def all_reduce_ceiling(rec: dict) -> Ceiling:
     gpu = str((rec.get("fingerprint") or {}).get("gpu") or "")
     nvlink = "NVL" in (summary.get("graph_types") or []) or "NVL" in (summary.get("gpu_links") or [])
     if not nvlink:
-        return Ceiling(None, None, None, "no NVLink between these GPUs (PCIe: generation and width are not recorded)")
+        pci = summary.get("gpu_pci(GB/s)")
+        if not pci:
+            return Ceiling(None, None, None, "no NVLink between these GPUs, and NCCL's topology dump gave no PCI "
+                                             "link rate (NCCL_DEBUG_SUBSYS needs GRAPH)")
+        raw = pci * PCIE_RAW_OVER_NCCL
+        return Ceiling(raw, None, raw, f"PCIe: NCCL rates the GPUs' slowest link {pci:g} GB/s (topo.cc width x "
+                                       f"speed / 80), the wire {raw:.1f} GB/s per direction")
     line = nvlink_rate(gpu)
     if line is None:
         return Ceiling(None, None, None, f"no NVLink rate on file for {gpu or 'this GPU'}")

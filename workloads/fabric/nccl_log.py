@@ -63,7 +63,7 @@ _GRAPH = re.compile(r"\bPattern (?P<pattern>\d+), crossNic \d+, nChannels (?P<n>
 # graph/topo.cc ncclTopoPrintRec: "+ %s[%2.1f] - %s/..." (link type, bandwidth, remote node type).
 # A link to a GPU (NCCL >= 2.30: its DEV node) or an NVSwitch that is neither PCI nor LOC is a
 # GPU-to-GPU fabric link (NVL; RCCL's XGMI): a GRAPH line only gives the worst hop of a ring.
-_TOPO_LINK = re.compile(r"^\s*\+ (?P<link>[A-Z0-9]+)\[[0-9.]+\] - (?P<node>GPU|NVS|DEV)/")
+_TOPO_LINK = re.compile(r"^\s*\+ (?P<link>[A-Z0-9]+)\[(?P<bw>[0-9.]+)\] - (?P<node>GPU|NVS|DEV)/")
 _NOT_GPU_FABRIC = ("PCI", "LOC")
 # net.cc:324-331,377: "via NET/%s/%d..." -- the %d is req.netDev, the index of the device in the
 # `NET/IB : Using [i]...` list (net_ib/init.cc prints " [%d]%s:%d" with the same d).
@@ -139,6 +139,7 @@ class ProcessLog:
     graph_types: list[str] = field(default_factory=list)  # intra-node path types of every GRAPH search (NVL, PIX, ...)
     gpu_links: list[str] = field(default_factory=list)  # link types between GPUs in NCCL's topology dump (NVL, XGMI)
     net_devs_used: list[int] = field(default_factory=list)  # device indices NET channels went through
+    gpu_pci_gbps: float | None = None  # the slowest PCI link into a GPU, as NCCL rates it (topo.cc: width x speed / 80)
     lines: int = 0  # NCCL lines seen; 0 means NCCL logged nothing here
 
     @property
@@ -224,6 +225,9 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
         elif (tl := _TOPO_LINK.search(msg)) is not None:
             if tl["link"] not in _NOT_GPU_FABRIC and tl["link"] not in log.gpu_links:
                 log.gpu_links.append(tl["link"])
+            elif tl["link"] == "PCI":
+                bw = float(tl["bw"])
+                log.gpu_pci_gbps = bw if log.gpu_pci_gbps is None else min(log.gpu_pci_gbps, bw)
         elif (n := _NETWORK.search(msg)) is not None:
             log.network = n["net"]
         elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
@@ -297,6 +301,7 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "no_device": sorted({n for lg in logs for n in lg.no_device}),
         "graph_types": sorted({t for lg in logs for t in lg.graph_types}),
         "gpu_links": sorted({t for lg in logs for t in lg.gpu_links}),
+        "gpu_pci(GB/s)": min((lg.gpu_pci_gbps for lg in logs if lg.gpu_pci_gbps), default=None),
         "collnet_channels": sum(lg.collnet_channels for lg in logs),
         "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
         "plugin_api": next((lg.plugin_api for lg in logs if lg.plugin_api), None),
