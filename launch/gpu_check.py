@@ -47,24 +47,28 @@ class Row:
     result: str
     expected: str
     status: str  # ok | MISMATCH | n/a
+    source: str = ""  # where `expected` comes from: printed as a numbered note under the table
 
     @property
     def failed(self) -> bool:
         return self.status == "MISMATCH"
 
 
-def row(check: str, result, expected: str, ok: bool | None) -> Row:
-    return Row(check, str(result), expected, "n/a" if ok is None else "ok" if ok else "MISMATCH")
+def row(check: str, result, expected: str, ok: bool | None, source: str = "") -> Row:
+    return Row(check, str(result), expected, "n/a" if ok is None else "ok" if ok else "MISMATCH", source)
 
 
 # ---- what each step's records must say (pure: records in, rows out) ----
 
+SHM_SOURCE = ("Docker's 64 MB default crashes NCCL in ncclShmOpen (pytorch/tutorials 0ba3e39); "
+              "docker run --ipc=host or --shm-size=16g")
+
+
 def shm_row(total_bytes: int | None) -> Row:
     if total_bytes is None:
-        return row("host /dev/shm", "not mounted", ">= 1 GiB", False)
-    return row("host /dev/shm", f"{total_bytes / 2**30:.2f} GiB",
-               ">= 1 GiB (docker: --ipc=host or --shm-size=16g; 64 MB crashes NCCL in ncclShmOpen)",
-               total_bytes >= SHM_MIN_BYTES)
+        return row("host /dev/shm", "not mounted", ">= 1 GiB", False, SHM_SOURCE)
+    return row("host /dev/shm", f"{total_bytes / 2**30:.2f} GiB", ">= 1 GiB", total_bytes >= SHM_MIN_BYTES,
+               SHM_SOURCE)
 
 
 def missing(step: str, exit_code: int | None, limit_s: float | None) -> Row:
@@ -130,7 +134,7 @@ def ceiling_row(rec: dict) -> Row:
     size, busbw = got
     c = all_reduce_ceiling(rec)
     share = f" = {busbw / c.line_gbps:.0%} of line" if c.line_gbps else ""
-    return row(name, f"{busbw:.1f} GB/s at {size} B{share}", c.expected(), c.judge(busbw))
+    return row(name, f"{busbw:.1f} GB/s at {size} B{share}", c.expected(), c.judge(busbw), c.source)
 
 
 def external_row(ours: list[dict], ext: dict) -> Row:
@@ -165,10 +169,18 @@ def serve_rows(step: str, recs: list[dict], exit_code: int | None = None, limit_
 
 
 def render(rows: list[Row], machine: str) -> str:
-    w = [max(len(r.check) for r in rows), min(70, max(len(r.result) for r in rows)), max(len(r.expected) for r in rows)]
-    lines = [f"# gpu-check on {machine}", f"{'check':<{w[0]}}  {'result':<{w[1]}}  {'expected':<{w[2]}}  status"]
+    notes: dict[str, int] = {}  # source -> its number, in order of first use
+    expected = []
     for r in rows:
-        lines.append(f"{r.check:<{w[0]}}  {r.result[:w[1]]:<{w[1]}}  {r.expected:<{w[2]}}  {r.status}")
+        if r.source:
+            expected.append(f"{r.expected} [{notes.setdefault(r.source, len(notes) + 1)}]")
+        else:
+            expected.append(r.expected)
+    w = [max(len(r.check) for r in rows), min(70, max(len(r.result) for r in rows)), max(len(e) for e in expected)]
+    lines = [f"# gpu-check on {machine}", f"{'check':<{w[0]}}  {'result':<{w[1]}}  {'expected':<{w[2]}}  status"]
+    for r, e in zip(rows, expected):
+        lines.append(f"{r.check:<{w[0]}}  {r.result[:w[1]]:<{w[1]}}  {e:<{w[2]}}  {r.status}")
+    lines += [f"# [{n}] {source}" for source, n in notes.items()]
     bad = sum(r.failed for r in rows)
     lines.append(f"# {len(rows) - bad} of {len(rows)} checks ok" + (f", {bad} MISMATCH" if bad else ""))
     return "\n".join(lines)

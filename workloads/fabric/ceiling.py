@@ -51,11 +51,12 @@ class Ceiling:
         return (self.low_gbps or 0.0) <= busbw <= self.high_gbps
 
     def expected(self) -> str:
+        """The band, short; `source` says where it comes from (or why there is none)."""
         if self.high_gbps is None:
-            return f"n/a: {self.source}"
+            return "n/a"
         if self.low_gbps is None:
-            return f"<= {self.high_gbps:.1f} GB/s, no floor ({self.source})"
-        return f"{self.low_gbps:.0f}-{self.high_gbps:.0f} GB/s ({self.source})"
+            return f"<= {self.high_gbps:.1f} GB/s, no floor"
+        return f"{self.low_gbps:.0f}-{self.high_gbps:.0f} GB/s"
 
 
 def nvlink_rate(gpu: str) -> float | None:

@@ -35,7 +35,7 @@ class Band:
         return self.low <= value <= self.high
 
     def __str__(self) -> str:
-        return f"{self.low:.0%}-{self.high:.0%} ({self.source})"
+        return f"{self.low:.0%}-{self.high:.0%}"
 
 
 MFU_BANDS = {
@@ -70,19 +70,22 @@ def recomputed_tflops(rec: dict, f3: bool = False) -> float | None:
     return None if not it else flops / (it * world) / 1e12
 
 
-def tflops_check(rec: dict) -> tuple[str, str, bool | None]:
-    """(result, expected, ok): the reported TFLOPS/GPU against the recomputed one."""
+TFLOPS_SOURCE = "DESIGN.md's FLOPs formula with the record's shape and batch / (mean timed step x world size)"
+
+
+def tflops_check(rec: dict) -> tuple[str, str, bool | None, str]:
+    """(result, expected, ok, source): the reported TFLOPS/GPU against the recomputed one."""
     got = (rec.get("metrics") or {}).get("tflops_per_gpu")
     want = recomputed_tflops(rec)
     if got is None or want is None:
-        return f"{got}", "the FLOPs formula x the timed steps", False
+        return f"{got}", "recomputable from the record", False, TFLOPS_SOURCE
     ok = abs(got - want) <= TFLOPS_TOLERANCE * want
-    return f"{got:.1f}", f"{want:.1f} = FLOPs formula / (mean timed step x world)", ok
+    return f"{got:.1f}", f"{want:.1f} +-{TFLOPS_TOLERANCE:.1%}", ok, TFLOPS_SOURCE
 
 
-def mfu_check(rec: dict) -> tuple[str, str, bool | None]:
-    """(result, expected, ok). None (n/a) when the GPU has no peak in the table or the run
-    was not bf16/fp16 (MFU is not reported then) or no band is known for the model."""
+def mfu_check(rec: dict) -> tuple[str, str, bool | None, str]:
+    """(result, expected, ok, source). None (n/a) when the GPU has no peak in the table or
+    the run was not bf16/fp16 (MFU is not reported then) or no band is known for the model."""
     m = rec.get("metrics") or {}
     cfg = rec.get("config") or {}
     precision = str((cfg.get("train") or {}).get("precision") or "")
@@ -91,13 +94,14 @@ def mfu_check(rec: dict) -> tuple[str, str, bool | None]:
     mfu = m.get("mfu")
     if peak is None or mfu is None:
         return ("none (GPU not in the peak table, or not bf16; give metrics.peak_tflops)", "a peak for this GPU",
-                None if mfu is None and peak is None else False)
+                None if mfu is None and peak is None else False, "workloads/training/metrics.py PEAK_TFLOPS_BF16")
     flops3 = recomputed_tflops(rec, f3=True)
     want = None if flops3 is None else flops3 / peak
     band = MFU_BANDS.get(str((rec.get("model") or {}).get("name")))
     result = f"{mfu:.1%} of {peak:g} TFLOPS"
     if want is None or abs(mfu - want) > TFLOPS_TOLERANCE * want:
-        return result, f"{'?' if want is None else f'{want:.1%}'} (FLOPs f=3 / time / {peak:g})", False
+        return (result, f"{'?' if want is None else f'{want:.1%}'} (f=3)", False,
+                TFLOPS_SOURCE + f", f=3, over the {peak:g} TFLOPS peak")
     if band is None:
-        return result, "no band for this model", None
-    return result, str(band), band.holds(mfu)
+        return result, "no band for this model", None, "MFU_BANDS in workloads/training/expected.py"
+    return result, str(band), band.holds(mfu), band.source
