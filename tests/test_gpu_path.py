@@ -311,6 +311,7 @@ def test_external_run_that_measured_other_communicators_is_failed_not_recorded_a
     _nccl_tests_on_path(tmp_path, monkeypatch)
     block = _plan(tmp_path, "one_per_node", 16, 8, ["mpirun", "-np", "{nodes}", "-N", "1"])
     assert block["status"] == "failed" and block["groups"] == [[0], [1]]  # -g 1 x 2 processes: 2 ranks
+    assert block["rows"] == [] and block["avg_busbw"] is None  # its figures are not kept beside ours
     assert "one process per GPU" in block["reason"] and "[[0, 8], [1, 9], ... (8 groups)]" in block["reason"]
     line = nccltests.summary_line(block)
     assert line.startswith("# external ") and "failed: it measured communicators [[0], [1]]" in line

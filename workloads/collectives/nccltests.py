@@ -208,7 +208,8 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
     groups = device_groups(proc.stdout)
     reason = _group_mismatch(groups, expect_groups, block["env"]) if status == "ok" else None
     if reason:
-        status = "failed"
+        # figures of other communicators are not kept beside ours (the raw output stays in <binary>.out)
+        status, parsed = "failed", {"rows": [], "avg_busbw": None, "out_of_bounds": parsed["out_of_bounds"]}
     return block | {"status": status, "returncode": proc.returncode, "source": source, **parsed, "groups": groups,
                     "stderr_tail": proc.stderr[-2000:] if status != "ok" else ""} | ({"reason": reason} if reason else {})
 
