@@ -1,8 +1,10 @@
-"""The second review of the GPU code paths (../shared/reviews/gpu-path-2.md), new findings
-N2..N8, one or more tests each, written to fail on the code before its fix. Nothing here
-needs a GPU: NCCL/RCCL logs are fixtures written from their format strings (each file's
-header names the source line), engines are stand-ins at the process boundary, and Slurm's
-commands are shims. N1 (the external nccl-tests split) is in test_gpu_path.py beside #6."""
+"""The second review of the GPU code paths (../shared/reviews/gpu-path-2.md): its new findings
+N2..N8, its gpu-check risks and the call sites it found untested, one or more tests each,
+written to fail on the code before its fix. Nothing here needs a GPU: NCCL/RCCL logs are
+fixtures written from their format strings (each file's header names the source line),
+engines are stand-ins at the process boundary, Slurm's commands are shims, and torch.cuda is
+the boundary where a CUDA call is made. N1 (the external nccl-tests split) is in
+test_gpu_path.py beside #6; gpu-check's table and bands are in test_gpu_check.py."""
 
 from __future__ import annotations
 
