@@ -252,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fabric", default="intranode", help="fabric profile (conf/fabric/); default intranode")
     p.add_argument("--out", default=str(REPO / "results" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
+    # the limits fit a warm node; a cold one (torch and DeepSpeed imported by 8 ranks from a
+    # shared filesystem) may need more, and a killed step would read as a timeout row
+    p.add_argument("--limits-x", type=float, default=1.0, help="multiply every step's time limit (default 1)")
     a = p.parse_args(argv)
+    if a.limits_x <= 0:
+        p.error(f"--limits-x must be positive, got {a.limits_x:g}")
     n, machine = gpus()
     if n == 0:
         print(f"gpu-check: {machine}", file=sys.stderr)
@@ -260,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     n = min(n, 8)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    done = {name: (run_step(name, args, out, limit), limit) for name, args, limit in steps(n, a.fabric, out)}
+    done = {name: (run_step(name, args, out, limit * a.limits_x), limit * a.limits_x)
+            for name, args, limit in steps(n, a.fabric, out)}
     serve = f"serve/tp{min(2, n)}"
     rows = ([shm_row(shm_bytes())]
             + train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None), *done["train/ddp"])

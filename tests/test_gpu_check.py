@@ -218,3 +218,9 @@ def test_main_assembles_the_table_from_each_steps_exit(tmp_path, monkeypatch, ca
     table = capsys.readouterr().out
     assert ran == ["train/ddp", "train/zero1", "collectives", "serve/tp2"]
     assert table.count("timeout: killed after") == 4 and "host /dev/shm" in table
+    # a cold node: every limit scaled, and the timeout rows say the scaled limit
+    limits = []
+    monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: limits.append(limit) or 124)
+    assert gpu_check.main(["--out", str(tmp_path), "--limits-x", "2"]) == 1
+    assert limits == [2 * lim for _, _, lim in gpu_check.steps(2, "intranode", tmp_path)]
+    assert "timeout: killed after 240s" in capsys.readouterr().out
