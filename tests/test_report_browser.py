@@ -4,8 +4,8 @@ scripted server), plus an nccl-tests -J fixture, rendered by headless Chromium.
 
 Checks what a reader sees: the headline first, every image loaded, no text overflowing its
 table, the refusals collapsed at the end, nccl-tests' curve on the busbw chart. With
-FABRICBENCH_SCREENSHOT=docs/report-screenshot.png the first screen is saved there (the
-README's picture), palette-reduced to stay small.
+FABRICBENCH_SCREENSHOT=<file.png> the first screen is saved there, palette-reduced to stay
+small. (The README's picture is of a real A/B study, not this A/A demo: README, Report.)
 """
 
 from __future__ import annotations
