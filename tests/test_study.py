@@ -272,41 +272,47 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_sequential_study_stops_at_the_first_look_that_decides(tmp_path):
     """`--until-decided --max-trials 4`: looks after 3 and 4 blocks, alpha/2 at each. An A/A pair
-    with a (deliberately wide) 500% margin is decided at the first look, so block 4 never runs;
-    the records carry the looks, so the verdict is judged at the spent alpha."""
+    with a (deliberately wide) 900% margin is usually settled at the first look, so block 4
+    never runs; on a loaded machine its noise can keep it open to the cap. Either way the
+    console says what each look found, the records match it, and carry the looks, so the
+    verdict is judged at the spent alpha."""
     out = tmp_path / "results"
-    spec = write(tmp_path, AA.replace("trials: 2\n", "equivalence: 500%\n"))
+    spec = write(tmp_path, AA.replace("trials: 2\n", "equivalence: 900%\n").replace("detect: 500%", "detect: 900%"))
     r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--until-decided", "--max-trials", "4"], cwd=REPO,
                        env=child_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "sequential: looks after 3, 4 blocks (alpha/2 each)" in r.stdout.splitlines()[0]
-    assert "look after 3 blocks: 1 of 1 primary verdict(s) decided; stopping" in r.stdout
     recs = records(out / "aa")
-    assert len(recs) == 6 and {x["study"]["looks"] for x in recs} == {2} and max(x["study"]["block"] for x in recs) == 2
+    assert {x["study"]["looks"] for x in recs} == {2}
+    if "look after 3 blocks: 1 of 1 primary verdict(s) decided; stopping" in r.stdout:
+        assert len(recs) == 6 and "look after 4 blocks" not in r.stdout
+    else:
+        assert "look after 3 blocks: 0 of 1 primary verdict(s) decided; adding blocks" in r.stdout, r.stdout
+        assert len(recs) == 8 and "look after 4 blocks: " in r.stdout
     text = (out / "aa" / "compare.txt").read_text()
-    assert "equivalent within +-500.0%" in text and "97.5% CI" in text and "sequential: alpha spent over 2 looks" in text
+    assert "97.5% CI" in text and "sequential: alpha spent over 2 looks" in text, text
     # the plan of a rerun reads the noise these runs measured
     r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--plan"], cwd=REPO, env=child_env(),
                        capture_output=True, text=True)
-    assert "(measured over 6 earlier runs)" in r.stdout and "wall time: about " in r.stdout, r.stdout
+    assert f"(measured over {len(recs)} earlier runs)" in r.stdout and "wall time: about " in r.stdout, r.stdout
 
 
 @pytest.mark.root
 @pytest.mark.slow
 def test_ab_study_on_emulated_links_calls_100mbit_slower(tmp_path):
     """The README's example (conf/study/emu-ab.yaml: training and an all_reduce) as a user runs
-    it, shortened for CI to 3 blocks by declaring the size of difference it must call (50%;
+    it, shortened for CI to 4 blocks by declaring the size of difference it must call (50%;
     the shipped file's default plan is 8 blocks for 10%, README "Studies")."""
     if os.geteuid() != 0:
         pytest.skip("needs root for network namespaces, veth and tc")
     out = tmp_path / "results"
-    spec = write(tmp_path, Path(REPO, "conf", "study", "emu-ab.yaml").read_text() + "trials: 3\ndetect: 50%\n", "emu-ab.yaml")
+    spec = write(tmp_path, Path(REPO, "conf", "study", "emu-ab.yaml").read_text() + "trials: 4\ndetect: 50%\n", "emu-ab.yaml")
     r = study(spec, out, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     recs = records(out / "emu-ab")
-    assert len(recs) == 12 and all(x["status"] == "ok" for x in recs)
+    assert len(recs) == 16 and all(x["status"] == "ok" for x in recs)
     by_pos = sorted(recs, key=lambda x: (x["study"]["position"], x["workload"]))
-    assert [x["study"]["arm"] for x in by_pos[::2]] == ["emu-veth", "emu-100m", "emu-100m", "emu-veth", "emu-veth", "emu-100m"]
+    assert [x["study"]["arm"] for x in by_pos[::2]] == ["emu-veth", "emu-100m", "emu-100m", "emu-veth"] * 2
     link = 100e6 / 8 * 1448 / 1514 / 1e9  # GB/s: 100 Mbit/s of frames, payload share
     for x in recs:
         assert x["world"]["nodes"] == 2 and x["fabric"]["env"]["GLOO_SOCKET_IFNAME"] == "emu0"
@@ -321,7 +327,7 @@ def test_ab_study_on_emulated_links_calls_100mbit_slower(tmp_path):
     assert len(head) == 2, verdicts
     assert any(h.startswith("headline: Collectives, all_reduce bus bandwidth: emu-veth is") for h in head), verdicts
     assert any(h.startswith("headline: Pre-training, samples/s: emu-veth is") for h in head), verdicts
-    assert all("faster than emu-100m [" in h and "interleaved ABBA, 3 blocks" in h for h in head), verdicts
+    assert all("faster than emu-100m [" in h and "interleaved ABBA, 4 blocks" in h for h in head), verdicts
     assert "not significant" not in verdicts and "inconclusive" not in "\n".join(head), verdicts
 
 
@@ -369,21 +375,22 @@ workloads:
     entry: infer
     overrides: [server=external, "server.url={url}", "load.points=[1,2]", load.num_requests=4,
                 load.warmup_requests=1, load.dataset.input_len=8, load.dataset.output_len=4]
-trials: 1
+trials: 2
+detect: 900%
 """)
-        assert [j.points for j in plan(load_spec(spec, output_root=str(out)))] == [("c1", "c2")] * 2
+        assert [j.points for j in plan(load_spec(spec, output_root=str(out)))] == [("c1", "c2")] * 4
         r = study(spec, out)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         recs = records(out / "inf")
-        assert sorted((x["study"]["arm"], x["point"]) for x in recs) == [
-            ("loopback", "c1"), ("loopback", "c2"), ("loopback~aa", "c1"), ("loopback~aa", "c2")]
-        assert "ext       c2     loopback~aa  1/1" in r.stdout
-        lost = next(x for x in recs if x["study"]["arm"] == "loopback~aa" and x["point"] == "c2")
+        assert sorted((x["study"]["arm"], x["point"]) for x in recs) == sorted(
+            [("loopback", "c1"), ("loopback", "c2"), ("loopback~aa", "c1"), ("loopback~aa", "c2")] * 2)
+        assert "ext       c2     loopback~aa  2/2" in r.stdout
+        lost = next(x for x in recs if x["study"]["arm"] == "loopback~aa" and x["point"] == "c2" and x["config"]["trial"] == 0)
         lost["_path"].unlink()
         r = study(spec, out)
-        assert r.returncode == 0 and "1 of 2 runs already recorded" in r.stdout, r.stdout[-3000:]
+        assert r.returncode == 0 and "3 of 4 runs already recorded" in r.stdout, r.stdout[-3000:]
         assert "point c1: already recorded" in (out / "inf" / "logs" / "inf-loopback-aa-t0-ext.log").read_text()
-        assert len(records(out / "inf")) == 4
+        assert len(records(out / "inf")) == 8
 
 
 @pytest.mark.slow
