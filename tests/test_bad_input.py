@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import uuid
@@ -103,12 +105,20 @@ CASES = [
     ("coll-sizes-out-of-order", _coll("collectives.minbytes=1M", "collectives.maxbytes=1K"), None, "collectives.minbytes"),
     ("coll-size-too-large", _coll("collectives.minbytes=4096G", "collectives.maxbytes=4096G"), None,
      "collectives.maxbytes"),
+    # fits MemAvailable on a large host but not the cases' address-space limit (AS_LIMIT)
+    ("coll-size-over-ulimit", _coll("collectives.minbytes=2G", "collectives.maxbytes=2G"), None,
+     "collectives.maxbytes"),
     ("coll-avg-int", _coll("collectives.op=avg", "collectives.datatype=int32"), None, "collectives.op=avg"),
     ("coll-run-id", _coll("run_id=../x"), None, "run_id"),
     # inference
     ("infer-server-unreachable", _infer(), None, "server.ready_timeout_s"),
     ("infer-empty-points", _infer("load.points=[]"), None, "load.points"),
     ("infer-requests-zero", _infer("load.num_requests=0"), None, "load.num_requests"),
+    # More requests than memory holds: refused with what it would need, not grown until OOM
+    ("infer-requests-impossible", _infer("load.points=[1]", "load.num_requests=1000000000"), None,
+     "load.num_requests=1000000000"),
+    ("infer-duration-impossible", _infer("load.arrival=poisson", "load.points=[1000]", "load.num_requests=null",
+                                         "load.duration_s=1e9"), None, "load.duration_s"),
     ("infer-failed-fraction", _infer("load.max_failed_fraction=2"), None, "load.max_failed_fraction"),
     ("infer-unknown-adapter", _infer("server.adapter=nope"), None, "server adapter"),
     ("infer-tp-heads", ["launch/infer.py", "server=sglang", "model=llama-3.1-8b", "server.tp=3"], None, "server.tp"),
@@ -152,6 +162,16 @@ CASES = [
 ]
 
 
+# Every case runs under an address-space limit (as `ulimit -v`): a bad input must be refused
+# before it allocates, and one that is not fails here with a MemoryError instead of growing
+# until the shared machine's OOM killer picks a process. Python with torch maps ~3.2 GiB.
+AS_LIMIT = 8 * 2**30
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+
+
 def _our_processes(tag: str) -> list[int]:
     """Processes still running whose environment carries this case's tag."""
     left = []
@@ -179,7 +199,8 @@ def test_bad_input_is_one_line(tmp_path, argv, setup, needle):
     case = uuid.uuid4().hex
     tag = f"FB_BAD_INPUT_CASE={case}"
     env = child_env(FB_BAD_INPUT_CASE=case)
-    r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+                       preexec_fn=_limit_memory)
     err = r.stderr.strip()
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], err[-3000:])
     assert "Traceback" not in r.stderr + r.stdout, err[-3000:]

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from workloads.core import rundir
+from workloads.core import hostmem, rundir
 from workloads.core.errors import TransportMismatch, UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.inference.loadgen.arrivals import Arrival
@@ -130,6 +130,42 @@ def _load_settings(load: DictConfig, points: list[Arrival]) -> LoadSettings:
         max_failed_fraction=float(load.get("max_failed_fraction", 0.0)), event_loop=event_loop)
 
 
+def request_bytes(input_len: int, output_len: int) -> int:
+    """Host memory one measured request holds until its point's record is written: its prompt
+    (~40 B a token as Python ints, and its digest in the sweep's seen-set), its result (~40 B
+    a streamed token: one ITL float each) and its row of the record, as objects and as JSON.
+    Measured: 4.6 KiB at 64+16 tokens, 48 KiB at 1024+128; this rounds up."""
+    return 48 * (input_len + output_len) + 2048
+
+
+def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, room=None) -> None:
+    """A point keeps every request's prompt and samples in memory until its record is written,
+    so an impossible request count is refused here, with what it would need, rather than
+    growing until the kernel's OOM killer picks a process (on a shared node, maybe another
+    job's). A point may use half of what this process can still allocate: the other half is
+    the server's (the reference engine runs on this host) and everyone else's."""
+    room = room or hostmem.headroom()
+    if room is None:
+        return
+    most = max(planned_requests(a, settings.num_requests, settings.duration_s) for a in points)
+
+    def tokens(key: str) -> int:  # sharegpt caps a pair at 1024 prompt and 2048 total tokens
+        try:
+            return int(dataset.get(key) or 1024)
+        except (TypeError, ValueError):
+            return 1024
+
+    n_in, n_out = tokens("input_len"), tokens("output_len")
+    per, budget = request_bytes(n_in, n_out), room.bytes // 2
+    if most * per > budget:
+        what = (f"load.num_requests={settings.num_requests}" if settings.num_requests is not None
+                else f"load.duration_s={settings.duration_s:g} at rate {max(a.rate for a in points):g}/s")
+        raise UsageError(f"{what}: a point keeps {most} requests' prompts and samples ({n_in}+{n_out} tokens each) in "
+                         f"memory, about {most * per / 2**30:.1f} GiB, but a point may use half of the "
+                         f"{room.gib()} this process may allocate ({room.where}); at most {budget // per} requests per point "
+                         "fit: lower it, or repeat the point as trials (-m trial=0,1,...)")
+
+
 def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> None:
     first = plan.point(0)
     specs = first.warmup + first.measured
@@ -163,6 +199,7 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     backend = get_backend(str(load.backend))
     points = arrivals(load)
     settings = _load_settings(load, points)
+    check_memory(settings, points, OmegaConf.to_container(load.dataset, resolve=True))
     slo = parse_slo(load.get("slo"))
     tokenizer = load_tokenizer(load.get("tokenizer"))
     plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
