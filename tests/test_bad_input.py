@@ -225,3 +225,35 @@ def test_emulate_agent_names_the_failed_rank(tmp_path):
     assert r.returncode == 3, r.stderr[-2000:]
     assert "error: rank 0 exited with code 3; its message is above" in r.stderr
     assert "AttributeError" not in r.stderr
+
+
+def test_a_copied_run_folder_is_not_more_trials(tmp_path, capsys):
+    """`cp -r results/tr results/tr-backup` (or a .bak of one record) adds no trial: records are
+    identified by content (their record_id, else a digest), not by path, and each copy is named.
+    Both kinds: records written now (with a record_id) and ones written before it existed."""
+    from analysis.cli import main as cli_main
+    from tests.test_analysis_compare import train
+    from workloads.core.records import write_record
+
+    speed = {"ib": [100.0, 104.0, 98.0, 101.0], "roce": [90.0, 97.0, 99.0, 92.0]}
+    for f, vals in speed.items():
+        for i, v in enumerate(vals):
+            rec = train(f, i, samples_per_sec=v)
+            if f == "ib":
+                write_record(tmp_path / "res" / f / "records", rec, f"pretrain-{f}")
+            else:  # an older record: no record_id
+                (tmp_path / "res" / f / "records").mkdir(parents=True, exist_ok=True)
+                (tmp_path / "res" / f / "records" / f"pretrain-{f}-{i:03d}.json").write_text(json.dumps(rec))
+    res = tmp_path / "res"
+    assert cli_main(["compare", str(res), "--baseline", "ib"]) == 0
+    before = capsys.readouterr()
+    assert "copies" not in before.err
+    shutil.copytree(res / "ib", res / "ib-backup")
+    shutil.copytree(res / "roce", res / "roce-backup")
+    first = sorted((res / "roce" / "records").glob("*.json"))[0]
+    shutil.copy(first, first.with_name(first.stem + ".bak.json"))
+    assert cli_main(["compare", str(res), "--baseline", "ib"]) == 0
+    after = capsys.readouterr()
+    assert after.out == before.out  # same n, same interval, same verdict
+    assert "warning: 9 record file(s) repeat a record already read and are not counted again" in after.err, after.err
+    assert ".bak.json" in after.err and "(the same record as " in after.err

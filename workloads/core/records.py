@@ -285,6 +285,9 @@ def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    # The record's identity, whatever file it is later copied to: analysis counts a copied
+    # run folder or a .bak of a record once (analysis/load.py), not as another trial.
+    record.setdefault("record_id", uuid.uuid4().hex)
     tmp = d / f".{stem}.{uuid.uuid4().hex}.tmp"
     with open(d / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -318,7 +321,9 @@ def load_records(*dirs: str | os.PathLike) -> list[dict[str, Any]]:
                 rec = json.loads(p.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if isinstance(rec, dict) and rec.get("schema", "").startswith("fabricbench.record"):
+            # a "schema" that is not a string (a number, a list) is not ours: left for the
+            # reader's unread-files warning, not a crash
+            if isinstance(rec, dict) and str(rec.get("schema", "")).startswith("fabricbench.record"):
                 rec["_path"] = str(p)
                 out.append(rec)
     return out
