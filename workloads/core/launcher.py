@@ -28,12 +28,14 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 from workloads import CONF_DIR
 from workloads.core import signals
 from workloads.core.errors import UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
+from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
 
 
 LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
@@ -238,7 +240,7 @@ def _quiet_torchelastic() -> None:
 
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)  # the launcher names the failed rank itself
 
 
 def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
@@ -264,7 +266,8 @@ def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
     finally:
         for path in recover(inflight, why):
             print(f"the interrupted point's record (failed): {path}", file=sys.stderr)
-        shutil.rmtree(inflight, ignore_errors=True)
+        if not any(Path(inflight).glob(f"*{INFLIGHT_SUFFIX}")):  # a copy no one could write stays, as its warning says
+            shutil.rmtree(inflight, ignore_errors=True)
     return code
 
 

@@ -7,6 +7,7 @@ the record says so, and the writing rank puts it on disk.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals
-from workloads.core.errors import UsageError
+from workloads.core.errors import RecordNotWritten, UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.core.records import check_writable, cpu_affinity, duplicate_message, new_record, same_trial, write_record
 from workloads.fabric.preflight import preflight
@@ -116,7 +117,11 @@ class Recorded:
         # Only now, once every rank knows where it will be: a copy written before the collective
         # that tells them would be orphaned if rank 0 died inside it (no rank could finish it).
         if copy is not None:
-            self.inflight = inflight.write(self.record, self.directory, self.stem)
+            try:
+                self.inflight = inflight.write(self.record, self.directory, self.stem)
+            except OSError as e:  # a safety net only: the point is measured and recorded without it
+                print(f"warning: no in-flight copy of this point in {copy.parent} ({e.strerror}); should this rank "
+                      "die mid-point, the point leaves no record", file=sys.stderr, flush=True)
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -132,7 +137,14 @@ class Recorded:
             rec["status"], rec["error"] = "failed", f"{type(exc).__name__}: {exc}"
             rec["traceback"] = "".join(traceback.format_exception(etype, exc, tb))
         if self.write:
-            self.path = write_record(self.directory, rec, self.stem)
+            try:
+                self.path = write_record(self.directory, rec, self.stem)
+            except RecordNotWritten as e:
+                # The measured record is kept elsewhere (the error says where): the in-flight
+                # copy, which lacks the measurement, must not become a second, failed record.
+                if e.kept is not None and self.inflight is not None:
+                    self.inflight.unlink(missing_ok=True)
+                raise
             if self.inflight is not None:
                 self.inflight.unlink(missing_ok=True)
         elif exc is not None and not isinstance(exc, UsageError) and self.info is not None:
