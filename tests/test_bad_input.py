@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env
+from workloads.core.errors import UsageError
 
 EARLIER = {"schema": "fabricbench.record/1", "workload": "pretrain", "status": "ok", "note": "measured before"}
 
@@ -82,6 +83,8 @@ CASES = [
     ("train-precision", _train("train.precision=fp8"), None, "train.precision"),
     ("train-global-batch", _train("train.global_batch_size=7"), None, "global_batch_size"),
     ("train-absent-hca", _train("fabric=roce"), None, "fabric=roce"),
+    ("train-fabric-env-typo", _train("+fabric.env.GLOO_SOCKET_IFNAM=eth0"), None,
+     "fabric.env.GLOO_SOCKET_IFNAM: Gloo reads no such variable (did you mean GLOO_SOCKET_IFNAME?)"),
     ("train-bad-override-syntax", _train("train.steps=[1,"), None, "train.steps"),
     # training: paths and files
     ("train-run-id-dotdot", _train("run_id=.."), None, "run_id"),
@@ -257,3 +260,14 @@ def test_a_copied_run_folder_is_not_more_trials(tmp_path, capsys):
     assert after.out == before.out  # same n, same interval, same verdict
     assert "warning: 9 record file(s) repeat a record already read and are not counted again" in after.err, after.err
     assert ".bak.json" in after.err and "(the same record as " in after.err
+
+
+def test_a_deliberate_unknown_fabric_variable_is_exported():
+    """fabric.env_unchecked names a variable newer than the known list: exported as given."""
+    from workloads.fabric.profile import FabricProfile
+
+    cfg = {"name": "x", "backend": "gloo", "env": {"NCCL_IB_HCAS": "mlx5", "NCCL_GONE": None}}
+    with pytest.raises(UsageError, match=r"did you mean NCCL_IB_HCA\?"):
+        FabricProfile.from_config(cfg)
+    env = FabricProfile.from_config(cfg | {"env_unchecked": ["NCCL_IB_HCAS"]}).apply(None, {})
+    assert env == {"NCCL_IB_HCAS": "mlx5"}  # and an unset (null) name needs no marking
