@@ -67,6 +67,14 @@ def _records(d, *recs):
         (r / f"r{k}.json").write_text(rec if isinstance(rec, str) else json.dumps(rec))
 
 
+def _nccl_tests(d, **result):
+    """An nccl-tests -J report with one result, its fields replaced (None: left out)."""
+    row = {"size": 1024, "count": 256, "type": "float", "redop": "sum", "root": "    -1",
+           "out_of_place": {"time": 10.0, "alg_bw": 0.1, "bus_bw": result.pop("bus_bw", 0.1), "nwrong": 0}} | result
+    doc = {"args": ["all_reduce_perf"], "results": [{k: v for k, v in row.items() if v is not None}]}
+    (d / "nt.json").write_text(json.dumps(doc))
+
+
 def _a_file(d):
     (d / "afile").write_text("x")
 
@@ -144,6 +152,14 @@ CASES = [
      lambda d: _records(d, EARLIER | {"schema": "fabricbench.record/9"}), "fabricbench.record/9"),
     ("compare-bad-filter", _cli("compare", "{d}/in", "--filter", "fabric"), lambda d: _records(d, EARLIER),
      "--filter"),
+    ("compare-schema-not-a-string", _cli("compare", "{d}/in"), lambda d: _records(d, EARLIER | {"schema": 5}),
+     "r0.json (schema 5"),
+    ("report-external-not-a-number", _cli("report", "{d}/in", "--external", "{d}/nt.json", "--out", "{d}/rep"),
+     lambda d: (_records(d, EARLIER), _nccl_tests(d, bus_bw="fast")), "nt.json"),
+    ("report-external-no-size", _cli("report", "{d}/in", "--external", "{d}/nt.json", "--out", "{d}/rep"),
+     lambda d: (_records(d, EARLIER), _nccl_tests(d, size=None)), "no 'size' field"),
+    ("report-slo-negative", _cli("report", "{d}/in", "--slo-ttft-ms", "-5", "--out", "{d}/rep"),
+     lambda d: _records(d, EARLIER), "--slo-ttft-ms -5"),
     ("report-out-is-file", _cli("report", "{d}/in", "--out", "{d}/afile"),
      lambda d: (_records(d, EARLIER), _a_file(d)), "--out"),
     ("report-out-unwritable", _cli("report", "{d}/in", "--out", "/proc/fabricbench-report"),
