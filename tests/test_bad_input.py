@@ -169,6 +169,8 @@ CASES = [
      "server.tp=1"),
     ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=sglang",
                                          "model=llama-3.1-8b", "server.tp=2"), None, "server=sglang"),
+    ("infer-reference-fp16-on-cpu", ["launch/infer.py", "server.dtype=fp16"], None, "server.dtype=fp16 needs a GPU"),
+    ("infer-reference-dtype", ["launch/infer.py", "server.dtype=fp8"], None, "server.dtype='fp8'"),
     ("infer-reference-nnodes", ["launch/infer.py", "server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"], None,
      "server.nnodes=2"),
     ("emulate-bad-config", _cli("emulate", "launch/train.py", "fabric=emu-100m", "train.micro_batch_size=0"), None,
