@@ -145,6 +145,22 @@ def test_sse_edge_cases(server):
     assert not any(r.ok for r in bad.values())
 
 
+@pytest.mark.parametrize("backend", ["completions", "chat"])
+def test_tokens_that_decode_to_empty_text_are_a_completed_request(server, backend):
+    """Special tokens stream as empty text: the request completed (the server counts its
+    tokens in usage), TTFT is its first token chunk (not the chat stream's role-only opener),
+    and the row says so. Without usage there is no sign of a token: failed, and said why."""
+    r = _one(server, f"id=empty-{backend};ttft=30;itl=5,5,5;mode=empty_text", backend)
+    assert r.ok and r.empty_text and r.as_row()["empty_text"], r.error
+    assert r.output_tokens == 4 and r.output_tokens_from == "usage" and r.itl == []
+    w = _trace(server)[f"empty-{backend}"]["content_writes"]
+    assert abs(r.ttft - (w[0] - r.start)) < TOL and r.ttft > 0.025
+    normal = _one(server, "ttft=5;itl=5", backend)
+    assert "empty_text" not in normal.as_row()
+    bare = _one(server, "ttft=5;itl=5;mode=no_usage_empty", backend)
+    assert not bare.ok and "without any output token" in bare.error
+
+
 def test_unreachable_server_is_an_error_not_a_hang():
     r = _one("http://127.0.0.1:9", "x", timeout=3)  # port 9 (discard): nothing listens
     assert not r.ok and "Connect" in r.error
