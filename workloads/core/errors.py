@@ -27,3 +27,8 @@ class RecordNotWritten(UsageError):
     def __init__(self, message: str, kept=None):
         super().__init__(message)
         self.kept = kept  # pathlib.Path of the rescued record, or None when nothing took it
+
+
+class AlreadyRecorded(Exception):
+    """This trial of this point has an ok record already: the job is skipped, not measured
+    again (a rerun of a sweep with its run_id resumes at the first point not recorded)."""

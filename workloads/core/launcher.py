@@ -33,7 +33,7 @@ from typing import Callable
 
 from workloads import CONF_DIR
 from workloads.core import signals
-from workloads.core.errors import UsageError
+from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
 from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
 
@@ -358,6 +358,8 @@ def hydra_entry(
         try:
             with config_errors():
                 code = run(cfg, overrides)
+        except AlreadyRecorded:  # said by rank 0; a sweep goes on to its next point, as inference sweeps do
+            return
         except UsageError as e:
             _say(e)
             sys.exit(e.exit_code)

@@ -273,6 +273,12 @@ def duplicate_message(path: Path, record: dict[str, Any]) -> str:
             f"as another trial. Pass trial={int(trial) + 1} (or -m trial=...) for another trial, or a new run_id=")
 
 
+def skipped_message(path: Path, record: dict[str, Any]) -> str:
+    trial = (record.get("config") or {}).get("trial", 0)
+    return (f"trial={trial} of this point is already recorded in {path}: skipped. Pass trial={int(trial) + 1} "
+            "(or -m trial=...) for another trial, or a new run_id=")
+
+
 def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str) -> Path:
     """Write `record` as <directory>/<stem>-<n>.json atomically: a temp file, fsync, then a
     hard link that fails if the name exists (so nothing is ever overwritten).
