@@ -145,7 +145,29 @@ def test_sigterm_removes_namespaces(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "namespaces removed" in err
+    assert "Traceback" not in err, err[-3000:]  # the agents stop quietly; the emulator says it once
     assert our_namespaces(tag) == []
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow
+def test_ctrl_c_of_an_emulated_run_is_one_line(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground group: emulator, agents and ranks.
+    Each agent's torchrun then raised SignalException with its traceback (80 lines)."""
+    p = subprocess.Popen(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                    "train.steps=400"], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not list(tmp_path.rglob("*.inflight")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)  # the point is being measured once its in-flight copy exists
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=90)
+    assert p.returncode == 130 and "namespaces removed" in err, err[-3000:]
+    assert "Traceback" not in err + out, err[-3000:]
+    assert our_namespaces(str(p.pid)) == []
+    # the point being measured is kept as an interrupted (failed) record
+    assert [(r["status"], r["error"]) for r in records_in(tmp_path)] == [("failed", "interrupted (Ctrl-C or SIGTERM)")]
 
 
 @pytest.fixture(scope="module")

@@ -273,7 +273,10 @@ def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
 
 def torchrun(args: list[str]) -> int:
     """torchrun in this process (emulate's per-namespace agents); a failed rank becomes one
-    line and its exit code instead of torch's ChildFailedError traceback."""
+    line and its exit code instead of torch's ChildFailedError traceback, and a stop signal
+    (Ctrl-C reaches every agent; the emulator then SIGTERMs them) its exit code alone: the
+    emulator says once that the run was interrupted, and the ranks keep what they measured."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -281,6 +284,8 @@ def torchrun(args: list[str]) -> int:
         run(get_args_parser().parse_args(args))
     except ChildFailedError as e:
         return _rank_failure(e)[1]
+    except (SignalException, KeyboardInterrupt) as e:
+        return 128 + int(getattr(e, "sigval", signal.SIGINT))
     return 0
 
 
