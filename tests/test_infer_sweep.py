@@ -20,6 +20,7 @@ import pytest
 
 from workloads.testing.scripted_server import Running
 from workloads.core.dist import free_port
+from workloads.inference.loadgen.datasets import run_salt
 from tests.conftest import child_env, gone
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,13 +78,19 @@ def test_sweep_records_and_resume(tmp_path):
             d = x["dataset"]
             assert d["kind"] == "random" and d["prompts_unique"] == 12 and d["repeats_within_point"] == 0
             assert d["prompts_seen_before"] == 0 and d["repeats_across_points"] is False
-        assert {x["point"]: x["dataset"]["seed"] for x in _records(out)} == {"c1": [0, 1], "c4": [0, 3], "c8": [0, 5]}
+        # (load.seed, run, trial, slot): the resumed run draws its points' prompts as the first did
+        run = run_salt("sweep1", 0)
+        assert {x["point"]: x["dataset"]["seed"] for x in _records(out)} == {
+            "c1": [0, *run, 1], "c4": [0, *run, 3], "c8": [0, *run, 5]}
         # load.flush_cache_path: one POST before each point, before its warm-up.
         r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=sweep2", *SMALL,
                    "load.points=[2,3]", "load.flush_cache_path=/flush_cache")
         assert r.returncode == 0, r.stderr
-        flushes = json.loads(urllib.request.urlopen(url + "/prompts", timeout=5).read())["flushes"]
-        assert flushes == [42, 42 + 14]
+        seen = json.loads(urllib.request.urlopen(url + "/prompts", timeout=5).read())
+        assert seen["flushes"] == [42, 42 + 14]
+        # Another run against the same server sends none of the first run's prompts (its points
+        # 0 and 1 used to redraw sweep1's slots exactly: cache hits a flush alone must undo).
+        assert len(seen["prompts"]) == len(set(seen["prompts"])) == 42 + 28
         assert all(x["dataset"]["cache_flushed"] for x in _records(out / "sweep2"))
         # Open loop: Poisson at 50 req/s, with the client's send lag recorded per request.
         r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=rate1", *SMALL,

@@ -31,7 +31,7 @@ from workloads.core.errors import TransportMismatch, UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
-from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
+from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.core import session
@@ -205,7 +205,8 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
                       int(model.get("vocab_size") or 1000), settings.seed, settings.warmup_requests,
                       [planned_requests(a, settings.num_requests, settings.duration_s) for a in points],
-                      warn=lambda m: print(m, flush=True))
+                      warn=lambda m: print(m, flush=True),
+                      salt=run_salt(Path(spec.run_dir).name, int(cfg.get("trial") or 0)))
     _check_prompts(plan, model, adapter, backend)
     return SweepPlan(fabric, spec, adapter, launch, backend, tuple(points), slo, plan, settings, str(cfg.model.name))
 
