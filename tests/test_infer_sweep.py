@@ -164,7 +164,10 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
     SIGKILLed by its 20th request, during point c4: that point's record says so."""
     out = tmp_path / "res"
     fake = tmp_path / "vllm"
-    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
+    # a traceback in its log, as an engine's (and torchrun's) would be: the console gets its last line only
+    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\necho '  File \"x.py\"' >&2\n"
+                    "echo 'RuntimeError: scripted engine fault' >&2\n"
+                    f"exec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
     fake.chmod(0o755)
     port = free_port()
     r = _infer("server=vllm", f"server.executable={fake}", "model=llama-3.1-8b", f"server.port={port}",
@@ -172,6 +175,8 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
                "load.points=[1,4]")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "error: server=vllm exited with code -9 during point c4" in r.stderr
+    assert "its last error line: RuntimeError: scripted engine fault" in r.stderr
+    assert "Traceback" not in r.stderr and len([x for x in r.stderr.splitlines() if x.startswith("error:")]) == 1
     recs = {x["point"]: x for x in _records(out)}
     assert recs["c1"]["status"] == "ok"
     assert recs["c4"]["status"] == "failed"

@@ -17,6 +17,7 @@ import copy
 import json
 import math
 import os
+import re
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -295,8 +296,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
             failed += not _run_one(plan, k, srv, base, fp, records, loggers)
             plan.prompts.release(k)
             if not srv.alive():
-                raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
-                                 f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
+                raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; {_log_reason(srv.log_path)}")
     return 1 if failed else 0
 
 
@@ -377,6 +377,18 @@ def point_status(m: dict[str, Any], max_failed_fraction: float) -> tuple[str, st
         return "partial", (f"{bad} of {done + bad} requests failed, more than load.max_failed_fraction="
                            f"{max_failed_fraction:g} allows{errors}")
     return "ok", None
+
+
+_REASON = re.compile(r"^(?:[\w.]*(?:Error|Exception|Exit)\w*: .+|error: .+)")
+
+
+def _log_reason(path: Path | None) -> str:
+    """The server's own last error line (an exception's message, an `error:` line), not its
+    traceback or torchrun's ChildFailedError block: the console gets one line, the log has all."""
+    tail = log_tail(path, lines=400)
+    found = [line.strip() for line in tail.splitlines() if _REASON.match(line.strip())]
+    why = f"its last error line: {found[-1][:300]}; " if found else ""
+    return f"{why}the whole story is in its log, {path}"
 
 
 def _server_death(srv, a: Arrival) -> str:
