@@ -161,6 +161,22 @@ def test_tokens_that_decode_to_empty_text_are_a_completed_request(server, backen
     assert not bare.ok and "without any output token" in bare.error
 
 
+def test_prompt_tokens_served_from_cache_are_recorded_and_flag_the_point(server):
+    """A server that reports cached prompt tokens in its usage (vLLM
+    --enable-prompt-tokens-details, SGLang --enable-cache-report): each request keeps the count,
+    and a point with any is flagged in its record's dataset block and warned about."""
+    from workloads.inference.run import cache_report
+
+    hit, cold = _one(server, "ttft=5;itl=5;mode=cached"), _one(server, "ttft=5;itl=5")
+    assert hit.ok and hit.cached_tokens == 3 and hit.as_row()["cached_tokens"] == 3
+    assert cold.ok and cold.cached_tokens is None and "cached_tokens" not in cold.as_row()
+    said = []
+    assert cache_report([hit, hit, cold], "c4", said.append) == {"cached_prompt_tokens": 6, "served_from_cache": True}
+    assert len(said) == 1 and "point c4: the server answered 6 prompt tokens of 2 requests from its prefix cache" in said[0]
+    assert cache_report([cold], "c1", said.append) == {"cached_prompt_tokens": None, "served_from_cache": None}
+    assert len(said) == 1
+
+
 def test_unreachable_server_is_an_error_not_a_hang():
     r = _one("http://127.0.0.1:9", "x", timeout=3)  # port 9 (discard): nothing listens
     assert not r.ok and "Connect" in r.error

@@ -347,6 +347,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         m = summarize(res.results, res.duration_s, plan.slo)
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
+        rec["dataset"] |= cache_report(res.results, a.label(), warn=lambda m: print(m, flush=True))
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
         rec["client"] = {"event_loop": res.event_loop}
         rec["status"], rec["error"] = point_status(m, plan.load.max_failed_fraction)
@@ -365,6 +366,21 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         log.close()
     _print_point(rec, path)
     return rec["status"] == "ok"
+
+
+def cache_report(results, label: str, warn: Callable[[str], None] = print) -> dict[str, Any]:
+    """What the server says it answered from its prefix cache, where it says it (`cached_tokens`
+    of the requests' usage): a point served from cache had less prefill, and less of the
+    prefill traffic a fabric comparison measures, than its prompts' lengths suggest."""
+    told = [r.cached_tokens for r in results if r.cached_tokens is not None]
+    if not told:
+        return {"cached_prompt_tokens": None, "served_from_cache": None}  # the server does not report it
+    cached = sum(told)
+    if cached:
+        warn(f"warning: point {label}: the server answered {cached} prompt tokens of {sum(1 for t in told if t)} "
+             f"requests from its prefix cache; their TTFT and prefill traffic are lower than a cold run's. Flush it "
+             "before each point (load.flush_cache_path) or use a server that has not seen these prompts.")
+    return {"cached_prompt_tokens": cached, "served_from_cache": cached > 0}
 
 
 def point_status(m: dict[str, Any], max_failed_fraction: float) -> tuple[str, str | None]:

@@ -45,6 +45,10 @@ class RequestResult:
     scheduled: float | None = None  # perf_counter() the arrival process asked for
     send_lag: float = 0.0          # s, start - scheduled (the client's own lateness)
     empty_text: bool = False       # every token decoded to empty text: TTFT is the first token chunk's
+    # prompt tokens the server answered from its prefix cache, where its usage reports them
+    # (usage.prompt_tokens_details.cached_tokens: vLLM --enable-prompt-tokens-details, SGLang
+    # --enable-cache-report); None where it does not say
+    cached_tokens: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,7 @@ class RequestResult:
             "output_tokens": self.output_tokens, "output_tokens_from": self.output_tokens_from,
             "ttft_s": self.ttft, "latency_s": self.latency, "itl_s": self.itl, "send_lag_s": self.send_lag,
             **({"empty_text": True} if self.empty_text else {}),
+            **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }
 
 
@@ -185,6 +190,9 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, backend:
             return r
         r.ttft, r.empty_text = first - r.start, True
     r.latency = end - r.start
+    details = usage.get("prompt_tokens_details") if usage else None
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        r.cached_tokens = details["cached_tokens"]
     if counted is not None:
         r.output_tokens, r.output_tokens_from = int(counted), "usage"
     else:
