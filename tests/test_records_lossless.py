@@ -215,6 +215,8 @@ def test_inference_records_are_strict_json_and_multirun_takes_trials(tmp_path):
     paths = sorted(Path(out).rglob("records/*.json"))
     recs = [_strict(p.read_text()) for p in paths]
     assert sorted(x["config"]["trial"] for x in recs) == [0, 1]
+    # each trial draws its own prompts: a server's prefix cache cannot serve trial 1 from trial 0
+    assert len({tuple(x["dataset"]["seed"]) for x in recs}) == 2
     for x in recs:
         m = x["metrics"]
         assert x["status"] == "ok" and isinstance(m["total_token_throughput"], float)
