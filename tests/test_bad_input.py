@@ -289,3 +289,20 @@ def test_a_deliberate_unknown_fabric_variable_is_exported():
         FabricProfile.from_config(cfg)
     env = FabricProfile.from_config(cfg | {"env_unchecked": ["NCCL_IB_HCAS"]}).apply(None, {})
     assert env == {"NCCL_IB_HCAS": "mlx5"}  # and an unset (null) name needs no marking
+
+
+def test_a_run_both_on_disk_and_in_wandb_is_one_trial(tmp_path, capsys):
+    """The same records read from their folder and from W&B (where the logger sent them) are
+    counted once: the record_id travels with the W&B run's config."""
+    from analysis.load import load_table
+    from tests.test_analysis_stats import synthetic
+    from tests.test_wandb_logger import FakeApi, FakeRun
+    from workloads.core.records import write_record
+
+    recs = synthetic(1.25, 0.02, 3, 5)
+    for r in recs:
+        write_record(tmp_path / r["fabric"]["name"], r, "rec")  # stamps r["record_id"], as the workloads do
+    api = FakeApi([FakeRun(f"r{i}", r) for i, r in enumerate(recs)])
+    table = load_table([str(tmp_path)], "team/fabricbench", api=api)
+    assert len(table) == len(recs) == 6
+    assert f"warning: {len(recs)} record file(s) repeat a record already read" in capsys.readouterr().err
