@@ -177,6 +177,24 @@ def test_prompt_tokens_served_from_cache_are_recorded_and_flag_the_point(server)
     assert len(said) == 1
 
 
+def test_a_closed_loop_run_for_a_time_stops_at_its_memory_bound(server):
+    """Its request count is not known in advance, so check_memory hands it a bound (what half
+    the allowed memory holds) and the loop stops there, said, instead of growing to the OOM."""
+    from workloads.core.hostmem import Headroom
+    from workloads.inference.run import LoadSettings, check_memory, request_bytes
+
+    settings = LoadSettings(num_requests=None, duration_s=3600.0, warmup_requests=0, timeout_s=10, seed=0,
+                            extra_body={}, lag_warn_ms=1.0, flush_cache_path=None, max_failed_fraction=0.0,
+                            event_loop="asyncio")
+    # room for its prompt pool (CLOSED_DURATION_PROMPTS) and 234 requests more
+    room = Headroom(2 * 1234 * request_bytes(4, 2), "MemAvailable")
+    assert check_memory(settings, [Arrival("closed", concurrency=2)], {"input_len": 4, "output_len": 2}, room) == 1234
+    point = LoadPoint(server, get_backend("completions"), "scripted", [RequestSpec("ttft=1;itl=1", 4, 2)] * 50,
+                      Arrival("closed", concurrency=2), duration_s=settings.duration_s, max_requests=12, timeout_s=10)
+    res = run_point(point)
+    assert res.capped and len(res.results) == 12 and res.duration_s < 60
+
+
 def test_unreachable_server_is_an_error_not_a_hang():
     r = _one("http://127.0.0.1:9", "x", timeout=3)  # port 9 (discard): nothing listens
     assert not r.ok and "Connect" in r.error

@@ -61,12 +61,13 @@ class LoadSettings:
     flush_cache_path: str | None
     max_failed_fraction: float  # a point is ok only when at most this share of its requests failed
     event_loop: str           # auto | uvloop | asyncio (loadgen/point.py loop_factory)
+    max_requests: int | None = None  # the memory bound of a point (check_memory); None: unknown
 
     def point(self, base_url: str, backend, model_name: str, prompts, arrival: Arrival) -> LoadPoint:
         return LoadPoint(base_url, backend, model_name, prompts.measured, arrival, num_requests=self.num_requests,
                          duration_s=self.duration_s, warmup_requests=self.warmup_requests, timeout_s=self.timeout_s,
                          seed=self.seed, extra_body=self.extra_body, lag_warn_ms=self.lag_warn_ms,
-                         warmup_specs=prompts.warmup, event_loop=self.event_loop)
+                         warmup_specs=prompts.warmup, event_loop=self.event_loop, max_requests=self.max_requests)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def request_bytes(input_len: int, output_len: int) -> int:
     return 48 * (input_len + output_len) + 2048
 
 
-def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, room=None) -> None:
+def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, room=None) -> int | None:
     """A point keeps every request's prompt and samples in memory until its record is written,
     so an impossible request count is refused here, with what it would need, rather than
     growing until the kernel's OOM killer picks a process (on a shared node, maybe another
@@ -147,7 +148,7 @@ def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, r
     the server's (the reference engine runs on this host) and everyone else's."""
     room = room or hostmem.headroom()
     if room is None:
-        return
+        return None
     most = max(planned_requests(a, settings.num_requests, settings.duration_s) for a in points)
 
     def tokens(key: str) -> int:  # sharegpt caps a pair at 1024 prompt and 2048 total tokens
@@ -165,6 +166,7 @@ def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, r
                          f"memory, about {most * per / 2**30:.1f} GiB, but a point may use half of the "
                          f"{room.gib()} this process may allocate ({room.where}); at most {budget // per} requests per point "
                          "fit: lower it, or repeat the point as trials (-m trial=0,1,...)")
+    return budget // per  # a closed loop run for a time stops there (its count is not known before)
 
 
 def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> None:
@@ -200,7 +202,8 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     backend = get_backend(str(load.backend))
     points = arrivals(load)
     settings = _load_settings(load, points)
-    check_memory(settings, points, OmegaConf.to_container(load.dataset, resolve=True))
+    settings = replace(settings, max_requests=check_memory(settings, points,
+                                                           OmegaConf.to_container(load.dataset, resolve=True)))
     slo = parse_slo(load.get("slo"))
     tokenizer = load_tokenizer(load.get("tokenizer"))
     plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
@@ -351,6 +354,10 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
         rec["client"] = {"event_loop": res.event_loop}
         rec["status"], rec["error"] = point_status(m, plan.load.max_failed_fraction)
+        if res.capped and rec["status"] == "ok":  # it did not run for as long as asked
+            rec["status"], rec["error"] = "partial", (
+                f"stopped after {len(res.results)} requests in {res.duration_s:.1f} s of load.duration_s="
+                f"{plan.load.duration_s:g}: the most whose samples fit in memory; lower load.duration_s")
         if srv.died(within_s=2.0 if m["failed"] else 0.0):
             rec["status"], rec["error"] = "failed", _server_death(srv, a)
     except KeyboardInterrupt:
