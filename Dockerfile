@@ -36,7 +36,7 @@ COPY . .
 RUN .tools/bin/uv sync --frozen
 # No DeepSpeed op pre-build: training uses torch.optim.AdamW (no fused DeepSpeed op), and a
 # build against a toolkit other than torch's CUDA fails DeepSpeed's CUDA-version check.
-ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1
+ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1 FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
 CMD ["python", "launch/train.py", "--help"]
 
 # ---------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ COPY . .
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN python3 -m venv --system-site-packages .venv \
     && .tools/bin/uv sync --frozen --inexact --no-install-package torch --no-install-package triton
-ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1
+ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1 FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
 CMD ["python", "launch/train.py", "--help"]
 
 # ---------------------------------------------------------------------------------------
@@ -72,9 +72,12 @@ WORKDIR /opt/fabricbench
 COPY . .
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen
-# The load generator runs in fabricbench's venv; the server adapter starts SGLang with the
-# image's own interpreter (conf/server/sglang.yaml reads FB_ENGINE_PYTHON).
+# fabricbench runs in its venv (FB_CLIENT_PYTHON: launch/slurm/python.sh and the README's
+# docker run use it), never in `python3`, which is the image's own interpreter with SGLang
+# and no hydra; the server adapter starts SGLang with that one (conf/server/sglang.yaml
+# reads FB_ENGINE_PYTHON).
 ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python FB_ENGINE_PYTHON=python3
+CMD ["/opt/fabricbench/.venv/bin/python", "launch/infer.py", "--help"]
 
 FROM ${VLLM_BASE} AS vllm
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
@@ -87,8 +90,9 @@ WORKDIR /opt/fabricbench
 COPY . .
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen
+# As in the sglang image: fabricbench in its venv, `python`/`python3` are vLLM's.
 ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
-# The vLLM image's entrypoint is `vllm serve`; fabricbench's commands (python launch/infer.py
-# server=vllm ...) must run as given, and the adapter starts `vllm` itself.
+# The vLLM image's entrypoint is `vllm serve`; fabricbench's commands must run as given, and
+# the adapter starts `vllm` itself.
 ENTRYPOINT []
-CMD ["python", "launch/infer.py", "--help"]
+CMD ["/opt/fabricbench/.venv/bin/python", "launch/infer.py", "--help"]

@@ -3,9 +3,14 @@
 A point is a set of runs with equal identity (analysis/guard.py): same everything but
 the fabric. Its runs are grouped by arm (the study's arm label, else the fabric's name);
 each group's records are the trials. Where the records carry a study's blocks the test
-pairs the arms within blocks (analysis/stats.py); every verdict of a study is then
-corrected together (one family per study; the A/A control arm's tests are a family of
-their own, so the control faces exactly the correction the real verdicts face).
+pairs the arms within blocks (analysis/stats.py).
+
+What decides: each workload's primary metric at its declared point (`primary_metric`,
+`primary_points`; a study may declare its own), one verdict per arm. The primary verdicts
+of a study are one family, corrected together (Holm by default); every other metric is
+exploratory, a family of its own with Benjamini-Hochberg intervals, never the headline. The
+A/A control arm's verdicts are families of their own, so the control faces exactly the
+correction the real verdicts face.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Iterable
+from typing import Callable, Iterable
 
 from analysis import guard, stats
 from analysis.load import Run, Table
@@ -108,10 +113,10 @@ def points(table: Table, allow: Iterable[str] = ()) -> list[Point]:
     return sorted((Point(k, v) for k, v in groups.items()), key=lambda p: (p.runs[0].workload, sorted(p.runs[0].coords.items())))
 
 
-DESIGNS = {"abba": "interleaved ABBA", "permuted": "permuted within blocks"}
+DESIGNS = {"abba": "interleaved ABBA", "williams": "Williams design", "permuted": "permuted within blocks"}
 
 
-def blocked(runs: list[Run], base_runs: list[Run], metric: str) -> tuple[list[float], str] | None:
+def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run], float | None]) -> tuple[list[float], str] | None:
     """Per-block log-ratios of `metric` (arm vs baseline) and the design's name, when every run
     of both sides carries a study block and a positive value; else None (the rank test).
 
@@ -124,9 +129,10 @@ def blocked(runs: list[Run], base_runs: list[Run], metric: str) -> tuple[list[fl
     if not every or any(r.study is None or r.study.get("block") is None for r in every):
         return None
     cells: dict[tuple, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    value = metric if callable(metric) else (lambda r: r.metric(metric))
     for side, group in ((0, runs), (1, base_runs)):
         for r in group:
-            v = r.metric(metric)
+            v = value(r)
             if v is None:
                 continue
             if v <= 0:
@@ -141,9 +147,62 @@ def blocked(runs: list[Run], base_runs: list[Run], metric: str) -> tuple[list[fl
 
 
 def _family(p: Point, c: stats.Comparison) -> tuple:
-    """The correction family: the study (None outside one) and whether the arm is its A/A control."""
+    """The correction family: the study (None outside one), whether the arm is its A/A
+    control, and whether the verdict is primary (a decision) or exploratory."""
     ids = sorted({str((r.study or {}).get("id")) for r in p.runs if r.study})
-    return tuple(ids), c.control
+    return tuple(ids), c.control, c.primary
+
+
+def _study_value(runs: Iterable[Run], key: str, default):
+    vals = {repr(v): v for r in runs if r.study and (v := r.study.get(key)) is not None}
+    return next(iter(vals.values())) if len(vals) == 1 else default
+
+
+def primary_metric(workload: str, names: Iterable[str]) -> str | None:
+    """The metric a workload is judged on when none is declared (DESIGN.md, "Studies"):
+    training samples/s; collectives the bus bandwidth of all_reduce (else the first op) at its
+    largest message size; inference request throughput."""
+    names = sorted(set(names))
+    if workload == "collectives":
+        ops = sorted({n.split("/")[0] for n in names if n.endswith("(GB/s)") and "/" in n and "busbw" in n})
+        if not ops:
+            return None
+        op = "all_reduce" if "all_reduce" in ops else ops[0]
+        sized = [n for n in names if n.startswith(f"{op}/busbw@")]
+        if sized:
+            return max(sized, key=lambda n: int(n.split("@")[1].split("(")[0]))
+        return f"{op}/avg_busbw(GB/s)" if f"{op}/avg_busbw(GB/s)" in names else None
+    return PRIMARY.get(workload) if PRIMARY.get(workload) in names else None
+
+
+PRIMARY = {"pretrain": "samples_per_sec", "finetune": "samples_per_sec", "inference": "request_throughput"}
+
+
+def _load_level(p: Point) -> float:
+    c = p.runs[0].coords
+    return c.get("concurrency", c.get("rate", math.inf))  # a burst (no rate) is the heaviest load
+
+
+def primary_points(pts: list[Point]) -> set[int]:
+    """Ids of the points whose primary metric decides: every training and collectives point;
+    for an inference sweep the declared point (study `primary.point`), else its heaviest load
+    point (the sweep's throughput at saturation), per group of points equal but for the load."""
+    out: set[int] = set()
+    sweeps: dict[tuple, list[Point]] = defaultdict(list)
+    for p in pts:
+        if p.runs[0].workload != "inference":
+            out.add(id(p))
+            continue
+        declared = _study_value(p.runs, "primary_point", None)
+        if declared is not None:
+            if p.runs[0].point == declared:
+                out.add(id(p))
+            continue
+        coords = {k: v for k, v in p.runs[0].coords.items() if k not in ("concurrency", "rate", "max_concurrency", "burstiness")}
+        sweeps[(p.runs[0].model, tuple(sorted(coords.items())), p.runs[0].arrival)].append(p)
+    for group in sweeps.values():
+        out.add(id(max(group, key=_load_level)))
+    return out
 
 
 @dataclass
@@ -179,53 +238,77 @@ class Result:
         return (f"{n} record{'s' if n != 1 else ''} not analysed ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}): "
                 + ", ".join(f"{r.fabric}: {r.source}" for r in self.excluded))
 
-    def control_lines(self) -> list[str]:
-        """Per study with an A/A control arm: did the control stay quiet? Said before any verdict."""
-        out = []
-        fams: dict[tuple, list[stats.Comparison]] = defaultdict(list)
+    def _families(self, control: bool, primary: bool = True) -> dict[tuple, list[tuple[Point, stats.Comparison]]]:
+        fams: dict[tuple, list[tuple[Point, stats.Comparison]]] = defaultdict(list)
         for p, c in self.comparisons:
-            if c.control:
-                fams[_family(p, c)[0]].append(c)
-        for ids, cs in sorted(fams.items()):
+            if c.control == control and c.primary == primary:
+                fams[_family(p, c)[0]].append((p, c))
+        return dict(sorted(fams.items()))
+
+    def control_status(self) -> list[tuple[str, str, str]]:
+        """Per study with an A/A control arm: (kind, where, text), kind one of "loud" (the
+        control called a difference: distrust every verdict), "equivalent", "bounded" (it can
+        speak, found nothing, and bounds the bias by its interval), "mute" (it cannot speak:
+        it could not detect a difference of the size the study asks for) and "untested".
+        Judged on the control's primary verdicts, the same family the real ones face."""
+        out = []
+        fams = self._families(control=True)
+        for ids, pcs in fams.items():
             where = f" (study {', '.join(ids)})" if len(fams) > 1 else ""
-            tested = [c for c in cs if c.tested]
-            if not tested:
-                out.append(f"A/A control{where}: not tested (too few trials or blocks); nothing is known about false positives")
+            cs = [c for _, c in pcs if c.tested]
+            if not cs:
+                out.append(("untested", where, "not tested (too few trials or blocks); nothing is known about bias"))
                 continue
-            m, corr = len(tested), stats.CORRECTION_NAMES[self.correction]
-            after = "uncorrected" if self.correction == "none" else f"after {corr}"
-            if not any(c.can_call for c in tested):  # quiet by construction says nothing
-                out.append(f"A/A control{where}: cannot speak — {self._floor_reason(tested)}")
-                continue
-            raw = sum(c.p < self.alpha for c in tested)
-            sig = [c for c in tested if c.significant]
-            if not sig:
-                out.append(f"A/A control{where}: quiet — 0 of {m} tests significant {after} ({raw} with uncorrected "
-                           f"p < {self.alpha:g}; {self.alpha * m:.2g} expected by chance)")
+            detect = float(_study_value([r for p, _ in pcs for r in p.runs], "detect", stats.DETECT))
+            loud = [c for c in cs if c.significant]
+            worst = max(cs, key=lambda c: c.bias_bound)
+            if loud:
+                named = "; ".join(f"{c.metric}: {c.verdict}" for c in loud[:3]) + (f"; and {len(loud) - 3} more" if len(loud) > 3 else "")
+                out.append(("loud", where, f"NOT quiet: {len(loud)} of {len(cs)} primary tests differ ({named}); the control "
+                                           "arm runs the baseline's own settings, so treat every verdict with suspicion"))
+            elif all(c.equivalent for c in cs):
+                out.append(("equivalent", where, f"within +-{stats.pct(worst.bias_bound)} on every primary metric "
+                                                 f"({len(cs)} test{'s' if len(cs) != 1 else ''}; equivalent at "
+                                                 f"+-{stats.pct(worst.margin)})"))
+            elif max(c.mde for c in cs) <= detect:
+                out.append(("bounded", where, f"no bias found; the arms agree within +-{stats.pct(worst.bias_bound)} "
+                                              f"({len(cs)} primary test{'s' if len(cs) != 1 else ''}; not yet equivalent "
+                                              f"at +-{stats.pct(worst.margin)}; it could detect >= "
+                                              f"{stats.pct(max(c.mde for c in cs))})"))
             else:
-                named = "; ".join(f"{c.metric}: {c.verdict}" for c in sig[:3]) + (f"; and {len(sig) - 3} more" if len(sig) > 3 else "")
-                out.append(f"A/A control{where} NOT quiet: {len(sig)} of {m} tests significant {after} ({named}); "
-                           f"the control arm runs the baseline's own fabric, so treat every verdict with suspicion")
+                mute = max(cs, key=lambda c: c.mde)
+                need = self._blocks_needed(mute, detect)
+                out.append(("mute", where, f"cannot speak: it could only detect a bias >= {stats.pct(mute.mde)} "
+                                           f"(the study asks for {stats.pct(detect)}); {need}"))
         return out
 
+    def control_lines(self) -> list[str]:
+        """The A/A control's status, said before any verdict."""
+        return [f"A/A control{where}{' ' if kind in ('loud', 'mute') else ': '}{text}" for kind, where, text in self.control_status()]
 
-    def _floor_reason(self, family: list[stats.Comparison]) -> str:
-        c = min(family, key=lambda c: c.floor_adj)
-        corr = "uncorrected" if self.correction == "none" else \
-            f"after {stats.CORRECTION_NAMES[self.correction]} over {c.family} test{'s' if c.family != 1 else ''}"
-        fix = (f"run >= {stats.blocks_needed(c.family, self.alpha, self.correction)} blocks" if c.blocks else
-               "run more trials per arm") + (", fewer tests (--metric) or --correction bh" if self.correction == "holm" else "")
-        return (f"no test could reach p < {self.alpha:g} {corr} ({c.design}: the smallest p is {c.floor:.3g}, "
-                f"{c.floor_adj:.3g} corrected); {fix}")
+    def _blocks_needed(self, c: stats.Comparison, detect: float) -> str:
+        if not c.blocks:
+            return "run more trials per arm, or run a study (blocked runs pair out the machine's drift)"
+        if not (c.sd > 0):
+            return "run more blocks"
+        cv = c.sd / math.sqrt(2)
+        k = stats.blocks_for(detect, c.family, cv, self.alpha, c.looks)
+        return f"at its measured noise (CV {stats.pct(cv)}) it needs {k} blocks" if k else \
+            f"its noise (CV {stats.pct(cv)}) is too large to detect {stats.pct(detect)} in 200 blocks"
 
     def floor_lines(self) -> list[str]:
-        """Per family of real verdicts that cannot call any difference, why (and what would)."""
-        fams: dict[tuple, list[stats.Comparison]] = defaultdict(list)
-        for p, c in self.comparisons:
-            if not c.control and c.tested:
-                fams[_family(p, c)[0]].append(c)
-        return [f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can be significant: {self._floor_reason(cs)}"
-                for ids, cs in sorted(fams.items()) if not any(c.can_call for c in cs)]
+        """Per family of primary verdicts that cannot call any difference, why (and what would)."""
+        out = []
+        for ids, pcs in self._families(control=False).items():
+            cs = [c for _, c in pcs if c.tested]
+            if cs and not any(c.can_call for c in cs):
+                c = cs[0]
+                why = (f"{c.blocks} block(s) leave the t-test no spread to judge" if c.blocks else
+                       f"the rank test's smallest p with {c.n} vs {c.n_base} runs is {c.floor:.3g}, "
+                       f"not below the level it is judged at")
+                out.append(f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can call a difference: {why}; "
+                           f"{self._blocks_needed(c, stats.DETECT)}")
+        return out
 
 
 def default_baseline(table: Table) -> str | None:
@@ -251,23 +334,35 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
     fabrics = sorted({r.fabric for r in table.ok()})
     base = baseline or default_baseline(table)
     raw: list[tuple[Point, stats.Comparison]] = []
+    decides = primary_points(pts)
     for p in pts:
         groups = p.by_fabric
         if base not in groups or len(groups) < 2:
             continue
         wl = p.runs[0].workload
         names = [m for r in p.runs for m in r.metrics]
-        wanted = expand(metrics, names) if metrics else headline(wl, names)
+        declared = _study_value(p.runs, "primary_metric", None)
+        first = (expand([declared], names) or [None])[0] if declared else primary_metric(wl, names)
+        if metrics:  # the user's own metrics are the decisions
+            wanted, prim = expand(metrics, names), set(expand(metrics, names))
+        else:
+            wanted = ([first] if first else []) + [m for m in headline(wl, names) if m != first]
+            prim = {first} if first and id(p) in decides else set()
         for metric in wanted:
-            raw += [(p, c) for c in _compare_point(groups, base, metric, alpha)]
+            raw += [(p, c) for c in _compare_point(groups, base, metric, alpha, metric in prim)]
     comparisons = _correct(raw, correction, alpha)
     refusals, matched = near_misses(pts, base, fabrics, allow)
     unmatched = [p for p in pts if id(p) not in matched and not any(q is p for q, _ in comparisons)]
     return Result(pts, comparisons, refusals, base, allow, unmatched, list(table.not_ok()), correction, alpha)
 
 
-def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: float) -> list[stats.Comparison]:
+def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: float,
+                   primary: bool = True) -> list[stats.Comparison]:
     hib, word = direction(metric)
+    every = [r for runs in groups.values() for r in runs]
+    margin = float(_study_value(every, "margin", stats.MARGIN))
+    looks = int(_study_value(every, "looks", 1))
+    detect = float(_study_value(every, "detect", stats.DETECT))
     base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
     out = []
     for arm, runs in groups.items():
@@ -278,7 +373,7 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         control = any(r.control for r in runs)
         out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
                                  blocks=design[0] if design else None, design=design[1] if design else None,
-                                 control=control))
+                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect))
     return out
 
 
@@ -288,8 +383,10 @@ def _correct(raw: list[tuple[Point, stats.Comparison]], correction: str, alpha: 
     for i, (p, c) in enumerate(raw):
         fams[_family(p, c)].append(i)
     out = list(raw)
-    for idx in fams.values():
-        for i, c in zip(idx, stats.correct([raw[i][1] for i in idx], correction, alpha)):
+    for key, idx in fams.items():
+        # exploratory verdicts: intervals with false-coverage control (BH), never the decision
+        method = correction if key[2] else "bh"
+        for i, c in zip(idx, stats.correct([raw[i][1] for i in idx], method, alpha)):
             out[i] = (raw[i][0], c)
     return out
 

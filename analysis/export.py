@@ -16,7 +16,7 @@ from analysis.compare import Result
 
 # The CSV's columns, in order; the JSON rows carry these and a few more (see row()).
 COLUMNS = ["workload", "point", "metric", "baseline", "other", "ratio", "lo", "hi", "p", "p_corrected", "n", "n_base",
-           "design", "correction", "tests", "significant", "control"]
+           "design", "correction", "tests", "significant", "control", "outcome", "primary", "conf", "mde"]
 
 
 def _num(v: float) -> float | None:
@@ -35,6 +35,8 @@ def row(point, c) -> dict[str, Any]:
         "significant": c.significant, "control": c.control,
         "speedup": _num(c.speedup), "speedup_lo": _num(c.speedup_lo), "speedup_hi": _num(c.speedup_hi),
         "median": _num(c.median), "median_base": _num(c.median_base), "alpha": c.alpha, "verdict": c.verdict,
+        "outcome": c.outcome, "primary": c.primary, "conf": _num(c.conf), "mde": _num(c.mde), "margin": c.margin,
+        "p_exact": _num(c.p_exact), "blocks": c.blocks, "looks": c.looks,
     }
 
 

@@ -7,7 +7,8 @@ colour, marker and line style in every chart (ARM_STYLES: the Okabe-Ito palette,
 apart in greyscale through markers and dashes). Points are medians over trials; error bars
 are the bootstrap 95% interval of the median (stats.bootstrap_median). Ratio panels show the
 verdicts' own speed-up and interval (training: analysis/compare.py's comparisons; bus
-bandwidth per message size: stats.compare on that size's cells), on a log axis labelled as
+bandwidth per message size: the same test on one value per record, blocked within a study),
+on a log axis labelled as
 the report speaks: "+30%" = the arm is 30% faster, "-30%" = the baseline is 30% faster.
 
 make_all returns [(png, caption)]; the SVG lies beside each PNG.
@@ -196,23 +197,49 @@ def _verdict_ratios(ctx: Ctx, ids: set[int], metric: str, x: Callable[[Run], flo
     return {a: tuple(np.array(v) for v in zip(*sorted(t))) for a, t in sorted(pts.items())}
 
 
-def _busbw_cells(runs: Iterable[Run], op: str) -> dict[str, dict[float, list[float]]]:
-    cells: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+def _record_busbw(r: Run, op: str, size: float) -> float | None:
+    """One record's busbw at one size: the mean of its placements (out-of-place and in-place
+    come from one process and one ring choice, so they are one trial, not two)."""
+    vals = [v for row in r.rows if row.get("op") == op and row.get("size") and float(row["size"]) == size
+            for v in cell_busbw(row)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _busbw_runs(runs: Iterable[Run], op: str) -> dict[str, dict[float, list[Run]]]:
+    out: dict[str, dict[float, list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        for row in r.rows:
-            if row.get("op") == op and row.get("size"):
-                cells[r.fabric][float(row["size"])] += cell_busbw(row)  # both placements are trials of one size
-    return cells
+        for size in sorted({float(row["size"]) for row in r.rows if row.get("op") == op and row.get("size")}):
+            out[r.fabric][size].append(r)
+    return out
 
 
-def _size_ratios(cells: dict, baseline: str | None) -> dict:
-    """Per arm and size, the speed-up of busbw over the baseline's with its interval (stats.compare)."""
+def _busbw_cells(runs: Iterable[Run], op: str) -> dict[str, dict[float, list[float]]]:
+    """{arm: {size: [busbw of each record]}}: one value per record."""
+    return {arm: {s: [v for r in rs if (v := _record_busbw(r, op, s)) is not None] for s, rs in by.items()}
+            for arm, by in _busbw_runs(runs, op).items()}
+
+
+def _size_ratios(runs: Iterable[Run], op: str, baseline: str | None) -> dict:
+    """Per arm and size, the speed-up of busbw over the baseline's with its interval: the same
+    test a verdict on `<op>/busbw@<size>` gets (blocked within a study's blocks, else the rank test)."""
+    from analysis.compare import blocked
+
+    by = _busbw_runs(runs, op)
     out = {}
-    for arm, by_size in cells.items():
-        if arm == baseline or baseline not in cells:
+    for arm, by_size in by.items():
+        if arm == baseline or baseline not in by:
             continue
-        rows = [(s, stats.compare(v, cells[baseline][s], arm, baseline, "busbw", True))
-                for s, v in sorted(by_size.items()) if v and cells[baseline].get(s)]
+        rows = []
+        for s, rs in sorted(by_size.items()):
+            base = by[baseline].get(s)
+            if not base:
+                continue
+            value = lambda r, s=s: _record_busbw(r, op, s)  # noqa: E731
+            design = blocked(rs, base, value)
+            vals, base_vals = [v for r in rs if (v := value(r)) is not None], [v for r in base if (v := value(r)) is not None]
+            if vals and base_vals:
+                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", True,
+                                              blocks=design[0] if design else None, design=design[1] if design else None)))
         if rows:
             out[arm] = tuple(np.array(v) for v in zip(*[(s, c.speedup, c.speedup_lo, c.speedup_hi) for s, c in rows]))
     return out
@@ -238,7 +265,7 @@ def busbw(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
             top.set(ylabel="bus bandwidth (GB/s, median, 95% CI)")
             top.grid(True, alpha=0.3, which="both")
             _legend(top)
-            _ratio_panel(bottom, _size_ratios(cells, ctx.baseline), ctx.styles, ctx.baseline, "busbw")
+            _ratio_panel(bottom, _size_ratios(rs, op, ctx.baseline), ctx.styles, ctx.baseline, "busbw")
             bottom.set_xlabel("message size (bytes)")
             out += _save(fig, out_dir, f"busbw_{op}_{i}", _title(fig, f"{op}: bus bandwidth vs message size", label))
     return out

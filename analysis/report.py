@@ -87,11 +87,18 @@ CAPACITY_NOTE = ("Capacity is request_throughput (req/s) at the SLO crossing, in
                  "passing and the first failing load level, per GPU (server.tp). The sweep only brackets it between those "
                  "levels' throughputs; a GPU percentage is given only when two fabrics' brackets do not overlap "
                  "(see analysis/capacity.py).")
-METHOD_NOTE = ("Trials are records (one run each). Study records are paired within their blocks (the within-block "
-               "log-ratio, exact sign-flip test over blocks; the ratio is the geometric mean of the block ratios); "
-               "records without a recorded design get the exact Mann-Whitney rank test on medians. Intervals are 95% "
-               "bootstrap; p is corrected over every verdict of a study (the A/A control's tests separately); a winner "
-               "is named only when the corrected p < alpha and the interval excludes 1 (see analysis/stats.py).")
+METHOD_NOTE = ("Trials are records (one run each). Each workload is judged on its primary metric at its declared "
+               "point (training samples/s per micro-batch, collectives bus bandwidth at the largest size, inference "
+               "requests/s at the heaviest load unless a study names its point); the primary verdicts of a study are "
+               "one family, corrected together (Holm unless --correction says otherwise); every other metric is "
+               "exploratory (Benjamini-Hochberg within its own family). Study records are paired within their blocks: "
+               "a paired t-test on the within-block log-ratios with its t-interval (the exact sign-flip p is printed "
+               "beside as a check); records without a recorded design get the exact Mann-Whitney test with the "
+               "Hodges-Lehmann shift and the interval that inverts that test. Each interval is at the level its test "
+               "was judged at after the correction (the CI level column), so a verdict and its interval never "
+               "disagree. A difference is called when the interval excludes 0; 'equivalent' when it lies inside the "
+               "equivalence margin; otherwise 'inconclusive', with the smallest difference the test could detect at "
+               "80% power (see README, Verdicts, and analysis/stats.py).")
 
 
 def _top(table: Table, result: Result) -> list[Section]:
@@ -99,7 +106,9 @@ def _top(table: Table, result: Result) -> list[Section]:
     heads = summary.headlines(result)
     top = Section("Headline", [("head", f"{wl} — {claim}", detail) for wl, claim, detail in heads] or
                   [("p", "No two arms share a comparable point: nothing is compared (see the refused pairs below).")])
-    top.blocks += [("warn", c) for c in result.control_lines() if "NOT quiet" in c]
+    # a control that called a difference, or that cannot speak, is said before any verdict
+    top.blocks += [("warn", line) for (kind, _, _), line in zip(result.control_status(), result.control_lines())
+                   if kind in ("loud", "mute", "untested")]
     top.blocks += [("p", f"{len(table)} records; arms: {', '.join(table.fabrics)}; baseline: {result.baseline}. "
                          f"Raw values are medians over trials in the metric's units.")]
     table_rows = summary.verdict_rows(result)

@@ -1,5 +1,6 @@
-"""Statistics over trials, from scipy.stats: medians with bootstrap intervals, ratios, exact
-tests that respect the run order, and a correction over every verdict of a study.
+"""Statistics over trials, from scipy.stats: one test and one interval per verdict that agree,
+an equivalence reading of that interval, the effect a study could detect, and a correction
+over every verdict of a family.
 
 A trial is one record (one run of the workload at one point). Per-step samples are not
 trials: steps of one run share a process, a placement, NCCL's ring/channel choices and
@@ -8,89 +9,152 @@ intervals to nothing and call noise significant (pseudo-replication). Each recor
 metric is already computed as the records define it (training: mean step time after
 `samples.warmup_steps`), and is taken as is.
 
-Two tests, chosen by what the records say about the order they ran in:
+Two paths, chosen by what the records say about the order they ran in:
 
-- Blocked (records of a `fabricbench study`: record["study"] has a block per run). Each
-  block holds every arm once (or equally often), run close together, so drift of the
-  machine over the study hits both arms of a block alike. The test statistic is the mean
-  over blocks of the within-block log-ratio d_k = mean log(arm) - mean log(baseline); under
-  "no arm effect" each d_k is as likely negative as positive (ABBA: the order within a
-  block alternates; permuted: it is randomised), so its exact null distribution is the 2^k
-  sign flips (scipy.stats.permutation_test, permutation_type="samples"). The ratio is the
-  geometric mean of the per-block ratios, exp(mean d), with a percentile bootstrap over
-  blocks (scipy.stats.bootstrap). Its floor: two-sided p >= 2/2^k, so 4 blocks reach 0.125,
-  5 blocks 0.0625 and 6 blocks 0.031: a blocked study needs >= 6 blocks (trials per arm) to
-  ever call a difference at alpha = 0.05, more under a correction (Holm over m tests needs
-  m * 2/2^k < alpha: 10 blocks for 18 tests).
-- Exact rank test (no design recorded: trials run in an unknown order, or one label after
-  the other). A two-sided Mann-Whitney (Wilcoxon rank-sum) test with its exact permutation
-  distribution (scipy.stats.mannwhitneyu; method "exact" without ties; with ties mid-ranks
-  and scipy's PermutationMethod, every relabelling enumerated up to 20,000, else 20,000
-  seeded random ones). Why ranks: run times are skewed, not normal (no t-test), and one
-  outlier trial does not decide. Its floor: 2/C(2n, n), so 2 vs 2 trials never reach
-  significance (p >= 0.33), 3 vs 3 reach 0.1, 4 vs 4 0.029. It assumes all trials are
-  exchangeable, which drift between the two labels' runs breaks: its verdict says the run
-  order was not recorded. The ratio is median/median with each group bootstrapped apart.
+- Blocked (records of a `fabricbench study`: each run carries its block). A block holds
+  every arm once, run close together, so drift hits both arms of a block alike. The data
+  are the within-block log-ratios d_k = mean log(arm) - mean log(baseline). The verdict's
+  test is the paired t-test on d (scipy.stats.ttest_1samp) and its interval is that test's
+  t-interval, exp'd: a ratio interval that excludes 1 exactly when the test rejects. Why t
+  and not the exact sign-flip test alone: the sign-flip test's smallest two-sided p is
+  2/2^k (0.125 at 4 blocks), so small studies could never call anything, and the
+  percentile bootstrap interval it was paired with covered 82-90% at 4-8 blocks, not 95%
+  (shared/reviews/study-statistics.md). The log of a run's throughput is close to normal;
+  the exact sign-flip p is still computed and printed beside as a robustness check.
+- Loose runs (no design recorded). The Hodges-Lehmann shift of log values (the median of
+  every pairwise difference log x_i - log y_j) with the interval found by inverting the exact
+  Mann-Whitney test (scipy.stats.mannwhitneyu) over shifts: the interval holds every shift
+  the test does not reject, so it, too, agrees with the test. Why ranks: run times are
+  skewed and one outlier should not decide; the test assumes trials are exchangeable,
+  which drift between labels breaks, and its verdict says the order was not recorded.
 
-Correction: every verdict of one study (one family per study, and the A/A control arm's
-tests as a family of their own) is corrected together: Holm's step-down (family-wise error,
-the default; scipy has no Holm, so it is the six lines of `holm` below) or Benjamini-Hochberg
-(false-discovery rate, scipy.stats.false_discovery_control). A verdict names a winner only
-when the corrected p < alpha AND the ratio's interval excludes 1.
+Every verdict is one of three, never a bare "not significant":
+- *A is x% faster [CI]*: the corrected test rejects (the interval excludes 1);
+- *equivalent within +-m*: the interval lies inside the equivalence margin (1/(1+m), 1+m)
+  (two one-sided tests, TOST, read off the same interval: at least as strict as TOST at the
+  interval's level);
+- *inconclusive: could detect >= x%*: neither; x is the minimum detectable effect (MDE),
+  the difference this test would call with 80% power at the noise it measured.
+
+Correction over a family (the primary verdicts of a study; exploratory ones and the A/A
+control's are families of their own): Holm's step-down (family-wise error; scipy has no
+Holm) or Benjamini-Hochberg (false-discovery rate, scipy.stats.false_discovery_control).
+Each interval is then computed at the level its test was judged at, so the interval and
+the corrected verdict never disagree: under Holm the i-th smallest p is judged at
+alpha/(m-i+1) up to the first it keeps (the rest at that one's level); under BH every test
+at k*alpha/m, k the number rejected (alpha/m when none: Benjamini & Yekutieli's
+false-coverage-rate intervals). A sequential study that may stop at any of L planned looks
+spends alpha/L at each (Bonferroni over looks), so stopping when it knows keeps the error rate.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as sps
 
 N_BOOT = 10_000
 MAX_EXACT = 20_000
+POWER = 0.8
 CORRECTIONS = ("holm", "bh", "none")
 CORRECTION_NAMES = {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "no correction"}
+MARGIN = 0.02     # the equivalence margin when none is declared: "same speed" means within +-2%
+DETECT = 0.10     # the difference a study must be able to call when none is declared
 
 
 def _rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(0 if seed is None else seed)  # fixed: a report is reproducible
 
 
-def _percentile_bootstrap(data: tuple, statistic, conf: float, n_boot: int, seed: int | None) -> tuple[float, float]:
-    # percentile, not BCa: BCa's jackknife is undefined for the few, often tied, trials of a benchmark
-    res = sps.bootstrap(data, statistic, n_resamples=n_boot, confidence_level=conf, method="percentile",
-                        vectorized=True, rng=_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
 def bootstrap_median(x: Sequence[float], conf: float = 0.95, n_boot: int = N_BOOT, seed: int | None = None) -> tuple[float, float, float]:
-    """(median, lo, hi): percentile bootstrap interval of the median."""
+    """(median, lo, hi): percentile bootstrap interval of the median (charts' error bars, not verdicts)."""
     a = np.asarray(x, dtype=float)
     if a.size == 0:
         return (math.nan,) * 3
     med = float(np.median(a))
     if a.size == 1 or np.all(a == a[0]):
         return med, med, med
-    lo, hi = _percentile_bootstrap((a,), lambda s, axis: np.median(s, axis=axis), conf, n_boot, seed)
-    return med, lo, hi
+    # percentile, not BCa: BCa's jackknife is undefined for the few, often tied, trials of a benchmark
+    res = sps.bootstrap((a,), lambda s, axis: np.median(s, axis=axis), n_resamples=n_boot, confidence_level=conf,
+                        method="percentile", vectorized=True, rng=_rng(seed))
+    return med, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def bootstrap_ratio(a: Sequence[float], b: Sequence[float], conf: float = 0.95, n_boot: int = N_BOOT,
-                    seed: int | None = None) -> tuple[float, float, float]:
-    """(median(a)/median(b), lo, hi), each group resampled independently."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    ratio = float(np.median(x) / np.median(y))
-    if (x.size < 2 and y.size < 2) or (np.all(x == x[0]) and np.all(y == y[0])):
-        return ratio, ratio, ratio
-    if x.size < 2 or y.size < 2:  # one trial on a side: a constant; only the other side varies
-        _, lo, hi = bootstrap_median(y if x.size < 2 else x, conf, n_boot, seed)
-        return (ratio, float(x[0] / hi), float(x[0] / lo)) if x.size < 2 else (ratio, float(lo / y[0]), float(hi / y[0]))
-    lo, hi = _percentile_bootstrap((x, y), lambda s, t, axis: np.median(s, axis=axis) / np.median(t, axis=axis),
-                                   conf, n_boot, seed)
-    return ratio, lo, hi
+# -- the blocked path ---------------------------------------------------------------------------
 
+def paired_t(d: Sequence[float], conf: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean d, lo, hi, two-sided p) of the paired t-test on the block log-ratios d; the
+    interval is the test's own t-interval at `conf`. No spread (every block equal): the
+    mean is known exactly, p is 0 (or 1 when it is 0)."""
+    a = np.asarray(d, dtype=float)
+    m = float(a.mean())
+    if a.size < 2:
+        return m, math.nan, math.nan, math.nan
+    if np.ptp(a) <= 1e-12 * max(1.0, abs(m)):
+        return m, m, m, (1.0 if m == 0 else 0.0)
+    res = sps.ttest_1samp(a, 0.0)
+    ci = res.confidence_interval(conf)
+    return m, float(ci.low), float(ci.high), float(res.pvalue)
+
+
+def sign_flip_p(d: Sequence[float], seed: int | None = None) -> float:
+    """Two-sided p of mean(d) against its 2^k sign flips: every flip enumerated up to 14 blocks
+    (the distribution is symmetric, so two-sided is P(|sum| >= |observed|)), else 20,000
+    seeded flips through scipy.stats.permutation_test."""
+    a = np.asarray(d, dtype=float)
+    if a.size == 0:
+        return math.nan
+    if np.all(a == 0):
+        return 1.0
+    if a.size <= 14:
+        sums = np.abs(_SIGNS(a.size) @ a)
+        return float(np.mean(sums >= abs(a.sum()) * (1 - 1e-9) - 1e-15))
+    res = sps.permutation_test((a,), lambda s, axis: np.mean(s, axis=axis), permutation_type="samples",
+                               vectorized=True, n_resamples=MAX_EXACT, alternative="two-sided", rng=_rng(seed))
+    return float(res.pvalue)
+
+
+def _signs(k: int) -> np.ndarray:
+    return 1 - 2 * ((np.arange(2 ** k)[:, None] >> np.arange(k)) & 1)  # (2^k, k) of +-1
+
+
+_SIGNS = functools.lru_cache(maxsize=None)(_signs)
+
+
+def blocked_ratio(d: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """(exp(mean d), lo, hi): geometric-mean ratio of the per-block log-ratios d with its t-interval."""
+    m, lo, hi, _ = paired_t(d, conf)
+    if math.isnan(lo):
+        return math.exp(m), math.exp(m), math.exp(m)
+    return math.exp(m), math.exp(lo), math.exp(hi)
+
+
+def t_mde(blocks: int, sd: float, level: float, power: float = POWER) -> float:
+    """Smallest |mean log-ratio| the two-sided paired t-test at `level` calls with `power`, over
+    `blocks` blocks whose log-ratios have spread `sd` (exact, by the noncentral t); inf when
+    fewer than 2 blocks. Returned in log units."""
+    if blocks < 2 or not sd > 0:
+        return math.inf if blocks < 2 else 0.0
+    df = blocks - 1
+    tc = sps.t.ppf(1 - level / 2, df)
+
+    def short(delta: float) -> float:
+        nc = delta * math.sqrt(blocks) / sd
+        got = sps.nct.sf(tc, df, nc) + sps.nct.cdf(-tc, df, nc)
+        return (1.0 if math.isnan(got) else got) - power  # scipy's nct gives NaN far in its tail, where power is 1
+
+    hi = sd
+    while short(hi) < 0:
+        hi *= 2
+    return float(optimize.brentq(short, 0.0, hi, xtol=1e-9 * sd))
+
+
+# -- the loose-runs path ------------------------------------------------------------------------
 
 def permutation_p(a: Sequence[float], b: Sequence[float], seed: int | None = None) -> float:
     """Two-sided p-value of the Mann-Whitney rank-sum test, exact under exchangeability.
@@ -108,27 +172,77 @@ def permutation_p(a: Sequence[float], b: Sequence[float], seed: int | None = Non
     return float(sps.mannwhitneyu(x, y, alternative="two-sided", method=method).pvalue)
 
 
-def sign_flip_p(d: Sequence[float], seed: int | None = None) -> float:
-    """Two-sided p of mean(d) against its 2^k sign flips (every flip enumerated up to 14 blocks, else 20,000 seeded)."""
-    a = np.asarray(d, dtype=float)
-    if a.size == 0:
-        return math.nan
-    if np.all(a == 0):
-        return 1.0
-    res = sps.permutation_test((a,), lambda s, axis: np.mean(s, axis=axis), permutation_type="samples",
-                               vectorized=True, n_resamples=MAX_EXACT, alternative="two-sided", rng=_rng(seed))
-    return float(res.pvalue)
+def hodges_lehmann(lx: Sequence[float], ly: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """(shift, lo, hi) of lx against ly: the median of every difference lx_i - ly_j, and every
+    shift s the two-sided exact Mann-Whitney test of (lx - s, ly) keeps at 1 - conf. The test's
+    p only changes where s crosses a pairwise difference, so it is evaluated once between each
+    two; the interval is the span of the kept gaps, closed at the differences that bound it."""
+    x, y = np.asarray(lx, dtype=float), np.asarray(ly, dtype=float)
+    diffs = np.unique(np.subtract.outer(x, y).ravel())
+    shift = float(np.median(np.subtract.outer(x, y)))
+    if diffs.size == 1:
+        return shift, shift, shift
+    if rank_floor(x.size, y.size) > 1 - conf:  # even full separation is kept: so is every shift
+        return shift, -math.inf, math.inf
+    mids = (diffs[:-1] + diffs[1:]) / 2
+    method = "exact" if x.size * y.size <= 400 else "asymptotic"
+
+    def kept(i: int) -> bool:
+        return sps.mannwhitneyu(x - mids[i], y, alternative="two-sided", method=method).pvalue > 1 - conf
+
+    # p rises as the shift nears the estimate and falls past it: the kept shifts are one run of
+    # gaps around the estimate, so each end is found by bisection (a dozen tests, not N)
+    centre = int(np.clip(np.searchsorted(mids, shift), 0, mids.size - 1))
+    if not kept(centre):
+        return shift, shift, shift  # no shift is kept between two differences: the estimate's own gap
+    lo_i, hi_i = 0, centre  # the first kept gap lies in [lo_i, hi_i]
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i) // 2
+        lo_i, hi_i = (lo_i, mid) if kept(mid) else (mid + 1, hi_i)
+    first = lo_i
+    lo_i, hi_i = centre, mids.size - 1  # the last kept gap
+    while lo_i < hi_i:
+        mid = (lo_i + hi_i + 1) // 2
+        lo_i, hi_i = (mid, hi_i) if kept(mid) else (lo_i, mid - 1)
+    return shift, float(diffs[first]), float(diffs[lo_i + 1])
 
 
-def blocked_ratio(d: Sequence[float], conf: float = 0.95, n_boot: int = N_BOOT, seed: int | None = None) -> tuple[float, float, float]:
-    """(exp(mean d), lo, hi): geometric-mean ratio of per-block log-ratios d, bootstrapped over blocks."""
-    a = np.asarray(d, dtype=float)
-    r = float(np.exp(a.mean()))
-    if a.size < 2 or np.all(a == a[0]):
-        return r, r, r
-    lo, hi = _percentile_bootstrap((a,), lambda s, axis: np.mean(s, axis=axis), conf, n_boot, seed)
-    return r, float(np.exp(lo)), float(np.exp(hi))
+def rank_floor(n: int, n_base: int) -> float:
+    """The smallest two-sided p the exact rank test can reach: the groups fully separated."""
+    return min(1.0, 2 / math.comb(n + n_base, n))
 
+
+def rank_mde(n: int, n_base: int, sd: float, level: float, power: float = POWER) -> float:
+    """MDE (log units) of the rank test: inf when its floor is not below `level`; else the
+    two-sample t's, the sd inflated by sqrt(pi/3) (the rank test's efficiency against t is
+    3/pi under normal noise)."""
+    if n < 2 or n_base < 2 or rank_floor(n, n_base) >= level:
+        return math.inf
+    df = n + n_base - 2
+    se = sd * math.sqrt(math.pi / 3) * math.sqrt(1 / n + 1 / n_base)
+    return float((sps.t.ppf(1 - level / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+def plan_mde(blocks: int, tests: int, cv: float, alpha: float = 0.05, looks: int = 1) -> float:
+    """The difference (a fraction: 0.05 = 5%) one real effect among `tests` primary tests is
+    called with 80% power over `blocks` blocks, when each run's metric varies by `cv` (the sd of
+    its log) and runs are independent: sd(d) = cv * sqrt(2); judged at alpha / (tests * looks),
+    the level Holm gives the one real effect when it is the only one (Bonferroni's)."""
+    d = t_mde(blocks, cv * math.sqrt(2), alpha / (max(tests, 1) * max(looks, 1)))
+    return math.expm1(d) if math.isfinite(d) else math.inf
+
+
+def blocks_for(detect: float, tests: int, cv: float, alpha: float = 0.05, looks: int = 1, most: int = 200) -> int | None:
+    """The fewest blocks (>= 3) whose plan_mde is at most `detect`; None past `most`."""
+    for k in range(3, most + 1):
+        if plan_mde(k, tests, cv, alpha, looks) <= detect:
+            return k
+    return None
+
+
+# -- corrections --------------------------------------------------------------------------------
 
 def holm(p: Sequence[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values: p_(i) * (m - i + 1), made monotone, capped at 1."""
@@ -153,6 +267,30 @@ def adjust(p: Sequence[float], method: str) -> np.ndarray:
     raise ValueError(f"correction {method!r}: one of {', '.join(CORRECTIONS)}")
 
 
+def levels(p: Sequence[float], method: str, alpha: float) -> np.ndarray:
+    """The level each test of the family is judged at (the interval's 1 - confidence), so
+    that 'the interval excludes 1' is the same statement as 'the corrected p < alpha'."""
+    a = np.asarray(p, dtype=float)
+    m = a.size
+    if m == 0 or method == "none":
+        return np.full(m, alpha)
+    if method == "bh":
+        rejected = int(np.sum(adjust(a, "bh") < alpha))
+        return np.full(m, alpha * max(rejected, 1) / m)
+    order = np.argsort(a, kind="mergesort")
+    out = np.empty(m)
+    level = alpha / m
+    for i, j in enumerate(order):
+        level = alpha / (m - i)
+        out[j] = level
+        if a[j] >= level:  # Holm stops here: this test and every later one are judged at this level
+            out[order[i:]] = level
+            break
+    return out
+
+
+# -- one verdict --------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class Comparison:
     """One arm against the baseline at one point, on one metric."""
@@ -165,9 +303,9 @@ class Comparison:
     median: float
     median_base: float
     ratio: float          # arm / baseline in the metric's own units (blocked: geometric mean of block ratios)
-    lo: float
+    lo: float             # the ratio's interval, at confidence `conf`
     hi: float
-    p: float
+    p: float              # the deciding test's p: paired t on block log-ratios, or the exact rank test
     speedup: float        # >1: the arm is faster (ratio, inverted for lower-is-better metrics)
     speedup_lo: float
     speedup_hi: float
@@ -181,78 +319,150 @@ class Comparison:
     family: int = 1       # tests in the correction's family
     control: bool = False     # the arm is the study's A/A control (a duplicate of the baseline)
     alpha: float = 0.05
-    floor: float = math.nan   # the smallest p the test can give with these trials (NaN: not tested)
-
-    @property
-    def floor_adj(self) -> float:
-        """The smallest corrected p any test of this family could reach: Holm multiplies the
-        smallest p by the family's size; BH leaves a family of equal smallest p's as is."""
-        return min(1.0, self.floor * self.family) if self.correction == "holm" else self.floor
-
-    @property
-    def can_call(self) -> bool:
-        return self.tested and self.floor_adj < self.alpha
+    floor: float = math.nan   # the smallest p the exact test can give with these trials (NaN: not tested)
+    conf: float = 0.95        # the interval's confidence: 1 - the level the test was judged at
+    p_exact: float = math.nan  # blocked: the exact sign-flip p (the robustness check printed beside)
+    sd: float = math.nan      # spread of the data in log units: sd of d (blocked), pooled sd of logs (rank)
+    mde: float = math.nan     # fraction this test calls with 80% power at its level and measured sd
+    margin: float = MARGIN    # equivalence margin (a fraction)
+    detect: float = DETECT    # the difference the study was sized to call (a fraction)
+    primary: bool = True      # a decision (False: exploratory, a family of its own)
+    looks: int = 1            # planned looks of a sequential study (alpha is spent over them)
+    higher_is_better: bool = True
+    data: tuple = field(default=(), repr=False, compare=False)       # blocked: d; rank: log values of the arm
+    data_base: tuple = field(default=(), repr=False, compare=False)  # rank: log values of the baseline
 
     @property
     def tested(self) -> bool:
         return not math.isnan(self.p)
 
+    @property
+    def equivalent(self) -> bool:
+        """The whole interval lies inside the margin (TOST read off the interval)."""
+        return self.tested and 1 / (1 + self.margin) < self.speedup_lo and self.speedup_hi < 1 + self.margin
+
+    @property
+    def rules_out(self) -> bool:
+        """The interval excludes a difference of `detect` or more either way: the question the
+        study was sized for is answered 'no' even when equivalence at the margin is not."""
+        return self.tested and 1 / (1 + self.detect) < self.speedup_lo and self.speedup_hi < 1 + self.detect
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to learn at the study's scale: a difference called, equivalence, or one of
+        `detect` ruled out (what a sequential study stops on)."""
+        return self.significant or self.equivalent or self.rules_out
+
+    @property
+    def outcome(self) -> str:
+        """differs | equivalent | inconclusive | untested: the three words and the fourth case."""
+        if not self.tested:
+            return "untested"
+        return "differs" if self.significant else "equivalent" if self.equivalent else "inconclusive"
+
+    @property
+    def can_call(self) -> bool:
+        """Whether any difference at all could be called: the test has power somewhere."""
+        return self.tested and math.isfinite(self.mde)
+
+    @property
+    def bias_bound(self) -> float:
+        """The largest difference (a fraction) the interval allows, either way."""
+        return max(self.speedup_hi - 1, 1 / self.speedup_lo - 1) if self.speedup_lo > 0 else math.inf
+
+
+def _interval(c: Comparison, conf: float) -> tuple[float, float, float, float]:
+    """(lo, hi, p, mde as a fraction) of c's data at `conf`."""
+    level = 1 - conf
+    if c.blocks:
+        _, lo, hi, p = paired_t(c.data, conf)
+        if math.isnan(lo):
+            return math.nan, math.nan, math.nan, math.inf
+        return math.exp(lo), math.exp(hi), p, math.expm1(t_mde(c.blocks, c.sd, level))
+    _, lo, hi = hodges_lehmann(c.data, c.data_base, conf)
+    mde = rank_mde(len(c.data), len(c.data_base), c.sd, level)
+    return math.exp(lo), math.exp(hi), c.p, math.expm1(mde) if math.isfinite(mde) else math.inf
+
 
 def compare(values: Sequence[float], base: Sequence[float], fabric: str, baseline: str, metric: str,
-            higher_is_better: bool = True, alpha: float = 0.05, conf: float = 0.95, seed: int | None = None,
+            higher_is_better: bool = True, alpha: float = 0.05, seed: int | None = None,
             word: str = "faster", blocks: Sequence[float] | None = None, design: str | None = None,
-            control: bool = False) -> Comparison:
+            control: bool = False, margin: float = MARGIN, primary: bool = True, looks: int = 1,
+            detect: float = DETECT) -> Comparison:
     """`fabric` against `baseline` on one metric's per-trial values, as a family of one test
-    (`correct` re-words it once the whole family is known). `blocks`: the per-block
-    log-ratios of a blocked design (then the blocked test is used; `design` names it);
-    None: the exact rank test. `word` names the winner's edge: "faster" for times and
-    rates, "better" for the rest (comm share, loss, failures)."""
-    x, y = list(values), list(base)
+    (`correct` re-judges it once the whole family is known). `blocks`: the per-block
+    log-ratios of a blocked design (then the paired t-test; `design` names it); None: the
+    rank test. `word` names the winner's edge: "faster" for times and rates, "better" for the
+    rest (comm share, loss, failures)."""
+    x, y = [float(v) for v in values], [float(v) for v in base]
+    med, med_base = float(np.median(x)), float(np.median(y))
     if blocks is not None:
+        d = tuple(float(v) for v in blocks)
         # no complete block (every pair lost a side): the medians' ratio is shown, not tested
-        ratio, lo, hi = blocked_ratio(blocks, conf=conf, seed=seed) if len(blocks) else bootstrap_ratio(x, y, conf=conf, seed=seed)
-        p = sign_flip_p(blocks, seed=seed) if len(blocks) >= 2 else math.nan
-        floor = min(1.0, 2 / 2 ** len(blocks))  # all blocks one way: 1 of 2^k flips per tail
+        ratio = math.exp(float(np.mean(d))) if d else med / med_base
+        p = paired_t(d)[3] if len(d) >= 2 else math.nan
+        sd = float(np.std(d, ddof=1)) if len(d) >= 2 else math.nan
+        floor = min(1.0, 2 / 2 ** len(d))  # the sign-flip test: all blocks one way is 1 of 2^k flips per tail
+        c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
+                       False, "", word, design or "blocked", len(d), p, control=control, alpha=alpha, floor=floor,
+                       p_exact=sign_flip_p(d, seed) if len(d) >= 2 else math.nan, sd=sd, margin=margin,
+                       primary=primary, looks=looks, data=d)
     else:
-        ratio, lo, hi = bootstrap_ratio(x, y, conf=conf, seed=seed)
-        p = permutation_p(x, y, seed=seed) if len(x) >= 2 and len(y) >= 2 else math.nan
-        floor = min(1.0, 2 / math.comb(len(x) + len(y), len(x)))  # fully separated: 1 of C(n+m, n) per tail
-    # "faster" in speed terms: throughput ratio, or the inverse ratio of a time/latency
-    s, slo, shi = (ratio, lo, hi) if higher_is_better else (1 / ratio, 1 / hi, 1 / lo)
-    c = Comparison(metric, fabric, baseline, len(x), len(y), float(np.median(x)), float(np.median(y)),
-                   ratio, lo, hi, p, s, slo, shi, False, "", word, design or Comparison.design,
-                   0 if blocks is None else len(blocks), p, control=control, alpha=alpha,
-                   floor=floor if not math.isnan(p) else math.nan)
+        pos = all(v > 0 for v in x + y)
+        lx, ly = (tuple(np.log(x)), tuple(np.log(y))) if pos else (tuple(x), tuple(y))
+        # a value <= 0 has no log: the ratio of medians is shown, not tested
+        ratio = math.exp(hodges_lehmann(lx, ly)[0]) if pos else med / med_base if med_base else 1.0 if med == 0 else math.inf
+        p = permutation_p(x, y, seed=seed) if len(x) >= 2 and len(y) >= 2 and pos else math.nan
+        sd = math.sqrt(((len(lx) - 1) * np.var(lx, ddof=1) + (len(ly) - 1) * np.var(ly, ddof=1)) / (len(lx) + len(ly) - 2)) \
+            if len(lx) >= 2 and len(ly) >= 2 else math.nan
+        c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
+                       False, "", word, design or Comparison.design, 0, p, control=control, alpha=alpha,
+                       floor=rank_floor(len(x), len(y)) if not math.isnan(p) else math.nan, sd=sd, margin=margin,
+                       primary=primary, looks=looks, data=lx, data_base=ly)
+    c = replace(c, higher_is_better=higher_is_better, detect=detect)
     return correct([c], "holm", alpha)[0]
 
 
+def _judge(c: Comparison, conf: float, p_adj: float, method: str, m: int, alpha: float) -> Comparison:
+    if c.tested:
+        lo, hi, _, mde = _interval(c, conf)
+    else:
+        lo = hi = c.ratio
+        mde = math.inf
+    s, slo, shi = (c.ratio, lo, hi) if c.higher_is_better else (1 / c.ratio, _inv(hi), _inv(lo))
+    c = replace(c, lo=lo, hi=hi, speedup=s, speedup_lo=slo, speedup_hi=shi, p_adj=p_adj, correction=method,
+                family=m, alpha=alpha, conf=conf, mde=mde)
+    sig = bool(c.tested and p_adj < alpha and (slo > 1 or shi < 1))
+    c = replace(c, significant=sig)
+    return replace(c, verdict=verdict(c))
+
+
 def correct(family: Sequence[Comparison], method: str = "holm", alpha: float = 0.05) -> list[Comparison]:
-    """The family's comparisons with corrected p, significance and verdict; untested ones
-    (too few trials) are not counted as tests."""
+    """The family's comparisons with corrected p, intervals at the level each was judged at,
+    and verdicts; untested ones (too few trials) are not counted as tests. A sequential
+    family (looks > 1) spends alpha/looks."""
     tested = [i for i, c in enumerate(family) if c.tested]
-    padj = adjust([family[i].p for i in tested], method)
+    looks = max([c.looks for c in family] or [1])
+    a = alpha / looks
+    ps = [family[i].p for i in tested]
+    padj = np.minimum(1.0, adjust(ps, method) * looks)
+    lev = levels(ps, method, a)
     out = list(family)
-    for i, pa in zip(tested, padj):
-        out[i] = replace(family[i], p_adj=float(pa), correction=method, family=len(tested), alpha=alpha)
+    for k, i in enumerate(tested):
+        out[i] = _judge(family[i], 1 - lev[k], float(padj[k]), method, len(tested), alpha)
     for i, c in enumerate(out):
         if i not in tested:
-            c = replace(c, correction=method, family=len(tested), alpha=alpha)
-        sig = bool(c.tested and c.p_adj < alpha and (c.speedup_lo > 1 or c.speedup_hi < 1))
-        out[i] = replace(c, significant=sig, verdict=verdict(c, sig))
+            out[i] = _judge(c, 1 - a, math.nan, method, len(tested), alpha)
     return out
-
-
-def blocks_needed(tests: int, alpha: float, correction: str) -> int:
-    """Fewest blocks with which the blocked test can call a difference: 2/2^k (x tests under Holm) < alpha."""
-    m = tests if correction == "holm" else 1
-    return math.floor(math.log2(2 * m / alpha)) + 1
 
 
 def method_note(c: Comparison) -> str:
     """'interleaved ABBA, 6 blocks, Holm over 18 tests'"""
     corr = "no correction" if c.correction == "none" else \
-        f"{CORRECTION_NAMES[c.correction]} over {c.family} test{'s' if c.family != 1 else ''}"
-    return f"{c.design}, {corr}"
+        f"{CORRECTION_NAMES[c.correction]} over {c.family} {'primary' if c.primary else 'exploratory'} " \
+        f"test{'s' if c.family != 1 else ''}"
+    seq = f", sequential: alpha spent over {c.looks} looks" if c.looks > 1 else ""
+    return f"{c.design}, {corr}{seq}"
 
 
 def edge(c: Comparison) -> tuple[str, str, float, float, float]:
@@ -262,27 +472,46 @@ def edge(c: Comparison) -> tuple[str, str, float, float, float]:
     s, slo, shi = c.speedup, c.speedup_lo, c.speedup_hi
     if s >= 1:
         return c.fabric, c.baseline, s - 1, slo - 1, shi - 1
-    return c.baseline, c.fabric, 1 / s - 1, 1 / shi - 1, 1 / slo - 1
+    return c.baseline, c.fabric, 1 / s - 1, _inv(shi) - 1, _inv(slo) - 1
 
 
-def verdict(c: Comparison, sig: bool) -> str:
-    """One convention for every outcome: name the side with the better median first and say
-    by how much, with the interval of that same percentage (a signed "-25.6%" leaves the
-    reader guessing who is behind). Not significant: the same sentence, prefixed, and its
-    interval may cross 0 (negative = the other side is ahead)."""
+def _inv(x: float) -> float:
+    return math.inf if x == 0 else 1 / x  # an unbounded interval stays unbounded
+
+
+def pct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _tail(c: Comparison) -> str:
+    p = f"paired t p={c.p:.3g}" if c.blocks else f"rank test p={c.p:.3g}"
+    corrected = "" if c.correction == "none" and c.looks == 1 else f", corrected p={c.p_adj:.3g}"
+    exact = f", sign-flip p={c.p_exact:.3g}" if c.blocks and not math.isnan(c.p_exact) else ""
+    n = "" if c.blocks else f"n={c.n} vs {c.n_base}; "  # a blocked design names its blocks
+    return f"({100 * c.conf:.4g}% CI; {p}{corrected}{exact}; {n}{method_note(c)})"
+
+
+def verdict(c: Comparison) -> str:
+    """One of three sentences, each naming the side with the better median first and the
+    interval of that same percentage (negative = the other side is ahead):
+    'A is faster than B by x% [lo, hi]', 'equivalent within +-m: ...' or
+    'inconclusive: ...; this test could detect >= y%'."""
     word = c.word
+    lead, trail, frac, flo, fhi = edge(c)
     if not c.tested:
-        need = "2 blocks, >= 6 to detect a difference" if c.blocks or "block" in c.design else ">= 2 each, >= 4 to detect a difference"
-        lead, trail, pct, _, _ = edge(c)
-        return (f"insufficient trials ({c.n} vs {c.n_base}{f', {c.blocks} block(s)' if c.blocks else ''}; need {need}): "
-                f"{lead} {word} than {trail} by {100 * pct:.1f}%, not tested ({c.design})")
-    lead, trail, pct, plo, phi = edge(c)
-    n1, n2 = (c.n, c.n_base) if lead == c.fabric else (c.n_base, c.n)
-    sign = "" if sig else "+"
-    corrected = "" if c.correction == "none" else f", corrected p={c.p_adj:.3g}"
-    tail = f"[{100 * plo:{sign}.1f}, {100 * phi:{sign}.1f}] (p={c.p:.3g}{corrected}, n={n1} vs {n2}; {method_note(c)})"
-    if sig:
-        return f"{lead} is {word} than {trail} by {100 * pct:.1f}% {tail}"
-    if c.speedup == 1:
-        return f"not significant: {c.fabric} and {c.baseline} have equal medians {tail}"
-    return f"not significant: {lead} is {word} than {trail} by {100 * pct:.1f}% {tail}"
+        need = "need >= 2 blocks" if c.blocks or "block" in c.design else \
+            "a value <= 0 has no ratio to test" if c.n >= 2 and c.n_base >= 2 else "need >= 2 runs each (>= 4 to reach p < 0.05)"
+        return (f"not tested ({c.n} vs {c.n_base} runs{f', {c.blocks} block(s)' if c.blocks else ''}; {need}): "
+                f"{lead} {word} than {trail} by {pct(frac)} ({c.design})")
+    interval = f"[{100 * flo:+.1f}, {100 * fhi:+.1f}]" if math.isfinite(fhi) and flo > -1 else "[unbounded]"
+    if c.significant:
+        within = f"; within the +-{pct(c.margin)} equivalence margin" if c.equivalent else ""
+        return f"{lead} is {word} than {trail} by {pct(frac)} [{100 * flo:.1f}, {100 * fhi:.1f}]{within} {_tail(c)}"
+    if c.equivalent:
+        return (f"equivalent within +-{pct(c.margin)}: {lead} {word} than {trail} by {pct(frac)} {interval} "
+                f"{_tail(c)}")
+    could = f"this test could detect >= {pct(c.mde)}" if math.isfinite(c.mde) else \
+        f"this test cannot call any difference (its smallest p is {c.floor:.3g}; more runs are needed)"
+    if c.rules_out:
+        could = f"it rules out a difference of {pct(c.detect)} or more, not yet equivalent within +-{pct(c.margin)}"
+    return f"inconclusive: {lead} {word} than {trail} by {pct(frac)} {interval}; {could} {_tail(c)}"

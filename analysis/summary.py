@@ -9,12 +9,13 @@ wherever it speaks of that ratio.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from analysis import compare, guard, stats
+from analysis import guard, stats
 from analysis.compare import Point, Result
 
 WORKLOAD_NAMES = {"pretrain": "Pre-training", "finetune": "Fine-tuning", "collectives": "Collectives",
@@ -27,6 +28,11 @@ def metric_name(metric: str) -> str:
     """'all_reduce/avg_busbw(GB/s)' -> 'all_reduce bus bandwidth'."""
     if metric.endswith("/avg_busbw(GB/s)"):
         return f"{metric.split('/')[0]} bus bandwidth"
+    if "/busbw@" in metric:  # 'all_reduce/busbw@1048576(GB/s)' -> 'all_reduce bus bandwidth at 1M'
+        op, size = metric.split("/busbw@")
+        n = int(size.split("(")[0])
+        unit = next(((u, f) for u, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)) if n >= f), ("", 1))
+        return f"{op} bus bandwidth at {n / unit[1]:g}{unit[0]}"
     return METRIC_NAMES.get(metric, metric)
 
 
@@ -39,11 +45,16 @@ def edge_text(c: stats.Comparison) -> str:
 
 
 def outcome(c: stats.Comparison) -> str:
-    return "not tested" if not c.tested else "significant" if c.significant else "not significant"
+    """The verdict's word for the table: faster/slower (or better/worse), equivalent, inconclusive, not tested."""
+    if c.outcome == "differs":
+        ahead = stats.edge(c)[0] == c.fabric
+        return {"faster": "faster" if ahead else "slower", "better": "better" if ahead else "worse"}[c.word] + \
+            ("" if c.primary else " (exploratory)")
+    return {"untested": "not tested"}.get(c.outcome, c.outcome) + ("" if c.primary or not c.tested else " (exploratory)")
 
 
 VERDICT_HEAD = ["workload", "point", "metric", "baseline", "baseline median", "arm", "arm median",
-                "difference [95% CI]", "corrected p", "n", "outcome"]
+                "difference [CI]", "CI level", "corrected p", "n", "outcome"]
 
 
 def verdict_rows(result: Result) -> list[list[str]]:
@@ -51,7 +62,8 @@ def verdict_rows(result: Result) -> list[list[str]]:
     p_ = lambda v: "n/a" if v != v else f"{v:.3g}"  # noqa: E731
     return [[WORKLOAD_NAMES.get(p.runs[0].workload, p.runs[0].workload), _short(p), c.metric, c.baseline,
              f"{c.median_base:.4g}", c.fabric + (" (A/A control)" if c.control else ""), f"{c.median:.4g}", edge_text(c),
-             p_(c.p_adj), f"{c.n} vs {c.n_base}", outcome(c)] for p, c in result.comparisons]
+             f"{100 * c.conf:.4g}%", p_(c.p_adj), f"{c.blocks} blocks" if c.blocks else f"{c.n} vs {c.n_base}",
+             outcome(c)] for p, c in result.comparisons]
 
 
 def _short(p: Point) -> str:
@@ -59,56 +71,42 @@ def _short(p: Point) -> str:
     return p.label.split(" ", 1)[1] if " " in p.label else p.label
 
 
-def _control(cs: list[stats.Comparison]) -> str:
-    ctl = [c for c in cs if c.control]
-    if not ctl:
-        return "No A/A control arm in these records, so the false-positive rate is not checked."
-    tested = [c for c in ctl if c.tested]
-    if not tested:
-        return "A/A control: not tested (too few trials)."
-    sig = sum(c.significant for c in tested)
-    if sig:
-        return f"A/A control NOT quiet: {sig} of {len(tested)} tests significant, so distrust these verdicts."
-    return f"A/A control quiet: 0 of {len(tested)} tests significant."
+def _control(result: Result) -> str:
+    status = result.control_status()
+    if not status:
+        return "No A/A control arm in these records, so bias between arms is not checked."
+    words = {"loud": "A/A control{w} NOT quiet, so distrust these verdicts: {t}", "equivalent": "A/A control{w}: {t}.",
+             "bounded": "A/A control{w}: {t}.", "mute": "A/A control{w} {t}.", "untested": "A/A control{w}: {t}."}
+    return " ".join(words[k].format(w=w, t=t.removeprefix("NOT quiet: ")) for k, w, t in status)
 
 
 def headlines(result: Result) -> list[tuple[str, str, str]]:
-    """(workload name, claim, detail) per workload and arm, on the workload's first headline
-    metric. The claim: the largest difference as a percentage with its interval, and how many
-    points were significant; the detail: where, the design and correction, the A/A control."""
-    by_wl: dict[str, list[tuple[Point, stats.Comparison]]] = defaultdict(list)
-    for p, c in result.comparisons:
-        by_wl[p.runs[0].workload].append((p, c))
+    """(workload name, claim, detail) per primary verdict of a real arm, in the order compared:
+    the verdict at the workload's declared point, never the largest of several gaps (a
+    selected maximum shown with an unselected interval overstates). The detail: where, the
+    method, the A/A control's status."""
+    control = _control(result)
     out = []
-    for wl, pcs in by_wl.items():
-        names = {c.metric for _, c in pcs}
-        first = compare.expand(compare.METRICS.get(wl, [])[:1], names) or sorted(names)[:1]
-        arms = sorted({c.fabric for _, c in pcs if not c.control})
-        for arm in arms:
-            mine = [(p, c) for p, c in pcs if c.fabric == arm and c.metric in first]
-            if mine:
-                claim, detail = _sentence(mine)
-                out.append((WORKLOAD_NAMES.get(wl, wl), claim, f"{detail} {_control([c for _, c in pcs])}"))
+    for p, c in result.comparisons:
+        if c.primary and not c.control:
+            out.append((WORKLOAD_NAMES.get(p.runs[0].workload, p.runs[0].workload), claim(c),
+                        f"(at {_short(p)}; {stats.method_note(c)}.) {control}"))
     return out
 
 
-def _sentence(mine: list[tuple[Point, stats.Comparison]]) -> tuple[str, str]:
-    p, c = max(mine, key=lambda pc: abs(pc[1].speedup - 1) if pc[1].speedup == pc[1].speedup else -1)
+def claim(c: stats.Comparison) -> str:
+    """'samples/s: roce is 12.0% faster than ib [95% CI 9.1% to 15.2%].', or equivalent, or inconclusive."""
     metric = metric_name(c.metric)
-    lead, trail, pct, lo, hi = stats.edge(c)
-    interval = f" [95% CI {100 * lo:.1f}% to {100 * hi:.1f}%]" if c.tested else ""
-    tested = [x for _, x in mine if x.tested]
-    sig = [x for x in tested if x.significant]
-    if not tested:
-        status = "not tested: too few trials"
-    elif len(mine) == 1:
-        status = outcome(c)
-    else:
-        status = (f"significant at {len(sig)} of {len(mine)} points" if sig else
-                  f"not significant at any of {len(tested)} points tested")
-    where = f"at {_short(p)}" if len(mine) == 1 else f"largest gap of {len(mine)} points, at {_short(p)}"
-    claim = f"{metric}: {lead} is {100 * pct:.1f}% {c.word} than {trail}{interval}; {status}."
-    return claim, f"({where}; {stats.method_note(c)}.)"
+    lead, trail, frac, lo, hi = stats.edge(c)
+    ci = f"[{100 * c.conf:.4g}% CI {100 * lo:.1f}% to {100 * hi:.1f}%]"
+    if c.outcome == "untested":
+        return f"{metric}: not tested, too few trials ({lead} {100 * frac:.1f}% {c.word} than {trail})."
+    if c.outcome == "differs":
+        return f"{metric}: {lead} is {100 * frac:.1f}% {c.word} than {trail} {ci}."
+    if c.outcome == "equivalent":
+        return f"{metric}: {c.fabric} and {c.baseline} are equivalent within +-{stats.pct(c.margin)} {ci}."
+    could = f"could detect >= {stats.pct(c.mde)}" if math.isfinite(c.mde) else "cannot call any difference with these runs"
+    return f"{metric}: inconclusive, {lead} {100 * frac:.1f}% {c.word} than {trail} {ci}; this study {could}."
 
 
 def relative(text: str, root: Path | None) -> str:

@@ -3,13 +3,18 @@
 On one CUDA machine with 1-8 GPUs, in under 10 minutes, it runs the real workloads on NCCL
 and checks what they report:
 
-  train/ddp     GPT-NeoX 125M, bf16, DDP        MFU, transport verdict, gradients moved as float32
-  train/zero1   the same under DeepSpeed ZeRO-1 MFU, transport verdict, gradients moved as bfloat16
-  collectives   all_reduce sweep (1 MiB-256 MiB) no wrong element, verdict, and, when all_reduce_perf
-                                                is on PATH, our busbw at the largest size >= 0.75 x its busbw
+  train/ddp     GPT-NeoX 125M, bf16, DDP        MFU in its band, TFLOPS/GPU = the FLOPs formula over the
+                                                timed steps, transport verdict, gradients moved as float32
+  train/zero1   the same under DeepSpeed ZeRO-1 the same, gradients moved as bfloat16
+  collectives   all_reduce sweep (1 MiB-256 MiB) no wrong element, verdict, busbw at the largest size
+                                                within the band of this GPU's NVLink (workloads/fabric/
+                                                ceiling.py), and, when all_reduce_perf is on PATH, our busbw
+                                                there >= 0.75 x its busbw
   serve/tp<k>   the reference engine at TP=min(2, GPUs), bf16, a short closed-loop sweep: every request
                 completed, transport verdict
 
+Every figure is compared with a value or a band whose source the row names (MFU bands:
+workloads/training/expected.py; busbw: workloads/fabric/ceiling.py), never with "> 0".
 It prints one table and exits 0 when every row is ok, 1 on any mismatch, 2 when it cannot run
 (no GPU: one line says so). Each step's log and records stay under --out. Steps are separate
 processes (one torchrun each), with a time limit each.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,7 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the expected bands live in workloads/, as for every entry point
 EXTERNAL_MIN_RATIO = 0.75  # ours vs all_reduce_perf at the largest size: below this is a mismatch
+# NCCL's SHM transport and the CUDA-IPC handles live in /dev/shm; Docker's default 64 MB makes
+# NCCL segfault in ncclShmOpen (pytorch/tutorials 0ba3e39 added --shm-size=2gb for exactly
+# that); NVIDIA's NGC containers document --shm-size=1g. Below 1 GiB is a mismatch.
+SHM_MIN_BYTES = 1 << 30
 GRAD_DTYPE = {"ddp": "float32", "zero1": "bfloat16"}  # what the gradient collectives must move at bf16
 
 
@@ -36,17 +47,38 @@ class Row:
     result: str
     expected: str
     status: str  # ok | MISMATCH | n/a
+    source: str = ""  # where `expected` comes from: printed as a numbered note under the table
 
     @property
     def failed(self) -> bool:
         return self.status == "MISMATCH"
 
 
-def row(check: str, result, expected: str, ok: bool | None) -> Row:
-    return Row(check, str(result), expected, "n/a" if ok is None else "ok" if ok else "MISMATCH")
+def row(check: str, result, expected: str, ok: bool | None, source: str = "") -> Row:
+    return Row(check, str(result), expected, "n/a" if ok is None else "ok" if ok else "MISMATCH", source)
 
 
 # ---- what each step's records must say (pure: records in, rows out) ----
+
+SHM_SOURCE = ("Docker's 64 MB default crashes NCCL in ncclShmOpen (pytorch/tutorials 0ba3e39); "
+              "docker run --ipc=host or --shm-size=16g")
+
+
+def shm_row(total_bytes: int | None) -> Row:
+    if total_bytes is None:
+        return row("host /dev/shm", "not mounted", ">= 1 GiB", False, SHM_SOURCE)
+    return row("host /dev/shm", f"{total_bytes / 2**30:.2f} GiB", ">= 1 GiB", total_bytes >= SHM_MIN_BYTES,
+               SHM_SOURCE)
+
+
+def missing(step: str, exit_code: int | None, limit_s: float | None) -> Row:
+    """A step that left no record: say whether it ran out of time, failed, or never ran."""
+    if exit_code == 124:
+        return row(step, f"timeout: killed after {limit_s:g}s, no record", "a record within the step's limit", False)
+    if exit_code is not None:
+        return row(step, f"exit {exit_code}, no record (see its log)", "a record", False)
+    return row(step, "no record", "a record", False)
+
 
 def _verdict_row(step: str, rec: dict) -> Row:
     t = (rec.get("fabric") or {}).get("transport") or {}
@@ -54,15 +86,15 @@ def _verdict_row(step: str, rec: dict) -> Row:
     return row(f"{step} transport", v if not t.get("message") else f"{v}: {t['message']}", "ok", v == "ok")
 
 
-def train_rows(step: str, engine: str, rec: dict | None) -> list[Row]:
+def train_rows(step: str, engine: str, rec: dict | None, exit_code: int | None = None,
+               limit_s: float | None = None) -> list[Row]:
     if rec is None:
-        return [row(f"{step}", "no record", "a record", False)]
-    m = rec.get("metrics") or {}
+        return [missing(step, exit_code, limit_s)]
+    from workloads.training.expected import mfu_check, tflops_check
+
     rows = [row(f"{step} status", rec.get("status"), "ok", rec.get("status") == "ok")]
-    mfu = m.get("mfu")
-    rows.append(row(f"{step} MFU", f"{mfu:.1%} of {m.get('mfu_peak(TFLOPS)'):g} TFLOPS" if mfu is not None else
-                    "none (GPU not in the peak table; give metrics.peak_tflops)", "> 0", None if mfu is None else mfu > 0))
-    rows.append(row(f"{step} TFLOPS/GPU", f"{m.get('tflops_per_gpu', 0):.1f}", "> 0", (m.get("tflops_per_gpu") or 0) > 0))
+    rows.append(row(f"{step} MFU", *mfu_check(rec)))
+    rows.append(row(f"{step} TFLOPS/GPU", *tflops_check(rec)))
     rows.append(_verdict_row(step, rec))
     dtype = (rec.get("comm") or {}).get("dtype")
     alone = (rec.get("world") or {}).get("world_size") == 1 and dtype is None  # one GPU: nothing to reduce
@@ -71,16 +103,38 @@ def train_rows(step: str, engine: str, rec: dict | None) -> list[Row]:
     return rows
 
 
-def collectives_rows(rec: dict | None) -> list[Row]:
+def collectives_rows(rec: dict | None, exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
     if rec is None:
-        return [row("collectives", "no record", "a record", False)]
+        return [missing("collectives", exit_code, limit_s)]
     m = rec.get("metrics") or {}
     rows = [row("collectives status", rec.get("status"), "ok", rec.get("status") == "ok"),
             row("collectives wrong elements", m.get("wrong_elements"), "0", m.get("wrong_elements") == 0),
-            row("collectives avg busbw", f"{m.get('avg_busbw(GB/s)', 0):.2f} GB/s", "> 0",
-                (m.get("avg_busbw(GB/s)") or 0) > 0),
+            ceiling_row(rec),
             _verdict_row("collectives", rec)]
     return rows + [external_row(rec.get("rows") or [], rec.get("external") or {})]
+
+
+def _largest_all_reduce(rows: list[dict]) -> tuple[int, float] | None:
+    cells = [(r["size"], c["busbw"]) for r in rows if r.get("op") == "all_reduce"
+             for c in (r.get("in_place"), r.get("out_of_place")) if c and c.get("busbw") is not None]
+    if not cells:
+        return None
+    size = max(s for s, _ in cells)
+    return size, max(b for s, b in cells if s == size)
+
+
+def ceiling_row(rec: dict) -> Row:
+    """all_reduce busbw at the largest size against the band of this machine's class."""
+    from workloads.fabric.ceiling import all_reduce_ceiling
+
+    name = "collectives busbw vs ceiling"
+    got = _largest_all_reduce(rec.get("rows") or [])
+    if got is None:
+        return row(name, "no all_reduce row", "a row", False)
+    size, busbw = got
+    c = all_reduce_ceiling(rec)
+    share = f" = {busbw / c.line_gbps:.0%} of line" if c.line_gbps else ""
+    return row(name, f"{busbw:.1f} GB/s at {size} B{share}", c.expected(), c.judge(busbw), c.source)
 
 
 def external_row(ours: list[dict], ext: dict) -> Row:
@@ -101,9 +155,9 @@ def external_row(ours: list[dict], ext: dict) -> Row:
                ratio >= EXTERNAL_MIN_RATIO)
 
 
-def serve_rows(step: str, recs: list[dict]) -> list[Row]:
+def serve_rows(step: str, recs: list[dict], exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
     if not recs:
-        return [row(step, "no record", "a record per point", False)]
+        return [missing(step, exit_code, limit_s)]
     rows = []
     for rec in recs:
         m = rec.get("metrics") or {}
@@ -115,10 +169,18 @@ def serve_rows(step: str, recs: list[dict]) -> list[Row]:
 
 
 def render(rows: list[Row], machine: str) -> str:
-    w = [max(len(r.check) for r in rows), min(70, max(len(r.result) for r in rows)), max(len(r.expected) for r in rows)]
-    lines = [f"# gpu-check on {machine}", f"{'check':<{w[0]}}  {'result':<{w[1]}}  {'expected':<{w[2]}}  status"]
+    notes: dict[str, int] = {}  # source -> its number, in order of first use
+    expected = []
     for r in rows:
-        lines.append(f"{r.check:<{w[0]}}  {r.result[:w[1]]:<{w[1]}}  {r.expected:<{w[2]}}  {r.status}")
+        if r.source:
+            expected.append(f"{r.expected} [{notes.setdefault(r.source, len(notes) + 1)}]")
+        else:
+            expected.append(r.expected)
+    w = [max(len(r.check) for r in rows), min(70, max(len(r.result) for r in rows)), max(len(e) for e in expected)]
+    lines = [f"# gpu-check on {machine}", f"{'check':<{w[0]}}  {'result':<{w[1]}}  {'expected':<{w[2]}}  status"]
+    for r, e in zip(rows, expected):
+        lines.append(f"{r.check:<{w[0]}}  {r.result[:w[1]]:<{w[1]}}  {e:<{w[2]}}  {r.status}")
+    lines += [f"# [{n}] {source}" for source, n in notes.items()]
     bad = sum(r.failed for r in rows)
     lines.append(f"# {len(rows) - bad} of {len(rows)} checks ok" + (f", {bad} MISMATCH" if bad else ""))
     return "\n".join(lines)
@@ -131,13 +193,25 @@ def exit_code(rows: list[Row]) -> int:
 # ---- running the steps ----
 
 def gpus() -> tuple[int, str]:
-    """(visible CUDA GPUs, a description of the machine); 0 when there is none."""
+    """(visible CUDA GPUs, a description of the machine); with 0, why not, in one line."""
     import torch
 
     if not torch.cuda.is_available():
-        return 0, f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU"
+        from workloads.core.driver import driver_problem, nvidia_driver
+
+        problem = driver_problem(nvidia_driver(), torch.version.cuda)
+        return 0, problem or (f"no GPU here (torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA "
+                              "GPU); run it on a CUDA machine with 1-8 GPUs")
     n = torch.cuda.device_count()
     return n, f"{n} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
 
 
 def records(out: Path, run_id: str) -> list[dict]:
@@ -178,20 +252,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fabric", default="intranode", help="fabric profile (conf/fabric/); default intranode")
     p.add_argument("--out", default=str(REPO / "results" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
+    # the limits fit a warm node; a cold one (torch and DeepSpeed imported by 8 ranks from a
+    # shared filesystem) may need more, and a killed step would read as a timeout row
+    p.add_argument("--limits-x", type=float, default=1.0, help="multiply every step's time limit (default 1)")
     a = p.parse_args(argv)
+    if a.limits_x <= 0:
+        p.error(f"--limits-x must be positive, got {a.limits_x:g}")
     n, machine = gpus()
     if n == 0:
-        print(f"gpu-check: no GPU here ({machine}); run it on a CUDA machine with 1-8 GPUs", file=sys.stderr)
+        print(f"gpu-check: {machine}", file=sys.stderr)
         return 2
     n = min(n, 8)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for name, args, limit in steps(n, a.fabric, out):
-        run_step(name, args, out, limit)
-    rows = (train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None))
-            + train_rows("train/zero1", "zero1", next(iter(records(out, "gpu-check-zero1")), None))
-            + collectives_rows(next(iter(records(out, "gpu-check-coll")), None))
-            + serve_rows(f"serve/tp{min(2, n)}", records(out, "gpu-check-serve")))
+    done = {name: (run_step(name, args, out, limit * a.limits_x), limit * a.limits_x)
+            for name, args, limit in steps(n, a.fabric, out)}
+    serve = f"serve/tp{min(2, n)}"
+    rows = ([shm_row(shm_bytes())]
+            + train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None), *done["train/ddp"])
+            + train_rows("train/zero1", "zero1", next(iter(records(out, "gpu-check-zero1")), None),
+                         *done["train/zero1"])
+            + collectives_rows(next(iter(records(out, "gpu-check-coll")), None), *done["collectives"])
+            + serve_rows(serve, records(out, "gpu-check-serve"), *done[serve]))
     print(render(rows, f"{machine}, fabric={a.fabric}"))
     return exit_code(rows)
 

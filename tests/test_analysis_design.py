@@ -23,13 +23,9 @@ from workloads.core.records import write_record
 ALPHA = 0.05
 
 
-def binomial_bound(n: int, p: float = ALPHA, z: float = 3.0, effective: float | None = None) -> float:
-    """Most false positives of n tests at level p a correct test shows, within z standard deviations.
-    `effective`: how many independent tests n correlated ones amount to. n tests that fall into
-    `effective` clusters of n/effective moving together have the same mean count and a variance
-    n/effective times the binomial one (the design effect)."""
-    deff = n / effective if effective else 1.0
-    return n * p + z * math.sqrt(n * p * (1 - p) * deff)
+def binomial_bound(n: int, p: float = ALPHA, z: float = 3.0) -> float:
+    """Most false positives of n independent tests at level p a correct test shows, within z standard deviations."""
+    return n * p + z * math.sqrt(n * p * (1 - p))
 
 
 # --- worked values ------------------------------------------------------------------------
@@ -62,7 +58,9 @@ def test_blocked_ratio_is_the_geometric_mean_of_block_ratios():
     d = np.log([1.1, 1.2, 1.05, 1.15])
     r, lo, hi = stats.blocked_ratio(d)
     assert r == pytest.approx((1.1 * 1.2 * 1.05 * 1.15) ** 0.25)
-    assert 1.05 <= lo <= r <= hi <= 1.2
+    # the t-interval on d, by hand: sd 0.0585 over 4 blocks, t(0.975, 3) = 3.1824
+    half = 3.182446305284263 * float(np.std(d, ddof=1)) / 2
+    assert (lo, hi) == pytest.approx((r * math.exp(-half), r * math.exp(half)))
     assert stats.blocked_ratio(np.log([1.3] * 3)) == pytest.approx((1.3, 1.3, 1.3))
 
 
@@ -80,24 +78,54 @@ def test_verdict_needs_corrected_p_and_names_design_and_correction():
     sep = ([10.0, 11.0, 12.0, 13.0], [1.0, 2.0, 3.0, 4.0])  # fully separated 4 vs 4: p = 2/70
     alone = stats.compare(*sep, "b", "a", "samples_per_sec")
     assert alone.significant and alone.p == pytest.approx(2 / 70) and alone.p_adj == pytest.approx(2 / 70)
-    assert "exact rank test, run order not recorded, Holm over 1 test)" in alone.verdict
+    assert "exact rank test, run order not recorded, Holm over 1 primary test)" in alone.verdict
     other = stats.compare([1.0, 2.0, 3.0, 4.0], [1.5, 2.5, 3.5, 4.5], "c", "a", "samples_per_sec")
     fam = stats.correct([alone, other], "holm")
     assert fam[0].p_adj == pytest.approx(4 / 70) and not fam[0].significant  # 0.057: not below 0.05
-    assert fam[0].verdict.startswith("not significant: b is faster than a by ") and "Holm over 2 tests" in fam[0].verdict
+    # judged at 0.025, where 4 vs 4 cannot reach (2/70 = 0.029): the interval is unbounded, and says so
+    assert fam[0].conf == pytest.approx(0.975) and fam[0].verdict.startswith("inconclusive: b faster than a by ")
+    assert "[unbounded]; this test cannot call any difference" in fam[0].verdict and "Holm over 2 primary tests" in fam[0].verdict
     assert stats.correct([alone, other], "none")[0].significant
     bh = stats.correct([alone, other], "bh")[0]
-    assert bh.p_adj == pytest.approx(4 / 70) and "Benjamini-Hochberg over 2 tests" in bh.verdict
+    assert bh.p_adj == pytest.approx(4 / 70) and "Benjamini-Hochberg over 2 primary tests" in bh.verdict
 
 
-def test_blocked_verdict_floor():
-    # every block 20% faster: 5 blocks cannot pass (2/32), 6 can (2/64)
-    d = [math.log(1.2)] * 6
-    five = stats.compare([1.2] * 5, [1.0] * 5, "b", "a", "samples_per_sec", blocks=d[:5], design="interleaved ABBA, 5 blocks")
-    six = stats.compare([1.2] * 6, [1.0] * 6, "b", "a", "samples_per_sec", blocks=d, design="interleaved ABBA, 6 blocks")
-    assert not five.significant and five.p == pytest.approx(0.0625)
-    assert six.significant and six.verdict.startswith("b is faster than a by 20.0% [20.0, 20.0]")
-    assert "interleaved ABBA, 6 blocks, Holm over 1 test" in six.verdict
+def test_blocked_verdict_is_the_paired_t_test_with_the_sign_flip_check_beside():
+    # 5 blocks 20% faster with a little spread: the t-test calls it; the exact sign-flip test,
+    # printed beside, cannot go below 2/32 with 5 blocks (it decided alone before, and could not)
+    d = [math.log(1.2) + e for e in (0.01, -0.01, 0.02, -0.02, 0.0)]
+    five = stats.compare([1.2] * 5, [1.0] * 5, "b", "a", "samples_per_sec", blocks=d, design="interleaved ABBA, 5 blocks")
+    assert five.significant and five.p_exact == pytest.approx(0.0625)
+    # sd 0.01581, t(0.975, 4) = 2.77645: 1.2 x exp(+-0.01963) = [1.1767, 1.2238]
+    assert five.verdict.startswith("b is faster than a by 20.0% [17.7, 22.4] (95% CI; paired t p=")
+    assert "sign-flip p=0.0625; interleaved ABBA, 5 blocks, Holm over 1 primary test)" in five.verdict
+    # every block the same: the mean is known exactly
+    same = stats.compare([1.2] * 3, [1.0] * 3, "b", "a", "samples_per_sec", blocks=[math.log(1.2)] * 3, design="x")
+    assert same.p == 0 and same.verdict.startswith("b is faster than a by 20.0% [20.0, 20.0]")
+
+
+def test_mde_and_planning_worked_values():
+    # for many blocks the t-test's MDE tends to (z(0.975) + z(0.8)) sd / sqrt(k) = 2.8016 sd / sqrt(k)
+    assert stats.t_mde(2000, 1.0, 0.05) * math.sqrt(2000) == pytest.approx(2.8016, abs=0.005)
+    # 6 blocks, one test: about (t(0.975,5) + t(0.8,5)) sd / sqrt(6) = 3.49; exact by the noncentral t, 3.51
+    assert stats.t_mde(6, 1.0, 0.05) * math.sqrt(6) == pytest.approx(3.514, abs=0.002)
+    assert stats.t_mde(1, 1.0, 0.05) == math.inf
+    # CV 5% per run: 7 blocks detect 10% with one test, 8 with two; CV 2%: 4 blocks
+    assert stats.plan_mde(7, 1, 0.05) == pytest.approx(0.0942, abs=0.001)
+    assert stats.blocks_for(0.10, 1, 0.05) == 7 and stats.blocks_for(0.10, 2, 0.05) == 8
+    assert stats.blocks_for(0.10, 2, 0.02) == 4
+    # the rank test: no power at all while its floor is not below the level
+    assert stats.rank_mde(3, 3, 0.05, 0.05) == math.inf and math.isfinite(stats.rank_mde(4, 4, 0.05, 0.05))
+
+
+def test_interval_levels_follow_the_correction():
+    p = [0.001, 0.02, 0.04, 0.5]
+    # Holm: 0.001 < 0.05/4 is called; 0.02 >= 0.05/3 stops it; the rest are judged at 0.05/3 too
+    assert stats.levels(p, "holm", 0.05) == pytest.approx([0.0125, 0.05 / 3, 0.05 / 3, 0.05 / 3])
+    # BH: adjusted 0.004, 0.04, 0.053, 0.5: two rejected of four, every interval at 2 x 0.05 / 4
+    # (Benjamini-Yekutieli false-coverage-rate intervals)
+    assert stats.levels(p, "bh", 0.05) == pytest.approx([0.025] * 4)
+    assert stats.levels(p, "none", 0.05) == pytest.approx([0.05] * 4)
 
 
 # --- study records -----------------------------------------------------------------------
@@ -139,7 +167,9 @@ def test_study_is_blocked_grouped_by_arm_and_uses_declared_baseline():
     # the control is its own family: one test each
     assert by["fast"].family == 1 and by["loopback~aa"].family == 1 and by["loopback~aa"].control
     (line,) = res.control_lines()
-    assert line.startswith("A/A control: quiet — 0 of 1 tests significant after Holm")
+    # 6 blocks whose A/A ratios alternate +-4% (the drift): no bias found, bounded, not equivalent at 2%
+    assert line == ("A/A control: no bias found; the arms agree within +-4.7% (1 primary test; not yet equivalent "
+                    "at +-2.0%; it could detect >= 6.5%)")
 
 
 def test_control_not_quiet_is_said_first(tmp_path, capsys):
@@ -148,27 +178,27 @@ def test_control_not_quiet_is_said_first(tmp_path, capsys):
         write_record(tmp_path / r["study"]["arm"], r, "rec")
     assert cli_main(["compare", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("A/A control NOT quiet: 1 of 1 tests significant after Holm")
+    assert lines[0].startswith("A/A control NOT quiet: 1 of 1 primary tests differ (samples_per_sec: loopback~aa is "
+                               "faster than loopback by 20.0%")
     assert "treat every verdict with suspicion" in lines[0]
 
 
 def test_a_control_that_cannot_fire_says_so_not_quiet():
-    # 5 blocks: the smallest p is 2/32 = 0.0625, so nothing can fire; a "quiet" control would say nothing
-    recs = study_records({"a": 100.0, "a~aa": 100.0, "b": 100.0, "c": 100.0}, blocks=5, control="a~aa")
+    # 3 blocks with A/A ratios 1.10, 0.92, 1.03: it could only detect a bias far above the 10% a
+    # study asks for; "quiet" would say nothing, so it says it cannot speak and what would
+    recs = study_records({"a": 100.0, "a~aa": 100.0, "b": 100.0}, blocks=3, control="a~aa")
+    for r, f in zip([r for r in recs if r["study"]["arm"] == "a~aa"], (1.10, 0.92, 1.03)):
+        r["metrics"]["samples_per_sec"] *= f
     res = compare_table(table_of(recs))
     (line,) = res.control_lines()
-    assert line == ("A/A control: cannot speak — no test could reach p < 0.05 after Holm over 1 test (interleaved "
-                    "ABBA, 5 blocks: the smallest p is 0.0625, 0.0625 corrected); run >= 6 blocks, fewer tests "
-                    "(--metric) or --correction bh")
-    (note,) = res.floor_lines()
-    assert note.startswith("no verdict of study s1 can be significant: no test could reach p < 0.05 after Holm over "
-                           "2 tests (interleaved ABBA, 5 blocks: the smallest p is 0.0625, 0.125 corrected); run >= 7 blocks")
-    # 6 blocks: Holm over the 2 real tests still cannot (2 x 2/64); BH can
-    six = study_records({"a": 100.0, "a~aa": 100.0, "b": 100.0, "c": 100.0}, blocks=6, control="a~aa")
-    assert len(compare_table(table_of(six)).floor_lines()) == 1
-    assert compare_table(table_of(six), correction="bh").floor_lines() == []
-    assert stats.blocks_needed(2, 0.05, "holm") == 7 and stats.blocks_needed(36, 0.05, "holm") == 11
-    assert stats.blocks_needed(36, 0.05, "bh") == 6
+    assert line.startswith("A/A control cannot speak: it could only detect a bias >= ") and "quiet" not in line
+    assert "(the study asks for 10.0%); at its measured noise (CV 6.4%) it needs " in line
+    assert res.floor_lines() == []  # the t-test can call something at 3 blocks
+    # loose runs, 3 vs 3: the rank test's floor (0.1) is above 0.05: nothing can be called, said once
+    loose = Table(run_from_record(train_record(f, v, trial=i)) for f, vs in (("a", (1, 2, 3)), ("b", (4, 5, 6)))
+                  for i, v in enumerate(vs))
+    (note,) = compare_table(loose).floor_lines()
+    assert note.startswith("no verdict can call a difference: the rank test's smallest p with 3 vs 3 runs is 0.1")
 
 
 def test_failed_records_are_counted_and_named(tmp_path, capsys):
@@ -190,7 +220,7 @@ def test_too_few_blocks_are_not_tested():
     recs[0]["status"] = recs[3]["status"] = recs[5]["status"] = "failed"  # a in blocks 0 and 1, b in block 2: no block keeps both
     (( _, c),) = compare_table(table_of(recs)).comparisons
     assert not c.tested and c.blocks == 0 and c.ratio == pytest.approx(1.2)
-    assert c.verdict.startswith("insufficient trials (2 vs 1; need 2 blocks, >= 6 to detect a difference)")
+    assert c.verdict.startswith("not tested (2 vs 1 runs; need >= 2 blocks)")
     assert "interleaved ABBA, 0 blocks (3 incomplete dropped)" in c.verdict
 
 
@@ -227,13 +257,13 @@ def test_json_and_csv_exports_round_trip(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
     res = compare_table(table_of(r for r in recs))
     assert len(doc["verdicts"]) == len(res.comparisons) == 2
-    assert doc["correction"] == "holm" and doc["control"][0].startswith("A/A control: quiet")
+    assert doc["correction"] == "holm" and doc["control"][0].startswith("A/A control: within +-1.3% on every primary")
     assert doc["excluded"][0]["status"] == "failed"
     for row, (_, c) in zip(doc["verdicts"], res.comparisons):
         assert row["verdict"] == c.verdict and row["p_corrected"] == pytest.approx(c.p_adj)
         assert row["other"] == c.fabric and row["baseline"] == "loopback" and row["workload"] == "pretrain"
     assert cli_main(["compare", str(tmp_path / "res"), "--csv", str(tmp_path / "v.csv"), "--correction", "bh"]) == 0
-    assert "A/A control: quiet" in capsys.readouterr().out  # the text still goes to stdout
+    assert "A/A control: within +-" in capsys.readouterr().out  # the text still goes to stdout
     rows = list(csv.DictReader(io.StringIO((tmp_path / "v.csv").read_text())))
     assert [r["other"] for r in rows] == [c.fabric for _, c in res.comparisons]
     assert rows[0].keys() >= {"workload", "point", "metric", "baseline", "other", "ratio", "lo", "hi", "p",
@@ -298,11 +328,11 @@ def test_report_opens_with_the_control_and_writes_the_json(tmp_path):
     md = rep.markdown.read_text().splitlines()
     # the headline, before any table, carries the control's result with the claim it qualifies
     assert md[2] == "## Headline" and md[4].startswith("**Pre-training — samples/s: fast is ")
-    assert "A/A control quiet: 0 of 1 tests significant." in md[4]
+    assert "A/A control: no bias found; the arms agree within +-2.1%" in md[4]
     assert "status partial" in "\n".join(md) and "corrected p" in "\n".join(md)
     assert rep.json == tmp_path / "rep" / "report.json"
     doc = json.loads(rep.json.read_text())
     assert [v["verdict"] for v in doc["verdicts"]] == [c.verdict for _, c in res.comparisons]
     html = rep.html.read_text()
-    assert html.index("A/A control quiet") < html.index("<h2>Verdicts</h2>")
-    assert "A/A control: quiet — 0 of 1 tests significant after Holm" in "\n".join(md)  # control_lines(), in Method
+    assert html.index("A/A control: no bias found") < html.index("<h2>Verdicts</h2>")
+    assert "quiet" not in "\n".join(md)

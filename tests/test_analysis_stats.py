@@ -52,8 +52,10 @@ def test_median_and_ratio_intervals_hand_checked():
     med, lo, hi = stats.bootstrap_median([1.0, 2.0, 3.0, 4.0, 100.0])
     assert med == 3.0 and lo >= 1.0 and hi <= 100.0 and lo <= 3.0 <= hi
     assert stats.bootstrap_median([5.0]) == (5.0, 5.0, 5.0)
-    r, lo, hi = stats.bootstrap_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
-    assert (r, lo, hi) == (2.0, 2.0, 2.0)
+    # Hodges-Lehmann: the median of the 16 differences 6..12 is 9; 4 vs 4 keeps every shift but
+    # the two fully separated ones (p = 2/70 < 0.05; U = 1 gives 4/70 > 0.05): [6, 12]
+    assert stats.hodges_lehmann([10, 11, 12, 13], [1, 2, 3, 4]) == (9.0, 6.0, 12.0)
+    assert stats.hodges_lehmann([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
 
 
 def test_permutation_p_exact_floor():
@@ -81,7 +83,11 @@ def test_no_difference_says_so():
     res = compare_table(Table(run_from_record(r) for r in synthetic(1.0, 0.05, 8, 7)), baseline="a")
     _, c = res.comparisons[0]
     assert not c.significant and c.lo <= 1.0 <= c.hi
-    assert c.verdict.startswith("not significant: b is faster than a by 0.9% [-3.1, +4.8]"), c.verdict
+    # never a bare "not significant": the interval, and what this test could have seen
+    assert c.verdict.startswith("inconclusive: b faster than a by 0.7% [-3.2, +4.1]; it rules out a difference of "
+                                "10.0% or more, not yet equivalent within +-2.0% (95% CI; rank test p=0.721"), c.verdict
+    wide = stats.compare([1.0, 1.3, 0.8, 1.1, 0.95, 1.2], [1.1, 0.9, 1.25, 0.85, 1.0, 1.05], "b", "a", "samples_per_sec")
+    assert wide.outcome == "inconclusive" and "; this test could detect >= " in wide.verdict, wide.verdict
 
 
 def test_lower_is_better_metric_inverts_speed():
@@ -92,7 +98,7 @@ def test_lower_is_better_metric_inverts_speed():
 
 def test_single_trial_is_not_tested():
     c = stats.compare([10.0], [9.0, 9.1], "b", "a", "samples_per_sec")
-    assert "insufficient trials" in c.verdict and not c.significant and math.isnan(c.p)
+    assert c.verdict.startswith("not tested (1 vs 2 runs; need >= 2 runs each") and not c.significant and math.isnan(c.p)
 
 
 def test_confounded_pair_refused_with_key_named():

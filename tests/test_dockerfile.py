@@ -118,7 +118,8 @@ def test_cuda_image_builds_against_the_locks_cuda():
 
 def test_vllm_image_runs_fabricbench_commands():
     """vllm/vllm-openai's ENTRYPOINT is `vllm serve`: the target resets it, so
-    `docker run fabricbench:vllm python launch/infer.py ...` runs what it says."""
+    `docker run fabricbench:vllm /opt/fabricbench/.venv/bin/python launch/infer.py ...` runs what it
+    says (test_gpu_path_2.py runs the image's CMD against an engine python3 without hydra)."""
     st = stages((REPO / "Dockerfile").read_text())
     assert re.search(r"^ENTRYPOINT \[\]$", st["vllm"], re.M), "the vllm target keeps vLLM's entrypoint"
 

@@ -116,15 +116,33 @@ def test_warmup_collectives_run_before_the_log_is_read(monkeypatch, tmp_path):
     assert sizes == [1, 1 << 20]
 
 
-def test_reference_server_warms_up_before_check_transport():
-    """Order in run_server: the warm-up collectives come before check_transport (a test of
-    the source order, because run_server itself needs a served engine)."""
-    import inspect
+def test_reference_server_warms_up_before_check_transport(tmp_path):
+    """run_server itself, in its own one-rank process (Gloo, a real tiny engine): when it reads
+    the transport, the tiny and the multi-MB all_reduce have run. A spy stands where NCCL's log
+    would be read and stops the server there (it would serve forever)."""
+    import subprocess
+    import sys
 
-    from workloads.inference.engine import run
+    from conftest import REPO, child_env
 
-    src = inspect.getsource(run.run_server)
-    assert src.index("warmup_collectives(") < src.index("check_transport(")
+    script = f"""
+import sys, torch.distributed as dist
+from workloads.core import launcher, rundir
+from workloads.inference.engine import run
+sizes, real = [], dist.all_reduce
+dist.all_reduce = lambda t, **kw: (sizes.append(t.numel()), real(t, **kw))[1]
+def spy(fabric, run_dir, info):
+    print("AT CHECK", sizes, flush=True)
+    raise SystemExit(0)
+run.check_transport = spy
+rundir.register_resolvers()
+cfg = launcher.compose(launcher.CONF_DIR, ["model=neox-tiny", "fabric=loopback", "output_root={tmp_path}"], "serve")
+run.run_server(cfg)
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "AT CHECK [1, 1048576]" in r.stdout, r.stdout[-2000:]
 
 
 # ---- #4 fabric=pcie rejects NVLink ----
@@ -240,42 +258,87 @@ def test_device_index_under_per_task_binding():
 
 # ---- #6 the external nccl-tests run: same split, nothing of ours beside it ----
 
-def test_nccl_tests_split_matches_our_pattern_groups():
-    from workloads.collectives.nccltests import split_env
-    from workloads.collectives.settings import pattern_groups
-
-    assert split_env("all", 16, 8) == {}
-    assert split_env("one_per_node", 16, 8) == {"NCCL_TESTS_SPLIT": "MOD 8"}
-    assert split_env("pairs", 16, 8) == {"NCCL_TESTS_SPLIT": "MOD 8"}
-    assert split_env("pairs", 8, 4) == {"NCCL_TESTS_SPLIT": "MOD 4"}
-    # "MOD m" puts rank r in communicator r % m: the same groups as ours
-    for pattern, world, rpn in (("one_per_node", 16, 8), ("pairs", 8, 4), ("pairs", 12, 6)):
-        m = int(split_env(pattern, world, rpn)["NCCL_TESTS_SPLIT"].split()[1])
-        assert pattern_groups(pattern, world, rpn) == [[r for r in range(world) if r % m == c] for c in range(m)]
-
-
-def test_run_external_passes_the_split_to_the_binary(tmp_path, monkeypatch):
-    # all_reduce_perf needs a GPU: a stand-in script plays it at that boundary and echoes
-    # the NCCL_TESTS_SPLIT it was started with.
+def _nccl_tests_on_path(tmp_path, monkeypatch) -> Path:
+    """`all_reduce_perf` and `mpirun` shims running tests/nccl_tests_emulator.py, which
+    reproduces how nccl-tests colours processes and numbers ranks (its docstring cites the
+    lines); each run's argv is appended to bindir/argv."""
     import os
-    import stat
+    import sys
 
-    from tests.test_collectives_bw import _settings
-    from tests.test_collectives_nccltests import TABLE
-    from workloads.collectives import nccltests
-
+    emulator = Path(__file__).parent / "nccl_tests_emulator.py"
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "table.txt").write_text(TABLE)
-    fake = bindir / "all_reduce_perf"
-    fake.write_text(f'#!/bin/sh\n[ "$1" = "-h" ] && exit 0\necho "$NCCL_TESTS_SPLIT" > {bindir}/split\n'
-                    f'cat {bindir}/table.txt\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for name, role in (("all_reduce_perf", "perf"), ("mpirun", "mpirun")):
+        (bindir / name).write_text(f'#!/bin/sh\nexec {sys.executable} {emulator} {role} "$@"\n')
+        (bindir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    s = _settings("collectives.minbytes=1M", "collectives.maxbytes=2M")
-    block = nccltests.run_external(s, tmp_path / "ext", 8, nodes=2, env={"NCCL_TESTS_SPLIT": "MOD 8"})
-    assert block["status"] == "ok" and block["env"] == {"NCCL_TESTS_SPLIT": "MOD 8"}
-    assert (bindir / "split").read_text().strip() == "MOD 8"
+    monkeypatch.setenv("FAKE_NCCL_TESTS_ARGV", str(bindir / "argv"))
+    return bindir
+
+
+def _plan(tmp_path, pattern, world, rpn, prefix=None):
+    from tests.test_collectives_bw import _settings
+    from workloads.collectives import nccltests
+    from workloads.core.dist import DistInfo
+
+    over = ["collectives.minbytes=1M", "collectives.maxbytes=2M", f"collectives.pattern={pattern}"]
+    if prefix is not None:
+        over.append("collectives.external_prefix=[" + ",".join(f"'{a}'" for a in prefix) + "]")
+    s = _settings(*over, world=world)
+    return nccltests.run_planned(s, tmp_path / "ext", DistInfo(0, world, 0, rpn, "nccl", torch.device("cpu")), rpn)
+
+
+def test_split_external_run_is_one_process_per_gpu_and_measures_our_groups(tmp_path, monkeypatch):
+    """2 nodes x 8 GPUs, pattern=one_per_node: nccl-tests colours MPI processes (common.cu
+    run(): color = proc % 8), so only -g 1 under a launcher of {world} processes gives our 8
+    communicators of one rank per node; the record keeps the groups the binary printed."""
+    from workloads.collectives.settings import pattern_groups
+
+    bindir = _nccl_tests_on_path(tmp_path, monkeypatch)
+    block = _plan(tmp_path, "one_per_node", 16, 8, ["mpirun", "-np", "{world}", "-N", "{ranks_per_node}"])
+    assert block["status"] == "ok", block.get("reason")
+    assert block["command"][:5] == ["mpirun", "-np", "16", "-N", "8"] and block["gpus"] == 1
+    assert block["env"] == {"NCCL_TESTS_SPLIT": "MOD 8"} and block["scope"] == "job"
+    assert block["groups"] == pattern_groups("one_per_node", 16, 8) and block["groups"][3] == [3, 11]
+    assert (bindir / "argv").read_text().split()[-2:] == ["-g", "1"]
+
+
+def test_external_run_that_measured_other_communicators_is_failed_not_recorded_as_ours(tmp_path, monkeypatch):
+    """The layout the old docs gave (one process per node driving its 8 GPUs): every GPU of
+    a process shares its colour, so "MOD 8" makes each node its own NVLink communicator."""
+    from workloads.collectives import nccltests
+
+    _nccl_tests_on_path(tmp_path, monkeypatch)
+    block = _plan(tmp_path, "one_per_node", 16, 8, ["mpirun", "-np", "{nodes}", "-N", "1"])
+    assert block["status"] == "failed" and block["groups"] == [[0], [1]]  # -g 1 x 2 processes: 2 ranks
+    assert block["rows"] == [] and block["avg_busbw"] is None  # its figures are not kept beside ours
+    assert "one process per GPU" in block["reason"] and "[[0, 8], [1, 9], ... (8 groups)]" in block["reason"]
+    line = nccltests.summary_line(block)
+    assert line.startswith("# external ") and "failed: it measured communicators [[0], [1]]" in line
+    assert "avg bus bandwidth" not in line
+
+
+def test_split_pattern_without_a_launcher_is_not_run(tmp_path, monkeypatch):
+    """One process cannot be split (there is no MPI_Comm_split without MPI processes): the
+    binary would measure all local GPUs as one communicator under a split label."""
+    bindir = _nccl_tests_on_path(tmp_path, monkeypatch)
+    block = _plan(tmp_path, "pairs", 8, 8)
+    assert block["status"] == "skipped" and "needs collectives.external_prefix" in block["reason"]
+    assert not (bindir / "argv").exists()
+    # pattern=all on one node needs no launcher: one process, -g <local ranks>, one group
+    block = _plan(tmp_path, "all", 8, 8)
+    assert block["status"] == "ok" and block["gpus"] == 8 and block["groups"] == [list(range(8))]
+
+
+def test_external_prefix_placeholders_are_checked_with_the_settings():
+    from tests.test_collectives_bw import _settings
+    from workloads.collectives.settings import launch_prefix
+    from workloads.core.errors import UsageError
+
+    assert launch_prefix(["srun", "-n", "{world}", "--ntasks-per-node={ranks_per_node}"], 16, 2, 8) == \
+        ["srun", "-n", "16", "--ntasks-per-node=8"]
+    with pytest.raises(UsageError, match="placeholder other than"):  # every rank, before the sweep
+        _settings("collectives.external_prefix=[mpirun,-np,'{gpus}']")
 
 
 def _external_rank(rank: int, tmp: str, path_env: str) -> None:
@@ -304,19 +367,18 @@ def test_other_ranks_wait_on_the_host_while_rank0_runs_the_binary(tmp_path):
     """Two real Gloo processes: rank 1 must not leave before rank 0's stand-in binary (it
     needs a GPU, so a script sleeps 1.5 s and stamps its end) has finished."""
     import os
-    import stat
+    import sys
 
     import torch.multiprocessing as mp
 
-    from tests.test_collectives_nccltests import TABLE
-
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "table.txt").write_text(TABLE)
     fake = bindir / "all_reduce_perf"
     fake.write_text(f'#!/bin/sh\n[ "$1" = "-h" ] && exit 0\nsleep 1.5\n'
-                    f'python3 -c "import time; print(repr(time.time()))" > {bindir}/ended\ncat {bindir}/table.txt\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+                    f'python3 -c "import time; print(repr(time.time()))" > {bindir}/ended\n'
+                    f'FAKE_NCCL_TESTS_ARGV={bindir}/argv exec {sys.executable} '
+                    f'{Path(__file__).parent / "nccl_tests_emulator.py"} perf "$@"\n')
+    fake.chmod(0o755)
     mp.spawn(_external_rank, args=(str(tmp_path), f"{bindir}{os.pathsep}{os.environ['PATH']}"), nprocs=2)
     assert (tmp_path / "status").read_text() == "ok"
     ended = float((bindir / "ended").read_text())
@@ -343,7 +405,7 @@ def test_worker_node_gets_the_fabric_profile_and_nccl_log(tmp_path):
                FB_SERVE_PORT="30000", SLURM_NODEID="1", SLURM_JOB_NUM_NODES="2", FB_NODE_ADDRS="10.0.0.1 10.0.0.2",
                FB_PYTHON=sys.executable, FB_HOME=str(repo), FB_ENGINE_PYTHON=str(fake),
                FABRICBENCH_RUN_ID="slurm-42")
-    r = subprocess.run(["bash", str(repo / "launch/slurm/serve_node.sh"), "fabric=roce",
+    r = subprocess.run(["bash", str(repo / "launch/slurm/serve_node.sh"), "fabric=roce", "model=llama-3.1-8b",
                         f"output_root={tmp_path / 'results'}"], env=env, cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr

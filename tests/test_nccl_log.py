@@ -56,7 +56,7 @@ def test_roce_summary_and_verdict_ok():
 def test_ib_plugin_counts_as_ib():
     s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_ib_plugin"))
     assert s["networks"] == ["IBext_v8"] and s["plugin"].startswith("NCCL RDMA Plugin v8")
-    assert s["devices"][0] == {"name": "mlx5_0", "port": 1, "link_layer": "IB", "features": ["SHARP"]}
+    assert s["devices"][0] == {"name": "mlx5_0", "port": 1, "link_layer": "IB", "features": ["SHARP"], "index": 0}
     assert s["channels"] == {"NET/IBext_v8": 4, "P2P/CUMEM": 2} and s["gdr"] is True  # PXN line `/0(1)/` too
     assert verify.decide(profile("ib"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"
     # a socket-labelled run must not pass on an IB plugin

@@ -5,7 +5,7 @@
 # Settings (environment, all optional):
 #   FB_HOME            fabricbench checkout on a shared filesystem  [$SLURM_SUBMIT_DIR]
 #   FB_PYTHON          python with fabricbench installed   [$FB_HOME/.venv/bin/python, else python3;
-#                      inside a container: python3]
+#                      inside a container: launch/slurm/python.sh, the image's FB_CLIENT_PYTHON]
 #   FB_NPROC_PER_NODE  ranks per node                      [$SLURM_GPUS_ON_NODE, else 1]
 #   FB_RDZV_PORT       c10d rendezvous port on the head node [20000 + job id % 20000]
 #   FB_CONTAINER_IMAGE run each node's agent in this image with pyxis (srun --container-image)
@@ -23,7 +23,8 @@ fb_setup() {
   FB_HOME="${FB_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}"
   [ -f "$FB_HOME/launch/train.py" ] || fb_die "FB_HOME=$FB_HOME is not a fabricbench checkout; submit from the repository root or set FB_HOME"
   if [ -n "${FB_CONTAINER_IMAGE:-}${FB_APPTAINER_IMAGE:-}" ]; then
-    FB_PYTHON="${FB_PYTHON:-python3}"
+    # resolved inside the container: a serving image's python3 is the engine's, without hydra
+    FB_PYTHON="${FB_PYTHON:-$FB_HOME/launch/slurm/python.sh}"
   elif [ -z "${FB_PYTHON:-}" ]; then
     if [ -x "$FB_HOME/.venv/bin/python" ]; then FB_PYTHON="$FB_HOME/.venv/bin/python"; else FB_PYTHON=python3; fi
   fi

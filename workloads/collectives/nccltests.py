@@ -21,13 +21,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from workloads.collectives.settings import Settings
+from workloads.collectives.settings import Settings, launch_prefix
 
 AVERAGE_FLAG = {"rank0": "0", "mean": "1", "min": "2", "max": "3"}
 _AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)", re.I)
 _OOB_RE = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)", re.I)
 _START_RE = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _STAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}:\d{2}")
+# writeDeviceReport (nccl-tests src/util.cu, v2.13.10 on; rccl-tests the same): one line per
+# GPU, "#  Rank %2d Group %2d Pid %6d on %10s device %2d ...", group = that process's colour.
+_DEVICE_RE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\b")
 
 
 def _num(tok: str) -> float | None:
@@ -106,9 +109,20 @@ def supports_json(binary: str, timeout_s: float = 30) -> bool:
     return "-J" in (out.stdout + out.stderr)
 
 
-def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None) -> list[str]:
-    """The same sweep in nccl-tests' flags."""
-    cmd = [*s.external_prefix, binary, "-b", str(min(s.sizes)), "-e", str(max(s.sizes))]
+def device_groups(text: str) -> list[list[int]]:
+    """The communicators the binary actually built, from its device lines: one list of
+    ranks per group, in group order ([] when the binary printed none)."""
+    groups: dict[int, list[int]] = {}
+    for line in text.splitlines():
+        if m := _DEVICE_RE.match(line.strip()):
+            groups.setdefault(int(m.group(2)), []).append(int(m.group(1)))
+    return [sorted(groups[g]) for g in sorted(groups)]
+
+
+def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None,
+                  prefix: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The same sweep in nccl-tests' flags, after the (filled-in) launcher prefix."""
+    cmd = [*prefix, binary, "-b", str(min(s.sizes)), "-e", str(max(s.sizes))]
     if len(s.sizes) > 1 and s.sizes[1] % s.sizes[0] == 0 and s.sizes[1] // s.sizes[0] > 1 and \
             all(b == a * (s.sizes[1] // s.sizes[0]) for a, b in zip(s.sizes, s.sizes[1:])):
         cmd += ["-f", str(s.sizes[1] // s.sizes[0])]
@@ -122,9 +136,9 @@ def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None) -
 
 
 def split_env(pattern: str, world: int, ranks_per_node: int) -> dict[str, str]:
-    """nccl-tests' NCCL_TESTS_SPLIT for our traffic pattern (its README: "MOD 8" puts rank r
-    in communicator r % 8, one GPU per node on 8-GPU nodes), so the external rows measure the
-    same split communicators as ours (workloads/collectives/settings.py pattern_groups)."""
+    """nccl-tests' NCCL_TESTS_SPLIT for our traffic pattern. Its colour is per MPI process
+    (src/common.cu run(): `color = proc % N`, then MPI_Comm_split), so "MOD m" gives our
+    split communicators (settings.py pattern_groups) only with one process per GPU (-g 1)."""
     if pattern == "one_per_node":
         return {"NCCL_TESTS_SPLIT": f"MOD {ranks_per_node}"}
     if pattern == "pairs":
@@ -141,7 +155,10 @@ def external_scope(prefix: tuple[str, ...] | list[str], nodes: int) -> str:
 
 
 def summary_line(block: dict[str, Any]) -> str | None:
-    """The line printed under our tables; None when the binary gave no average."""
+    """The line printed under our tables; None when the binary gave no average and no
+    reason. A run refused for measuring other communicators prints why, not its figure."""
+    if block.get("reason") and (block.get("status") == "failed" or block.get("env")):
+        return f"# external {block.get('binary', '')}: {block['status']}: {block['reason']}"
     if block.get("avg_busbw") is None:
         return None
     line = f"# external {block['binary']}: avg bus bandwidth {block['avg_busbw']:g} GB/s ({block['source']})"
@@ -153,21 +170,28 @@ def summary_line(block: dict[str, Any]) -> str | None:
 
 
 def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
-                 env: dict[str, str] | None = None) -> dict[str, Any]:
+                 env: dict[str, str] | None = None, prefix: list[str] | tuple[str, ...] = (),
+                 expect_groups: list[list[int]] | None = None) -> dict[str, Any]:
     """Run the binary once (rank 0 only) and return the record's `external` block. `gpus`
-    is -g (rank 0's local ranks); `nodes` the job's node count, for the block's `scope`;
-    `env` extra variables for the binary (NCCL_TESTS_SPLIT from split_env)."""
+    is -g; `nodes` the job's node count, for the block's `scope`; `env` extra variables for
+    the binary (NCCL_TESTS_SPLIT from split_env); `prefix` the filled-in launcher;
+    `expect_groups` our communicators, which the binary's own device lines must match."""
     binary = shutil.which(s.external_binary)
     if binary is None:
         return {"status": "skipped", "reason": f"{s.external_binary} is not on PATH"}
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{Path(binary).name}.json" if supports_json(binary) else None
-    cmd = build_command(binary, s, gpus, json_path)
-    block: dict[str, Any] = {"binary": binary, "command": cmd, "scope": external_scope(s.external_prefix, nodes),
+    cmd = build_command(binary, s, gpus, json_path, prefix)
+    block: dict[str, Any] = {"binary": binary, "command": cmd, "scope": external_scope(prefix, nodes),
                              "nodes": nodes, "gpus": gpus, "env": dict(env or {})}
+    run_env = {**os.environ, **(env or {})}
+    if "NCCL_DEBUG_FILE" in run_env:
+        # its own folder: <run dir>/nccl is ours, read for the algorithms behind our rows
+        # (linerate.algorithms_in); the binary's tuning lines there would be taken for ours
+        run_env["NCCL_DEBUG_FILE"] = str(out_dir / "nccl.%h.%p.log")
+        block["nccl_log"] = run_env["NCCL_DEBUG_FILE"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s,
-                              env={**os.environ, **(env or {})})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s, env=run_env)
     except subprocess.TimeoutExpired:
         return block | {"status": "failed", "reason": f"timed out after {s.external_timeout_s:g}s"}
     except OSError as e:
@@ -181,8 +205,34 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
         except (ValueError, KeyError, TypeError):
             pass  # a truncated report (the binary died): the table is still there
     status = "ok" if proc.returncode == 0 and parsed["rows"] else "failed"
-    return block | {"status": status, "returncode": proc.returncode, "source": source, **parsed,
-                    "stderr_tail": proc.stderr[-2000:] if status != "ok" else ""}
+    groups = device_groups(proc.stdout)
+    reason = _group_mismatch(groups, expect_groups, block["env"]) if status == "ok" else None
+    if reason:
+        # figures of other communicators are not kept beside ours (the raw output stays in <binary>.out)
+        status, parsed = "failed", {"rows": [], "avg_busbw": None, "out_of_bounds": parsed["out_of_bounds"]}
+    return block | {"status": status, "returncode": proc.returncode, "source": source, **parsed, "groups": groups,
+                    "stderr_tail": proc.stderr[-2000:] if status != "ok" else ""} | ({"reason": reason} if reason else {})
+
+
+def _group_mismatch(groups: list[list[int]], expect: list[list[int]] | None, env: dict[str, str]) -> str | None:
+    """Why the binary's communicators are not ours, or None. Without its device lines a
+    split run cannot be trusted (the split is silently ignored outside MPI)."""
+    if expect is None:
+        return None
+    if not groups:
+        return ("its output has no '#  Rank r Group g' device lines, so the communicators it measured cannot be "
+                "checked against ours" if env else None)
+    if groups != expect:
+        return (f"it measured communicators {_show(groups)}, ours are {_show(expect)}: nccl-tests colours whole "
+                "processes, so collectives.external_prefix must start one process per GPU, e.g. "
+                "[mpirun, -np, '{world}', -N, '{ranks_per_node}']")
+    return None
+
+
+def _show(groups: list[list[int]]) -> str:
+    """[[0, 8], [1, 9], ...] shortened to the first two groups and a count."""
+    head = ", ".join(str(g) for g in groups[:2])
+    return f"[{head}{f', ... ({len(groups)} groups)' if len(groups) > 2 else ''}]"
 
 
 def run_external_alone(s: Settings, out_dir: Path, info, ranks_per_node: int) -> dict[str, Any] | None:
@@ -194,7 +244,25 @@ def run_external_alone(s: Settings, out_dir: Path, info, ranks_per_node: int) ->
     fdist.host_barrier(s.external_timeout_s + 60)
     block = None
     if info.is_main:
-        block = run_external(s, out_dir, info.local_world_size, info.nodes,
-                             env=split_env(s.pattern, info.world_size, ranks_per_node))
+        block = run_planned(s, out_dir, info, ranks_per_node)
     fdist.host_barrier(s.external_timeout_s + 60)
     return block
+
+
+def run_planned(s: Settings, out_dir: Path, info, ranks_per_node: int) -> dict[str, Any]:
+    """With a prefix the binary runs one process per GPU (-g 1), the only layout in which
+    NCCL_TESTS_SPLIT reproduces our pattern; without one, a single process drives rank 0's
+    local GPUs (-g <local ranks>), where a split pattern cannot be reproduced at all."""
+    from workloads.collectives.settings import pattern_groups
+
+    env = split_env(s.pattern, info.world_size, ranks_per_node)
+    prefix = launch_prefix(s.external_prefix, info.world_size, info.nodes, ranks_per_node)
+    if env and not prefix:
+        return {"status": "skipped", "env": env,
+                "reason": f"pattern={s.pattern} needs collectives.external_prefix: NCCL_TESTS_SPLIT colours MPI "
+                          "processes (nccl-tests src/common.cu run()), and without a launcher there is one process, "
+                          "so the split would be ignored; give e.g. [mpirun, -np, '{world}', -N, '{ranks_per_node}']"}
+    scope = external_scope(prefix, info.nodes)
+    expect = pattern_groups(s.pattern, info.world_size, ranks_per_node) if scope == "job" else None
+    return run_external(s, out_dir, 1 if prefix else info.local_world_size, info.nodes, env=env, prefix=prefix,
+                        expect_groups=expect)

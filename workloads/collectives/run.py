@@ -157,6 +157,8 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     if say and len(s.ops) > 1 and rows:
         say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
             f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
+    if info.is_main:
+        _ceiling(record, say)
     _external(s, fabric, info, run_dir, record, rpn, say)
     return rows
 
@@ -190,6 +192,23 @@ def _line_rate(node_rate: dict, record: dict, info: fdist.DistInfo, say) -> floa
     if say:
         say("# " + linerate.describe(job) + ("" if info.nodes > 1 else " (one node: not compared)"))
     return job["per_rank(GB/s)"] if info.nodes > 1 else None
+
+
+def _ceiling(record: dict, say) -> None:
+    """The link rate this machine's class can carry per rank (workloads/fabric/ceiling.py),
+    with its source, and the peak busbw as a share of it: a figure to read against the class,
+    not an absolute GB/s. Not a failure: a slow fabric is a result (make gpu-check gates it)."""
+    from workloads.fabric.ceiling import all_reduce_ceiling
+
+    c = all_reduce_ceiling(record)
+    record["ceiling"] = {"line(GB/s)": c.line_gbps, "band(GB/s)": [c.low_gbps, c.high_gbps], "source": c.source}
+    peak = record["metrics"].get("peak_busbw(GB/s)")
+    if c.line_gbps and peak is not None:
+        record["metrics"]["peak_busbw(%ceiling)"] = 100 * peak / c.line_gbps
+    if say:
+        share = f"peak busbw {record['metrics']['peak_busbw(%ceiling)']:.0f}% of " if c.line_gbps and peak else ""
+        say(f"# {'Class ceiling':<20} : {share}{c.line_gbps or 'n/a'}"
+            f"{' GB/s per rank' if c.line_gbps else ''} ({c.source})")
 
 
 def _flag_above_line_rate(record: dict, per_rank: float | None, nodes: int, run_dir: Path, say) -> None:

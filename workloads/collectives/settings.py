@@ -136,10 +136,18 @@ class Settings:
             ranks_per_node=None if rpn is None else int(rpn), p2p=p2p, p2p_ranks=p2p_ranks, p2p_sizes=p2p_sizes,
             p2p_iters=int(c["p2p_iters"]), p2p_warmup=int(c["p2p_warmup"]), p2p_window=int(c["p2p_window"]),
             external=ext, external_binary=str(c["external_binary"]),
-            external_prefix=tuple(str(x) for x in (c.get("external_prefix") or [])),
+            external_prefix=_checked_prefix(c.get("external_prefix")),
             external_timeout_s=float(c["external_timeout_s"]), corrupt=corrupt,
             sample_iters=sample_iters, slow_rank=_slow_rank(c.get("test_slow_rank"), world),
         )
+
+
+def _checked_prefix(value: Any) -> tuple[str, ...]:
+    """The prefix as given, refused here (on every rank, before anything runs) when one of its
+    placeholders is unknown, not on rank 0 alone when the binary is about to start."""
+    prefix = tuple(str(x) for x in (value or []))
+    launch_prefix(prefix, 1, 1, 1)
+    return prefix
 
 
 def _slow_rank(value: Any, world: int) -> tuple[int, float] | None:
@@ -216,3 +224,18 @@ def float_str(value: float, width: int) -> str:
     if power < width + 1:
         return f"{value:{width}.0f}"
     return f"{value:{width}.1e}"
+
+
+# Placeholders collectives.external_prefix may carry, filled from the job, so one prefix fits
+# every job size (nccltests.py runs the binary one process per GPU under it).
+PREFIX_FIELDS = ("world", "nodes", "ranks_per_node")
+
+
+def launch_prefix(prefix: tuple[str, ...] | list[str], world: int, nodes: int, ranks_per_node: int) -> list[str]:
+    """collectives.external_prefix with {world}, {nodes} and {ranks_per_node} filled in."""
+    values = {"world": world, "nodes": nodes, "ranks_per_node": ranks_per_node}
+    try:
+        return [str(arg).format(**values) for arg in prefix]
+    except (KeyError, IndexError, ValueError) as e:
+        raise UsageError(f"collectives.external_prefix={list(prefix)} has a placeholder other than "
+                         f"{', '.join('{' + f + '}' for f in PREFIX_FIELDS)} ({e}); use only those") from None

@@ -20,6 +20,8 @@ in-flight copy that the launcher turns into one, naming how the rank died
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 import ctypes
 import os
@@ -147,6 +149,8 @@ def hydra_value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, int):
         return str(v)
+    if isinstance(v, float) and math.isfinite(v):
+        return repr(v)  # a float stays a float in the record (repr round-trips it exactly)
     return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

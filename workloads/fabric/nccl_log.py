@@ -21,7 +21,10 @@ NCCL 2.x and RCCL print them (host:pid:tid [dev] prefix left out):
     NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/2/GDRDMA(PCI)    (C2C platforms, NCCL >= 2.26)
     NCCL INFO CollNet 00/0 : 0 [send] via COLLNET/IB/0/GDRDMA                (coll_net.cc)
     NCCL INFO Pattern 4, crossNic 0, nChannels 16, bw 40.000000/40.000000, type NVL/PIX, sameChannels 1
-                                               (graph/search.cc ncclTopoPrintGraph: intra/inter path type)
+                                               (graph/search.cc ncclTopoPrintGraph: intra/inter path type;
+                                                RCCL prints XGMI where NCCL prints NVL, topo.cc topoPathTypeStr)
+    NCCL INFO                   + NVL[40.0] - GPU/0-19000        (graph/topo.cc ncclTopoPrintRec, the system
+    NCCL INFO                   + XGMI[64.0] - GPU/C1000          dump at init: one line per link; RCCL: XGMI)
     RCCL appends ` comm 0x95cdeb0 nRanks 08` to many of these lines.
 
 The parser is pure (text in, summary out) so fixture logs pin it.
@@ -36,11 +39,17 @@ from pathlib import Path
 
 _PREFIX = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]]*)\] NCCL (?P<level>INFO|WARN|TRACE) ")
 _RCCL_TRAILER = re.compile(r"\s+comm 0x[0-9a-fA-F]+ nRanks \d+.*$")
-_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version (?P<ver>\S+)")
+# RCCL >= 2.21 prints "RCCL version : 2.21.5-<git hash>" (init.cc VERSION_STRING); older RCCL and NCCL
+# "RCCL version 2.18.3+hip6.0 HEAD:..." / "NCCL version 2.21.5+cuda12.4".
+_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version(?: :)? (?P<ver>\S+)")
 _NETWORK = re.compile(r"\bUsing network (?P<net>.+?)\s*$")
 _NET_USING = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: Using (?P<devs>.*?)(?:\s*;\s*OOB (?P<oob>\S+))?\s*$")
 _NO_DEVICE = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: No device found")
-_PLUGIN = re.compile(r"\bNET/Plugin\s*: Loaded net plugin (?P<name>.+?)\s*$")
+# plugin/net/net_v*.cc (2.30.7): "NET/Plugin: Loaded net plugin %s (v%d)" (name, plugin API version);
+# plugin/net.cc:126 "Successfully loaded external network plugin %s" (its library), older NCCL
+# "Plugin Path : %s".
+_PLUGIN = re.compile(r"\bNET/Plugin\s*: Loaded net plugin (?P<name>.+?)(?: \(v(?P<api>\d+)\))?\s*$")
+_PLUGIN_PATH = re.compile(r"\b(?:Successfully loaded external network plugin|Plugin Path :) (?P<path>\S+)")
 _BOOTSTRAP = re.compile(r"\bBootstrap\s*: Using (?P<ifc>\S+)")
 _RANK = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) nranks (?P<nranks>\d+)")
 _CHANNEL = re.compile(
@@ -51,6 +60,14 @@ _DEVICE = re.compile(r"\[(\d+)\](\S+)")
 _COLLNET = re.compile(r"\bCollNet (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<rank>\d+) \[(?P<dir>send|receive)\] via (?P<via>.+?)\s*$")
 # graph/search.cc: "Pattern %d, crossNic %d, nChannels %d, bw %f/%f, type %s/%s, ..." (older: "speed %f/%f")
 _GRAPH = re.compile(r"\bPattern (?P<pattern>\d+), crossNic \d+, nChannels (?P<n>\d+), .*?\btype (?P<intra>[A-Z0-9]+)/(?P<inter>[A-Z0-9]+)")
+# graph/topo.cc ncclTopoPrintRec: "+ %s[%2.1f] - %s/..." (link type, bandwidth, remote node type).
+# A link to a GPU (NCCL >= 2.30: its DEV node) or an NVSwitch that is neither PCI nor LOC is a
+# GPU-to-GPU fabric link (NVL; RCCL's XGMI): a GRAPH line only gives the worst hop of a ring.
+_TOPO_LINK = re.compile(r"^\s*\+ (?P<link>[A-Z0-9]+)\[(?P<bw>[0-9.]+)\] - (?P<node>GPU|NVS|DEV)/")
+_NOT_GPU_FABRIC = ("PCI", "LOC")
+# net.cc:324-331,377: "via NET/%s/%d..." -- the %d is req.netDev, the index of the device in the
+# `NET/IB : Using [i]...` list (net_ib/init.cc prints " [%d]%s:%d" with the same d).
+_NET_DEV = re.compile(r"^NET/[^/]+/(\d+)")
 
 
 def transport_key(via: str) -> tuple[str, bool]:
@@ -107,7 +124,9 @@ class ProcessLog:
     library: str | None = None  # NCCL | RCCL
     version: str | None = None
     network: str | None = None  # as NCCL names it: IB, Socket, IBext_v8, AWS Libfabric
-    plugin: str | None = None
+    plugin: str | None = None  # the external net plugin's name (NCCL's own IB/Socket: None)
+    plugin_api: int | None = None  # its ncclNet API version (the "(v8)")
+    plugin_path: str | None = None  # the library NCCL loaded it from
     net_devices: dict[str, list[dict]] = field(default_factory=dict)  # "IB" -> [{name, port, link_layer}]
     oob: str | None = None
     bootstrap: str | None = None
@@ -118,6 +137,9 @@ class ProcessLog:
     net_channels: int = 0
     collnet_channels: int = 0  # `CollNet NN : r [send] via COLLNET/...` (in-network reduction, e.g. SHARP)
     graph_types: list[str] = field(default_factory=list)  # intra-node path types of every GRAPH search (NVL, PIX, ...)
+    gpu_links: list[str] = field(default_factory=list)  # link types between GPUs in NCCL's topology dump (NVL, XGMI)
+    net_devs_used: list[int] = field(default_factory=list)  # device indices NET channels went through
+    gpu_pci_gbps: float | None = None  # the slowest PCI link into a GPU, as NCCL rates it (topo.cc: width x speed / 80)
     lines: int = 0  # NCCL lines seen; 0 means NCCL logged nothing here
 
     @property
@@ -138,10 +160,23 @@ class ProcessLog:
             return self.net_devices["IB"]  # plugin IBext prints its devices as NET/IB
         return [d for ds in self.net_devices.values() for d in ds] if not self.network else []
 
+    @property
+    def used_devices(self) -> list[dict]:
+        """The listed devices its NET channels went through. NCCL lists every port that matches
+        NCCL_IB_HCA (storage ports too), and GPU-NIC affinity leaves some idle. All listed when
+        no NET channel named one, or one names an index beyond the list (a merged virtual NIC,
+        NCCL_IB_MERGE_NICS, is numbered after the physical ports)."""
+        listed = self.devices
+        indices = {d.get("index") for d in listed}
+        if not self.net_devs_used or not set(self.net_devs_used) <= indices:
+            return listed
+        return [d for d in listed if d.get("index") in self.net_devs_used]
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["family"] = self.family
         d["devices"] = self.devices
+        d["used_devices"] = self.used_devices
         d["gdr"] = None if not self.net_channels else self.gdr_channels == self.net_channels
         return d
 
@@ -170,6 +205,9 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
             log.library = "RCCL" if v["lib"] == "RCCL" or "+hip" in v["ver"] or "rocm" in v["ver"].lower() else "NCCL"
         elif (c := _CHANNEL.search(msg)) is not None:
             key, gdr = transport_key(c["via"])
+            # both ends name their own NIC: receiving on a port is traffic on it too
+            if (nd := _NET_DEV.match(c["via"].strip())) is not None and int(nd[1]) not in log.net_devs_used:
+                log.net_devs_used.append(int(nd[1]))
             if c["dir"] == "receive":
                 received[key] += 1  # NET connections are logged by both ends: count them on the sender
                 continue
@@ -184,10 +222,16 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
         elif (g := _GRAPH.search(msg)) is not None:
             if int(g["n"]) and g["intra"] not in log.graph_types:
                 log.graph_types.append(g["intra"])
+        elif (tl := _TOPO_LINK.search(msg)) is not None:
+            if tl["link"] not in _NOT_GPU_FABRIC and tl["link"] not in log.gpu_links:
+                log.gpu_links.append(tl["link"])
+            elif tl["link"] == "PCI":
+                bw = float(tl["bw"])
+                log.gpu_pci_gbps = bw if log.gpu_pci_gbps is None else min(log.gpu_pci_gbps, bw)
         elif (n := _NETWORK.search(msg)) is not None:
             log.network = n["net"]
         elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
-            log.net_devices[u["net"]] = [_device(t, u["net"]) for _, t in _DEVICE.findall(u["devs"])]
+            log.net_devices[u["net"]] = [_device(t, u["net"]) | {"index": int(i)} for i, t in _DEVICE.findall(u["devs"])]
             if u["oob"]:
                 log.oob = re.sub(r"<\d+>$", "", u["oob"])
         elif (nd := _NO_DEVICE.search(msg)) is not None:
@@ -195,6 +239,9 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
                 log.no_device.append(nd["net"])
         elif (p := _PLUGIN.search(msg)) is not None:
             log.plugin = p["name"]
+            log.plugin_api = int(p["api"]) if p["api"] else None
+        elif (pp := _PLUGIN_PATH.search(msg)) is not None:
+            log.plugin_path = pp["path"]
         elif (b := _BOOTSTRAP.search(msg)) is not None:
             log.bootstrap = re.sub(r"<\d+>$", "", b["ifc"])
     return _finish(log, text, channels, received, rank_nranks)
@@ -230,11 +277,14 @@ def summarize(logs: list[ProcessLog]) -> dict:
     for lg in logs:
         channels.update(lg.channels)
     versions = sorted({f"{lg.library} {lg.version}" for lg in logs if lg.version})
-    devices = {}
-    for lg in logs:
-        for d in lg.devices:
-            key = d["name"] + (f":{d['port']}" if d.get("port") is not None else "")
-            devices.setdefault(key, d)
+    def union(per_log) -> dict:
+        out = {}
+        for lg in logs:
+            for d in per_log(lg):
+                out.setdefault(d["name"] + (f":{d['port']}" if d.get("port") is not None else ""), d)
+        return out
+
+    devices = union(lambda lg: lg.used_devices)  # what carried traffic: line rate and rails read these
     net = sum(lg.net_channels for lg in logs)
     gdr = sum(lg.gdr_channels for lg in logs)
     return {
@@ -242,6 +292,7 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "version": versions[0].split()[1] if len(versions) == 1 else (versions or None),
         "networks": sorted({lg.network for lg in logs if lg.network}),
         "devices": list(devices.values()),
+        "devices_listed": list(union(lambda lg: lg.devices).values()),
         "link_layers": sorted({d["link_layer"] for d in devices.values() if d.get("link_layer")}),
         "channels": dict(sorted(channels.items())),
         "net_channels": net,
@@ -249,8 +300,12 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "gdr_channels": gdr,
         "no_device": sorted({n for lg in logs for n in lg.no_device}),
         "graph_types": sorted({t for lg in logs for t in lg.graph_types}),
+        "gpu_links": sorted({t for lg in logs for t in lg.gpu_links}),
+        "gpu_pci(GB/s)": min((lg.gpu_pci_gbps for lg in logs if lg.gpu_pci_gbps), default=None),
         "collnet_channels": sum(lg.collnet_channels for lg in logs),
         "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
+        "plugin_api": next((lg.plugin_api for lg in logs if lg.plugin_api), None),
+        "plugin_path": next((lg.plugin_path for lg in logs if lg.plugin_path), None),
         "processes": len(logs),
         "ranks": [lg.as_dict() for lg in logs],
     }

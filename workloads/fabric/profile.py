@@ -79,6 +79,10 @@ class FabricProfile:
             import torch
 
             if not torch.cuda.is_available():
+                from workloads.core.driver import driver_problem, nvidia_driver
+
+                if problem := driver_problem(nvidia_driver(), torch.version.cuda):
+                    raise UsageError(f"fabric={self.name} uses backend nccl, and torch sees no GPU: {problem}")
                 raise UsageError(
                     f"fabric={self.name} uses backend nccl, which needs a GPU, and this machine "
                     "has none (torch.cuda.is_available() is False); use fabric=loopback on CPU"
@@ -114,24 +118,51 @@ class FabricProfile:
         return applied
 
 
-def node_env(overrides: list[str], config_name: str = "infer") -> tuple[FabricProfile, dict[str, str | None]]:
-    """The fabric profile and the environment one node of a job must run with: the profile's
-    variables and NCCL's per-process log under the job's run directory (the run id from
-    FABRICBENCH_RUN_ID/Slurm, as node 0 derives it). None means unset."""
+def compose_node(overrides: list[str], config_name: str = "infer"):
+    """The job's config as one node of it composes it (the same conf/ tree and overrides as
+    node 0's launch/*.py), outside a Hydra run."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from workloads.core import rundir
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     rundir.register_resolvers()
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=list(overrides))
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def node_env(overrides: list[str], config_name: str = "infer", cfg=None) -> tuple[FabricProfile, dict[str, str | None]]:
+    """The fabric profile and the environment one node of a job must run with: the profile's
+    variables and NCCL's per-process log under the job's run directory (the run id from
+    FABRICBENCH_RUN_ID/Slurm, as node 0 derives it). None means unset. `cfg`: the config
+    already composed from `overrides`."""
+    from omegaconf import OmegaConf
+
+    from workloads.core import rundir
+
+    cfg = compose_node(overrides, config_name) if cfg is None else cfg
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     env: dict = {}
     fabric.apply(Path(rundir.run_dir(cfg.output_root, cfg.get("run_id"))).resolve(), env)
     unset = {k: None for k, v in fabric.env.items() if v is None}
     return fabric, {**env, **unset}
+
+
+def exec_with(env: dict[str, str | None], command: list[str]) -> int:
+    """Replace this process with `command` under `env` (None unsets); 2 and one line if it
+    cannot start."""
+    import sys
+
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,17 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, HydraException, OmegaConfBaseException) as e:
         print(f"error: {str(e).splitlines()[0]} (overrides: {' '.join(args[1:cut]) or 'none'})", file=sys.stderr)
         return 2
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    command = args[cut + 1:]
-    try:
-        os.execvp(command[0], command)
-    except OSError as e:
-        print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
-        return 2
+    return exec_with(env, args[cut + 1:])
 
 
 if __name__ == "__main__":

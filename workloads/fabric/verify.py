@@ -10,12 +10,17 @@ A mismatch raises `TransportMismatch` with one message unless `fabric.verify=war
 
 `expect:` keys (conf/fabric/*.yaml):
   network            IB | Socket | <plugin name> | null   NCCL's `Using network` (IBext* counts as IB)
+  plugin             none | <text>                        the external net plugin (NET/Plugin: Loaded net
+                                                          plugin ...): none = NCCL's own transports only;
+                                                          text = the plugin's name must contain it
   link_layer         IB | RoCE                            of every device of the NET/IB line
   forbid_transports  [prefix, ...]                        no channel may go via these (NET/Socket)
   allow_transports   [prefix, ...]                        every channel must go via one of these
   gdr                true                                 every NET channel must be GPUDirect RDMA
   forbid_graph_types [NVL, ...]                           no GRAPH search may find this intra-node path
                                                           type (graph/search.cc `type %s/%s`: NVLink is NVL)
+  forbid_gpu_links   [NVL, XGMI]                          no GPU-to-GPU link of these types in NCCL's
+                                                          topology dump (graph/topo.cc ncclTopoPrintRec)
   interfaces         [name, ...]                          (Gloo) the interfaces ranks must bind
 """
 
@@ -69,12 +74,16 @@ CHANNEL_RULES = ("forbid_transports", "allow_transports", "gdr")
 
 
 def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
-    """`ranks[i]` is rank i's `ProcessLog.as_dict()`. Returns what disagrees with `expect`."""
+    """`ranks` holds one `ProcessLog.as_dict()` per process. Returns what disagrees with
+    `expect`, naming each process by the rank NCCL gave it (its `comm ... rank r` line): a
+    server's logs come in file-name order (host, pid), not rank order. The list position
+    stands in only for a log that printed no rank."""
     problems = []
-    silent = [i for i, r in enumerate(ranks) if not r.get("lines")]
+    named = [(i if r.get("rank") is None else r["rank"], r) for i, r in enumerate(ranks)]
+    silent = [i for i, r in named if not r.get("lines")]
     if silent:
         problems.append(f"{rank_list(silent)} wrote no NCCL INFO log")
-    talking = [(i, r) for i, r in enumerate(ranks) if r.get("lines")]
+    talking = [(i, r) for i, r in named if r.get("lines")]
     if any(expect.get(k) for k in CHANNEL_RULES) and len(ranks) > 1:
         # NCCL >= 2.22 connects channels lazily (NCCL_RUNTIME_CONNECT): before a real
         # collective the log holds no "Channel ... via" line and every channel rule would pass
@@ -90,6 +99,7 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
                   for i, r in talking if nccl_log.network_family(r.get("network")) != want_net}
         for what, rs in _group(actual).items():
             problems.append(f"{rank_list(rs)} {'used ' + what if what.startswith('NET/') else 'logged ' + what}")
+    problems += _plugin_problems(expect.get("plugin"), talking)
     want_link = expect.get("link_layer")
     if want_link:
         wrong = {}
@@ -118,6 +128,24 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
     return problems
 
 
+def _plugin_problems(want: str | None, talking: list[tuple[int, dict]]) -> list[str]:
+    """An external net plugin (SHARP's IBext, aws-ofi, Spectrum-X, gIB, ...) replaces NCCL's
+    own IB transport with its own code and tuning: a run labelled for one must not run on
+    another. `want`: none, or text the plugin's name must contain; absent = not checked."""
+    if want is None:
+        return []
+    wrong = {}
+    for i, r in talking:
+        name = r.get("plugin")
+        if str(want).lower() == "none":
+            if name:
+                wrong[i] = f"loaded net plugin {name!r}" + (f" from {r['plugin_path']}" if r.get("plugin_path") else "")
+        elif not name or str(want).lower() not in name.lower():
+            wrong[i] = f"loaded {'net plugin ' + repr(name) if name else 'no net plugin'}"
+    expected = "none" if str(want).lower() == "none" else f"one named like {want!r}"
+    return [f"{rank_list(rs)} {what} (expected plugin: {expected})" for what, rs in _group(wrong).items()]
+
+
 def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) -> list[str]:
     """NCCL prints P2P/CUMEM alike over NVLink and PCIe, and NVLS moves bytes with no Channel
     line at all; the GRAPH line's intra-node path type is what tells them apart."""
@@ -133,6 +161,13 @@ def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) 
     for what, rs in _group({i: v for i, v in hit.items() if v}).items():
         out.append(f"{rank_list(rs)} found intra-node paths of type {what} (NCCL's GRAPH line; "
                    f"not allowed: {', '.join(forbid)})")
+    # The GRAPH type is the worst hop a ring may take (search.cc rejects path->type > typeIntra),
+    # so a ring over NVLink-bridged pairs prints PXB/SYS; the topology dump lists every link.
+    links = expect.get("forbid_gpu_links") or []
+    hit = {i: "/".join(t for t in r.get("gpu_links") or [] if t in links) for i, r in talking}
+    for what, rs in _group({i: v for i, v in hit.items() if v}).items():
+        out.append(f"{rank_list(rs)} see {what} links between GPUs in NCCL's topology, which carry P2P traffic "
+                   f"that reads the same as PCIe (not allowed: {', '.join(links)})")
     return out
 
 
@@ -489,6 +524,7 @@ def server_transport(profile, run_dir, reported: Path | None = None, ranks: int 
     if profile.backend == "nccl":
         logs = [nccl_log.parse_file(p) for p in server_logs(run_dir, since)]
         logs = [lg for lg in logs if lg.lines]  # e.g. an API-server process that loaded NCCL and never used it
+        logs.sort(key=lambda lg: (lg.rank is None, lg.rank or 0, lg.file or ""))  # the summary in rank order
         if logs:
             result = decide(profile, [{"kind": "nccl", "log": lg.as_dict()} for lg in logs])
             if ranks is not None and len(logs) < ranks:

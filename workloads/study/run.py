@@ -2,6 +2,11 @@
 
     fabricbench study conf/study/emu-ab.yaml            # or just: fabricbench study emu-ab
     fabricbench study my-study.yaml --id ab-2024-06-01 --output-root /shared/results
+    fabricbench study emu-ab --plan                     # the plan only: tests, noise, MDE, blocks, time
+    fabricbench study emu-ab --until-decided --max-trials 16   # add blocks until every verdict is decided
+
+Every study first prints its plan (workloads/study/plan.py) and is refused, before any run,
+when it cannot call the difference it asks for (`detect:`).
 
 Each cell runs each workload of the study as a separate process of its entry point
 (launch/train.py, launch/collectives.py, launch/infer.py; launch/emulate.py when the arm's
@@ -26,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
@@ -39,7 +44,7 @@ from workloads.study.spec import Arm, StudySpec, Workload, load_spec
 
 # The number a cell's summary row shows, per entry (units in the key, as in the records).
 HEADLINE = {"train": "samples_per_sec", "finetune": "samples_per_sec", "collectives": "avg_busbw(GB/s)",
-            "infer": "median_ttft_ms"}
+            "infer": "request_throughput"}  # the primary metric (analysis/compare.py), not a latency
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,12 @@ def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
     """The record's `study` block (shared contract with analysis/: keep these names)."""
     f = {"name": spec.name, "id": spec.id, "arm": job.arm.label, "baseline": spec.baseline.label,
          "control": job.arm.control, "block": job.cell.block, "position": job.cell.position,
-         "design": spec.design, "seed": spec.seed, "blocks": spec.trials, "workload": job.workload.name}
+         "design": spec.design, "seed": spec.seed, "blocks": spec.trials, "workload": job.workload.name,
+         "margin": spec.margin, "detect": spec.detect, "looks": spec.looks}
+    if job.workload.primary_metric:
+        f["primary_metric"] = job.workload.primary_metric
+    if job.workload.primary_point:
+        f["primary_point"] = job.workload.primary_point
     if env.get("SLURM_JOB_ID"):
         f["slurm_job"] = str(env["SLURM_JOB_ID"])
         f["nodes"] = str(env.get("SLURM_JOB_NODELIST", ""))  # both arms' steps run on these nodes
@@ -236,7 +246,11 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
             timings.append((job, t0, t1))
         if code == 130:
             raise KeyboardInterrupt
-        if code != 0 or not complete(spec, job):
+        ok = code == 0 and complete(spec, job)
+        with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
+            f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
+                                "ok": ok}) + "\n")
+        if not ok:
             line = f"{job.run_id(spec)}: exit {code} after {seconds:.1f} s; log {log}"
             failures.append(line)
             say(f"  FAILED {line}\n    " + _tail(log).replace("\n", "\n    "))
@@ -291,9 +305,49 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
     return cmp.returncode
 
 
-def run_study(spec: StudySpec, launcher: str = "auto", say=print) -> int:
+def decided(spec: StudySpec) -> tuple[int, int, list[str]]:
+    """(decided, primary verdicts, their sentences) over the study's records so far: the real
+    arms' primaries (the A/A control's when the study has no other arm). Decided: faster,
+    slower, equivalent, or a difference of `detect` ruled out (stats.Comparison.settled)."""
+    from analysis.compare import compare_table
+    from analysis.load import load_table
+
+    res = compare_table(load_table([spec.dir]), spec.baseline.label, alpha=spec.alpha)
+    real = [(p, c) for p, c in res.comparisons if c.primary and not c.control]
+    mine = real or [(p, c) for p, c in res.comparisons if c.primary]
+    return (sum(c.settled for _, c in mine), len(mine),
+            [f"{p.label} [{c.metric}]: {c.verdict}" for p, c in mine])
+
+
+def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: list[int], say=print) -> tuple[int, int, list[str]]:
+    """Run block after block; at each look, stop when every primary verdict is decided."""
+    ran = failed = 0
+    failures: list[str] = []
+    for k in looks:
+        r, f, lines = execute(spec, [j for j in jobs if j.cell.block < k], launcher, say)
+        ran, failed, failures = ran + r, failed + f, failures + lines
+        if failed:
+            return ran, failed, failures  # a failed run is retried by a rerun, not judged around
+        n_decided, n, _ = decided(spec)
+        say(f"look after {k} blocks: {n_decided} of {n} primary verdict(s) decided"
+            + ("; stopping" if n and n_decided == n else "" if k == looks[-1] else "; adding blocks"))
+        if n and n_decided == n:
+            break
+    return ran, failed, failures
+
+
+def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: bool = False,
+              max_trials: int | None = None) -> int:
+    from workloads.study.plan import make_plan
+
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    the_plan = make_plan(spec, max_trials)
+    spec = replace(the_plan.spec, looks=len(the_plan.looks) if max_trials else 1)
+    for line in the_plan.lines():
+        say(line)
+    if plan_only:
+        return 0
     if any(a.emulated for a in spec.arms) and os.geteuid() != 0:
         emu = ", ".join(a.label for a in spec.arms if a.emulated)
         raise UsageError(f"arm(s) {emu} use an emulated fabric (network namespaces and tc): run the study as root")
@@ -301,8 +355,11 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print) -> int:
     _manifest(spec)
     say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
         f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
-        f"{' seed ' + str(spec.seed) if spec.design == 'permuted' else ''}, {launcher}; records in {spec.dir}")
-    ran, failed, failures = execute(spec, jobs, launcher, say)
+        f"{' seed ' + str(spec.seed) if spec.design != 'abba' else ''}, {launcher}; records in {spec.dir}")
+    if max_trials:
+        ran, failed, failures = execute_sequential(spec, jobs, launcher, the_plan.looks, say)
+    else:
+        ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
     commits = {((r.get("fingerprint") or {}).get("git") or {}).get("commit") for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
@@ -323,14 +380,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--output-root", help="where the study's folder goes (default: the file's, else results)")
     parser.add_argument("--launcher", choices=["auto", "local", "slurm"], default="auto",
                         help="auto: one Slurm step per run inside an allocation (SLURM_JOB_ID set), else local")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
+    parser.add_argument("--until-decided", action="store_true",
+                        help="add blocks until every primary verdict is settled: faster, slower, equivalent, or a `detect`-sized "
+                             "difference ruled out (needs --max-trials)")
+    parser.add_argument("--max-trials", type=int, metavar="N", help="the most blocks a --until-decided study runs")
 
 
 def run(args) -> int:
     """Run an A/B study: arms x workloads x trials, counterbalanced and interleaved."""
     spec = load_spec(args.study, args.id, args.output_root)
+    if args.until_decided != (args.max_trials is not None):
+        raise UsageError("--until-decided and --max-trials N go together: a sequential study needs its cap")
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        return run_study(spec, args.launcher)
+        return run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials)
     except KeyboardInterrupt:
         print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
         return 130

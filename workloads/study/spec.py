@@ -6,8 +6,12 @@
       - {label: emu-100m, fabric: emu-100m}
     workloads:                       # entry: train | finetune | collectives | infer
       - {name: allreduce, entry: collectives, overrides: [collectives.minbytes=1M, collectives.maxbytes=1M]}
-    trials: 4                        # per arm; 4 is the fewest the rank test can ever call
-    design: abba                     # abba | permuted (a seeded permutation within each block)
+        # optional per workload: primary: {metric: ..., point: c8}   cv: 5%
+    trials: 8                        # blocks; default: the fewest that can call `detect` (the plan)
+    detect: 10%                      # the smallest difference the study must be able to call
+    equivalence: 2%                  # the margin within which two arms are called equivalent
+    cv: 5%                           # expected run-to-run noise; default: earlier records, else per entry
+    design: abba                     # abba (2 arms; Williams for 3+) | williams | permuted (seeded)
     seed: 0
     control: false                   # true adds an A/A arm: the baseline again as <baseline>~aa
 
@@ -18,6 +22,7 @@ expanded into one workload point per combination, each its own cell.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +38,12 @@ ENTRIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "collectives": ("launch/collectives.py", ("workload=collectives",)),
     "infer": ("launch/infer.py", ()),
 }
-DESIGNS = ("abba", "permuted")
+DESIGNS = ("abba", "williams", "permuted")
+# Expected run-to-run noise (sd of log, ~CV) per entry when neither the study nor earlier
+# records say: a quiet cluster gives ~1-2% for training and 2-5% for bus bandwidth and
+# serving throughput (shared/reviews/study-statistics.md, section 2.3); these are set above
+# that, so a default plan does not promise what the machine cannot deliver.
+DEFAULT_CV = {"train": 0.03, "finetune": 0.03, "collectives": 0.05, "infer": 0.05}
 CONTROL_SUFFIX = "~aa"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
 # Decided by the study for each cell; an arm or workload setting them would break the design.
@@ -55,6 +65,9 @@ class Workload:
     name: str                      # unique within the study; part of every cell's run_id
     entry: str                     # a key of ENTRIES
     overrides: tuple[str, ...] = ()
+    primary_metric: str | None = None   # declared; None: the workload's default (analysis/compare.py)
+    primary_point: str | None = None    # inference: the load point that decides ("c8"); None: the heaviest
+    cv: float | None = None             # expected noise of the primary metric, when declared
 
     @property
     def script(self) -> str:
@@ -77,6 +90,12 @@ class StudySpec:
     output_root: str
     timeout_s: float
     source: str                    # the YAML it came from
+    detect: float = 0.10           # the difference the plan must be able to call (a fraction)
+    margin: float = 0.02           # equivalence margin (a fraction)
+    cv: float | None = None        # expected noise for every workload, when declared
+    trials_given: bool = True      # False: `trials` was chosen by the plan
+    alpha: float = 0.05
+    looks: int = 1                 # a sequential study's planned looks (workloads/study/plan.py)
 
     @property
     def baseline(self) -> Arm:
@@ -91,10 +110,12 @@ class StudySpec:
 
     def as_dict(self) -> dict[str, Any]:
         """What defines the study (not where it runs): a rerun must match it to resume."""
-        return {"name": self.name, "id": self.id, "trials": self.trials, "design": self.design, "seed": self.seed,
+        return {"name": self.name, "id": self.id, "design": self.design, "seed": self.seed,
+                "detect": self.detect, "margin": self.margin, "looks": self.looks,
                 "arms": [{"label": a.label, "fabric": a.fabric, "overrides": list(a.overrides),
                           "baseline": a.baseline, "control": a.control} for a in self.arms],
-                "workloads": [{"name": w.name, "entry": w.entry, "overrides": list(w.overrides)}
+                "workloads": [{"name": w.name, "entry": w.entry, "overrides": list(w.overrides),
+                               "primary_metric": w.primary_metric, "primary_point": w.primary_point}
                               for w in self.workloads]}
 
 
@@ -161,6 +182,36 @@ def _arms(raw: Any, control: bool) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
+def fraction(value: Any, what: str, low: float = 0.0, high: float = 1.0) -> float:
+    """'2%', 2% written as 0.02, or a number: a fraction in (low, high); a UsageError naming `what` otherwise."""
+    text = str(value).strip()
+    try:
+        f = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        f = math.nan
+    if isinstance(value, bool) or not low < f < high:
+        raise UsageError(f"{what}={value!r}: write a percentage such as 5% (or the fraction 0.05), "
+                         f"between {100 * low:g}% and {100 * high:g}%")
+    return f
+
+
+def _primary(value: Any, what: str, entry: str) -> tuple[str | None, str | None]:
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        value = {"metric": value}
+    if not isinstance(value, Mapping) or set(value) - {"metric", "point"}:
+        raise UsageError(f"{what} is {{metric: <record metric>, point: <load point, e.g. c8>}}")
+    if value.get("point") is not None and entry != "infer":
+        raise UsageError(f"{what}.point: only inference sweeps have load points; remove it")
+    metric = None if value.get("metric") is None else str(value["metric"])
+    if metric is not None:
+        from analysis.compare import direction
+
+        direction(metric) if not any(ch in metric for ch in "*?[") else None  # a metric with no direction is refused now
+    return metric, None if value.get("point") is None else str(value["point"])
+
+
 def _workloads(raw: Any) -> tuple[Workload, ...]:
     from workloads.core.launcher import expand_sweep
 
@@ -170,10 +221,17 @@ def _workloads(raw: Any) -> tuple[Workload, ...]:
     for i, w in enumerate(raw):
         if not isinstance(w, Mapping) or w.get("entry") not in ENTRIES:
             raise UsageError(f"workloads[{i}].entry must be one of {', '.join(ENTRIES)}")
+        unknown = sorted(set(w) - {"name", "entry", "overrides", "primary", "cv"})
+        if unknown:
+            raise UsageError(f"workloads[{i}]: unknown field(s) {', '.join(unknown)}; a workload has name, entry, "
+                             "overrides, primary, cv")
         name = _label(w.get("name", w["entry"]), f"workloads[{i}].name")
+        metric, point = _primary(w.get("primary"), f"workloads[{i}].primary", str(w["entry"]))
+        cv = None if w.get("cv") is None else fraction(w["cv"], f"workloads[{i}].cv")
         points = expand_sweep(list(_overrides(w.get("overrides"), f"workloads[{i}].overrides")))
-        for k, point in enumerate(points):
-            out.append(Workload(name if len(points) == 1 else f"{name}-p{k}", str(w["entry"]), tuple(point)))
+        for k, point_overrides in enumerate(points):
+            out.append(Workload(name if len(points) == 1 else f"{name}-p{k}", str(w["entry"]), tuple(point_overrides),
+                                metric, point, cv))
     names = [w.name for w in out]
     if len(set(names)) < len(names):
         raise UsageError(f"workloads: names must be unique, got {names}")
@@ -195,25 +253,33 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
         raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, Mapping):
         raise UsageError(f"{p}: a study is a mapping with name, arms, workloads, trials")
-    unknown = sorted(set(raw) - {"name", "id", "arms", "workloads", "trials", "design", "seed", "control",
-                                 "output_root", "timeout_s"})
+    fields = ("name", "id", "arms", "workloads", "trials", "design", "seed", "control", "output_root", "timeout_s",
+              "detect", "equivalence", "cv", "alpha")
+    unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a study has name, id, arms, workloads, "
-                         "trials, design, seed, control, output_root, timeout_s")
+        raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a study has {', '.join(fields)}")
     name = _label(raw.get("name", p.stem), "name")
-    trials = raw.get("trials", 4)
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-        raise UsageError(f"trials={trials!r} must be a positive integer (4 per arm is the fewest that can ever "
-                         "reach p < 0.05 with the exact rank test)")
+    trials = raw.get("trials")
+    if trials is not None and (not isinstance(trials, int) or isinstance(trials, bool) or trials < 2):
+        raise UsageError(f"trials={trials!r} must be an integer >= 2 (blocks; leave it out and the plan chooses "
+                         "the fewest that can call the study's `detect`)")
     design = str(raw.get("design", "abba"))
     if design not in DESIGNS:
-        raise UsageError(f"design={design!r}; use abba (counterbalanced) or permuted (seeded, within blocks)")
+        raise UsageError(f"design={design!r}; use abba (2 arms; Williams for 3 or more), williams (balanced for "
+                         "carry-over) or permuted (seeded, within blocks)")
     seed = raw.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise UsageError(f"seed={seed!r} must be an integer")
     timeout = float(raw.get("timeout_s", 1800))
-    return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"),
-                     arms=_arms(raw.get("arms"), bool(raw.get("control", False))),
-                     workloads=_workloads(raw.get("workloads")), trials=trials, design=design, seed=seed,
+    arms = _arms(raw.get("arms"), bool(raw.get("control", False)))
+    if design == "abba" and len(arms) > 2:
+        # ABBA reversal does not balance carry-over over 3+ arms (the middle arm is never first
+        # and never follows itself); Williams' square is its generalisation and equals ABBA for 2
+        design = "williams"
+    return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"), arms=arms,
+                     workloads=_workloads(raw.get("workloads")), trials=trials or 0, design=design, seed=seed,
                      output_root=str(output_root or raw.get("output_root") or "results"), timeout_s=timeout,
-                     source=str(p))
+                     source=str(p), detect=fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0),
+                     margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0),
+                     cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),
+                     trials_given=trials is not None, alpha=fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5))

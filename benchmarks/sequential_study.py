@@ -1,0 +1,79 @@
+"""Blocks a study spends: `--until-decided` against the fixed plan, at the same error rates.
+
+    .venv/bin/python benchmarks/sequential_study.py [--studies 300] [--seed 0]
+
+Simulated with the project's own verdict code (analysis.stats.compare and correct, the
+looks of workloads.study.plan): two primary verdicts (e.g. training and all_reduce), CV 5%
+per run, alpha 0.05, detect 10%. The fixed design runs the blocks the plan chooses (8); the
+sequential one looks after 3, 4, 6, 8, 12, 16 blocks with alpha/6 at each and stops when
+both verdicts are settled (a difference called, equivalent within 2%, or a 10% difference
+ruled out by the interval: the question the study was sized for, answered). For each true
+difference it prints the power (first verdict called), any false call of the second, and
+the mean blocks used, with the ratio sequential / fixed; first with the difference in one
+metric and the other equal, then in both (a slower fabric usually slows training and the
+collective alike). The GPU-hours a study costs are proportional to its blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analysis import stats  # noqa: E402
+from workloads.study.plan import looks_at  # noqa: E402
+
+CV, DETECT, TESTS, ALPHA = 0.05, 0.10, 2, 0.05
+
+
+def verdicts(d: np.ndarray, looks: int) -> list[stats.Comparison]:
+    fam = [stats.compare([1.0] * d.shape[1], [1.0] * d.shape[1], f"arm{i}", "base", "samples_per_sec", blocks=d[i],
+                         design="sim", looks=looks) for i in range(d.shape[0])]
+    return stats.correct(fam, "holm", ALPHA)
+
+
+def one(rng: np.random.Generator, effect: float, fixed: int, cap: int, both: bool) -> tuple[tuple, tuple]:
+    """((called, false call, blocks) of the fixed design, the same of the sequential one)."""
+    shift = np.array([[math.log1p(effect)], [math.log1p(effect) if both else 0.0]])
+    d = shift + rng.normal(0, CV, (TESTS, cap)) - rng.normal(0, CV, (TESTS, cap))
+    f = verdicts(d[:, :fixed], 1)
+    fixed_out = (f[0].significant, f[1].significant, fixed)
+    looks = looks_at(cap)
+    for k in looks:
+        s = verdicts(d[:, :k], len(looks))
+        if all(c.settled for c in s) or k == looks[-1]:
+            return fixed_out, (s[0].significant, s[1].significant, k)
+    raise AssertionError("unreachable")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--studies", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-trials", type=int, default=16)
+    args = ap.parse_args()
+    fixed = stats.blocks_for(DETECT, TESTS, CV, ALPHA)
+    rng = np.random.default_rng(args.seed)
+    print(f"fixed plan: {fixed} blocks; sequential: looks after {looks_at(args.max_trials)} blocks; "
+          f"{args.studies} studies per row; CV {CV:.0%}, {TESTS} primary tests, alpha {ALPHA}")
+    for both in (False, True):
+        print(f"\ndifference in {'both metrics' if both else 'the first metric, the second equal'} "
+              f"({'second' if both else 'false'}: the second verdict called)")
+        print(f"{'true difference':>16} | {'fixed: power  second  blocks':>29} | "
+              f"{'sequential: power  second  blocks':>34} | blocks ratio")
+        for effect in ((0.10, 0.30, 1.0) if both else (0.0, 0.05, 0.10, 0.30, 1.0)):
+            runs = [one(rng, effect, fixed, args.max_trials, both) for _ in range(args.studies)]
+            fx, sq = np.array([r[0] for r in runs], dtype=float), np.array([r[1] for r in runs], dtype=float)
+            print(f"{effect:>16.0%} | {fx[:, 0].mean():>12.2f} {fx[:, 1].mean():>7.3f} {fx[:, 2].mean():>7.1f} | "
+                  f"{sq[:, 0].mean():>17.2f} {sq[:, 1].mean():>7.3f} {sq[:, 2].mean():>7.1f} | "
+                  f"{sq[:, 2].mean() / fx[:, 2].mean():.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

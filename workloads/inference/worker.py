@@ -1,0 +1,61 @@
+"""One worker node (node_rank > 0) of a multi-node SGLang/vLLM server:
+
+    python -m workloads.inference.worker [hydra overrides, as node 0's launch/infer.py got them]
+
+It composes the same config as node 0 and asks the same adapter for the command, so every
+node gets the same engine arguments (server.extra_args, server.env, --served-model-name,
+vLLM's --distributed-executor-backend mp) and differs only where the adapter says a worker
+differs (--node-rank, --host, vLLM's --headless). It then runs that command under the
+fabric profile and NCCL's per-process log, exactly as node 0's orchestrator starts its
+engine (launch/slurm/serve_node.sh runs this on nodes > 0).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import OmegaConf
+
+from workloads.core.errors import UsageError
+from workloads.fabric.profile import compose_node, exec_with, node_env
+from workloads.inference.adapters import get_adapter
+from workloads.inference.adapters.base import ServerSpec, check_tp_divides
+
+
+def worker_command(overrides: list[str]) -> tuple[list[str], dict[str, str | None]]:
+    """(argv, environment to apply on top of this one) for this node's engine worker."""
+    cfg = compose_node(overrides)
+    spec = ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True))
+    if spec.node_rank == 0:
+        raise UsageError("server.node_rank=0 is the head node: run launch/infer.py there, this only starts workers")
+    adapter = get_adapter(spec.adapter)
+    if not adapter.starts_process:
+        raise UsageError(f"server={spec.adapter} starts no process, so it has no worker nodes")
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    check_tp_divides(spec.tp, model)
+    adapter.check_available(spec, OmegaConf.to_container(cfg.server, resolve=True))
+    fabric, env = node_env(overrides, cfg=cfg)
+    launch = adapter.command(spec, model, fabric.name, adapter.forwarded_overrides(overrides))
+    if launch.argv is None:
+        raise UsageError(f"server={spec.adapter} gave no command to start")
+    # the same layering as the orchestrator's: fabric first, the engine's own env on top
+    return launch.argv, {**env, **launch.env}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command, env = worker_command(overrides)
+    except (UsageError, HydraException, OmegaConfBaseException) as e:
+        print(f"error: {str(e).splitlines()[0]} (overrides: {' '.join(overrides) or 'none'})", file=sys.stderr)
+        return 2
+    print(f"fabricbench worker (node {os.environ.get('SLURM_NODEID', '?')}): {' '.join(command)}", flush=True)
+    return exec_with(env, command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

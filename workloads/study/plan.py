@@ -1,0 +1,258 @@
+"""A study's plan, made before its first run: the family of tests that decides, the noise it
+expects, the smallest difference it can call, the blocks it needs, and its wall time.
+
+    fabricbench study conf/study/emu-ab.yaml --plan     # print the plan, run nothing
+
+The deciding family is one primary verdict per real arm and workload point (DESIGN.md,
+"Studies"); the A/A control's primaries are a family of their own. Its minimum detectable
+effect (MDE) is analysis.stats.plan_mde: the paired t-test over k blocks, one real effect
+among m tests judged at alpha/m (what Holm gives it), 80% power, each run's primary metric
+varying by CV (sd of its log; runs independent, so sd(d) = CV x sqrt(2)).
+
+Where the CV comes from, first found wins: the study's `cv:` (per workload or study-wide);
+earlier records of the same workload (same entry and overrides) under the output root,
+pooled within arm over at least 3 runs per arm; else DEFAULT_CV for the entry. The plan says
+which. Default trials: the fewest blocks (>= 3) whose MDE is at most `detect`. A study that
+cannot call `detect` with the trials it was given is refused before anything runs.
+
+Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 3, 4, 6, 8,
+12, 16, 24, ... blocks and at N; alpha is spent as alpha/L at each of the L looks (Bonferroni
+over looks: valid whenever the study stops), and the study stops at the first look where
+every primary verdict is settled: a difference called, equivalence within the margin, or a
+difference of `detect` ruled out by the interval (the study's own question, answered).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import median
+
+from workloads.core.errors import UsageError
+from workloads.study.spec import DEFAULT_CV, StudySpec, Workload
+
+FIRST_LOOK = 3
+
+
+def looks_at(max_blocks: int) -> list[int]:
+    """The blocks after which a sequential study looks: 3, 4, 6, 8, 12, 16, ... (each about 1.5x
+    the last: few looks keep alpha/L large) and always the cap."""
+    out, k = [], FIRST_LOOK
+    while k < max_blocks:
+        out.append(k)
+        k = k + 1 if k < 4 else (k * 3 // 2 if k % 4 == 0 else k * 4 // 3)
+    return [*out, max_blocks]
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: StudySpec               # with `trials` filled in
+    tests: int                    # primary verdicts of the real arms (one family)
+    control_tests: int            # primary verdicts of the A/A control (a family of its own)
+    cv: dict[str, tuple[float, str]]   # workload -> (expected CV, where it came from)
+    seconds: dict[str, float]     # workload -> median seconds per run, from earlier runs
+    looks: list[int]              # [trials] for a fixed design; the look schedule when sequential
+
+    @property
+    def family(self) -> tuple[int, str]:
+        """(size, name) of the family the refusal and the default trials are judged on."""
+        return (self.tests, "primary") if self.tests else (self.control_tests, "A/A control")
+
+    @property
+    def worst_cv(self) -> float:
+        return max(cv for cv, _ in self.cv.values())
+
+    def mde(self, blocks: int | None = None) -> float:
+        from analysis import stats
+
+        return stats.plan_mde(blocks or self.spec.trials, self.family[0], self.worst_cv, self.spec.alpha, len(self.looks))
+
+    def equivalence_blocks(self) -> int | None:
+        """About how many blocks let two equal arms be called equivalent at the margin (80%):
+        the interval's half-width plus its own wobble must fit inside the margin."""
+        from scipy import stats as sps
+
+        m, sd = max(self.family[0], 1), self.worst_cv * math.sqrt(2)
+        level = self.spec.alpha / (m * len(self.looks))
+        for k in range(3, 1001):
+            if (sps.t.ppf(1 - level / 2, k - 1) + sps.norm.ppf(0.9)) * sd / math.sqrt(k) <= math.log1p(self.spec.margin):
+                return k
+        return None
+
+    def runs(self) -> int:
+        return self.spec.trials * len(self.spec.arms) * len(self.spec.workloads)
+
+    def wall_seconds(self) -> float | None:
+        if len(self.seconds) < len(self.spec.workloads):
+            return None
+        return sum(self.seconds[w.name] for w in self.spec.workloads) * self.spec.trials * len(self.spec.arms)
+
+    def lines(self) -> list[str]:
+        from analysis import stats
+
+        s = self.spec
+        m, name = self.family
+        out = [f"plan of study {s.id}: {len(s.arms)} arms x {len(s.workloads)} workload point(s) x {s.trials} blocks = "
+               f"{self.runs()} runs, design {s.design}"
+               + (f", sequential: looks after {', '.join(map(str, self.looks))} blocks (alpha/{len(self.looks)} each)"
+                  if len(self.looks) > 1 else "")
+               + ("" if s.trials_given else " (trials chosen by this plan)"),
+               (f"  decides: {self.tests} primary verdict(s) ({len(s.arms) - 1 - bool(self.control_tests)} arm(s) x "
+                f"{len(s.workloads)} point(s)), Holm at alpha {s.alpha:g}"
+                + (f"; the A/A control: {self.control_tests} verdict(s), a family of its own" if self.control_tests else ""))
+               if self.tests else
+               f"  an A/A study: its control's {self.control_tests} primary verdict(s) bound the bias between two runs "
+               f"of one configuration, Holm at alpha {s.alpha:g}"]
+        for w in s.workloads:
+            cv, src = self.cv[w.name]
+            out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or _DEFAULT_PRIMARY[w.entry]}"
+                       f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
+        eq = self.equivalence_blocks()
+        out.append(f"  can call: >= {stats.pct(self.mde())} with 80% power over the {name} family of {m} "
+                   f"(asked: {stats.pct(s.detect)}); sign-flip check's smallest p {min(1.0, 2 / 2 ** s.trials):.3g}")
+        out.append(f"  equivalence within +-{stats.pct(s.margin)}: needs about {eq} blocks at that noise" if eq else
+                   f"  equivalence within +-{stats.pct(s.margin)}: out of reach at that noise")
+        wall = self.wall_seconds()
+        out.append(f"  wall time: about {_clock(wall)} ({self.runs()} runs at the median of earlier runs)" if wall is not None
+                   else "  wall time: unknown until the first runs (the progress line then gives an ETA)")
+        return out
+
+    def refusal(self) -> str | None:
+        from analysis import stats
+
+        s = self.spec
+        mde = self.mde()
+        if mde <= s.detect:
+            return None
+        m, name = self.family
+        need = stats.blocks_for(s.detect, m, self.worst_cv, s.alpha, len(self.looks))
+        fix = (f"set trials: {need} (or leave trials out to let the plan choose)" if need and len(self.looks) == 1 else
+               f"raise --max-trials to at least {need}" if need else "the noise is too large for any number of blocks")
+        return (f"study {s.id} cannot call a {stats.pct(s.detect)} difference: with {s.trials} blocks and {m} {name} "
+                f"test{'s' if m != 1 else ''} at CV {stats.pct(self.worst_cv)} the smallest it can call (80% power) is "
+                f"{stats.pct(mde)}; {fix}, raise detect:, or compare fewer arms or workload points")
+
+
+_DEFAULT_PRIMARY = {"train": "samples_per_sec", "finetune": "samples_per_sec",
+                    "collectives": "all_reduce bus bandwidth at the largest size", "infer": "request_throughput at the heaviest load point"}
+
+
+def _clock(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def _same(w: Workload, other: dict) -> bool:
+    return other.get("entry") == w.entry and list(other.get("overrides") or []) == list(w.overrides)
+
+
+def _earlier(spec: StudySpec) -> list[tuple[Path, dict]]:
+    """(study folder, manifest) of every study under the output root, this one included."""
+    root = Path(spec.output_root)
+    out = []
+    for manifest in sorted(root.glob("*/study.json")) if root.is_dir() else []:
+        try:
+            out.append((manifest.parent, json.loads(manifest.read_text())))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def _primary_value(rec: dict, w: Workload) -> tuple[float | None, float]:
+    """(value of the workload's primary metric, load level) of one record."""
+    from analysis.compare import expand, primary_metric
+    from analysis.load import run_from_record
+
+    r = run_from_record(rec)
+    metric = (expand([w.primary_metric], r.metrics) or [None])[0] if w.primary_metric else primary_metric(r.workload, r.metrics)
+    level = r.coords.get("concurrency", r.coords.get("rate", math.inf))
+    if w.primary_point is not None and r.point != w.primary_point:
+        return None, level
+    return (r.metric(metric) if metric else None), level
+
+
+def measured_cv(spec: StudySpec, w: Workload) -> tuple[float, str] | None:
+    """The pooled within-arm sd of log(primary metric) over earlier ok runs of this workload."""
+    logs: dict[tuple, list[tuple[float, float]]] = {}
+    for folder, manifest in _earlier(spec):
+        names = [o["name"] for o in manifest.get("workloads") or [] if _same(w, o)]
+        for path in folder.glob("*/records/*.json") if names else ():
+            try:
+                rec = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            st = rec.get("study") or {}
+            if rec.get("status") != "ok" or st.get("workload") not in names:
+                continue
+            v, level = _primary_value(rec, w)
+            if v is not None and v > 0:
+                logs.setdefault((folder.name, st.get("arm")), []).append((level, math.log(v)))
+    # inference: the heaviest load point of each arm (the primary point when none is declared)
+    groups = [[x for lv, x in vals if lv == max(v[0] for v in vals)] for vals in logs.values()]
+    groups = [g for g in groups if len(g) >= 3]
+    if not groups:
+        return None
+    dof = sum(len(g) - 1 for g in groups)
+    ss = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups)
+    n = sum(len(g) for g in groups)
+    return max(math.sqrt(ss / dof), 0.005), f"measured over {n} earlier runs"  # a floor: no study is noise-free
+
+
+def _seconds(spec: StudySpec, w: Workload) -> float | None:
+    spent = []
+    for folder, manifest in _earlier(spec):
+        names = {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)}
+        try:
+            lines = (folder / "timings.jsonl").read_text().splitlines() if names else []
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                t = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if t.get("workload") in names and t.get("ok"):
+                spent.append(float(t["seconds"]))
+    return median(spent) if spent else None
+
+
+def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
+    """The plan for `spec`; `max_trials` makes it sequential. Fills in `trials` when the study
+    left it out. Raises UsageError (exit 2) when the plan cannot call `detect`."""
+    cv: dict[str, tuple[float, str]] = {}
+    for w in spec.workloads:
+        if w.cv is not None:
+            cv[w.name] = (w.cv, "declared for the workload")
+        elif spec.cv is not None:
+            cv[w.name] = (spec.cv, "declared for the study")
+        else:
+            cv[w.name] = measured_cv(spec, w) or (DEFAULT_CV[w.entry], f"default for {w.entry}; no earlier runs")
+    control = any(a.control for a in spec.arms)
+    real = len(spec.arms) - 1 - int(control)
+    tests, control_tests = real * len(spec.workloads), int(control) * len(spec.workloads)
+    seconds = {w.name: t for w in spec.workloads if (t := _seconds(spec, w)) is not None}
+    if max_trials is not None:
+        if max_trials < FIRST_LOOK:
+            raise UsageError(f"--max-trials {max_trials}: a sequential study looks first after {FIRST_LOOK} blocks; "
+                             f"give at least {FIRST_LOOK}")
+        spec = replace(spec, trials=max_trials, trials_given=True)
+        return _checked(Plan(spec, tests, control_tests, cv, seconds, looks_at(max_trials)))
+    plan = Plan(spec, tests, control_tests, cv, seconds, [spec.trials or 1])
+    if not spec.trials_given:
+        from analysis import stats
+
+        m = plan.family[0]
+        k = stats.blocks_for(spec.detect, m, plan.worst_cv, spec.alpha)
+        if k is None:
+            raise UsageError(f"study {spec.id}: at CV {stats.pct(plan.worst_cv)} no number of blocks up to 200 can call "
+                             f"a {stats.pct(spec.detect)} difference over {m} tests; raise detect: or compare fewer points")
+        plan = replace(plan, spec=replace(spec, trials=k), looks=[k])
+    return _checked(plan)
+
+
+def _checked(plan: Plan) -> Plan:
+    if (why := plan.refusal()) is not None:
+        raise UsageError(why)
+    return plan
