@@ -160,8 +160,9 @@ def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, r
     n_in, n_out = tokens("input_len"), tokens("output_len")
     per, budget = request_bytes(n_in, n_out), room.bytes // 2
     if most * per > budget:
+        rates = [a.rate for a in points if a.open_loop and a.rate is not None and not math.isinf(a.rate)]
         what = (f"load.num_requests={settings.num_requests}" if settings.num_requests is not None
-                else f"load.duration_s={settings.duration_s:g} at rate {max(a.rate for a in points):g}/s")
+                else f"load.duration_s={settings.duration_s:g}" + (f" at rate {max(rates):g}/s" if rates else ""))
         raise UsageError(f"{what}: a point keeps {most} requests' prompts and samples ({n_in}+{n_out} tokens each) in "
                          f"memory, about {most * per / 2**30:.1f} GiB, but a point may use half of the "
                          f"{room.gib()} this process may allocate ({room.where}); at most {budget // per} requests per point "
