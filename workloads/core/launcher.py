@@ -154,6 +154,21 @@ def hydra_value(v) -> str:
     return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# How Gloo and the c10d store say that the other end of a connection is gone.
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _peer_lost(e: BaseException) -> str | None:
+    """Which of Gloo's words for a vanished peer this exception carries (a peer rank exited, by
+    SIGKILL or after its own one-line error, while this rank was in a collective); None for any
+    other exception. Its traceback would bury the failing rank's line, which the launcher (or
+    torchrun) points to."""
+    text = str(e)
+    if isinstance(e, RuntimeError) and any(s in text for s in _PEER_LOST):
+        return next(s for s in _PEER_LOST if s in text)
+    return None
+
+
 def _report_job_error(overrides: list[str]) -> None:
     """Hydra's own "Error executing job" line and traceback, through the one redaction
     (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""
@@ -372,9 +387,13 @@ def hydra_entry(
         except UsageError as e:
             _say(e)
             sys.exit(e.exit_code)
-        except Exception:
+        except Exception as e:
             if signals.received():  # what stopping did to this rank (a peer gone), not a bug
                 raise signals.interruption() from None
+            if (lost := _peer_lost(e)) is not None:  # another rank's failure reaching this one, not its own
+                print(f"error: rank {os.environ.get('RANK', '0')}: a peer rank left ({lost}); the rank that failed "
+                      "first says why", file=sys.stderr, flush=True)
+                sys.exit(1)
             _report_job_error(overrides)  # a bug: its traceback, as Hydra would print it, minus secrets
             sys.exit(1)
         if code:
