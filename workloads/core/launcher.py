@@ -313,7 +313,8 @@ def _rank_failure(e) -> tuple[str, int]:
     exit code to pass on (128 + signal for a killed rank, as a shell reports it)."""
     rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
     what = f"rank {rank} {_exit_words(first.exitcode)}"
-    print(f"error: {what}; its message is above", file=sys.stderr)
+    # a rank killed by a signal printed nothing: there is no message above to point to
+    print(f"error: {what}" + ("; its message is above" if first.exitcode > 0 else ""), file=sys.stderr)
     return what, first.exitcode if first.exitcode > 0 else 128 - first.exitcode
 
 
