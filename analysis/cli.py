@@ -118,6 +118,9 @@ def cmd_report(args) -> int:
     from analysis import external
 
     _check_out(args.out)
+    slo = args.slo_ttft_ms
+    if slo is not None and not (0 < slo < float("inf")):  # a negative bound would mark every point as missing it
+        raise UsageError(f"--slo-ttft-ms {slo:g}: give the TTFT bound as a positive number of milliseconds, e.g. 500")
     ext = external.load(args.external)  # a bad file is named before any work
     table, result = _load(args)
     _print(result, getattr(args, "verbose", False))

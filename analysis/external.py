@@ -20,6 +20,7 @@ document per op, so tools that read nccl-tests' JSON read ours.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections import defaultdict
@@ -56,6 +57,20 @@ def _rccl_rows(text: str) -> list[dict]:
     return list(cells.values())
 
 
+@contextlib.contextmanager
+def _malformed(p: Path, what: str):
+    """A field that is missing or not a number ("bus_bw": "fast", a result without "size")
+    names the file and the field, instead of a traceback from deep in the parser."""
+    try:
+        yield
+    except KeyError as e:
+        raise UsageError(f"--external {p}: a result of this {what} has no {e.args[0]!r} field; pass the "
+                         "file as the tool wrote it") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UsageError(f"--external {p}: a value of this {what} is not what the tool writes ({e}); pass the "
+                         "file as the tool wrote it") from None
+
+
 def read(path: str | Path) -> dict[str, Any]:
     """One external results file as a record; UsageError naming the file when it is neither format."""
     p = Path(path)
@@ -69,9 +84,11 @@ def read(path: str | Path) -> dict[str, Any]:
         obj = None
     if isinstance(obj, Mapping) and isinstance(obj.get("results"), list):
         argv = obj.get("args") or ["all_reduce_perf"]
-        parsed = parse_json(dict(obj), op_from_binary(str(argv[0])))
+        with _malformed(p, "nccl-tests -J report"):
+            parsed = parse_json(dict(obj), op_from_binary(str(argv[0])))
         return _record(parsed["rows"], "nccl-tests", p, parsed["avg_busbw"])
-    rows = _rccl_rows(text)
+    with _malformed(p, "rccl-tests -Z json line"):
+        rows = _rccl_rows(text)
     if not rows:
         raise UsageError(f"--external {p}: neither an nccl-tests -J report (a JSON object with 'results') nor "
                          f"rccl-tests -Z json lines (with 'busBw'); pass one of those files")

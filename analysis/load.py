@@ -213,6 +213,42 @@ def load_dirs(dirs: Iterable[str]) -> list[dict]:
             seen.add(real)
             out.append(rec)
     _warn_unread(dirs, seen)
+    return once(out)
+
+
+def record_identity(rec: Mapping[str, Any]) -> str:
+    """What makes two files one record. Its `record_id` (written with every record since it
+    was added), else a digest of its content: a copy (`cp -r results/tr results/tr-backup`, a
+    .bak of a record) has the same content, while two measurements never do (each has its
+    own creation time and raw samples). Where a record sits is not part of it."""
+    import hashlib
+    import json
+
+    if isinstance(rec.get("record_id"), str) and rec["record_id"]:
+        return "id:" + rec["record_id"]
+    body = {k: v for k, v in rec.items() if k != "_path"}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def once(recs: list[dict]) -> list[dict]:
+    """Each record counted once however many copies were read: a copy counted again would be
+    taken for another independent trial (n = 4 vs 4 read as 4 vs 8, a smaller p). The first
+    read is kept; every copy is named in one warning."""
+    import sys
+
+    first: dict[str, str] = {}
+    out, copies = [], []
+    for rec in recs:
+        key = record_identity(rec)
+        if key in first:
+            copies.append(f"{rec.get('_path')} (the same record as {first[key]})")
+            continue
+        first[key] = str(rec.get("_path"))
+        out.append(rec)
+    if copies:
+        more = f"; and {len(copies) - 5} more" if len(copies) > 5 else ""
+        print(f"warning: {len(copies)} record file(s) repeat a record already read and are not counted again: "
+              f"{'; '.join(copies[:5])}{more}", file=sys.stderr)
     return out
 
 
@@ -281,6 +317,6 @@ def load_wandb(path: str, group: str | None = None, tags: Iterable[str] = (), co
 def load_table(dirs: Iterable[str] = (), wandb_path: str | None = None, group: str | None = None,
                tags: Iterable[str] = (), config: Mapping[str, Any] | None = None, api: Any = None) -> Table:
     recs = load_dirs(dirs)
-    if wandb_path:
-        recs += load_wandb(wandb_path, group, tags, config, api)
+    if wandb_path:  # a run both on disk and in W&B is one trial (its record_id)
+        recs = once(recs + load_wandb(wandb_path, group, tags, config, api))
     return Table(run_from_record(r) for r in recs)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import uuid
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env
+from workloads.core.errors import UsageError
 
 EARLIER = {"schema": "fabricbench.record/1", "workload": "pretrain", "status": "ok", "note": "measured before"}
 
@@ -64,6 +67,14 @@ def _records(d, *recs):
         (r / f"r{k}.json").write_text(rec if isinstance(rec, str) else json.dumps(rec))
 
 
+def _nccl_tests(d, **result):
+    """An nccl-tests -J report with one result, its fields replaced (None: left out)."""
+    row = {"size": 1024, "count": 256, "type": "float", "redop": "sum", "root": "    -1",
+           "out_of_place": {"time": 10.0, "alg_bw": 0.1, "bus_bw": result.pop("bus_bw", 0.1), "nwrong": 0}} | result
+    doc = {"args": ["all_reduce_perf"], "results": [{k: v for k, v in row.items() if v is not None}]}
+    (d / "nt.json").write_text(json.dumps(doc))
+
+
 def _a_file(d):
     (d / "afile").write_text("x")
 
@@ -80,6 +91,8 @@ CASES = [
     ("train-precision", _train("train.precision=fp8"), None, "train.precision"),
     ("train-global-batch", _train("train.global_batch_size=7"), None, "global_batch_size"),
     ("train-absent-hca", _train("fabric=roce"), None, "fabric=roce"),
+    ("train-fabric-env-typo", _train("+fabric.env.GLOO_SOCKET_IFNAM=eth0"), None,
+     "fabric.env.GLOO_SOCKET_IFNAM: Gloo reads no such variable (did you mean GLOO_SOCKET_IFNAME?)"),
     ("train-bad-override-syntax", _train("train.steps=[1,"), None, "train.steps"),
     # training: paths and files
     ("train-run-id-dotdot", _train("run_id=.."), None, "run_id"),
@@ -103,12 +116,20 @@ CASES = [
     ("coll-sizes-out-of-order", _coll("collectives.minbytes=1M", "collectives.maxbytes=1K"), None, "collectives.minbytes"),
     ("coll-size-too-large", _coll("collectives.minbytes=4096G", "collectives.maxbytes=4096G"), None,
      "collectives.maxbytes"),
+    # fits MemAvailable on a large host but not the cases' address-space limit (AS_LIMIT)
+    ("coll-size-over-ulimit", _coll("collectives.minbytes=2G", "collectives.maxbytes=2G"), None,
+     "collectives.maxbytes"),
     ("coll-avg-int", _coll("collectives.op=avg", "collectives.datatype=int32"), None, "collectives.op=avg"),
     ("coll-run-id", _coll("run_id=../x"), None, "run_id"),
     # inference
     ("infer-server-unreachable", _infer(), None, "server.ready_timeout_s"),
     ("infer-empty-points", _infer("load.points=[]"), None, "load.points"),
     ("infer-requests-zero", _infer("load.num_requests=0"), None, "load.num_requests"),
+    # More requests than memory holds: refused with what it would need, not grown until OOM
+    ("infer-requests-impossible", _infer("load.points=[1]", "load.num_requests=1000000000"), None,
+     "load.num_requests=1000000000"),
+    ("infer-duration-impossible", _infer("load.arrival=poisson", "load.points=[1000]", "load.num_requests=null",
+                                         "load.duration_s=1e9"), None, "load.duration_s"),
     ("infer-failed-fraction", _infer("load.max_failed_fraction=2"), None, "load.max_failed_fraction"),
     ("infer-unknown-adapter", _infer("server.adapter=nope"), None, "server adapter"),
     ("infer-tp-heads", ["launch/infer.py", "server=sglang", "model=llama-3.1-8b", "server.tp=3"], None, "server.tp"),
@@ -131,6 +152,14 @@ CASES = [
      lambda d: _records(d, EARLIER | {"schema": "fabricbench.record/9"}), "fabricbench.record/9"),
     ("compare-bad-filter", _cli("compare", "{d}/in", "--filter", "fabric"), lambda d: _records(d, EARLIER),
      "--filter"),
+    ("compare-schema-not-a-string", _cli("compare", "{d}/in"), lambda d: _records(d, EARLIER | {"schema": 5}),
+     "r0.json (schema 5"),
+    ("report-external-not-a-number", _cli("report", "{d}/in", "--external", "{d}/nt.json", "--out", "{d}/rep"),
+     lambda d: (_records(d, EARLIER), _nccl_tests(d, bus_bw="fast")), "nt.json"),
+    ("report-external-no-size", _cli("report", "{d}/in", "--external", "{d}/nt.json", "--out", "{d}/rep"),
+     lambda d: (_records(d, EARLIER), _nccl_tests(d, size=None)), "no 'size' field"),
+    ("report-slo-negative", _cli("report", "{d}/in", "--slo-ttft-ms", "-5", "--out", "{d}/rep"),
+     lambda d: _records(d, EARLIER), "--slo-ttft-ms -5"),
     ("report-out-is-file", _cli("report", "{d}/in", "--out", "{d}/afile"),
      lambda d: (_records(d, EARLIER), _a_file(d)), "--out"),
     ("report-out-unwritable", _cli("report", "{d}/in", "--out", "/proc/fabricbench-report"),
@@ -140,6 +169,8 @@ CASES = [
      "server.tp=1"),
     ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=sglang",
                                          "model=llama-3.1-8b", "server.tp=2"), None, "server=sglang"),
+    ("infer-reference-fp16-on-cpu", ["launch/infer.py", "server.dtype=fp16"], None, "server.dtype=fp16 needs a GPU"),
+    ("infer-reference-dtype", ["launch/infer.py", "server.dtype=fp8"], None, "server.dtype='fp8'"),
     ("infer-reference-nnodes", ["launch/infer.py", "server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"], None,
      "server.nnodes=2"),
     ("emulate-bad-config", _cli("emulate", "launch/train.py", "fabric=emu-100m", "train.micro_batch_size=0"), None,
@@ -150,6 +181,16 @@ CASES = [
     ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
     ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
 ]
+
+
+# Every case runs under an address-space limit (as `ulimit -v`): a bad input must be refused
+# before it allocates, and one that is not fails here with a MemoryError instead of growing
+# until the shared machine's OOM killer picks a process. Python with torch maps ~3.2 GiB.
+AS_LIMIT = 8 * 2**30
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
 
 
 def _our_processes(tag: str) -> list[int]:
@@ -179,7 +220,8 @@ def test_bad_input_is_one_line(tmp_path, argv, setup, needle):
     case = uuid.uuid4().hex
     tag = f"FB_BAD_INPUT_CASE={case}"
     env = child_env(FB_BAD_INPUT_CASE=case)
-    r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+                       preexec_fn=_limit_memory)
     err = r.stderr.strip()
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], err[-3000:])
     assert "Traceback" not in r.stderr + r.stdout, err[-3000:]
@@ -204,3 +246,74 @@ def test_emulate_agent_names_the_failed_rank(tmp_path):
     assert r.returncode == 3, r.stderr[-2000:]
     assert "error: rank 0 exited with code 3; its message is above" in r.stderr
     assert "AttributeError" not in r.stderr
+
+
+def test_a_copied_run_folder_is_not_more_trials(tmp_path, capsys):
+    """`cp -r results/tr results/tr-backup` (or a .bak of one record) adds no trial: records are
+    identified by content (their record_id, else a digest), not by path, and each copy is named.
+    Both kinds: records written now (with a record_id) and ones written before it existed."""
+    from analysis.cli import main as cli_main
+    from tests.test_analysis_compare import train
+    from workloads.core.records import write_record
+
+    speed = {"ib": [100.0, 104.0, 98.0, 101.0], "roce": [90.0, 97.0, 99.0, 92.0]}
+    for f, vals in speed.items():
+        for i, v in enumerate(vals):
+            rec = train(f, i, samples_per_sec=v)
+            if f == "ib":
+                write_record(tmp_path / "res" / f / "records", rec, f"pretrain-{f}")
+            else:  # an older record: no record_id
+                (tmp_path / "res" / f / "records").mkdir(parents=True, exist_ok=True)
+                (tmp_path / "res" / f / "records" / f"pretrain-{f}-{i:03d}.json").write_text(json.dumps(rec))
+    res = tmp_path / "res"
+    assert cli_main(["compare", str(res), "--baseline", "ib"]) == 0
+    before = capsys.readouterr()
+    assert "copies" not in before.err
+    shutil.copytree(res / "ib", res / "ib-backup")
+    shutil.copytree(res / "roce", res / "roce-backup")
+    first = sorted((res / "roce" / "records").glob("*.json"))[0]
+    shutil.copy(first, first.with_name(first.stem + ".bak.json"))
+    assert cli_main(["compare", str(res), "--baseline", "ib"]) == 0
+    after = capsys.readouterr()
+    assert after.out == before.out  # same n, same interval, same verdict
+    assert "warning: 9 record file(s) repeat a record already read and are not counted again" in after.err, after.err
+    assert ".bak.json" in after.err and "(the same record as " in after.err
+
+
+def test_a_deliberate_unknown_fabric_variable_is_exported():
+    """fabric.env_unchecked names a variable newer than the known list: exported as given."""
+    from workloads.fabric.profile import FabricProfile
+
+    cfg = {"name": "x", "backend": "gloo", "env": {"NCCL_IB_HCAS": "mlx5", "NCCL_GONE": None}}
+    with pytest.raises(UsageError, match=r"did you mean NCCL_IB_HCA\?"):
+        FabricProfile.from_config(cfg)
+    env = FabricProfile.from_config(cfg | {"env_unchecked": ["NCCL_IB_HCAS"]}).apply(None, {})
+    assert env == {"NCCL_IB_HCAS": "mlx5"}  # and an unset (null) name needs no marking
+
+
+def test_a_run_both_on_disk_and_in_wandb_is_one_trial(tmp_path, capsys):
+    """The same records read from their folder and from W&B (where the logger sent them) are
+    counted once: the record_id travels with the W&B run's config."""
+    from analysis.load import load_table
+    from tests.test_analysis_stats import synthetic
+    from tests.test_wandb_logger import FakeApi, FakeRun
+    from workloads.core.records import write_record
+
+    recs = synthetic(1.25, 0.02, 3, 5)
+    for r in recs:
+        write_record(tmp_path / r["fabric"]["name"], r, "rec")  # stamps r["record_id"], as the workloads do
+    api = FakeApi([FakeRun(f"r{i}", r) for i, r in enumerate(recs)])
+    table = load_table([str(tmp_path)], "team/fabricbench", api=api)
+    assert len(table) == len(recs) == 6
+    assert f"warning: {len(recs)} record file(s) repeat a record already read" in capsys.readouterr().err
+
+
+def test_a_peer_rank_gone_is_one_line_not_a_traceback():
+    """What Gloo raises in a surviving rank when another left mid-collective (seen after a full
+    disk ended rank 0 with its own error line) is told apart from a bug, whose traceback stays."""
+    from workloads.core.launcher import _peer_lost
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:20903: Connection reset by peer. "
+                        "This is typically caused by a remote worker hanging")
+    assert _peer_lost(gloo) == "Connection reset by peer"
+    assert _peer_lost(RuntimeError("CUDA out of memory")) is None and _peer_lost(ValueError("Broken pipe")) is None

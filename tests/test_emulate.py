@@ -145,7 +145,29 @@ def test_sigterm_removes_namespaces(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "namespaces removed" in err
+    assert "Traceback" not in err, err[-3000:]  # the agents stop quietly; the emulator says it once
     assert our_namespaces(tag) == []
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.slow
+def test_ctrl_c_of_an_emulated_run_is_one_line(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground group: emulator, agents and ranks.
+    Each agent's torchrun then raised SignalException with its traceback (80 lines)."""
+    p = subprocess.Popen(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                    "train.steps=400"], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not list(tmp_path.rglob("*.inflight")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)  # the point is being measured once its in-flight copy exists
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=90)
+    assert p.returncode == 130 and "namespaces removed" in err, err[-3000:]
+    assert "Traceback" not in err + out, err[-3000:]
+    assert our_namespaces(str(p.pid)) == []
+    # the point being measured is kept as an interrupted (failed) record
+    assert [(r["status"], r["error"]) for r in records_in(tmp_path)] == [("failed", "interrupted (Ctrl-C or SIGTERM)")]
 
 
 @pytest.fixture(scope="module")
@@ -198,15 +220,18 @@ def test_all_reduce_busbw_matches_100mbit_link(tmp_path):
     = 0.01195 GB/s. tbf counts whole frames."""
     if not IS_ROOT:
         pytest.skip("needs root for network namespaces, veth and tc")
-    p = subprocess.run(EMULATE + ["launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}",
-                                  "collectives.ops=[all_reduce]", "collectives.minbytes=4M", "collectives.maxbytes=4M",
-                                  "collectives.iters=5", "collectives.warmup_iters=2"],
+    # -m as a user sweeps trials: the entry's own workload= goes beside the overrides, not before -m
+    p = subprocess.run(EMULATE + ["launch/collectives.py", "-m", "trial=0,1", "fabric=emu-100m",
+                                  f"output_root={tmp_path}", "collectives.ops=[all_reduce]", "collectives.minbytes=4M",
+                                  "collectives.maxbytes=4M", "collectives.iters=5", "collectives.warmup_iters=2"],
                        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    (rec,) = records_in(tmp_path)
+    recs = records_in(tmp_path)
+    assert sorted(r["config"]["trial"] for r in recs) == [0, 1]
     link = 100e6 / 8 * 1448 / 1514 / 1e9
-    busbw = rec["metrics"]["avg_busbw(GB/s)"]
-    assert abs(busbw - link) <= 0.15 * link, (busbw, link, p.stdout[-2000:])
+    for rec in recs:
+        busbw = rec["metrics"]["avg_busbw(GB/s)"]
+        assert abs(busbw - link) <= 0.15 * link, (busbw, link, p.stdout[-2000:])
 
 
 @needs_root

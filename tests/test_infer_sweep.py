@@ -20,6 +20,7 @@ import pytest
 
 from workloads.testing.scripted_server import Running
 from workloads.core.dist import free_port
+from workloads.inference.loadgen.datasets import run_salt
 from tests.conftest import child_env, gone
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,13 +78,19 @@ def test_sweep_records_and_resume(tmp_path):
             d = x["dataset"]
             assert d["kind"] == "random" and d["prompts_unique"] == 12 and d["repeats_within_point"] == 0
             assert d["prompts_seen_before"] == 0 and d["repeats_across_points"] is False
-        assert {x["point"]: x["dataset"]["seed"] for x in _records(out)} == {"c1": [0, 1], "c4": [0, 3], "c8": [0, 5]}
+        # (load.seed, run, trial, slot): the resumed run draws its points' prompts as the first did
+        run = run_salt("sweep1", 0)
+        assert {x["point"]: x["dataset"]["seed"] for x in _records(out)} == {
+            "c1": [0, *run, 1], "c4": [0, *run, 3], "c8": [0, *run, 5]}
         # load.flush_cache_path: one POST before each point, before its warm-up.
         r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=sweep2", *SMALL,
                    "load.points=[2,3]", "load.flush_cache_path=/flush_cache")
         assert r.returncode == 0, r.stderr
-        flushes = json.loads(urllib.request.urlopen(url + "/prompts", timeout=5).read())["flushes"]
-        assert flushes == [42, 42 + 14]
+        seen = json.loads(urllib.request.urlopen(url + "/prompts", timeout=5).read())
+        assert seen["flushes"] == [42, 42 + 14]
+        # Another run against the same server sends none of the first run's prompts (its points
+        # 0 and 1 used to redraw sweep1's slots exactly: cache hits a flush alone must undo).
+        assert len(seen["prompts"]) == len(set(seen["prompts"])) == 42 + 28
         assert all(x["dataset"]["cache_flushed"] for x in _records(out / "sweep2"))
         # Open loop: Poisson at 50 req/s, with the client's send lag recorded per request.
         r = _infer("server=external", f"server.url={url}", f"output_root={out}", "run_id=rate1", *SMALL,
@@ -157,7 +164,10 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
     SIGKILLed by its 20th request, during point c4: that point's record says so."""
     out = tmp_path / "res"
     fake = tmp_path / "vllm"
-    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
+    # a traceback in its log, as an engine's (and torchrun's) would be: the console gets its last line only
+    fake.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\necho '  File \"x.py\"' >&2\n"
+                    "echo 'RuntimeError: scripted engine fault' >&2\n"
+                    f"exec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
     fake.chmod(0o755)
     port = free_port()
     r = _infer("server=vllm", f"server.executable={fake}", "model=llama-3.1-8b", f"server.port={port}",
@@ -165,6 +175,8 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
                "load.points=[1,4]")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "error: server=vllm exited with code -9 during point c4" in r.stderr
+    assert "its last error line: RuntimeError: scripted engine fault" in r.stderr
+    assert "Traceback" not in r.stderr and len([x for x in r.stderr.splitlines() if x.startswith("error:")]) == 1
     recs = {x["point"]: x for x in _records(out)}
     assert recs["c1"]["status"] == "ok"
     assert recs["c4"]["status"] == "failed"

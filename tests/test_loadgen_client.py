@@ -145,6 +145,56 @@ def test_sse_edge_cases(server):
     assert not any(r.ok for r in bad.values())
 
 
+@pytest.mark.parametrize("backend", ["completions", "chat"])
+def test_tokens_that_decode_to_empty_text_are_a_completed_request(server, backend):
+    """Special tokens stream as empty text: the request completed (the server counts its
+    tokens in usage), TTFT is its first token chunk (not the chat stream's role-only opener),
+    and the row says so. Without usage there is no sign of a token: failed, and said why."""
+    r = _one(server, f"id=empty-{backend};ttft=30;itl=5,5,5;mode=empty_text", backend)
+    assert r.ok and r.empty_text and r.as_row()["empty_text"], r.error
+    assert r.output_tokens == 4 and r.output_tokens_from == "usage" and r.itl == []
+    w = _trace(server)[f"empty-{backend}"]["content_writes"]
+    assert abs(r.ttft - (w[0] - r.start)) < TOL and r.ttft > 0.025
+    normal = _one(server, "ttft=5;itl=5", backend)
+    assert "empty_text" not in normal.as_row()
+    bare = _one(server, "ttft=5;itl=5;mode=no_usage_empty", backend)
+    assert not bare.ok and "without any output token" in bare.error
+
+
+def test_prompt_tokens_served_from_cache_are_recorded_and_flag_the_point(server):
+    """A server that reports cached prompt tokens in its usage (vLLM
+    --enable-prompt-tokens-details, SGLang --enable-cache-report): each request keeps the count,
+    and a point with any is flagged in its record's dataset block and warned about."""
+    from workloads.inference.run import cache_report
+
+    hit, cold = _one(server, "ttft=5;itl=5;mode=cached"), _one(server, "ttft=5;itl=5")
+    assert hit.ok and hit.cached_tokens == 3 and hit.as_row()["cached_tokens"] == 3
+    assert cold.ok and cold.cached_tokens is None and "cached_tokens" not in cold.as_row()
+    said = []
+    assert cache_report([hit, hit, cold], "c4", said.append) == {"cached_prompt_tokens": 6, "served_from_cache": True}
+    assert len(said) == 1 and "point c4: the server answered 6 prompt tokens of 2 requests from its prefix cache" in said[0]
+    assert cache_report([cold], "c1", said.append) == {"cached_prompt_tokens": None, "served_from_cache": None}
+    assert len(said) == 1
+
+
+def test_a_closed_loop_run_for_a_time_stops_at_its_memory_bound(server):
+    """Its request count is not known in advance, so check_memory hands it a bound (what half
+    the allowed memory holds) and the loop stops there, said, instead of growing to the OOM."""
+    from workloads.core.hostmem import Headroom
+    from workloads.inference.run import LoadSettings, check_memory, request_bytes
+
+    settings = LoadSettings(num_requests=None, duration_s=3600.0, warmup_requests=0, timeout_s=10, seed=0,
+                            extra_body={}, lag_warn_ms=1.0, flush_cache_path=None, max_failed_fraction=0.0,
+                            event_loop="asyncio")
+    # room for its prompt pool (CLOSED_DURATION_PROMPTS) and 234 requests more
+    room = Headroom(2 * 1234 * request_bytes(4, 2), "MemAvailable")
+    assert check_memory(settings, [Arrival("closed", concurrency=2)], {"input_len": 4, "output_len": 2}, room) == 1234
+    point = LoadPoint(server, get_backend("completions"), "scripted", [RequestSpec("ttft=1;itl=1", 4, 2)] * 50,
+                      Arrival("closed", concurrency=2), duration_s=settings.duration_s, max_requests=12, timeout_s=10)
+    res = run_point(point)
+    assert res.capped and len(res.results) == 12 and res.duration_s < 60
+
+
 def test_unreachable_server_is_an_error_not_a_hang():
     r = _one("http://127.0.0.1:9", "x", timeout=3)  # port 9 (discard): nothing listens
     assert not r.ok and "Connect" in r.error

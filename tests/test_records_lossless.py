@@ -178,16 +178,20 @@ def test_override_goes_beside_the_others():
 
 
 @pytest.mark.slow
-def test_collectives_multirun_needs_no_flag_and_a_recorded_trial_is_refused(out_root):
+def test_collectives_multirun_needs_no_flag_and_a_rerun_resumes(out_root):
+    """A sweep rerun with its run_id skips the trials already recorded (once each, said by
+    rank 0) and measures the rest, as an inference sweep resumes; it does not stop at the
+    first recorded point, and nothing is measured twice."""
     small = ["collectives.maxbytes=1K", "collectives.iters=2", "collectives.warmup_iters=1", f"output_root={out_root}",
              "run_id=m1"]
     r = run_entry("collectives.py", "-m", "trial=0,1", *small, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(x["config"]["trial"] for x in records_in(out_root)) == [0, 1]
-    r = run_entry("collectives.py", "trial=1", *small, timeout=300)
-    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-    assert r.stderr.count("trial=1 of this point is already recorded") == 1 and "Pass trial=2" in r.stderr
-    assert "Traceback" not in r.stderr and len(records_in(out_root)) == 2
+    r = run_entry("collectives.py", "-m", "trial=1,2", *small, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.count("trial=1 of this point is already recorded") == 1 and "skipped. Pass trial=2" in r.stdout
+    assert "Traceback" not in r.stderr + r.stdout
+    assert sorted(x["config"]["trial"] for x in records_in(out_root)) == [0, 1, 2]
 
 
 def test_inference_records_are_strict_json_and_multirun_takes_trials(tmp_path):
@@ -211,8 +215,49 @@ def test_inference_records_are_strict_json_and_multirun_takes_trials(tmp_path):
     paths = sorted(Path(out).rglob("records/*.json"))
     recs = [_strict(p.read_text()) for p in paths]
     assert sorted(x["config"]["trial"] for x in recs) == [0, 1]
+    # each trial draws its own prompts: a server's prefix cache cannot serve trial 1 from trial 0
+    assert len({tuple(x["dataset"]["seed"]) for x in recs}) == 2
     for x in recs:
         m = x["metrics"]
         assert x["status"] == "ok" and isinstance(m["total_token_throughput"], float)
         assert m["total_token_throughput"] == pytest.approx((m["total_input_tokens"] + m["total_output_tokens"])
                                                             / m["duration"])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs with 12 KiB free: room for Hydra's multirun.yaml (4 KiB, 2 pages), not
+    for a training record after it (over 4 KiB: the config and fingerprint alone)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        (disk / "filler").write_bytes(b"\0" * (1012 * 1024))
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_keeps_the_measured_point_and_says_where(small_disk, tmp_path):
+    """A training sweep whose records/ fills up: the point measured when it filled is kept in
+    the rescue folder (every step time), named in one error line; no traceback, no .tmp left
+    in records/, no claim of a kept copy, and the sweep stops (non-zero)."""
+    rescued = tmp_path / "rescued"
+    r = run_entry("train.py", "-m", "trial=0,1,2", f"output_root={small_disk}/res", "run_id=full", "train.steps=4",
+                  "train.warmup_steps=1", env=child_env(FABRICBENCH_RESCUE_DIR=str(rescued)))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "copy is kept" not in out, out[-3000:]
+    [kept] = list(rescued.glob("*.json"))
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert lines[0].startswith(f"error: cannot write the record into {small_disk}/res/full/records (No space left on "
+                               f"device); this point's record (status ok) is kept at {kept}"), r.stderr[-3000:]
+    rec = json.loads(kept.read_text())
+    assert rec["status"] == "ok" and rec["config"]["trial"] == 0 and len(rec["samples"]["step_time_s"]) == 4
+    assert records_in(small_disk) == [] and "trial=1" not in r.stdout  # the sweep stopped at the full disk
+    assert not [p for p in small_disk.rglob("*") if p.name.endswith((".tmp", ".inflight"))]

@@ -85,7 +85,7 @@ def test_rank0_death_still_leaves_a_failed_record(tmp_path, out_root):
     os.kill(ranks[0], signal.SIGKILL)
     out, err = p.communicate(timeout=120)
     assert p.returncode != 0
-    assert "error: rank 0 was killed by SIGKILL (exit code -9)" in err, err
+    assert "error: rank 0 was killed by SIGKILL (exit code -9)\n" in err, err  # nothing "above": it printed none
     (rec,) = records_in(out_root)
     assert rec["status"] == "failed" and rec["error"] == "rank 0 was killed by SIGKILL (exit code -9) during this point"
     assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000

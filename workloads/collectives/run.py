@@ -17,7 +17,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import session
+from workloads.core import hostmem, session
 from workloads.collectives import ops
 from workloads.collectives.harness import Harness, Row, min_bw_verdict, summarize
 from workloads.collectives.settings import Settings, pattern_groups
@@ -38,7 +38,8 @@ def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
                          "(or rccl-tests) or set collectives.external=auto")
     if fabric.backend == "gloo":  # host memory, shared by this node's ranks; GPUs are checked in the rank
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        check_fits(s, world, _mem_available() // max(1, ranks_here), f"host memory (shared by {ranks_here} ranks)")
+        if (room := hostmem.headroom(shared_by=ranks_here)) is not None:
+            check_fits(s, world, room.bytes, f"host memory ({room.where})")
     return s, fabric
 
 
@@ -60,16 +61,6 @@ def check_fits(s: Settings, world: int, free: int | None, where: str) -> None:
     if free is not None and need > free:
         raise UsageError(f"collectives.maxbytes={size} B ({size / 2**30:g} GiB): {op} needs {need / 2**30:.2f} GiB of buffers per rank but "
                          f"{free / 2**30:.2f} GiB of {where} are free; lower collectives.maxbytes")
-
-
-def _mem_available() -> int | None:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:

@@ -16,3 +16,19 @@ class TransportMismatch(UsageError):
     """The fabric label and the transport actually used disagree."""
 
     exit_code = 3
+
+
+class RecordNotWritten(UsageError):
+    """The output filesystem refused a record (full, read-only, over quota). The measured
+    record is kept elsewhere when any place takes it (`kept`), and the message says where."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, kept=None):
+        super().__init__(message)
+        self.kept = kept  # pathlib.Path of the rescued record, or None when nothing took it
+
+
+class AlreadyRecorded(Exception):
+    """This trial of this point has an ok record already: the job is skipped, not measured
+    again (a rerun of a sweep with its run_id resumes at the first point not recorded)."""

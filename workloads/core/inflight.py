@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workloads.core.errors import RecordNotWritten
+
 INFLIGHT_ENV = "FABRICBENCH_INFLIGHT_DIR"   # set by self_launch: its launcher recovers the copies there
 SUFFIX = ".inflight"                        # not .json: no reader of records/ takes a copy for a record
 # A peer's socket closes while the dying process is still being torn down: give /proc a moment
@@ -49,9 +51,12 @@ def write(record: dict, directory: Path, stem: str) -> Path:
     path = planned(directory, stem)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"directory": str(Path(directory).resolve()), "stem": stem, "record": record},
-                              default=str))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps({"directory": str(Path(directory).resolve()), "stem": stem, "record": record},
+                                  default=str))
+        tmp.replace(path)
+    finally:  # a full disk: no half-written .tmp is left behind
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -74,6 +79,14 @@ def finish(path: Path, why: str) -> Path | None:
         return None
     try:
         written = write_record(directory, record | {"status": "failed", "error": why}, stem)
+    except RecordNotWritten as e:  # kept in a rescue folder (the warning says where), or nowhere
+        if e.kept is None:
+            os.rename(claimed, path)  # kept for a later finisher, and for the user
+        else:
+            claimed.unlink()
+        print(f"warning: {e}" + ("" if e.kept else f"; the in-flight copy is kept at {path}"), file=sys.stderr,
+              flush=True)
+        return None
     except Exception as e:
         os.rename(claimed, path)  # kept for a later finisher, and for the user
         print(f"warning: could not write the failed record of {path} ({type(e).__name__}: {e}); "

@@ -30,12 +30,14 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 from workloads import CONF_DIR
 from workloads.core import signals
-from workloads.core.errors import UsageError
+from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
+from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
 
 
 LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
@@ -152,6 +154,21 @@ def hydra_value(v) -> str:
     return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# How Gloo and the c10d store say that the other end of a connection is gone.
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _peer_lost(e: BaseException) -> str | None:
+    """Which of Gloo's words for a vanished peer this exception carries (a peer rank exited, by
+    SIGKILL or after its own one-line error, while this rank was in a collective); None for any
+    other exception. Its traceback would bury the failing rank's line, which the launcher (or
+    torchrun) points to."""
+    text = str(e)
+    if isinstance(e, RuntimeError) and any(s in text for s in _PEER_LOST):
+        return next(s for s in _PEER_LOST if s in text)
+    return None
+
+
 def _report_job_error(overrides: list[str]) -> None:
     """Hydra's own "Error executing job" line and traceback, through the one redaction
     (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""
@@ -242,7 +259,7 @@ def _quiet_torchelastic() -> None:
 
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.run"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)  # the launcher names the failed rank itself
 
 
 def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
@@ -268,13 +285,17 @@ def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
     finally:
         for path in recover(inflight, why):
             print(f"the interrupted point's record (failed): {path}", file=sys.stderr)
-        shutil.rmtree(inflight, ignore_errors=True)
+        if not any(Path(inflight).glob(f"*{INFLIGHT_SUFFIX}")):  # a copy no one could write stays, as its warning says
+            shutil.rmtree(inflight, ignore_errors=True)
     return code
 
 
 def torchrun(args: list[str]) -> int:
     """torchrun in this process (emulate's per-namespace agents); a failed rank becomes one
-    line and its exit code instead of torch's ChildFailedError traceback."""
+    line and its exit code instead of torch's ChildFailedError traceback, and a stop signal
+    (Ctrl-C reaches every agent; the emulator then SIGTERMs them) its exit code alone: the
+    emulator says once that the run was interrupted, and the ranks keep what they measured."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -282,6 +303,8 @@ def torchrun(args: list[str]) -> int:
         run(get_args_parser().parse_args(args))
     except ChildFailedError as e:
         return _rank_failure(e)[1]
+    except (SignalException, KeyboardInterrupt) as e:
+        return 128 + int(getattr(e, "sigval", signal.SIGINT))
     return 0
 
 
@@ -290,7 +313,8 @@ def _rank_failure(e) -> tuple[str, int]:
     exit code to pass on (128 + signal for a killed rank, as a shell reports it)."""
     rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
     what = f"rank {rank} {_exit_words(first.exitcode)}"
-    print(f"error: {what}; its message is above", file=sys.stderr)
+    # a rank killed by a signal printed nothing: there is no message above to point to
+    print(f"error: {what}" + ("; its message is above" if first.exitcode > 0 else ""), file=sys.stderr)
     return what, first.exitcode if first.exitcode > 0 else 128 - first.exitcode
 
 
@@ -359,12 +383,18 @@ def hydra_entry(
         try:
             with config_errors():
                 code = run(cfg, overrides)
+        except AlreadyRecorded:  # said by rank 0; a sweep goes on to its next point, as inference sweeps do
+            return
         except UsageError as e:
             _say(e)
             sys.exit(e.exit_code)
-        except Exception:
+        except Exception as e:
             if signals.received():  # what stopping did to this rank (a peer gone), not a bug
                 raise signals.interruption() from None
+            if (lost := _peer_lost(e)) is not None:  # another rank's failure reaching this one, not its own
+                print(f"error: rank {os.environ.get('RANK', '0')}: a peer rank left ({lost}); the rank that failed "
+                      "first says why", file=sys.stderr, flush=True)
+                sys.exit(1)
             _report_job_error(overrides)  # a bug: its traceback, as Hydra would print it, minus secrets
             sys.exit(1)
         if code:

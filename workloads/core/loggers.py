@@ -23,7 +23,7 @@ from workloads.core.records import redact
 
 SEP = "/"  # flat W&B config keys: "config/train/micro_batch_size"; W&B panels group by it
 # Record sections that describe a run (identity, to the W&B config); metrics go to the summary.
-IDENTITY_SECTIONS = ("workload", "run_id", "status", "error", "overrides", "config", "model", "fabric", "world",
+IDENTITY_SECTIONS = ("workload", "record_id", "run_id", "status", "error", "overrides", "config", "model", "fabric", "world",
                      "batch", "fingerprint", "collectives", "server", "point", "arrival")
 # Per-size tables that analysis plots (busbw vs size, p2p latency vs size): kept whole in
 # the summary under these keys, and put back where a record has them.

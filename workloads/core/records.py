@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from workloads import REPO_ROOT
-from workloads.core.errors import UsageError
+from workloads.core.errors import RecordNotWritten, UsageError
 
 SCHEMA = "fabricbench.record/1"
 REDACTED = "<redacted>"
@@ -273,6 +273,12 @@ def duplicate_message(path: Path, record: dict[str, Any]) -> str:
             f"as another trial. Pass trial={int(trial) + 1} (or -m trial=...) for another trial, or a new run_id=")
 
 
+def skipped_message(path: Path, record: dict[str, Any]) -> str:
+    trial = (record.get("config") or {}).get("trial", 0)
+    return (f"trial={trial} of this point is already recorded in {path}: skipped. Pass trial={int(trial) + 1} "
+            "(or -m trial=...) for another trial, or a new run_id=")
+
+
 def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str) -> Path:
     """Write `record` as <directory>/<stem>-<n>.json atomically: a temp file, fsync, then a
     hard link that fails if the name exists (so nothing is ever overwritten).
@@ -281,22 +287,32 @@ def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str
     ok record in `directory` already holds (a rerun, or a concurrent run, of the same
     run_id and trial) is kept but written with status "duplicate", so no analysis counts
     it twice; the check and the link happen under one lock on the directory."""
+    d = Path(directory)
+    # The record's identity, whatever file it is later copied to: analysis counts a copied
+    # run folder or a .bak of a record once (analysis/load.py), not as another trial.
+    record.setdefault("record_id", uuid.uuid4().hex)
+    try:
+        return _write_here(d, record, stem)
+    except OSError as e:  # a full disk, a read-only or over-quota filesystem: the measurement is kept elsewhere
+        raise rescue(d, record, stem, e) from None
+
+
+def _write_here(d: Path, record: dict[str, Any], stem: str) -> Path:
     import fcntl
 
-    d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{stem}.{uuid.uuid4().hex}.tmp"
-    with open(d / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if record.get("status") == "ok" and (held := same_trial(d, record)) is not None:
-            record["status"], record["error"] = "duplicate", duplicate_message(held, record)
-            print(f"warning: {record['error']}; this record is kept with status duplicate", flush=True)
-        data = json.dumps(finite(redact(record)), indent=1, default=str, allow_nan=False)
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
+    try:
+        with open(d / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if record.get("status") == "ok" and (held := same_trial(d, record)) is not None:
+                record["status"], record["error"] = "duplicate", duplicate_message(held, record)
+                print(f"warning: {record['error']}; this record is kept with status duplicate", flush=True)
+            data = _dumps(record)
+            with open(tmp, "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             for n in range(100000):
                 final = d / f"{stem}-{n:03d}.json"
                 try:
@@ -305,8 +321,43 @@ def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str
                 except FileExistsError:
                     continue
             raise RuntimeError(f"no free record name for {stem} in {d}")
-        finally:
-            tmp.unlink(missing_ok=True)
+    finally:  # also when the write itself failed half-way: no .tmp is left in records/
+        tmp.unlink(missing_ok=True)
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(finite(redact(record)), indent=1, default=str, allow_nan=False)
+
+
+RESCUE_ENV = "FABRICBENCH_RESCUE_DIR"
+
+
+def rescue_dirs() -> list[Path]:
+    """Where a record goes when its records/ folder refuses it, first that takes it: the
+    user's choice, then the temp directory, then the home directory (usually other filesystems)."""
+    import tempfile
+
+    out = [Path(os.environ[RESCUE_ENV])] if os.environ.get(RESCUE_ENV) else []
+    return out + [Path(tempfile.gettempdir()) / "fabricbench-rescued", Path.home() / ".fabricbench-rescued"]
+
+
+def rescue(directory: Path, record: dict[str, Any], stem: str, error: OSError) -> RecordNotWritten:
+    """Keep a record that `directory` refused in the first rescue folder that takes it, and
+    the one-line error to raise: what failed, where the record is, what to do."""
+    why = f"cannot write the record into {directory} ({error.strerror or error})"
+    data = _dumps(record)
+    for where in rescue_dirs():
+        path = where / f"{stem}-{record['record_id']}.json"
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            path.write_text(data)
+        except OSError:
+            path.unlink(missing_ok=True)
+            continue
+        return RecordNotWritten(f"{why}; this point's record (status {record.get('status')}) is kept at {path}: free "
+                                f"space, move it into {directory}, and rerun the points not yet recorded", kept=path)
+    return RecordNotWritten(f"{why}, nor into {', '.join(map(str, rescue_dirs()))}; this point's record is lost: "
+                            f"free space (or set {RESCUE_ENV}=<a writable folder>) and rerun it")
 
 
 def load_records(*dirs: str | os.PathLike) -> list[dict[str, Any]]:
@@ -318,7 +369,9 @@ def load_records(*dirs: str | os.PathLike) -> list[dict[str, Any]]:
                 rec = json.loads(p.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if isinstance(rec, dict) and rec.get("schema", "").startswith("fabricbench.record"):
+            # a "schema" that is not a string (a number, a list) is not ours: left for the
+            # reader's unread-files warning, not a crash
+            if isinstance(rec, dict) and str(rec.get("schema", "")).startswith("fabricbench.record"):
                 rec["_path"] = str(p)
                 out.append(rec)
     return out

@@ -7,6 +7,7 @@ the record says so, and the writing rank puts it on disk.
 
 from __future__ import annotations
 
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals
-from workloads.core.errors import UsageError
+from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.fabric.profile import FabricProfile
-from workloads.core.records import check_writable, cpu_affinity, duplicate_message, new_record, same_trial, write_record
+from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.preflight import preflight
 
 
@@ -87,9 +88,10 @@ class Recorded:
     anything that is not a UsageError), and it is written when `write` is true. The
     exception, if any, still propagates.
 
-    With `info` (the process group), entering first refuses a trial that an ok record in
-    `directory` already holds (UsageError on every rank, nothing measured or written): a
-    rerun of the same run_id and trial would otherwise be counted as a second trial. The same
+    With `info` (the process group), entering first skips a trial that an ok record in
+    `directory` already holds (AlreadyRecorded on every rank, nothing measured or written;
+    the entry point goes on to the sweep's next point, so a rerun resumes): measured again,
+    it would be counted as a second trial. The same
     one collective tells the other ranks where the writer will keep its in-flight copy (written
     once they all know it), so a rank on its host writes the failed record if the writer dies
     mid-point (inflight.py)."""
@@ -108,15 +110,19 @@ class Recorded:
         if self.info is not None:
             mine = {"held": None if held is None else str(held), "writer": inflight.writer(copy)}
             shared, _ = fdist.agree(mine if main else None, self.info)  # rank 0 decides for all
-            if shared["held"] is not None:
-                if not main:
-                    raise SystemExit(UsageError.exit_code)  # rank 0 says why, once
-                raise UsageError(duplicate_message(Path(shared["held"]), self.record))
+            if shared["held"] is not None:  # every rank skips it; rank 0 says so, once
+                if main:
+                    print(skipped_message(Path(shared["held"]), self.record), flush=True)
+                raise AlreadyRecorded(shared["held"])
             self.writer = None if self.write else shared["writer"]
         # Only now, once every rank knows where it will be: a copy written before the collective
         # that tells them would be orphaned if rank 0 died inside it (no rank could finish it).
         if copy is not None:
-            self.inflight = inflight.write(self.record, self.directory, self.stem)
+            try:
+                self.inflight = inflight.write(self.record, self.directory, self.stem)
+            except OSError as e:  # a safety net only: the point is measured and recorded without it
+                print(f"warning: no in-flight copy of this point in {copy.parent} ({e.strerror}); should this rank "
+                      "die mid-point, the point leaves no record", file=sys.stderr, flush=True)
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -132,7 +138,14 @@ class Recorded:
             rec["status"], rec["error"] = "failed", f"{type(exc).__name__}: {exc}"
             rec["traceback"] = "".join(traceback.format_exception(etype, exc, tb))
         if self.write:
-            self.path = write_record(self.directory, rec, self.stem)
+            try:
+                self.path = write_record(self.directory, rec, self.stem)
+            except RecordNotWritten as e:
+                # The measured record is kept elsewhere (the error says where): the in-flight
+                # copy, which lacks the measurement, must not become a second, failed record.
+                if e.kept is not None and self.inflight is not None:
+                    self.inflight.unlink(missing_ok=True)
+                raise
             if self.inflight is not None:
                 self.inflight.unlink(missing_ok=True)
         elif exc is not None and not isinstance(exc, UsageError) and self.info is not None:

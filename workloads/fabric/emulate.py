@@ -473,7 +473,13 @@ def _check_entry(args) -> bool:
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
     if name == "collectives.py" and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
-        args.overrides.insert(0, "workload=collectives")  # as that entry point does itself
+        from workloads.core.launcher import add_override
+
+        # as that entry point does itself, and in the same place: beside the other overrides,
+        # never before a -m (Hydra would then take the rest as unrecognized arguments)
+        argv = [args.entry, *args.overrides]
+        add_override(argv, "workload=collectives")
+        args.overrides = argv[1:]
     return name == SERVING_ENTRY
 
 

@@ -24,6 +24,23 @@ def _env_value(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+def check_env_name(name: str) -> None:
+    """A NCCL_/GLOO_ name the library does not read is a typo until the user says otherwise:
+    exported, it would be ignored without a word and the run would go on with the default
+    (another interface, another transport) under the profile's label."""
+    import difflib
+
+    from workloads.fabric.envnames import KNOWN
+
+    for prefix, (library, names) in KNOWN.items():
+        if name.startswith(prefix) and name not in names:
+            near = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+            guess = f" (did you mean {near[0]}?)" if near else ""
+            raise UsageError(f"fabric.env.{name}: {library} reads no such variable{guess}; fix the name, or pass "
+                             f"+fabric.env_unchecked=[{name}] if it is deliberate (a variable newer than "
+                             "workloads/fabric/envnames.py)")
+
+
 @dataclass(frozen=True)
 class FabricProfile:
     name: str
@@ -44,6 +61,10 @@ class FabricProfile:
         if verify not in VERIFY_MODES:
             raise UsageError(f"fabric.verify={verify!r}; use one of {', '.join(VERIFY_MODES)}")
         env = {str(k): _env_value(v) for k, v in dict(cfg.get("env") or {}).items()}
+        unchecked = {str(n) for n in cfg.get("env_unchecked") or ()}
+        for key, value in env.items():
+            if value is not None and key not in unchecked:  # unsetting a name exports nothing
+                check_env_name(key)
         return cls(
             name=str(cfg["name"]),
             backend=backend,

@@ -1,7 +1,8 @@
 """Serving metrics as pure functions (DESIGN.md "Inference"), with vLLM's field names.
 
 Per request (completed ones only):
-- TTFT (s): first content event − send time;
+- TTFT (s): first content event − send time (first token event for a request whose tokens
+  all decode to empty text: loadgen/client.py);
 - TPOT (s): (latency − TTFT) / (output tokens − 1), only for requests with > 1 token;
 - ITL (s): every gap between content events, pooled over all requests;
 - E2EL (s): latency.

@@ -17,6 +17,7 @@ import copy
 import json
 import math
 import os
+import re
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -26,12 +27,12 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from workloads.core import rundir
+from workloads.core import hostmem, rundir
 from workloads.core.errors import TransportMismatch, UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
-from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer
+from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.core import session
@@ -60,12 +61,13 @@ class LoadSettings:
     flush_cache_path: str | None
     max_failed_fraction: float  # a point is ok only when at most this share of its requests failed
     event_loop: str           # auto | uvloop | asyncio (loadgen/point.py loop_factory)
+    max_requests: int | None = None  # the memory bound of a point (check_memory); None: unknown
 
     def point(self, base_url: str, backend, model_name: str, prompts, arrival: Arrival) -> LoadPoint:
         return LoadPoint(base_url, backend, model_name, prompts.measured, arrival, num_requests=self.num_requests,
                          duration_s=self.duration_s, warmup_requests=self.warmup_requests, timeout_s=self.timeout_s,
                          seed=self.seed, extra_body=self.extra_body, lag_warn_ms=self.lag_warn_ms,
-                         warmup_specs=prompts.warmup, event_loop=self.event_loop)
+                         warmup_specs=prompts.warmup, event_loop=self.event_loop, max_requests=self.max_requests)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,44 @@ def _load_settings(load: DictConfig, points: list[Arrival]) -> LoadSettings:
         max_failed_fraction=float(load.get("max_failed_fraction", 0.0)), event_loop=event_loop)
 
 
+def request_bytes(input_len: int, output_len: int) -> int:
+    """Host memory one measured request holds until its point's record is written: its prompt
+    (~40 B a token as Python ints, and its digest in the sweep's seen-set), its result (~40 B
+    a streamed token: one ITL float each) and its row of the record, as objects and as JSON.
+    Measured: 4.6 KiB at 64+16 tokens, 48 KiB at 1024+128; this rounds up."""
+    return 48 * (input_len + output_len) + 2048
+
+
+def check_memory(settings: LoadSettings, points: list[Arrival], dataset: dict, room=None) -> int | None:
+    """A point keeps every request's prompt and samples in memory until its record is written,
+    so an impossible request count is refused here, with what it would need, rather than
+    growing until the kernel's OOM killer picks a process (on a shared node, maybe another
+    job's). A point may use half of what this process can still allocate: the other half is
+    the server's (the reference engine runs on this host) and everyone else's."""
+    room = room or hostmem.headroom()
+    if room is None:
+        return None
+    most = max(planned_requests(a, settings.num_requests, settings.duration_s) for a in points)
+
+    def tokens(key: str) -> int:  # sharegpt caps a pair at 1024 prompt and 2048 total tokens
+        try:
+            return int(dataset.get(key) or 1024)
+        except (TypeError, ValueError):
+            return 1024
+
+    n_in, n_out = tokens("input_len"), tokens("output_len")
+    per, budget = request_bytes(n_in, n_out), room.bytes // 2
+    if most * per > budget:
+        rates = [a.rate for a in points if a.open_loop and a.rate is not None and not math.isinf(a.rate)]
+        what = (f"load.num_requests={settings.num_requests}" if settings.num_requests is not None
+                else f"load.duration_s={settings.duration_s:g}" + (f" at rate {max(rates):g}/s" if rates else ""))
+        raise UsageError(f"{what}: a point keeps {most} requests' prompts and samples ({n_in}+{n_out} tokens each) in "
+                         f"memory, about {most * per / 2**30:.1f} GiB, but a point may use half of the "
+                         f"{room.gib()} this process may allocate ({room.where}); at most {budget // per} requests per point "
+                         "fit: lower it, or repeat the point as trials (-m trial=0,1,...)")
+    return budget // per  # a closed loop run for a time stops there (its count is not known before)
+
+
 def _check_prompts(plan: PromptPlan, model: dict, adapter: Adapter, backend) -> None:
     first = plan.point(0)
     specs = first.warmup + first.measured
@@ -163,12 +203,15 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
     backend = get_backend(str(load.backend))
     points = arrivals(load)
     settings = _load_settings(load, points)
+    settings = replace(settings, max_requests=check_memory(settings, points,
+                                                           OmegaConf.to_container(load.dataset, resolve=True)))
     slo = parse_slo(load.get("slo"))
     tokenizer = load_tokenizer(load.get("tokenizer"))
     plan = PromptPlan(OmegaConf.to_container(load.dataset, resolve=True), tokenizer,
                       int(model.get("vocab_size") or 1000), settings.seed, settings.warmup_requests,
                       [planned_requests(a, settings.num_requests, settings.duration_s) for a in points],
-                      warn=lambda m: print(m, flush=True))
+                      warn=lambda m: print(m, flush=True),
+                      salt=run_salt(Path(spec.run_dir).name, int(cfg.get("trial") or 0)))
     _check_prompts(plan, model, adapter, backend)
     return SweepPlan(fabric, spec, adapter, launch, backend, tuple(points), slo, plan, settings, str(cfg.model.name))
 
@@ -257,8 +300,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
             failed += not _run_one(plan, k, srv, base, fp, records, loggers)
             plan.prompts.release(k)
             if not srv.alive():
-                raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; the end of the "
-                                 f"server's log ({srv.log_path}):\n{log_tail(srv.log_path)}")
+                raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; {_log_reason(srv.log_path)}")
     return 1 if failed else 0
 
 
@@ -309,9 +351,14 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         m = summarize(res.results, res.duration_s, plan.slo)
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
+        rec["dataset"] |= cache_report(res.results, a.label(), warn=lambda m: print(m, flush=True))
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
         rec["client"] = {"event_loop": res.event_loop}
         rec["status"], rec["error"] = point_status(m, plan.load.max_failed_fraction)
+        if res.capped and rec["status"] == "ok":  # it did not run for as long as asked
+            rec["status"], rec["error"] = "partial", (
+                f"stopped after {len(res.results)} requests in {res.duration_s:.1f} s of load.duration_s="
+                f"{plan.load.duration_s:g}: the most whose samples fit in memory; lower load.duration_s")
         if srv.died(within_s=2.0 if m["failed"] else 0.0):
             rec["status"], rec["error"] = "failed", _server_death(srv, a)
     except KeyboardInterrupt:
@@ -329,6 +376,21 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
     return rec["status"] == "ok"
 
 
+def cache_report(results, label: str, warn: Callable[[str], None] = print) -> dict[str, Any]:
+    """What the server says it answered from its prefix cache, where it says it (`cached_tokens`
+    of the requests' usage): a point served from cache had less prefill, and less of the
+    prefill traffic a fabric comparison measures, than its prompts' lengths suggest."""
+    told = [r.cached_tokens for r in results if r.cached_tokens is not None]
+    if not told:
+        return {"cached_prompt_tokens": None, "served_from_cache": None}  # the server does not report it
+    cached = sum(told)
+    if cached:
+        warn(f"warning: point {label}: the server answered {cached} prompt tokens of {sum(1 for t in told if t)} "
+             f"requests from its prefix cache; their TTFT and prefill traffic are lower than a cold run's. Flush it "
+             "before each point (load.flush_cache_path) or use a server that has not seen these prompts.")
+    return {"cached_prompt_tokens": cached, "served_from_cache": cached > 0}
+
+
 def point_status(m: dict[str, Any], max_failed_fraction: float) -> tuple[str, str | None]:
     """ok only when the point ran as asked; `failed` when nothing completed, else `partial`."""
     done, bad = m["completed"], m["failed"]
@@ -339,6 +401,18 @@ def point_status(m: dict[str, Any], max_failed_fraction: float) -> tuple[str, st
         return "partial", (f"{bad} of {done + bad} requests failed, more than load.max_failed_fraction="
                            f"{max_failed_fraction:g} allows{errors}")
     return "ok", None
+
+
+_REASON = re.compile(r"^(?:[\w.]*(?:Error|Exception|Exit)\w*: .+|error: .+)")
+
+
+def _log_reason(path: Path | None) -> str:
+    """The server's own last error line (an exception's message, an `error:` line), not its
+    traceback or torchrun's ChildFailedError block: the console gets one line, the log has all."""
+    tail = log_tail(path, lines=400)
+    found = [line.strip() for line in tail.splitlines() if _REASON.match(line.strip())]
+    why = f"its last error line: {found[-1][:300]}; " if found else ""
+    return f"{why}the whole story is in its log, {path}"
 
 
 def _server_death(srv, a: Arrival) -> str:

@@ -8,7 +8,8 @@ then one token every `--itl-ms`, `max_tokens` tokens), or the script in a text p
 `id=7;ttft=30;itl=10,12,8;mode=split` (times in ms from the request's arrival; the
 number of itl entries + 1 tokens). Modes exercise the client's failure handling:
 normal, comments, split, usage_late, no_usage, malformed, error_event, http400, http500,
-close, hang, no_done. Every chunk's send time (perf_counter, which is CLOCK_MONOTONIC and
+close, hang, no_done, empty_text (every token's text empty, as special tokens decode),
+no_usage_empty (both), cached (usage reports 3 prompt tokens served from cache). Every chunk's send time (perf_counter, which is CLOCK_MONOTONIC and
 so shared with the client process) is kept and served at GET /trace. A digest of every
 prompt received, in arrival order, is served at GET /prompts (to check that a load
 generator never resends one), and POST /flush_cache counts its calls in that answer.
@@ -138,15 +139,19 @@ class Scripted:
                     return resp
                 await asyncio.sleep(0.01)
                 return resp
-            rec["content_writes"].append(await send(_chunk(chat, f"t{k} "), arrive + off / 1e3))
+            text = "" if mode in ("empty_text", "no_usage_empty") else f"t{k} "  # tokens that decode to no text
+            rec["content_writes"].append(await send(_chunk(chat, text), arrive + off / 1e3))
         if mode == "no_done":
             await resp.write_eof()
             return resp
         rec["finish_write"] = await send(_chunk(chat, "", finish="length"))
-        if mode != "no_usage":
+        if mode not in ("no_usage", "no_usage_empty"):
             n = len(offsets)
             at = time.perf_counter() + 0.1 if mode == "usage_late" else None
-            await send(_chunk(chat, "", usage={"prompt_tokens": 4, "completion_tokens": n, "total_tokens": n + 4}), at)
+            usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": n + 4}
+            if mode == "cached":  # as vLLM --enable-prompt-tokens-details / SGLang --enable-cache-report say it
+                usage["prompt_tokens_details"] = {"cached_tokens": 3}
+            await send(_chunk(chat, "", usage=usage), at)
         await send("[DONE]")
         await resp.write_eof()
         return resp

@@ -27,6 +27,20 @@ def check_available(spec: ServerSpec, server: dict) -> None:
         from workloads.models.hf import load_hf_config
 
         load_hf_config(server["checkpoint"])
+    # The engine's own settings, checked as the engine will check them: a bad one is one line
+    # here, not found after the server started and then shown as its log's traceback.
+    import dataclasses
+
+    from workloads.inference.engine.engine import EngineSettings
+
+    names = {f.name for f in dataclasses.fields(EngineSettings)}
+    settings = EngineSettings(**{k: v for k, v in server.items() if k in names and v is not None})
+    if settings.dtype == "fp16":
+        import torch
+
+        if not torch.cuda.is_available():  # the engine's ranks run on this host's devices
+            raise UsageError("server.dtype=fp16 needs a GPU and this machine has none; on CPU use server.dtype=fp32 "
+                             "or bf16")
 
 
 def forwarded_overrides(overrides: list[str]) -> tuple[str, ...]:

@@ -21,8 +21,9 @@ class Backend(Protocol):
     def build(self, spec, model: str, extra: dict[str, Any]) -> dict[str, Any]: ...
 
     def parse(self, event: dict[str, Any]) -> tuple[str | None, bool, bool]:
-        """(content text of the first choice or None, whether the event carried a choice,
-        whether that choice has a finish_reason)."""
+        """(content text of the first choice or None, whether the event carried a choice with
+        a token or a finish (a chat stream's role-only opener does not), whether that choice
+        has a finish_reason)."""
         ...
 
 
@@ -76,7 +77,9 @@ class Chat:
         delta = choices[0].get("delta") or {}
         # Reasoning models stream thinking tokens separately; they are output tokens too.
         text = delta.get("content") or delta.get("reasoning_content") or None
-        return text, True, choices[0].get("finish_reason") is not None
+        fin = choices[0].get("finish_reason") is not None
+        # vLLM and SGLang open the stream with a role-only delta before any token is made: not a token.
+        return text, bool(text) or fin or "role" not in delta, fin
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (Completions(), Chat())}

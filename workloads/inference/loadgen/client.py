@@ -2,7 +2,9 @@
 
 Timing follows DESIGN.md "Inference" (as SGLang's and vLLM's serving benchmarks):
 - t0 = perf_counter() just before the request is sent;
-- TTFT = first event whose choice has non-empty content, minus t0;
+- TTFT = first event whose choice has non-empty content, minus t0; for a stream whose
+  tokens all decode to empty text (special tokens) but which the server's usage counts, the
+  first event carrying a token, and the request's row says `empty_text`;
 - ITL = gaps between consecutive content events;
 - latency (E2E) = the last event that carries a choice, minus t0. The usage-only final
   chunk (`choices: []`) does not move it; it only supplies `completion_tokens`.
@@ -42,12 +44,19 @@ class RequestResult:
     start: float = 0.0             # perf_counter() at send (t0)
     scheduled: float | None = None  # perf_counter() the arrival process asked for
     send_lag: float = 0.0          # s, start - scheduled (the client's own lateness)
+    empty_text: bool = False       # every token decoded to empty text: TTFT is the first token chunk's
+    # prompt tokens the server answered from its prefix cache, where its usage reports them
+    # (usage.prompt_tokens_details.cached_tokens: vLLM --enable-prompt-tokens-details, SGLang
+    # --enable-cache-report); None where it does not say
+    cached_tokens: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         return {
             "ok": self.ok, "error": self.error, "prompt_len": self.prompt_len, "output_len": self.output_len,
             "output_tokens": self.output_tokens, "output_tokens_from": self.output_tokens_from,
             "ttft_s": self.ttft, "latency_s": self.latency, "itl_s": self.itl, "send_lag_s": self.send_lag,
+            **({"empty_text": True} if self.empty_text else {}),
+            **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }
 
 
@@ -121,6 +130,7 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, backend:
     parser = SSEParser()
     last_content = None   # perf_counter of the previous content event
     end = None            # perf_counter of the last event carrying a choice
+    first = None          # perf_counter of the first event carrying a choice (a token or the finish)
     content_events = 0
     usage = None
     done = finished = False
@@ -146,6 +156,8 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, backend:
                     finished |= fin
                     if has_choice:
                         end = now
+                        if first is None:
+                            first = now
                     if text:
                         if last_content is None:
                             r.ttft = now - r.start
@@ -168,12 +180,21 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, backend:
     if not (done or finished):
         r.error = "stream ended before 'data: [DONE]' or a finish_reason (server closed it mid-way)"
         return r
+    counted = usage.get("completion_tokens") if usage else None
     if content_events == 0:
-        r.error = "stream finished without any content (no output tokens)"
-        return r
+        # Tokens that all decode to empty text (special tokens) are still output: with the
+        # server's count of them, the request completed, timed from its first token chunk
+        # (vLLM's client's rule; SGLang's would wait for text that never comes).
+        if not counted or first is None:
+            r.error = "stream finished without any output token (no content, and no usage.completion_tokens)"
+            return r
+        r.ttft, r.empty_text = first - r.start, True
     r.latency = end - r.start
-    if usage and usage.get("completion_tokens") is not None:
-        r.output_tokens, r.output_tokens_from = int(usage["completion_tokens"]), "usage"
+    details = usage.get("prompt_tokens_details") if usage else None
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        r.cached_tokens = details["cached_tokens"]
+    if counted is not None:
+        r.output_tokens, r.output_tokens_from = int(counted), "usage"
     else:
         r.output_tokens, r.output_tokens_from = content_events, "chunks"
     r.ok = True

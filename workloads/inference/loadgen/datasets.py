@@ -17,9 +17,10 @@ from cache, so a resent prompt skips prefill (TTFT collapses) and with it the TP
 all-reduce traffic the fabric comparison measures. So a sweep never resends a prompt:
 every point gets its own warm-up prompts and its own measured prompts (slots 2k and 2k+1
 for the k-th entry of load.points), disjoint from every other slot's. random draws each
-slot from its own seed (load.seed, slot) and redraws any prompt already sent in the sweep;
-sharegpt deals the shuffled file out slot by slot, and when the file is too small it
-wraps round (repeats across points, said in the record and warned about).
+slot from its own seed (load.seed, run, trial, slot: `run_salt`, so another run or trial
+draws other prompts too) and redraws any prompt already sent in the sweep; sharegpt deals
+the file, shuffled by (load.seed, run, trial), out slot by slot, and when the file is too
+small it wraps round (repeats across points, said in the record and warned about).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class ShareGPTDataset:
     path: str
     num_prompts: int
     output_len: int | None = None
-    seed: int = 0
+    seed: int | tuple[int, ...] = 0
 
     def load(self, tokenizer=None) -> list[RequestSpec]:
         """Up to num_prompts usable pairs with distinct prompts, in a seeded random order."""
@@ -160,6 +161,14 @@ def _read_sharegpt(path: str) -> list[tuple[str, str]]:
 DATASETS = {"random": RandomDataset, "sharegpt": ShareGPTDataset}
 
 
+def run_salt(run_id: str, trial: int) -> tuple[int, int]:
+    """The run's own part of its prompt seeds: every run (run id) and trial draws other prompts,
+    so a server that outlives one run (server=external, a shared endpoint) cannot answer a later
+    run's prompts from its prefix cache. A resumed run (same run id) draws the same ones."""
+    digest = hashlib.blake2b(str(run_id).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1, int(trial)  # 63 bits: a JSON-safe integer in the record
+
+
 def build_dataset(cfg: dict[str, Any], num_prompts: int, vocab_size: int, seed: int):
     kind = cfg.get("kind", "random")
     if kind == "random":
@@ -187,9 +196,10 @@ class PromptPlan:
     depend on where a sweep was resumed."""
 
     def __init__(self, cfg: dict[str, Any], tokenizer, vocab_size: int, seed: int, warmup: int,
-                 counts: list[int], warn=print) -> None:
+                 counts: list[int], warn=print, salt: tuple[int, ...] = ()) -> None:
         self.kind = cfg.get("kind", "random")
         self.cfg, self.tokenizer, self.vocab_size, self.seed = cfg, tokenizer, vocab_size, int(seed)
+        self.salt = tuple(int(x) for x in salt)  # the run's own part of every seed (run_salt)
         self.warmup, self.counts = int(warmup), [int(n) for n in counts]
         self._built: dict[int, PointPrompts] = {}
         self._next = 0            # first point not built yet
@@ -214,18 +224,19 @@ class PromptPlan:
         def slot(s: int, n: int):
             ds = build_dataset(self.cfg, n, self.vocab_size, self.seed)
             return RandomDataset(n, ds.input_len, ds.output_len, ds.range_ratio, ds.vocab_size,
-                                 (self.seed, s)).load_unique(self.tokenizer, self._seen)
+                                 (self.seed, *self.salt, s)).load_unique(self.tokenizer, self._seen)
 
         warm, wrep = slot(2 * k, self.warmup) if self.warmup else ([], 0)
         meas, mrep = slot(2 * k + 1, self.counts[k])
         return PointPrompts(warm, meas, {
-            "kind": "random", "seed": [self.seed, 2 * k + 1], "warmup_seed": [self.seed, 2 * k],
+            "kind": "random", "seed": [self.seed, *self.salt, 2 * k + 1],
+            "warmup_seed": [self.seed, *self.salt, 2 * k],
             "prompts_unique": len({prompt_key(s.prompt) for s in meas}), "prompts_seen_before": mrep,
             "warmup_seen_before": wrep, "repeats_across_points": mrep > 0})
 
     def _deal_sharegpt(self, warn) -> None:
         need = sum(self.warmup + n for n in self.counts)
-        ds = build_dataset(self.cfg, need, self.vocab_size, self.seed)
+        ds = build_dataset(self.cfg, need, self.vocab_size, (self.seed, *self.salt) if self.salt else self.seed)
         pool = ds.load(self.tokenizer)
         u = len(pool)
         if u <= self.warmup:
@@ -246,5 +257,5 @@ class PromptPlan:
             seen_before = len(used.intersection(meas))
             used.update(warm, meas)
             self._built[k] = PointPrompts([pool[i] for i in warm], [pool[i] for i in meas], {
-                "kind": "sharegpt", "seed": self.seed, "file_prompts": u, "prompts_unique": len(meas),
+                "kind": "sharegpt", "seed": [self.seed, *self.salt] if self.salt else self.seed, "file_prompts": u, "prompts_unique": len(meas),
                 "prompts_seen_before": seen_before, "repeats_across_points": self.short})

@@ -34,6 +34,7 @@ class PointResult:
     warmup: list[RequestResult] = field(default_factory=list)
     cap_wait_s: list[float] = field(default_factory=list)
     prompt_repeats: int = 0            # measured requests that resent a prompt of this point
+    capped: bool = False               # a closed loop run for a time stopped at max_requests
 
     @property
     def send_lags(self) -> list[float]:
@@ -61,6 +62,9 @@ class LoadPoint:
     # then answer from cache.
     warmup_specs: Sequence = ()
     event_loop: str = "auto"           # auto (uvloop when importable) | uvloop | asyncio
+    # The most requests a closed loop run for a time may send: its count is not known in
+    # advance, and every request's samples stay in memory until the record is written.
+    max_requests: int | None = None
 
     def __post_init__(self) -> None:
         loop_factory(self.event_loop)  # a bad load.event_loop fails here, before the point starts
@@ -160,9 +164,16 @@ async def _closed_loop(p: LoadPoint, send) -> PointResult:
     start = time.perf_counter()
     stop_at = start + p.duration_s if n is None else math.inf
 
+    cap = p.max_requests if n is None and p.max_requests is not None else math.inf
+    capped = False
+
     async def worker() -> None:
+        nonlocal capped
         while True:
             i = next(counter)
+            if i >= cap:
+                capped = True
+                return
             if (n is not None and i >= n) or time.perf_counter() >= stop_at:
                 return
             r = RequestResult(scheduled=time.perf_counter())
@@ -171,7 +182,8 @@ async def _closed_loop(p: LoadPoint, send) -> PointResult:
             r.send_lag = r.start - r.scheduled
 
     await asyncio.gather(*(worker() for _ in range(p.arrival.concurrency)))
-    return PointResult(results, time.perf_counter() - start, prompt_repeats=max(0, len(results) - len(p.specs)))
+    return PointResult(results, time.perf_counter() - start, prompt_repeats=max(0, len(results) - len(p.specs)),
+                       capped=capped)
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
