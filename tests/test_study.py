@@ -158,6 +158,34 @@ def test_plan_is_printed_and_a_study_that_cannot_call_is_refused_before_it_runs(
     assert r.returncode == 2 and "--until-decided and --max-trials N go together" in r.stderr
 
 
+def test_a_cell_the_workload_would_refuse_is_refused_before_the_study_runs(tmp_path):
+    """The workload's own checks run for every arm x workload before the first cell (a batch
+    that does not divide the world), not in every cell as a failure."""
+    bad = write(tmp_path, AA.split("workloads:")[0] + "workloads:\n  - {name: tr, entry: train, overrides: "
+                          "[train.micro_batch_size=3, train.global_batch_size=8]}\ntrials: 2\ndetect: 500%\n")
+    r = subprocess.run([*STUDY, str(bad), "--output-root", str(tmp_path / "o")], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "is not divisible by micro_batch_size (3)" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.root
+def test_a_read_only_output_root_is_one_line(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        r = subprocess.run([*STUDY, str(write(tmp_path, AA)), "--output-root", str(ro / "x")], cwd=REPO,
+                           env=child_env(), capture_output=True, text=True)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (f"error: --output-root {ro / 'x'}: cannot write the study's folder {ro / 'x' / 'aa'} "
+                                "(Read-only file system); give a writable folder")
+
+
 # --- one run's command ------------------------------------------------------------------
 
 def test_cell_command_carries_the_study_cell_in_one_override(tmp_path):
@@ -406,6 +434,11 @@ def test_sigterm_stops_the_running_cell_and_keeps_what_is_done(tmp_path):
     while not (logs.is_dir() and any(logs.iterdir())) and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.2)
     time.sleep(2)  # the run's processes are up
+    # the same study a second time, while the first runs: refused, one line, nothing touched
+    twin = subprocess.run([*STUDY, str(tmp_path / "s.yaml"), "--output-root", str(out)], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert twin.returncode == 2 and "error: study aa is already running in " in twin.stderr, twin.stderr
+    assert f"(pid {p.pid})" in twin.stderr and "Traceback" not in twin.stderr
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=90)
     assert p.returncode == 130 and "rerun the same command to continue" in stderr, stdout + stderr

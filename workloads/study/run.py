@@ -114,7 +114,19 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
     from workloads.core.launcher import compose
 
     if workload.entry != "infer":
-        compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], "config")
+        overrides = [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"]
+        cfg = compose(CONF_DIR, overrides, "config")
+        # the workload's own checks (a batch that does not divide, ...) for the world it will
+        # run at, so a bad cell is one line now, not a failure in every cell later; inside a
+        # Slurm allocation the world is the allocation's, known only to the step
+        if arm.emulated:
+            from workloads.fabric.emulate import spec_from_overrides
+
+            spec_from_overrides(CONF_DIR, overrides)
+        elif not os.environ.get("SLURM_JOB_ID"):
+            from workloads.core.launcher import validate_job
+
+            validate_job(cfg, int(cfg.launcher.nproc_per_node))
         return ("",)
     from workloads.inference.run import arrivals
 
@@ -161,8 +173,34 @@ def _manifest(spec: StudySpec) -> None:
             raise UsageError(f"{spec.dir} holds study {theirs.get('id')!r} with other {', '.join(keys)}; "
                              "pass --id <new id> to run this one, or restore the study file")
         return
-    spec.dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine, indent=1) + "\n")
+    try:
+        spec.dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(mine, indent=1) + "\n")
+    except OSError as e:
+        raise UsageError(f"--output-root {spec.output_root}: cannot write the study's folder {spec.dir} "
+                         f"({e.strerror}); give a writable folder") from None
+
+
+def _lock(spec: StudySpec):
+    """An exclusive lock on the study's folder for as long as it runs: two runs of one study
+    at once would compete for the machine (their "ok" records measured that contention) and
+    each would count the other's runs as its own failures. The open file holds the lock."""
+    import fcntl
+
+    f = open(spec.dir / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UsageError(f"study {spec.id} is already running in {spec.dir} ({holder}); wait for it to finish, "
+                         "or pass --id <new id> for a separate study") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _clock(s: float) -> str:
@@ -353,6 +391,7 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
         raise UsageError(f"arm(s) {emu} use an emulated fabric (network namespaces and tc): run the study as root")
     jobs = plan(spec)
     _manifest(spec)
+    lock = _lock(spec)  # noqa: F841  (held until this function returns)
     say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
         f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
         f"{' seed ' + str(spec.seed) if spec.design != 'abba' else ''}, {launcher}; records in {spec.dir}")
