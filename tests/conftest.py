@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -58,3 +59,17 @@ def gone(pids, within_s: float = 30) -> bool:
 @pytest.fixture
 def out_root(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, options: str = "size=1m"):
+    """A small tmpfs mounted at `where` (a new folder) for the block, unmounted after: a full
+    or read-only disk for real. Root only: a test without it is skipped."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, records_in, run_entry
+from conftest import child_env, records_in, run_entry, tmpfs
 from workloads.core.records import REDACTED, finite, redact, redact_argv, write_record
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123"   # the shape of a Hugging Face token
@@ -228,19 +228,9 @@ def test_inference_records_are_strict_json_and_multirun_takes_trials(tmp_path):
 def small_disk(tmp_path):
     """A 1 MiB tmpfs with 12 KiB free: room for Hydra's multirun.yaml (4 KiB, 2 pages), not
     for a training record after it (over 4 KiB: the config and fingerprint alone)."""
-    import os
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk") as disk:
         (disk / "filler").write_bytes(b"\0" * (1012 * 1024))
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_a_full_disk_keeps_the_measured_point_and_says_where(small_disk, tmp_path):

@@ -18,7 +18,7 @@ from statistics import median
 
 import pytest
 
-from conftest import REPO, child_env
+from conftest import REPO, child_env, tmpfs
 from workloads import CONF_DIR
 from workloads.core.errors import UsageError
 from workloads.study.run import Job, cell_argv, plan, study_field, study_override
@@ -171,16 +171,9 @@ def test_a_cell_the_workload_would_refuse_is_refused_before_the_study_runs(tmp_p
 
 @pytest.mark.root
 def test_a_read_only_output_root_is_one_line(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a read-only tmpfs")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
         r = subprocess.run([*STUDY, str(write(tmp_path, AA)), "--output-root", str(ro / "x")], cwd=REPO,
                            env=child_env(), capture_output=True, text=True)
-    finally:
-        subprocess.run(["umount", str(ro)], check=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == (f"error: --output-root {ro / 'x'}: cannot write the study's folder {ro / 'x' / 'aa'} "
                                 "(Read-only file system); give a writable folder")
