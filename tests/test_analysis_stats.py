@@ -114,6 +114,13 @@ def test_confounded_pair_refused_with_key_named():
     assert guard.check(a, b, allow=["batch", "config.train.micro_batch_size"]) is None
 
 
+def test_a_served_engines_own_nccl_is_identity_its_interpreter_path_is_not():
+    a, b = train_record("a", 100.0), train_record("b", 100.0)
+    for rec, nccl, py in ((a, "2.27.3", "/a/.engines/vllm/bin/python"), (b, "2.28.9", "/b/venv/bin/python")):
+        rec["fingerprint"]["engine"] = {"python": py, "torch": "2.9.0", "nccl": nccl, "vllm": "0.32.0"}
+    assert set(guard.differences(a, b)) == {"fingerprint.engine.nccl"}
+
+
 def test_software_and_hardware_differences_refused():
     a = train_record("a", 100.0)
     b = train_record("b", 100.0, fingerprint__torch="2.6.0", fingerprint__gpu="NVIDIA A100")
