@@ -282,9 +282,10 @@ class Result:
                                            f"(the study asks for {stats.pct(detect)}); {need}"))
         return out
 
-    def control_lines(self) -> list[str]:
-        """The A/A control's status, said before any verdict."""
-        return [f"A/A control{where}{' ' if kind in ('loud', 'mute') else ': '}{text}" for kind, where, text in self.control_status()]
+    def control_lines(self, status: list[tuple[str, str, str]] | None = None) -> list[str]:
+        """The A/A control's status (control_status(), or the one given), said before any verdict."""
+        return [f"A/A control{where}{' ' if kind in ('loud', 'mute') else ': '}{text}"
+                for kind, where, text in (self.control_status() if status is None else status)]
 
     def _blocks_needed(self, c: stats.Comparison, detect: float) -> str:
         if not c.blocks:

@@ -101,6 +101,14 @@ class Run:
         return self.metrics.get(name)
 
 
+def size_text(v: float) -> str:
+    """A message size in bytes as nccl-tests' tables write it: 1048576 -> '1M'."""
+    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if v >= f:
+            return f"{v / f:g}{unit}"
+    return f"{v:g}"
+
+
 def cell_busbw(row: Mapping[str, Any]) -> list[float]:
     """busbw (GB/s) of a collectives row's reported cells, out-of-place and in-place (nccl-tests'
     two placements of one size; "N/A" cells, e.g. sendrecv in place, are absent)."""

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from analysis import capacity, guard, stats  # noqa: E402
-from analysis.load import TRAINING, Run, Table, cell_busbw, dig  # noqa: E402
+from analysis.load import TRAINING, Run, Table, cell_busbw, dig, size_text  # noqa: E402
 
 Chart = tuple[Path, str]
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
@@ -50,19 +50,12 @@ def _save(fig, out_dir: Path, name: str, caption: str) -> list[Chart]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for ax in fig.axes:  # 1, 2, 4 ... on a log-2 axis, not 2^0, 2^1
         if ax.get_xscale() == "log":
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v < 1e4 else _bytes(v)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v < 1e4 else size_text(v)))
     fig.tight_layout()
     for suffix in (".png", ".svg"):
         fig.savefig(out_dir / f"{name}{suffix}", dpi=100)
     plt.close(fig)
     return [(out_dir / f"{name}.png", caption)]
-
-
-def _bytes(v: float) -> str:
-    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if v >= f:
-            return f"{v / f:g}{unit}"
-    return f"{v:g}"
 
 
 def groups(runs: Iterable[Run], drop: Iterable[str] = (), allow: Iterable[str] = ()) -> list[tuple[str, list[Run]]]:

@@ -107,7 +107,8 @@ def _top(table: Table, result: Result) -> list[Section]:
     top = Section("Headline", [("head", f"{wl} — {claim}", detail) for wl, claim, detail in heads] or
                   [("p", "No two arms share a comparable point: nothing is compared (see the refused pairs below).")])
     # a control that called a difference, or that cannot speak, is said before any verdict
-    top.blocks += [("warn", line) for (kind, _, _), line in zip(result.control_status(), result.control_lines())
+    status = result.control_status()
+    top.blocks += [("warn", line) for (kind, _, _), line in zip(status, result.control_lines(status))
                    if kind in ("loud", "mute", "untested")]
     top.blocks += [("p", f"{len(table)} records; arms: {', '.join(table.fabrics)}; baseline: {result.baseline}. "
                          f"Raw values are medians over trials in the metric's units.")]

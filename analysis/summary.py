@@ -17,6 +17,7 @@ from typing import Iterable
 
 from analysis import guard, stats
 from analysis.compare import Point, Result
+from analysis.load import size_text
 
 WORKLOAD_NAMES = {"pretrain": "Pre-training", "finetune": "Fine-tuning", "collectives": "Collectives",
                   "inference": "Inference"}
@@ -30,9 +31,7 @@ def metric_name(metric: str) -> str:
         return f"{metric.split('/')[0]} bus bandwidth"
     if "/busbw@" in metric:  # 'all_reduce/busbw@1048576(GB/s)' -> 'all_reduce bus bandwidth at 1M'
         op, size = metric.split("/busbw@")
-        n = int(size.split("(")[0])
-        unit = next(((u, f) for u, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)) if n >= f), ("", 1))
-        return f"{op} bus bandwidth at {n / unit[1]:g}{unit[0]}"
+        return f"{op} bus bandwidth at {size_text(int(size.split('(')[0]))}"
     return METRIC_NAMES.get(metric, metric)
 
 

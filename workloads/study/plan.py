@@ -115,7 +115,7 @@ class Plan:
         out.append(f"  equivalence within +-{stats.pct(s.margin)}: needs about {eq} blocks at that noise" if eq else
                    f"  equivalence within +-{stats.pct(s.margin)}: out of reach at that noise")
         wall = self.wall_seconds()
-        out.append(f"  wall time: about {_clock(wall)} ({self.runs()} runs at the median of earlier runs)" if wall is not None
+        out.append(f"  wall time: about {clock(wall)} ({self.runs()} runs at the median of earlier runs)" if wall is not None
                    else "  wall time: unknown until the first runs (the progress line then gives an ETA)")
         return out
 
@@ -139,7 +139,8 @@ _DEFAULT_PRIMARY = {"train": "samples_per_sec", "finetune": "samples_per_sec",
                     "collectives": "all_reduce bus bandwidth at the largest size", "infer": "request_throughput at the heaviest load point"}
 
 
-def _clock(s: float) -> str:
+def clock(s: float) -> str:
+    """Seconds as m:ss, or h:mm:ss past an hour."""
     s = int(round(s))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
@@ -173,10 +174,10 @@ def _primary_value(rec: dict, w: Workload) -> tuple[float | None, float]:
     return (r.metric(metric) if metric else None), level
 
 
-def measured_cv(spec: StudySpec, w: Workload) -> tuple[float, str] | None:
+def measured_cv(earlier: list[tuple[Path, dict]], w: Workload) -> tuple[float, str] | None:
     """The pooled within-arm sd of log(primary metric) over earlier ok runs of this workload."""
     logs: dict[tuple, list[tuple[float, float]]] = {}
-    for folder, manifest in _earlier(spec):
+    for folder, manifest in earlier:
         names = [o["name"] for o in manifest.get("workloads") or [] if _same(w, o)]
         for path in folder.glob("*/records/*.json") if names else ():
             try:
@@ -200,9 +201,9 @@ def measured_cv(spec: StudySpec, w: Workload) -> tuple[float, str] | None:
     return max(math.sqrt(ss / dof), 0.005), f"measured over {n} earlier runs"  # a floor: no study is noise-free
 
 
-def _seconds(spec: StudySpec, w: Workload) -> float | None:
+def _seconds(earlier: list[tuple[Path, dict]], w: Workload) -> float | None:
     spent = []
-    for folder, manifest in _earlier(spec):
+    for folder, manifest in earlier:
         names = {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)}
         try:
             lines = (folder / "timings.jsonl").read_text().splitlines() if names else []
@@ -222,17 +223,18 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
     """The plan for `spec`; `max_trials` makes it sequential. Fills in `trials` when the study
     left it out. Raises UsageError (exit 2) when the plan cannot call `detect`."""
     cv: dict[str, tuple[float, str]] = {}
+    earlier = _earlier(spec)
     for w in spec.workloads:
         if w.cv is not None:
             cv[w.name] = (w.cv, "declared for the workload")
         elif spec.cv is not None:
             cv[w.name] = (spec.cv, "declared for the study")
         else:
-            cv[w.name] = measured_cv(spec, w) or (DEFAULT_CV[w.entry], f"default for {w.entry}; no earlier runs")
+            cv[w.name] = measured_cv(earlier, w) or (DEFAULT_CV[w.entry], f"default for {w.entry}; no earlier runs")
     control = any(a.control for a in spec.arms)
     real = len(spec.arms) - 1 - int(control)
     tests, control_tests = real * len(spec.workloads), int(control) * len(spec.workloads)
-    seconds = {w.name: t for w in spec.workloads if (t := _seconds(spec, w)) is not None}
+    seconds = {w.name: t for w in spec.workloads if (t := _seconds(earlier, w)) is not None}
     if max_trials is not None:
         if max_trials < FIRST_LOOK:
             raise UsageError(f"--max-trials {max_trials}: a sequential study looks first after {FIRST_LOOK} blocks; "

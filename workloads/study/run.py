@@ -39,6 +39,7 @@ from workloads import CONF_DIR, REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
 from workloads.core.rundir import derive_run_id
+from workloads.study.plan import clock
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
 
@@ -203,16 +204,11 @@ def _lock(spec: StudySpec):
     return f
 
 
-def _clock(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta: float | None) -> str:
     w = spec.workloads.index(job.workload)
     return (f"[{k}/{n}] block {job.cell.block} · {job.arm.label} · trial {job.cell.trial} · "
-            f"{job.workload.name} ({w + 1}/{len(spec.workloads)}) · elapsed {_clock(elapsed)} · "
-            f"ETA {'?' if eta is None else _clock(eta)}")
+            f"{job.workload.name} ({w + 1}/{len(spec.workloads)}) · elapsed {clock(elapsed)} · "
+            f"ETA {'?' if eta is None else clock(eta)}")
 
 
 def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float, Path]:
