@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from workloads.collectives import ops  # noqa: E402
 from workloads.collectives.harness import Harness  # noqa: E402
 from workloads.collectives.settings import Settings  # noqa: E402
-from workloads.core.dist import close  # noqa: E402
+from workloads.core.dist import end_group_and_exit  # noqa: E402
 
 
 def bare_busbw(x: torch.Tensor, iters: int, device: torch.device) -> float:
@@ -94,7 +94,7 @@ def main() -> None:
     if rank == 0:
         print(f"# geometric-mean ratio suite/bare over sizes >= 1 MiB: "
               f"{statistics.geometric_mean(ratios):.3f} (target 0.97..1.03)")
-    close()
+    end_group_and_exit()
 
 
 if __name__ == "__main__":

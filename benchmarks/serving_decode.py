@@ -142,7 +142,7 @@ def worker(a) -> None:
     import torch
     import torch.distributed as dist
 
-    from workloads.core.dist import close
+    from workloads.core.dist import end_group_and_exit
 
     torch.set_num_threads(1 if a.backend == "gloo" else torch.get_num_threads())
     dist.init_process_group(a.backend)
@@ -157,7 +157,7 @@ def worker(a) -> None:
         Path(a.worker).write_text(json.dumps(median_run(runs)))
     else:
         ours.eng.run_follower()
-    close()
+    end_group_and_exit()
 
 
 def main() -> None:

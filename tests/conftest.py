@@ -1,59 +1,20 @@
-"""Shared test helpers. Tests are CPU-only and use real processes and sockets."""
+"""Fixtures every test folder shares, and the `requires` marker (helpers.need). Tests are
+CPU-only and use real processes and sockets; helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import need
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """Environment for launched ranks: one thread each (2 cores), no W&B network."""
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"})
-    env.pop("LOCAL_RANK", None)
-    env.update(extra)
-    return env
-
-
-def run_entry(script: str, *overrides: str, torchrun: int | None = None, timeout: float = 300, env: dict | None = None,
-              cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run launch/<script> with Hydra overrides; under torchrun when `torchrun` is a rank count,
-    else with plain python (which validates, then self-launches launcher.nproc_per_node ranks)."""
-    cmd = [sys.executable]
-    if torchrun:
-        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"]
-    cmd += [str(REPO / "launch" / script), *overrides]
-    return subprocess.run(cmd, cwd=cwd, env=env or child_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def records_in(root: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(Path(root).rglob("records/*.json"))]
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (an exited child not yet reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def gone(pids, within_s: float = 30) -> bool:
-    """Every one of `pids` ended within `within_s`."""
-    deadline = time.monotonic() + within_s
-    while any(alive(x) for x in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not any(alive(x) for x in pids)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("requires"):
+        need(*mark.args)
 
 
 @pytest.fixture
@@ -61,15 +22,24 @@ def out_root(tmp_path: Path) -> Path:
     return tmp_path / "results"
 
 
-@contextlib.contextmanager
-def tmpfs(where: Path, options: str = "size=1m"):
-    """A small tmpfs mounted at `where` (a new folder) for the block, unmounted after: a full
-    or read-only disk for real. Root only: a test without it is skipped."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=True)
+def _namespaces_and_veths() -> set[str]:
+    """Our namespaces (fb-<pid>-...) and any emu0 veth left in the root namespace (ours only
+    ever live inside namespaces)."""
+    from workloads.fabric.emulate import leftovers
+
+    links = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout
+    return set(leftovers("fb-")) | {f"root-namespace veth {w.rstrip(':')}" for w in links.split() if w.startswith("emu0")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_of_ours_remains(request):
+    """After every module that needs root: each namespace and veth it made is gone, also when
+    a test failed (deleting a namespace deletes its veths and their qdiscs)."""
+    if not any(m.args and "root" in m.args for item in request.session.items if item.module is request.module
+               for m in item.iter_markers("requires")):
+        yield
+        return
+    before = _namespaces_and_veths()
+    yield
+    left = _namespaces_and_veths() - before
+    assert not left, f"left behind by {request.module.__name__}: {sorted(left)}"

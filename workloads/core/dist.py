@@ -16,6 +16,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -119,9 +120,8 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
 
 
 def drain(timeout_s: float = 60.0) -> None:
-    """For a process that ends by interpreter teardown after its group did its work on every
-    rank (close(): tests' spawned ranks, benchmarks; hydra_entry's ranks end by exit_process
-    instead): one barrier, waited on with the GIL released.
+    """Before a group that did its work on every rank is destroyed (end_group_and_exit): one
+    barrier, waited on with the GIL released, so that no rank leaves while a peer still needs it.
 
     A Gloo (or NCCL) worker thread frees a finished collective's tensors after the caller
     has been woken; freeing a tensor that Python made needs the GIL. If the main thread
@@ -149,12 +149,17 @@ _DRAINED: list = []
 atexit.register(_DRAINED.clear)  # registered first, so it runs after shutdown(): in the main thread
 
 
-def close() -> None:
-    """End a process group that did its work on every rank: drain, then destroy. For code
-    that makes its own group (tests' spawned ranks, benchmarks) rather than init_once's."""
+def end_group_and_exit(code: int | str | None = 0) -> NoReturn:
+    """End a process that made its own group (tests' spawned ranks, benchmarks, parity runs)
+    rather than init_once's: drain, destroy, then exit_process. Ending such a process by
+    interpreter teardown instead (returning from an mp.spawn target, or from a script's main)
+    lost a rank to SIGABRT now and then after its work was done: drain() makes that race rare,
+    only exit_process rules it out (its docstring says why). From an mp.spawn target this is the
+    child's normal, successful end: torch's spawn sees the exit code."""
     drain()
     if dist.is_initialized():
         dist.destroy_process_group()
+    exit_process(code)
 
 
 def shutdown() -> None:

@@ -94,9 +94,9 @@ def main() -> None:
     if rank == 0:
         torch.save(results, a.out)
     if world > 1:
-        from workloads.core.dist import close
+        from workloads.core.dist import end_group_and_exit
 
-        close()
+        end_group_and_exit()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ def _has_tokenizer(p: Path) -> bool:
 def validate(cfg: DictConfig, world: int) -> ServePlan:
     """Everything checkable before a process group exists. Raises UsageError."""
     s = cfg.server
+    if s.name != "reference":
+        raise UsageError(f"launch/serve.py runs the reference engine only; server={s.name} is started and swept by "
+                         f"launch/infer.py server={s.name}")
     fabric = session.prepare(cfg)
     checkpoint = s.get("checkpoint") or None
     eos = s.get("eos_token_id")

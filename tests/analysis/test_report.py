@@ -1,0 +1,108 @@
+"""What a new user reads: which refusals are shown, the --allow hint, verdict wording, and
+the report's Runs and Verdicts tables. Synthetic records written to disk the way run
+directories hold them (each run directory has the same record file names)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis import stats
+from analysis.cli import main as cli_main
+from analysis.compare import compare_table
+from analysis.load import load_table
+from analysis.report import write_report
+from helpers.records import UPGRADE, coll, sweep, train_record
+from workloads.core.records import write_record
+
+
+def test_only_near_misses_are_refused_and_the_allow_hint_pastes(tmp_path, capsys):
+    sweep(tmp_path)
+    res = compare_table(load_table([tmp_path]), baseline="emu-veth")
+    assert [c.fabric for _, c in res.comparisons] == ["loopback"]
+    # one refusal: the mb=8 pair, baseline first; mb=1, mb=2 and zero3 are counted, not paired
+    (ref,) = res.refusals
+    assert ref.a.startswith("emu-veth (") and ref.b.startswith("loopback (") and "emu-mb8" in ref.a and "lo-mb8" in ref.b
+    assert set(ref.diffs) == {"fingerprint.torch", "fingerprint.cuda", "fingerprint.driver", "fingerprint.gpu"}
+    assert sorted(p.label for p in res.unmatched) == ["pretrain neox-tiny ddp gpus=2 batch=2 mb=1",
+                                                      "pretrain neox-tiny ddp gpus=2 batch=4 mb=2",
+                                                      "pretrain neox-tiny zero3 gpus=2 batch=8 mb=4"]
+
+    assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("refused:") == 1 and "3 points had no counterpart in another fabric" in out and "--verbose" in out
+    assert "mb=1" not in out  # counted, not listed
+    # every differing key is in the hint, so pasting it gets the comparison
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("refused:")]
+    hint = re.findall(r"--allow (\S+?)[ )]", line)
+    assert sorted(hint) == sorted(ref.diffs) and not re.search(r"and \d+ more", line)
+    argv = [a for k in hint for a in ("--allow", k)]
+    assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "refused:" not in out and out.count("[samples_per_sec]") == 2, out
+
+    assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "pretrain neox-tiny zero3 gpus=2 batch=8 mb=4: only loopback (2 records)" in out and "mb=1" in out
+
+
+def test_confounded_only_pair_still_refused_with_keys(tmp_path, capsys):
+    # nothing comparable at all: the near miss is the error, with its keys and a full hint
+    write_record(tmp_path / "a" / "records", train_record("emu-veth", 100.0, mb=8), "pretrain")
+    write_record(tmp_path / "b" / "records", train_record("loopback", 120.0, mb=8, **UPGRADE), "pretrain")
+    assert cli_main(["compare", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "fingerprint.driver (None vs '570')" in err and all(f"--allow fingerprint.{k}" in err for k in ("cuda", "driver", "gpu", "torch"))
+
+
+@pytest.mark.parametrize("x, y, hib, start", [
+    # loopback's median 80 vs emu-veth's 100 samples/s: emu-veth is 1/0.8 - 1 = 25% faster
+    ([70.0, 80.0, 90.0], [100.0, 95.0, 105.0], True, "inconclusive: emu-veth faster than loopback by 25.0% [unbounded]; this test cannot call"),
+    # TTFT 130 vs 100 ms, lower is better: emu-veth is 30% faster
+    ([130.0, 120.0, 140.0], [100.0, 95.0, 105.0], False, "inconclusive: emu-veth faster than loopback by 30.0% [unbounded]; this test cannot call"),
+    ([120.0, 125.0, 130.0], [100.0, 95.0, 105.0], True, "inconclusive: loopback faster than emu-veth by 25.0% [unbounded]; this test cannot call"),
+])
+def test_non_significant_verdict_names_who_is_ahead(x, y, hib, start):
+    # 3 vs 3 fully separated: p = 0.1 at best, never significant at 0.05
+    c = stats.compare(x, y, "loopback", "emu-veth", "m", higher_is_better=hib)
+    assert not c.significant and c.p == pytest.approx(0.1)
+    assert c.verdict.startswith(start), c.verdict
+    # 3 vs 3: even full separation (p = 0.1) is kept by the rank test, so is every shift: no bound
+    assert c.speedup_lo == 0 and c.speedup_hi == float("inf"), c
+
+
+def test_report_tables(tmp_path):
+    sweep(tmp_path / "results")
+    for i, (f, bw) in enumerate((("emu-veth", 40.0), ("loopback", 30.0))):
+        rec = {"schema": "fabricbench.record/1", **coll(f, i, busbw=bw)}
+        rec["config"].update(model={"name": "neox-tiny"}, parallel={"name": "ddp"})  # Hydra defaults, not measured
+        write_record(tmp_path / "results" / f"coll-{f}" / "records", rec, "pretrain")
+    table = load_table([tmp_path / "results"])
+    res = compare_table(table, baseline="emu-veth")
+    md = write_report(table, res, tmp_path / "rep").markdown.read_text()
+    runs = md[md.index("## Runs"):]
+    # each record named by its run directory: the bare name pretrain.json is in every one
+    assert "| emu-mb8-t1/records/pretrain-000.json | emu-veth |" in runs and "| lo-zero3-t0/records/pretrain-000.json |" in runs
+    assert "| coll-loopback/records/pretrain-000.json | loopback | collectives | — | — | — | 8 |" in runs
+    # collectives labels carry no model or parallel either
+    assert any(p.label == "collectives gpus=8" for p, _ in res.comparisons)
+    # the difference column says what the verdict text says: medians 130.25 vs 100.25, loopback 29.9% faster
+    (row,) = [ln for ln in md.splitlines() if "| samples_per_sec |" in ln]
+    assert "| 100.2 |" in row and "| 130.2 |" in row and "| loopback 29.9% faster [" in row
+    words = md[md.index("Every verdict in words"):]
+    assert "loopback is faster than emu-veth by 29.9%" in words
+    # busbw 30 vs 40 GB/s (one trial each: not tested): emu-veth 33.3% faster, in the table and in words
+    (row,) = [ln for ln in md.splitlines() if "| all_reduce/avg_busbw(GB/s) |" in ln]
+    assert "| gpus=8 |" in row and "| emu-veth 33.3% faster (not tested) |" in row and "| not tested |" in row
+    assert "[all_reduce/avg_busbw(GB/s)]: not tested (1 vs 1 runs; need >= 2 runs each" in words
+    assert "emu-veth faster than loopback by 33.3% (exact rank test" in words
+    assert "speed-up" not in md and "0.750" not in md  # one way to say a ratio
+    # the refused pair: collapsed at the end, grouped by the differing keys, paths relative to the input
+    refused = md[md.index("## Refused comparisons"):]
+    assert md.index("## Refused comparisons") > md.index("## Runs") and refused.startswith("## Refused comparisons\n\n<details>")
+    assert "1 pair differs in fingerprint.cuda, fingerprint.driver, fingerprint.gpu, fingerprint.torch" in refused
+    assert str(tmp_path) not in refused and "emu-mb8-t0/records/pretrain-000.json" in refused
+    assert "3 points had no counterpart" in md
+    # the first screen: the headline before the verdict table, both before any chart
+    assert md.index("## Headline") < md.index("## Verdicts") < md.index("## Charts")

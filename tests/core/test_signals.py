@@ -1,0 +1,185 @@
+"""Signals and deaths around a training run, self-launched (`python launch/train.py`) or under
+a raw `torchrun`: real ranks over Gloo, real signals. Whatever ends the run, no rank outlives
+it and the point that was being measured has one failed record saying why."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, child_env, gone, records_in
+
+LONG = ["train.steps=100000", "train.warmup_steps=1"]
+
+
+def _ranks(launcher: int) -> dict[int, int]:
+    """rank -> pid of the launcher's rank processes."""
+    out = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(d.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            env = dict(kv.split("=", 1) for kv in d.joinpath("environ").read_text().split("\0") if "=" in kv)
+        except (OSError, ValueError):
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = int(d.name)
+    return out
+
+
+def _start_measuring(tmp_path: Path, out_root: Path, torchrun: list[str] | None = None
+                     ) -> tuple[subprocess.Popen, dict[int, int]]:
+    """A self-launched run (or, with `torchrun` as the agent's extra flags, one under a raw
+    torchrun agent), returned once rank 0 is inside its measured point: its in-flight copy
+    exists (in the launcher's folder, or beside the records)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    agent = [] if torchrun is None else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *torchrun]
+    p = subprocess.Popen([sys.executable, *agent, str(REPO / "launch" / "train.py"), f"output_root={out_root}", *LONG],
+                         cwd=REPO, env=child_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 240
+    while not (list(tmp.glob("fabricbench-inflight-*/*.inflight")) or _copies(out_root)):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.2)
+    ranks = _ranks(p.pid)
+    assert sorted(ranks) == [0, 1]
+    return p, ranks
+
+
+def _copies(out_root: Path) -> list[Path]:
+    """What is left in the in-flight folders beside the records (copies, claims, temp files)."""
+    return list(out_root.rglob("records/.inflight/*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_is_one_line_and_a_failed_record(tmp_path, out_root, sig, code):
+    p, ranks = _start_measuring(tmp_path, out_root)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, err
+    assert err.strip() == f"interrupted ({sig.name}): measured points are kept", err
+    (rec,) = records_in(out_root)
+    assert rec["status"] == "failed" and rec["error"].startswith("interrupted")
+    assert gone(ranks.values())
+
+
+@pytest.mark.slow
+def test_sigkilled_launcher_takes_its_ranks_down(tmp_path, out_root):
+    p, ranks = _start_measuring(tmp_path, out_root)
+    p.kill()
+    p.wait(30)
+    assert gone(ranks.values()), "ranks outlived their SIGKILLed launcher"
+
+
+@pytest.mark.slow
+def test_rank0_death_still_leaves_a_failed_record(tmp_path, out_root):
+    p, ranks = _start_measuring(tmp_path, out_root)
+    os.kill(ranks[0], signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "error: rank 0 was killed by SIGKILL (exit code -9)\n" in err, err  # nothing "above": it printed none
+    (rec,) = records_in(out_root)
+    assert rec["status"] == "failed" and rec["error"] == "rank 0 was killed by SIGKILL (exit code -9) during this point"
+    assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
+    assert gone(ranks.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("agent,rank1_got", [
+    ([], None),  # the agent SIGTERMs rank 1 at once: whichever comes first, the signal or Gloo's error
+    (["--monitor-interval=120"], "RuntimeError"),  # an agent slow to notice: Gloo's peer-closed error
+], ids=["agent-sigterm", "gloo-error"])
+def test_rank0_death_under_raw_torchrun_still_leaves_a_failed_record(tmp_path, out_root, agent, rank1_got):
+    """No launcher of ours watches a raw torchrun: rank 1, on rank 0's host, finds rank 0's pid
+    gone when its collective fails or the agent SIGTERMs it, and writes the point's one failed
+    record from rank 0's in-flight copy."""
+    p, ranks = _start_measuring(tmp_path, out_root, torchrun=agent)
+    time.sleep(2)  # into the steps (or DDP's first collectives on a loaded machine)
+    os.kill(ranks[0], signal.SIGKILL)
+    if rank1_got:  # rank 1 ends by itself; then the agent is stopped, as its user would
+        assert gone([ranks[1]], within_s=90), "rank 1 outlived its dead peer"
+        p.terminate()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    recs = records_in(out_root)
+    assert len(recs) == 1, (recs, err[-4000:])
+    rec = recs[0]
+    assert rec["status"] == "failed", rec["error"]
+    assert rec["error"].startswith(f"rank 0 (pid {ranks[0]} on ") and "died during this point" in rec["error"]
+    if rank1_got:
+        assert f"rank 1 then got {rank1_got}" in rec["error"], rec["error"]
+    assert rec["workload"] == "pretrain" and rec["config"]["train"]["steps"] == 100000
+    assert f"error: rank 0 (pid {ranks[0]}) died during this point; rank 1 wrote its failed record" in err, err
+    assert not _copies(out_root)
+    assert gone(ranks.values())
+
+
+_ENDING = """
+import atexit, ctypes, sys, threading, time
+from workloads.core.dist import exit_process
+atexit.register(lambda: print("exit function ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished"))).start()
+from concurrent.futures import ThreadPoolExecutor
+ThreadPoolExecutor(1).submit(print, "executor ran").result()  # its idle worker waits to be told to stop
+print("python line", end="")            # unflushed, stdout is a pipe
+ctypes.CDLL(None).printf(b" c line")     # C stdio, unflushed too
+exit_process({code})
+"""
+
+
+@pytest.mark.parametrize("code,status", [("None", 0), ("3", 3), ("143", 143), ("'a message'", 1)])
+def test_a_rank_ends_without_teardown_and_loses_nothing(code, status):
+    """exit_process (how every rank that made a process group ends, dist.py says why) keeps
+    what sys.exit gives: the status, the exit functions, threads joined (an idle executor's
+    worker included, which waits to be told), and every line written, Python's and C's,
+    though the streams are pipes and nothing was flushed."""
+    env = child_env()
+    env.pop("PYTHONUNBUFFERED")  # which would make C's stdout unbuffered as well as Python's
+    r = subprocess.run([sys.executable, "-c", _ENDING.format(code=code)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == status, r.stderr
+    for line in ("python line", "thread finished", "executor ran", "exit function ran", " c line"):
+        assert line in r.stdout, r.stdout
+    assert r.stderr == ("a message\n" if status == 1 else ""), r.stderr
+
+
+# The signal's exception raised inside a weakref callback, where Python prints it as "Exception
+# ignored" and drops it (CI saw it in the import system's module-lock callback): then a peer's
+# failure, as a rank whose peers did stop meets it.
+_LOST = """
+import os, signal, sys, weakref
+from workloads.core import launcher
+
+def run(cfg, overrides):
+    class Owner: pass
+    def callback(_):
+        os.kill(os.getpid(), signal.{sig})
+        for _ in range(100000): pass  # the handler runs here and its exception is dropped
+    owner = Owner(); ref = weakref.ref(owner, callback); del owner
+    print("carried on", flush=True)
+    {then}
+
+launcher.hydra_entry(__file__, run, distributed=False)
+"""
+
+
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 130)])
+@pytest.mark.parametrize("then", ["raise RuntimeError('Connection closed by peer')", "import time; time.sleep(30)"])
+def test_an_interruption_python_dropped_still_interrupts(tmp_path, sig, code, then):
+    """What follows a dropped interruption is the interruption, said in the one line: a later
+    error (a peer gone) is not a bug's traceback, and a rank that meets none still stops
+    (the interruption is raised again, outside the callback), not at a grace timer's os._exit."""
+    script = tmp_path / "entry.py"
+    script.write_text(_LOST.format(sig=sig, then=then))
+    r = subprocess.run([sys.executable, str(script), f"output_root={tmp_path}/results"], cwd=tmp_path,
+                       env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert "carried on" in r.stdout, r.stderr
+    assert (r.returncode, r.stderr) == (code, "interrupted: measured points are kept\n"), r.stderr

@@ -1,0 +1,325 @@
+"""The bad-input promise, one case per kind: whatever a user hands in wrong (a value, a
+file, a path, an entry point), the run ends with one `error:` line that names the key and
+the fix, exit 2, no traceback, no process left behind, and records already on disk intact.
+
+Cases run as `python <entry> args` would (self-launching entry points validate before any
+rank starts), each in its own process forked from one server that imported torch and the entry
+points once (tests/helpers/forkrun.py): the same exit code, output and limits, without 57
+interpreter start-ups. tests/e2e/test_torchrun_bad_input.py starts its cases as users do.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, child_env
+from helpers.forkrun import Command, run_many
+from workloads.core.errors import UsageError
+
+EARLIER = {"schema": "fabricbench.record/1", "workload": "pretrain", "status": "ok", "note": "measured before"}
+
+
+def _train(*a):
+    return ["launch/train.py", *a]
+
+
+def _coll(*a):
+    return ["launch/collectives.py", *a]
+
+
+def _infer(*a):
+    return ["launch/infer.py", "server=external", "server.url=http://127.0.0.1:9", "server.ready_timeout_s=1",
+            "load.num_requests=4", *a]
+
+
+def _cli(*a):
+    return ["-m", "workloads.core.cli", *a]
+
+
+# Files a user hands in, made in the case's folder ({d} in an argument).
+def _empty_tokens(d):
+    (d / "tokens.bin").write_bytes(b"")
+
+
+def _ckpt(d, config: str | None, weights: bytes | None = b"garbage-not-safetensors"):
+    c = d / "ckpt"
+    c.mkdir()
+    if config is not None:
+        (c / "config.json").write_text(config)
+    if weights is not None:
+        (c / "model.safetensors").write_bytes(weights)
+
+
+GOOD_HF = json.dumps({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                      "vocab_size": 512, "max_position_embeddings": 128, "intermediate_size": 256})
+
+
+def _records(d, *recs):
+    r = d / "in" / "records"
+    r.mkdir(parents=True)
+    for k, rec in enumerate(recs):
+        (r / f"r{k}.json").write_text(rec if isinstance(rec, str) else json.dumps(rec))
+
+
+def _nccl_tests(d, **result):
+    """An nccl-tests -J report with one result, its fields replaced (None: left out)."""
+    row = {"size": 1024, "count": 256, "type": "float", "redop": "sum", "root": "    -1",
+           "out_of_place": {"time": 10.0, "alg_bw": 0.1, "bus_bw": result.pop("bus_bw", 0.1), "nwrong": 0}} | result
+    doc = {"args": ["all_reduce_perf"], "results": [{k: v for k, v in row.items() if v is not None}]}
+    (d / "nt.json").write_text(json.dumps(doc))
+
+
+def _a_file(d):
+    (d / "afile").write_text("x")
+
+
+# id, argv (after `python`), setup(d) or None, what the one line must contain
+CASES = [
+    # training: values
+    ("train-micro-batch-zero", _train("train.micro_batch_size=0"), None, "train.micro_batch_size"),
+    ("train-unknown-model", _train("model=nope"), None, "model"),
+    ("train-unknown-parallel", _train("parallel=zero9"), None, "parallel"),
+    ("train-unknown-key", _train("train.nope=1"), None, "train.nope"),
+    ("train-nproc-zero", _train("launcher.nproc_per_node=0"), None, "launcher.nproc_per_node"),
+    ("train-warmup-ge-steps", _train("train.steps=2", "train.warmup_steps=5"), None, "warmup_steps"),
+    ("train-precision", _train("train.precision=fp8"), None, "train.precision"),
+    ("train-global-batch", _train("train.global_batch_size=7"), None, "global_batch_size"),
+    ("train-absent-hca", _train("fabric=roce"), None, "fabric=roce"),
+    ("train-fabric-env-typo", _train("+fabric.env.GLOO_SOCKET_IFNAM=eth0"), None,
+     "fabric.env.GLOO_SOCKET_IFNAM: Gloo reads no such variable (did you mean GLOO_SOCKET_IFNAME?)"),
+    ("train-bad-override-syntax", _train("train.steps=[1,"), None, "train.steps"),
+    # training: paths and files
+    ("train-run-id-dotdot", _train("run_id=.."), None, "run_id"),
+    ("train-run-id-separator", _train("run_id=a/b"), None, "run_id"),
+    ("train-output-root-file", _train("output_root={d}/afile"), _a_file, "output_root"),
+    ("train-token-file-missing", _train("data.kind=tokens", "data.path={d}/nope.bin"), None, "data.path"),
+    ("train-token-file-empty", _train("data.kind=tokens", "data.path={d}/tokens.bin"), _empty_tokens, "empty"),
+    ("train-finetune-no-checkpoint", _train("workload=finetune"), None, "init.checkpoint"),
+    ("train-checkpoint-missing", _train("init.checkpoint={d}/nope"), None, "init.checkpoint"),
+    ("train-checkpoint-corrupt-config", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, "{not json"),
+     "config.json"),
+    ("train-checkpoint-config-missing-keys", _train("init.checkpoint={d}/ckpt"),
+     lambda d: _ckpt(d, json.dumps({"model_type": "gpt_neox"})), "num_hidden_layers"),
+    ("train-checkpoint-corrupt-safetensors", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, GOOD_HF),
+     "model.safetensors"),
+    ("train-checkpoint-no-weights", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, GOOD_HF, None),
+     "model.safetensors"),
+    # collectives
+    ("coll-unknown-op", _coll("collectives.ops=[all_sum]"), None, "collectives.ops"),
+    ("coll-size-not-a-size", _coll("collectives.maxbytes=big"), None, "collectives.maxbytes"),
+    ("coll-sizes-out-of-order", _coll("collectives.minbytes=1M", "collectives.maxbytes=1K"), None, "collectives.minbytes"),
+    ("coll-size-too-large", _coll("collectives.minbytes=4096G", "collectives.maxbytes=4096G"), None,
+     "collectives.maxbytes"),
+    # fits MemAvailable on a large host but not the cases' address-space limit (AS_LIMIT)
+    ("coll-size-over-ulimit", _coll("collectives.minbytes=2G", "collectives.maxbytes=2G"), None,
+     "collectives.maxbytes"),
+    ("coll-avg-int", _coll("collectives.op=avg", "collectives.datatype=int32"), None, "collectives.op=avg"),
+    ("coll-run-id", _coll("run_id=../x"), None, "run_id"),
+    # inference
+    ("infer-server-unreachable", _infer(), None, "server.ready_timeout_s"),
+    ("infer-empty-points", _infer("load.points=[]"), None, "load.points"),
+    ("infer-requests-zero", _infer("load.num_requests=0"), None, "load.num_requests"),
+    # More requests than memory holds: refused with what it would need, not grown until OOM
+    ("infer-requests-impossible", _infer("load.points=[1]", "load.num_requests=1000000000"), None,
+     "load.num_requests=1000000000"),
+    ("infer-duration-impossible", _infer("load.arrival=poisson", "load.points=[1000]", "load.num_requests=null",
+                                         "load.duration_s=1e9"), None, "load.duration_s"),
+    ("infer-failed-fraction", _infer("load.max_failed_fraction=2"), None, "load.max_failed_fraction"),
+    ("infer-unknown-adapter", _infer("server.adapter=nope"), None, "server adapter"),
+    ("infer-tp-heads", ["launch/infer.py", "server=sglang", "model=llama-3.1-8b", "server.tp=3"], None, "server.tp"),
+    ("infer-flush-path", _infer("load.flush_cache_path=flush"), None, "load.flush_cache_path"),
+    ("infer-sharegpt-needs-tokenizer", _infer("load.dataset.kind=sharegpt", "load.dataset.path={d}/no.json"), None,
+     "load.tokenizer"),
+    ("infer-tokenizer-not-loadable", _infer("load.tokenizer={d}"), None, "load.tokenizer"),
+    ("infer-run-id", _infer("run_id=.."), None, "run_id"),
+    ("infer-slo", _infer("load.slo=ttft"), None, "slo"),
+    ("infer-reference-corrupt-checkpoint", ["launch/infer.py", "server.checkpoint={d}/ckpt"],
+     lambda d: _ckpt(d, "{not json"), "config.json"),
+    ("infer-vllm-missing", ["launch/infer.py", "server=vllm", "model=llama-3.1-8b", "server.executable=no-vllm-here"],
+     None, "not installed"),
+    # analysis
+    ("compare-no-dir", _cli("compare", "{d}/nope"), None, "no such directory"),
+    ("compare-nothing", _cli("compare"), None, "nothing to read"),
+    ("compare-no-records", _cli("compare", "{d}/empty"), lambda d: (d / "empty").mkdir(), "no result records"),
+    ("compare-corrupt-record", _cli("compare", "{d}/in"), lambda d: _records(d, "{truncated"), "r0.json"),
+    ("compare-foreign-schema", _cli("compare", "{d}/in"),
+     lambda d: _records(d, EARLIER | {"schema": "fabricbench.record/9"}), "fabricbench.record/9"),
+    ("compare-bad-filter", _cli("compare", "{d}/in", "--filter", "fabric"), lambda d: _records(d, EARLIER),
+     "--filter"),
+    ("compare-schema-not-a-string", _cli("compare", "{d}/in"), lambda d: _records(d, EARLIER | {"schema": 5}),
+     "r0.json (schema 5"),
+    ("report-external-not-a-number", _cli("report", "{d}/in", "--external", "{d}/nt.json", "--out", "{d}/rep"),
+     lambda d: (_records(d, EARLIER), _nccl_tests(d, bus_bw="fast")), "nt.json"),
+    ("report-external-no-size", _cli("report", "{d}/in", "--external", "{d}/nt.json", "--out", "{d}/rep"),
+     lambda d: (_records(d, EARLIER), _nccl_tests(d, size=None)), "no 'size' field"),
+    ("report-slo-negative", _cli("report", "{d}/in", "--slo-ttft-ms", "-5", "--out", "{d}/rep"),
+     lambda d: _records(d, EARLIER), "--slo-ttft-ms -5"),
+    ("report-out-is-file", _cli("report", "{d}/in", "--out", "{d}/afile"),
+     lambda d: (_records(d, EARLIER), _a_file(d)), "--out"),
+    ("report-out-unwritable", _cli("report", "{d}/in", "--out", "/proc/fabricbench-report"),
+     lambda d: _records(d, EARLIER), "--out"),
+    # emulation and doctor
+    ("emulate-infer-tp-too-small", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server.tp=1"), None,
+     "server.tp=1"),
+    ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=sglang",
+                                         "model=llama-3.1-8b", "server.tp=2"), None, "server=sglang"),
+    ("infer-reference-fp16-on-cpu", ["launch/infer.py", "server.dtype=fp16"], None, "server.dtype=fp16 needs a GPU"),
+    ("infer-reference-dtype", ["launch/infer.py", "server.dtype=fp8"], None, "server.dtype='fp8'"),
+    ("infer-reference-nnodes", ["launch/infer.py", "server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"], None,
+     "server.nnodes=2"),
+    ("emulate-bad-config", _cli("emulate", "launch/train.py", "fabric=emu-100m", "train.micro_batch_size=0"), None,
+     "train.micro_batch_size"),
+    ("emulate-not-emulated", _cli("emulate", "launch/train.py", "fabric=loopback"), None, "emulate"),
+    ("emulate-missing-entry", _cli("emulate", "launch/nope.py", "fabric=emu-100m"), None, "launch/nope.py"),
+    ("doctor-unknown-fabric", _cli("doctor", "fabric=nope"), None, "fabric"),
+    ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
+    ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
+]
+
+
+# Every case runs under an address-space limit (as `ulimit -v`): a bad input must be refused
+# before it allocates, and one that is not fails here with a MemoryError instead of growing
+# until the shared machine's OOM killer picks a process. Python with torch maps ~3.2 GiB.
+AS_LIMIT = 8 * 2**30
+
+
+def _our_processes(tag: str) -> list[int]:
+    """Processes still running whose environment carries this case's tag."""
+    left = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if tag.encode() in d.joinpath("environ").read_bytes().split(b"\0"):
+                left.append(int(d.name))
+        except OSError:
+            continue
+    return left
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case set up in its own folder (with records of an earlier run in its output root,
+    which must survive unchanged), then all run through one fork server."""
+    cases, commands = {}, []
+    for name, argv, setup, _ in CASES:
+        d = tmp_path_factory.mktemp(name)
+        if setup:
+            setup(d)
+        earlier = d / "res" / "before" / "records" / "earlier.json"
+        earlier.parent.mkdir(parents=True)
+        earlier.write_text(json.dumps(EARLIER))
+        args = [a.replace("{d}", str(d)) for a in argv]
+        if args[0].startswith("launch/") and not any(a.startswith("output_root=") for a in args):
+            args.append(f"output_root={d}/res")
+        tag = uuid.uuid4().hex
+        cases[name] = (d, earlier, f"FB_BAD_INPUT_CASE={tag}")
+        commands.append(Command(argv=args, env=child_env(FB_BAD_INPUT_CASE=tag), as_limit=AS_LIMIT))
+    results = run_many(commands)
+    print("slowest cases:", sorted(((r["wall_s"], n) for n, r in zip(cases, results)), reverse=True)[:8])
+    return {name: (*cases[name], r) for name, r in zip(cases, results)}
+
+
+@pytest.mark.parametrize("name,needle", [(c[0], c[3]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(outcomes, name, needle):
+    d, earlier, tag, r = outcomes[name]
+    err = r["err"].strip()
+    assert r["code"] == 2, (r["code"], r["out"][-2000:], err[-3000:])
+    assert "Traceback" not in r["err"] + r["out"], err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert needle in err, err
+    assert not _our_processes(tag), "a process of this case is still running"
+    assert json.loads(earlier.read_text()) == EARLIER
+    # Nothing was written: no record anywhere in the case's folder but the ones it started with.
+    written = {p for p in d.rglob("records/*.json") if (d / "in") not in p.parents}
+    assert written == {earlier}, written
+
+
+def test_emulate_agent_names_the_failed_rank(tmp_path):
+    """An agent under `fabricbench emulate` reports its failed rank in one line (torchrun's
+    failures are keyed by global rank; the failure object itself has no `rank`)."""
+    script = tmp_path / "fails.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-m", "workloads.fabric.emulate", "--agent", "--standalone",
+                        "--nproc_per_node=1", str(script)], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "error: rank 0 exited with code 3; its message is above" in r.stderr
+    assert "AttributeError" not in r.stderr
+
+
+def test_a_copied_run_folder_is_not_more_trials(tmp_path, capsys):
+    """`cp -r results/tr results/tr-backup` (or a .bak of one record) adds no trial: records are
+    identified by content (their record_id, else a digest), not by path, and each copy is named.
+    Both kinds: records written now (with a record_id) and ones written before it existed."""
+    from analysis.cli import main as cli_main
+    from helpers.records import train
+    from workloads.core.records import write_record
+
+    speed = {"ib": [100.0, 104.0, 98.0, 101.0], "roce": [90.0, 97.0, 99.0, 92.0]}
+    for f, vals in speed.items():
+        for i, v in enumerate(vals):
+            rec = train(f, i, samples_per_sec=v)
+            if f == "ib":
+                write_record(tmp_path / "res" / f / "records", rec, f"pretrain-{f}")
+            else:  # an older record: no record_id
+                (tmp_path / "res" / f / "records").mkdir(parents=True, exist_ok=True)
+                (tmp_path / "res" / f / "records" / f"pretrain-{f}-{i:03d}.json").write_text(json.dumps(rec))
+    res = tmp_path / "res"
+    assert cli_main(["compare", str(res), "--baseline", "ib"]) == 0
+    before = capsys.readouterr()
+    assert "copies" not in before.err
+    shutil.copytree(res / "ib", res / "ib-backup")
+    shutil.copytree(res / "roce", res / "roce-backup")
+    first = sorted((res / "roce" / "records").glob("*.json"))[0]
+    shutil.copy(first, first.with_name(first.stem + ".bak.json"))
+    assert cli_main(["compare", str(res), "--baseline", "ib"]) == 0
+    after = capsys.readouterr()
+    assert after.out == before.out  # same n, same interval, same verdict
+    assert "warning: 9 record file(s) repeat a record already read and are not counted again" in after.err, after.err
+    assert ".bak.json" in after.err and "(the same record as " in after.err
+
+
+def test_a_deliberate_unknown_fabric_variable_is_exported():
+    """fabric.env_unchecked names a variable newer than the known list: exported as given."""
+    from workloads.fabric.profile import FabricProfile
+
+    cfg = {"name": "x", "backend": "gloo", "env": {"NCCL_IB_HCAS": "mlx5", "NCCL_GONE": None}}
+    with pytest.raises(UsageError, match=r"did you mean NCCL_IB_HCA\?"):
+        FabricProfile.from_config(cfg)
+    env = FabricProfile.from_config(cfg | {"env_unchecked": ["NCCL_IB_HCAS"]}).apply(None, {})
+    assert env == {"NCCL_IB_HCAS": "mlx5"}  # and an unset (null) name needs no marking
+
+
+def test_a_run_both_on_disk_and_in_wandb_is_one_trial(tmp_path, capsys):
+    """The same records read from their folder and from W&B (where the logger sent them) are
+    counted once: the record_id travels with the W&B run's config."""
+    from analysis.load import load_table
+    from helpers.records import synthetic
+    from helpers.wandb_fake import FakeApi, FakeRun
+    from workloads.core.records import write_record
+
+    recs = synthetic(1.25, 0.02, 3, 5)
+    for r in recs:
+        write_record(tmp_path / r["fabric"]["name"], r, "rec")  # stamps r["record_id"], as the workloads do
+    api = FakeApi([FakeRun(f"r{i}", r) for i, r in enumerate(recs)])
+    table = load_table([str(tmp_path)], "team/fabricbench", api=api)
+    assert len(table) == len(recs) == 6
+    assert f"warning: {len(recs)} record file(s) repeat a record already read" in capsys.readouterr().err
+
+
+def test_a_peer_rank_gone_is_one_line_not_a_traceback():
+    """What Gloo raises in a surviving rank when another left mid-collective (seen after a full
+    disk ended rank 0 with its own error line) is told apart from a bug, whose traceback stays."""
+    from workloads.core.launcher import _peer_lost
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:20903: Connection reset by peer. "
+                        "This is typically caused by a remote worker hanging")
+    assert _peer_lost(gloo) == "Connection reset by peer"
+    assert _peer_lost(RuntimeError("CUDA out of memory")) is None and _peer_lost(ValueError("Broken pipe")) is None

@@ -1,0 +1,231 @@
+"""Emulated fabrics: namespaces + veth + tc shaping, one torchrun agent per namespace.
+
+The root tests build real namespaces and shape real veths with tbf, then run the real
+training and collectives entry points across them. Afterwards no namespace of ours may
+remain (deleting a namespace deletes its veths and their qdiscs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, child_env, need, records_in
+from workloads.core.errors import UsageError
+from workloads.fabric.emulate import (
+    EmuSpec,
+    Topology,
+    agent_argv,
+    leftovers,
+    rate_bits_per_s,
+)
+
+EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
+# Tiny steps so the 100 Mbit/s link, not the CPU, decides the step time: neox-tiny's
+# gradients are ~0.9 MB of fp32, ~75 ms per all-reduce at 100 Mbit/s.
+TRAIN = ["train.micro_batch_size=1", "train.seq_length=32", "train.steps=8", "train.warmup_steps=2"]
+TRIALS = 4  # the fewest with which a rank test can call a difference significant (p >= 2/C(8,4))
+
+
+LISTEN = """import socket, sys
+s = socket.create_server((sys.argv[1], 7777)); print("listening", flush=True)
+c, _ = s.accept(); c.sendall(b"hello"); c.close()"""
+CONNECT = """import socket, sys
+print(socket.create_connection((sys.argv[1], 7777), timeout=10).recv(5).decode())"""
+
+
+def our_namespaces(tag: str) -> list[str]:
+    return [n for n in leftovers() if n.startswith(f"fb-{tag}-")]
+
+
+# --- pure parts ------------------------------------------------------------------------
+
+def test_rate_units_are_tc_units():
+    assert rate_bits_per_s("100mbit") == 1e8
+    assert rate_bits_per_s("1gbit") == 1e9
+    assert rate_bits_per_s("2.5Gbit") == 2.5e9
+    assert rate_bits_per_s("10mbps") == 8e7          # tc: mbps is megabytes per second
+    with pytest.raises(UsageError, match="not a tc rate"):
+        rate_bits_per_s("100 Mb/s")
+
+
+def test_spec_from_profile_block_and_its_errors():
+    s = EmuSpec.from_config({"nodes": 2, "rate": "100mbit", "qdisc": "tbf", "burst": None, "latency": None})
+    assert (s.nodes, s.rate, s.qdisc) == (2, "100mbit", "tbf")
+    assert s.burst_bytes() == 128 * 1024            # 4 ms at 100 Mbit/s is only 50 kB
+    assert EmuSpec.from_config({"rate": "10gbit"}).burst_bytes() == 5_000_000
+    assert EmuSpec.from_config({"rate": "100mbit"}, rate="none").rate is None
+    for block, msg in [({"nodes": 1}, "2 to 64"), ({"qdisc": "netem"}, "tbf or htb"),
+                       ({"latency": "fast"}, "500us"), ({"colour": 1}, "unknown keys"), ({"burst": 10}, "one packet")]:
+        with pytest.raises(UsageError, match=msg):
+            EmuSpec.from_config(block)
+
+
+def test_agents_use_static_rendezvous_on_node0_veth():
+    spec = EmuSpec(nodes=3, rate="1gbit")
+    argv = agent_argv("py", spec, 2, 4, "launch/train.py", ["fabric=emu-1g", "a=b c"])
+    assert argv[:4] == ["py", "-m", "workloads.fabric.emulate", "--agent"]
+    assert "--nnodes=3" in argv and "--node_rank=2" in argv and "--nproc_per_node=4" in argv
+    assert "--master_addr=10.77.0.1" in argv and "--local_addr=10.77.0.3" in argv
+    assert argv[-3:] == ["launch/train.py", "fabric=emu-1g", "a=b c"]  # one word each, never a shell
+
+
+def test_bad_input_is_one_message():
+    env = child_env()
+    p = subprocess.run(EMULATE + ["launch/train.py", "fabric=loopback"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "fabric=loopback has no emulate: block" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = subprocess.run(EMULATE + ["--rate", "fast", "launch/train.py", "fabric=emu-100m"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "not a tc rate" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run(EMULATE + ["launch/train.py", "-m", "fabric=emu-100m,emu-1g"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "2 different emulated fabrics" in p.stderr, p.stderr
+    # The same command through the `fabricbench` registry.
+    p = subprocess.run([sys.executable, "-m", "workloads.core.cli", "emulate", "--nodes", "1", "launch/train.py",
+                        "fabric=emu-100m"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "emulate.nodes=1; use 2 to 64" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_non_root_is_told_so(monkeypatch):
+    import workloads.fabric.emulate as emu
+
+    monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
+    with pytest.raises(UsageError, match="need root"):
+        emu.require_root()
+
+
+# --- real namespaces -------------------------------------------------------------------
+
+@pytest.mark.requires("root")
+def test_topology_shapes_and_is_removed(tmp_path):
+    """Two nodes direct, three through a bridge: addresses reachable, tbf on every egress,
+    and nothing left afterwards, also when building fails half-way."""
+    for nodes in (2, 3):
+        tag = f"{os.getpid()}t{nodes}"
+        with Topology(EmuSpec(nodes=nodes, rate="100mbit"), tag=tag) as topo:
+            assert len(our_namespaces(tag)) == nodes + (nodes > 2)
+            q = subprocess.run(["tc", "-n", topo.nodes[0], "qdisc", "show", "dev", "emu0"], capture_output=True,
+                               text=True, check=True).stdout
+            assert "tbf" in q and "rate 100Mbit" in q
+            # A TCP connection from the first node to the last one's veth address.
+            server = subprocess.Popen(["ip", "netns", "exec", topo.nodes[-1], sys.executable, "-c", LISTEN,
+                                       topo.spec.addr(nodes - 1)], stdout=subprocess.PIPE, text=True)
+            try:
+                assert server.stdout.readline().strip() == "listening"
+                p = subprocess.run(["ip", "netns", "exec", topo.nodes[0], sys.executable, "-c", CONNECT,
+                                    topo.spec.addr(nodes - 1)], capture_output=True, text=True, timeout=30)
+                assert p.returncode == 0 and p.stdout.strip() == "hello", p.stdout + p.stderr
+            finally:
+                server.kill()
+                server.wait()
+        assert our_namespaces(tag) == []
+    tag = f"{os.getpid()}bad"
+    with pytest.raises(RuntimeError, match="failed"):
+        with Topology(EmuSpec(nodes=2, rate="100mbit"), tag=tag) as topo:
+            topo._shape(topo.nodes[0], "no-such-dev")
+    assert our_namespaces(tag) == []
+
+
+@pytest.mark.requires("root")
+@pytest.mark.slow
+def test_sigterm_removes_namespaces(tmp_path):
+    p = subprocess.Popen(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}"], cwd=REPO,
+                         env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tag = str(p.pid)
+    deadline = time.monotonic() + 60
+    while len(our_namespaces(tag)) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    assert len(our_namespaces(tag)) == 2, p.stderr.read() if p.poll() is not None else "namespaces never appeared"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "namespaces removed" in err
+    assert "Traceback" not in err, err[-3000:]  # the agents stop quietly; the emulator says it once
+    assert our_namespaces(tag) == []
+
+
+@pytest.mark.requires("root")
+@pytest.mark.slow
+def test_ctrl_c_of_an_emulated_run_is_one_line(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground group: emulator, agents and ranks.
+    Each agent's torchrun then raised SignalException with its traceback (80 lines)."""
+    p = subprocess.Popen(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                    "train.steps=400"], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not list(tmp_path.rglob("*.inflight")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.2)  # the point is being measured once its in-flight copy exists
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=90)
+    assert p.returncode == 130 and "namespaces removed" in err, err[-3000:]
+    assert "Traceback" not in err + out, err[-3000:]
+    assert our_namespaces(str(p.pid)) == []
+    # the point being measured is kept as an interrupted (failed) record
+    assert [(r["status"], r["error"]) for r in records_in(tmp_path)] == [("failed", "interrupted (Ctrl-C or SIGTERM)")]
+
+
+@pytest.fixture(scope="module")
+def emu_training(tmp_path_factory):
+    """The same training on an unshaped veth pair and on emu-100m (sequential: 2 cores),
+    four trials each in one multirun per topology."""
+    need("root")
+    out = tmp_path_factory.mktemp("emu") / "results"
+    runs = {}
+    for label, extra in [("veth", ["--rate", "none"]), ("100m", [])]:
+        p = subprocess.run(EMULATE + extra + ["launch/train.py", "-m", f"trial={','.join(map(str, range(TRIALS)))}",
+                                              "fabric=emu-100m", f"output_root={out}", *TRAIN],
+                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=400)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        runs[label] = p
+    return out, runs
+
+
+@pytest.mark.requires("root")
+@pytest.mark.slow
+def test_training_is_slower_on_100mbit_than_unshaped(emu_training):
+    out, _ = emu_training
+    every = records_in(out)
+    assert sorted(r["fabric"]["name"] for r in every) == ["emu-100m"] * TRIALS + ["emu-veth"] * TRIALS
+    recs = {r["fabric"]["name"]: r for r in every}
+    for r in every:
+        assert r["status"] == "ok" and r["world"]["nodes"] == 2 and r["world"]["world_size"] == 2
+        assert r["fabric"]["env"]["GLOO_SOCKET_IFNAME"] == "emu0"
+    assert recs["emu-100m"]["config"]["fabric"]["emulate"]["rate"] == "100mbit"
+    assert recs["emu-veth"]["config"]["fabric"]["emulate"]["rate"] is None
+    sps = {k: r["metrics"]["samples_per_sec"] for k, r in recs.items()}
+    # ~0.9 MB of gradients per step cross the link: >= 70 ms at 100 Mbit/s, a few ms unshaped.
+    assert sps["emu-100m"] < 0.8 * sps["emu-veth"], sps
+
+    # The comparison a user would run calls it significant, with its interval.
+    cmp = subprocess.run([sys.executable, "-m", "workloads.core.cli", "compare", str(out), "--baseline", "emu-veth"],
+                         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr
+    assert "emu-veth is faster than emu-100m by" in cmp.stdout and f"n={TRIALS} vs {TRIALS}" in cmp.stdout, cmp.stdout
+    # one label's trials after the other's: no design recorded, so the exact rank test, and it says so
+    assert "exact rank test, run order not recorded, Holm over 1 primary test)" in cmp.stdout, cmp.stdout
+
+
+@pytest.mark.requires("root")
+@pytest.mark.slow
+def test_all_reduce_busbw_matches_100mbit_link(tmp_path):
+    """2 ranks: busbw = algbw x 2(n-1)/n = S/t, and each rank sends S bytes per all_reduce,
+    so busbw is the link's payload rate: 100e6/8 B/s x (1448 payload / 1514 frame bytes)
+    = 0.01195 GB/s. tbf counts whole frames."""
+    # -m as a user sweeps trials: the entry's own workload= goes beside the overrides, not before -m
+    p = subprocess.run(EMULATE + ["launch/collectives.py", "-m", "trial=0,1", "fabric=emu-100m",
+                                  f"output_root={tmp_path}", "collectives.ops=[all_reduce]", "collectives.minbytes=4M",
+                                  "collectives.maxbytes=4M", "collectives.iters=5", "collectives.warmup_iters=2"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    recs = records_in(tmp_path)
+    assert sorted(r["config"]["trial"] for r in recs) == [0, 1]
+    link = 100e6 / 8 * 1448 / 1514 / 1e9
+    for rec in recs:
+        busbw = rec["metrics"]["avg_busbw(GB/s)"]
+        assert abs(busbw - link) <= 0.15 * link, (busbw, link, p.stdout[-2000:])

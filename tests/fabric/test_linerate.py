@@ -1,0 +1,124 @@
+"""Line rate (workloads/fabric/linerate.py): sysfs fixtures, the emulated link's payload
+ceiling, NCCL's algorithm lines (formats from NCCL's src/enqueue.cc), and the flag for a
+busbw above the line rate across nodes."""
+
+
+
+import pytest
+
+from helpers import FIXTURES
+from helpers.profiles import NCCL_LOGS
+from workloads.fabric import linerate
+
+FIX = FIXTURES
+SYSFS = FIX / "sysfs"
+LOGS = FIX / "nccl_logs"
+
+
+def test_emulated_100mbit_payload_rate_is_pinned():
+    node = linerate.node_line_rate(["net:emu0"], {"rate": "100mbit", "qdisc": "tbf", "mtu": 1500})
+    assert node["bits_per_s"] == 1e8
+    job = linerate.job_line_rate([node, node], ranks_per_node=1)
+    assert job["per_rank(GB/s)"] == pytest.approx(0.0125)
+    # tbf counts 1514-byte frames, 1448 of them TCP payload: 12.5 MB/s x 1448/1514
+    assert job["payload_per_rank(GB/s)"] == pytest.approx(0.0119551, abs=1e-7)  # README's 0.01195 GB/s
+    assert linerate.tcp_payload_fraction(9000) == pytest.approx(8948 / 9014)
+    unshaped = linerate.node_line_rate(["net:emu0"], {"rate": None, "mtu": 1500})
+    assert unshaped["bits_per_s"] is None and linerate.job_line_rate([unshaped], 1)["per_rank(GB/s)"] is None
+
+
+def test_sysfs_rates_of_rdma_ports_and_interfaces():
+    assert linerate.parse_ib_rate("200 Gb/sec (4X HDR)") == 2e11
+    assert linerate.parse_ib_rate("2.5 Gb/sec (1X SDR)") == 2.5e9
+    assert linerate.parse_ib_rate("garbage") is None and linerate.parse_ib_rate(None) is None
+    roce = linerate.node_line_rate(["rdma:mlx5_0:1", "rdma:mlx5_1:1"], None, SYSFS / "roce_host")
+    assert roce["rails"] == {"rdma:mlx5_0:1": 1e11, "rdma:mlx5_1:1": 1e11} and roce["bits_per_s"] == 2e11
+    # 8 ranks per node share the node's two 100 Gb/s ports: 25 GB/s / 8 per rank
+    job = linerate.job_line_rate([roce, roce], ranks_per_node=8)
+    assert job["per_node(GB/s)"] == 25.0 and job["per_rank(GB/s)"] == 3.125
+    eth = linerate.node_line_rate(["net:eth0", "net:lo"], None, SYSFS / "nordma_host")
+    assert eth["rails"] == {"net:eth0": 1e10, "net:lo": None} and eth["unknown_rails"] == ["net:lo"]
+    # The slowest node bounds the job; a node of unknown rate makes the job's rate unknown.
+    ib = linerate.node_line_rate(["rdma:mlx5_1:1"], None, SYSFS / "ib_host")  # 10 Gb/sec (4X SDR)
+    assert linerate.job_line_rate([roce, ib], 1)["per_node(GB/s)"] == 1.25
+    assert linerate.job_line_rate([roce, {"bits_per_s": None}], 1)["per_rank(GB/s)"] is None
+    assert linerate.pct(0.0118, 0.0125) == pytest.approx(94.4) and linerate.pct(1.0, None) is None
+    assert linerate.describe(job) == ("line rate 3.125 GB/s per rank = 25 GB/s per node (rdma:mlx5_0:1, "
+                                      "rdma:mlx5_1:1; sysfs) / 8 rank(s) per node")
+    lo = linerate.job_line_rate([linerate.node_line_rate(["net:lo"], None, SYSFS / "nordma_host")], 2)
+    assert linerate.describe(lo) == "line rate unknown (no rate for net:lo in sysfs or the emulate block): % of line rate is n/a"
+
+
+def test_algorithm_lines_both_formats():
+    new = linerate.algorithms_in(LOGS / "nccl_tuning_nvls")
+    assert new[0] == {"func": "AllReduce", "bytes": 1048576, "algo": "RING", "proto": "LL128"}
+    assert {(a["func"], a["bytes"], a["algo"]) for a in new} == {
+        ("AllReduce", 1048576, "RING"), ("AllReduce", 268435456, "NVLS"), ("AllGather", 16777216, "RING")}
+    old = linerate.algorithms_in(LOGS / "nccl_tuning_old")
+    assert old == [{"func": None, "bytes": 1048576, "algo": "RING", "proto": "LL128"},
+                   {"func": None, "bytes": 268435456, "algo": "TREE", "proto": "SIMPLE"}]
+    assert linerate.algorithms_in(LOGS / "no_such_dir") == []
+    # the channel lines of an ordinary log are not tuning lines
+    assert linerate.algorithms_in(LOGS / "nccl_roce") == []
+    # AllGather logs the per-rank count: a 16-rank row of 256 MiB is 16 MiB per rank
+    assert linerate.algorithms_for("all_gather", 268435456, 16, new) == ["RING"]
+
+
+def _row(op, size, busbw, n=16):
+    cell = {"time_us": 1.0, "algbw": busbw, "busbw": busbw, "wrong": 0}
+    return {"op": op, "size": size, "group_size": n, "out_of_place": None, "in_place": cell}
+
+
+def test_busbw_above_line_rate_names_nvls_and_the_ring_remedy():
+    algos = linerate.algorithms_in(LOGS / "nccl_tuning_nvls")
+    rows = [_row("all_reduce", 1048576, 20.0), _row("all_reduce", 268435456, 60.0)]
+    (flag,) = linerate.above_line_rate(rows, per_rank=50.0, nodes=2, algos=algos)
+    assert flag["sizes"] == [268435456] and flag["algorithms"] == ["NVLS"]
+    assert "NVLink switch" in flag["cause"] and "NCCL_ALGO=Ring" in flag["message"] and "120%" in flag["message"]
+    # Tree from the older format, which names no collective
+    (old,) = linerate.above_line_rate(rows, 50.0, 2, linerate.algorithms_in(LOGS / "nccl_tuning_old"))
+    assert old["algorithms"] == ["TREE"] and "Tree" in old["cause"]
+    # no tuning lines: say what to turn on
+    (none,) = linerate.above_line_rate(rows, 50.0, 2, [])
+    assert "NCCL_DEBUG_SUBSYS" in none["cause"] and none["algorithms"] == []
+    # one node (traffic never crosses the NICs), under the rate, or rate unknown: nothing flagged
+    assert linerate.above_line_rate(rows, 50.0, 1, algos) == []
+    assert linerate.above_line_rate(rows, 100.0, 2, algos) == []
+    assert linerate.above_line_rate(rows, None, 2, algos) == []
+
+
+def test_line_rate_counts_only_the_ports_the_channels_used():
+    from helpers.profiles import evidence, profile
+    from workloads.fabric import linerate, nccl_log, nic, verify
+
+    s = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "nccl_2.30_idle_ports"))
+    assert [d["name"] for d in s["devices_listed"]] == ["mlx5_0", "mlx5_1", "mlx5_4"]
+    assert [d["name"] for d in s["devices"]] == ["mlx5_0"]
+    transport = verify.decide(profile("ib"), evidence("nccl_2.30_idle_ports"), environ={})
+    assert transport["verdict"] == "ok"
+    rails = nic.rails_for(profile("ib"), {}, transport)
+    assert rails == ["rdma:mlx5_0:1"]
+    # the per-rank bound busbw is compared with: one 200 Gb/s port, not three ports' worth
+    rate = linerate.node_line_rate(rails, root=FIXTURES / "sysfs" / "ib_host")
+    assert rate["bits_per_s"] == 200e9 and rate["unknown_rails"] == []
+    assert linerate.job_line_rate([rate, rate], 1)["per_rank(GB/s)"] == 25.0
+
+
+def test_a_channel_on_a_merged_virtual_nic_keeps_every_listed_port():
+    """A virtual NIC (NCCL_IB_MERGE_NICS) is numbered after the listed ports: its index names
+    no listed device, so nothing is dropped on a guess."""
+    from workloads.fabric import nccl_log
+
+    lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB; OOB ib0:10.0.0.1<0>\n"
+                             "h:1:2 [0] NCCL INFO Using network IB\n"
+                             "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/2/GDRDMA\n")
+    assert lg.net_devs_used == [2] and [d["name"] for d in lg.used_devices] == ["mlx5_0", "mlx5_1"]
+
+
+def test_ceiling_across_nodes_is_the_line_rate_of_the_rails_used():
+    from workloads.fabric.ceiling import all_reduce_ceiling
+
+    rec = {"world": {"world_size": 4, "nodes": 2}, "line_rate": {"per_rank(GB/s)": 0.0125},
+           "fabric": {"transport": {"summary": {"backend": "gloo"}}}}
+    c = all_reduce_ceiling(rec)
+    assert c.line_gbps == 0.0125 and "rails the channels used" in c.source

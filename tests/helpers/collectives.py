@@ -1,0 +1,14 @@
+"""Collectives settings composed from the real conf/ as the entry point composes them."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from helpers import REPO
+from workloads.collectives.settings import Settings
+from workloads.core.launcher import compose
+
+
+def settings(*overrides, world=2):
+    cfg = compose(str(REPO / "conf"), ["workload=collectives", *overrides])
+    return Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)

@@ -1,0 +1,75 @@
+"""A small real results folder with every workload and a refused pair, for the report tests
+and the README's screenshot: `python -m tests.report_demo OUT_DIR`.
+
+Two fabric labels that both run Gloo over loopback (`loopback`, and the same profile renamed
+`loopback-b`): training at micro-batch 1 and 2 and collectives, two trials each; inference
+against the scripted SSE server (the GPU-only engines cannot run here; the scripted server is
+the test double at that boundary) with a slower first token for `loopback-b`, so the TTFT
+charts have two curves apart; and one near miss: each arm also ran micro-batch 2 at a sequence
+length the other did not (48 vs 64), which the guard refuses. The launches run two at a time: the machine is
+shared.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO, child_env
+
+FABRICS = {"loopback": [], "loopback-b": ["fabric.name=loopback-b"]}
+TRAIN = ["-m", "train.micro_batch_size=1,2", "trial=0,1", "train.steps=5", "train.warmup_steps=1", "train.seq_length=32"]
+COLL = ["collectives.ops=[all_reduce]", "collectives.minbytes=1024", "collectives.maxbytes=1048576",
+        "collectives.stepfactor=4", "collectives.iters=4", "collectives.warmup_iters=1", "launcher.nproc_per_node=2"]
+INFER = ["server=external", "load.slo=ttft:12", "load.points=[1,4,16]", "load.num_requests=24", "load.warmup_requests=2",
+         "load.dataset.input_len=16", "load.dataset.output_len=6"]
+NEAR_MISS = ["train.micro_batch_size=2", "train.steps=5", "train.warmup_steps=1"]
+
+
+def _torchrun(script: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(REPO / "launch" / script), *args]
+
+
+def _run_pairs(cmds: list[list[str]], timeout: float) -> None:
+    for i in range(0, len(cmds), 2):
+        procs = [subprocess.Popen(c, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for c in cmds[i:i + 2]]
+        for c, p in zip(cmds[i:i + 2], procs):
+            out, _ = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(c[-4:])} failed ({p.returncode}): {out[-2000:]}")
+
+
+def _done(res: Path, cmd: list[str]) -> bool:
+    """A run directory that holds records already (a rerun after one launch failed)."""
+    run_id = next(a.split("=", 1)[1] for a in cmd if a.startswith("run_id="))
+    return any((res / run_id / "records").glob("*.json"))
+
+
+def build(root: Path, timeout: float = 600) -> Path:
+    """Write the records under root/results and return that folder."""
+    from workloads.testing.scripted_server import Running
+
+    res = root / "results"
+    cmds = []
+    for fab, extra in FABRICS.items():
+        cmds.append(_torchrun("train.py", [*TRAIN, *extra, f"output_root={res}", f"run_id=train-{fab}"]))
+    for fab, extra in FABRICS.items():
+        cmds += [[sys.executable, str(REPO / "launch" / "collectives.py"), *COLL, *extra, f"trial={t}", f"output_root={res}",
+                  f"run_id=coll-{fab}-t{t}"] for t in (0, 1)]
+    # the near miss: each arm ran mb=2 once more, at a sequence length the other did not run
+    cmds.append(_torchrun("train.py", [*NEAR_MISS, "train.seq_length=48", *FABRICS["loopback-b"], f"output_root={res}",
+                                       "run_id=train-seq48"]))
+    cmds.append(_torchrun("train.py", [*NEAR_MISS, "train.seq_length=64", f"output_root={res}", "run_id=train-seq64"]))
+    _run_pairs([c for c in cmds if not _done(res, c)], timeout)
+    for (fab, extra), ttft in zip(FABRICS.items(), (4.0, 9.0)):
+        with Running(ttft_ms=ttft, itl_ms=2.0) as url:
+            _run_pairs([c for c in [[sys.executable, str(REPO / "launch" / "infer.py"), *INFER, *extra, f"server.url={url}",
+                         f"output_root={res}", f"run_id=infer-{fab}"]] if not _done(res, c)], timeout)
+    return res
+
+
+if __name__ == "__main__":
+    print(build(Path(sys.argv[1])))

@@ -1,0 +1,255 @@
+"""launch/gpu_check.py without a GPU: the table it prints, the exit code on a mismatch, what
+each step's records must say, and that every step's command line composes with the real
+configs. The steps themselves need CUDA GPUs (the README says they have not run on one)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "launch"))
+
+import gpu_check  # noqa: E402
+
+H100 = "NVIDIA H100 80GB HBM3"
+SHAPE = {"name": "neox-125m", "num_layers": 12, "hidden_size": 768, "padded_vocab": 50304}
+
+
+def train_record(dtype="float32", verdict="ok", mfu=0.35, world=8, gpu=H100, reported_world=None):
+    """A DDP/ZeRO-1 record of neox-125m at micro-batch 4 whose step times give `mfu` on
+    `gpu`; its reported metrics are computed as the run computes them, over
+    `reported_world` ranks (to play a run that divides by the wrong world size)."""
+    from workloads.training.metrics import flops_per_iteration, peak_tflops_for
+
+    batch = {"global_batch_size": 4 * world, "seq_length": 2048, "micro_batch_size": 4, "grad_accum_steps": 1}
+    flops = flops_per_iteration(global_batch=4 * world, seq_length=2048, num_layers=12, hidden_size=768,
+                                padded_vocab=50304, checkpoint_activations=False)
+    peak = peak_tflops_for(gpu, None, "bf16")
+    it = flops / (world * (mfu or 0.35) * (peak or 989.0) * 1e12)
+    tflops = flops / (it * (reported_world or world)) / 1e12
+    return {"status": "ok", "world": {"world_size": world, "nodes": 1, "local_world_size": world},
+            "comm": {"dtype": dtype}, "model": SHAPE, "batch": batch, "fingerprint": {"gpu": gpu},
+            "config": {"train": {"precision": "bf16", "activation_checkpointing": False}, "metrics": {}},
+            "samples": {"step_time_s": [3 * it, 2 * it] + [it] * 6, "warmup_steps": 2},
+            "metrics": {"mfu": None if peak is None else tflops / peak, "mfu_peak(TFLOPS)": peak,
+                        "tflops_per_gpu": tflops},
+            "fabric": {"transport": {"verdict": verdict, "message": None if verdict == "ok" else "x"}}}
+
+
+def coll_record(ours=300.0, theirs=330.0, wrong=0, ext_status="ok", gpu=H100, graph=("NVL",)):
+    size = 268435456
+    cell = lambda bw: {"time_us": 1.0, "algbw": bw, "busbw": bw, "wrong": 0}  # noqa: E731
+    return {"status": "ok", "metrics": {"wrong_elements": wrong, "avg_busbw(GB/s)": 120.0},
+            "world": {"world_size": 8, "nodes": 1, "local_world_size": 8}, "fingerprint": {"gpu": gpu},
+            "fabric": {"transport": {"verdict": "ok", "summary": {"graph_types": list(graph)}}},
+            "rows": [{"op": "all_reduce", "size": size, "in_place": cell(ours), "out_of_place": None}],
+            "external": {"status": ext_status, "rows": [{"size": size, "in_place": cell(theirs), "out_of_place": cell(theirs)}]}}
+
+
+def serve_record(point="c1", failed=0):
+    return {"status": "ok", "point": point, "metrics": {"completed": 32 - failed, "failed": failed,
+                                                       "output_throughput": 900.0},
+            "fabric": {"transport": {"verdict": "ok"}}}
+
+
+def all_rows(**over):
+    return (gpu_check.train_rows("train/ddp", "ddp", over.get("ddp", train_record()))
+            + gpu_check.train_rows("train/zero1", "zero1", over.get("zero1", train_record("bfloat16")))
+            + gpu_check.collectives_rows(over.get("coll", coll_record()))
+            + gpu_check.serve_rows("serve/tp2", over.get("serve", [serve_record("c1"), serve_record("c8")])))
+
+
+def test_a_healthy_machine_is_all_ok_and_exits_0():
+    rows = all_rows()
+    assert [r.status for r in rows].count("MISMATCH") == 0 and gpu_check.exit_code(rows) == 0
+    table = gpu_check.render(rows, "8 x NVIDIA H100 80GB HBM3")
+    assert table.splitlines()[0] == "# gpu-check on 8 x NVIDIA H100 80GB HBM3"
+    assert table.splitlines()[-1] == f"# {len(rows)} of {len(rows)} checks ok"
+    ext = next(r for r in rows if r.check == "collectives vs all_reduce_perf")
+    assert ext.result == "300.00 vs 330.00 GB/s at 268435456 B (0.91x)" and ext.status == "ok"
+    ceiling = next(r for r in rows if r.check == "collectives busbw vs ceiling")
+    assert ceiling.result == "300.0 GB/s at 268435456 B = 67% of line" and ceiling.expected.startswith("180-540 GB/s")
+    mfu = next(r for r in rows if r.check == "train/ddp MFU")
+    assert mfu.result == "35.0% of 989 TFLOPS" and mfu.expected == "10%-60%" and "MegaScale" in mfu.source
+    # every band's source is a numbered note under the table
+    assert "180-540 GB/s [3]" in table and "# [3] NVIDIA H100 80GB HBM3: 450 GB/s NVLink line rate" in table
+
+
+@pytest.mark.parametrize("over, check", [
+    ({"ddp": train_record("bfloat16")}, "train/ddp gradient dtype"),
+    ({"zero1": train_record("float32")}, "train/zero1 gradient dtype"),
+    ({"ddp": train_record(verdict="mismatch")}, "train/ddp transport"),
+    ({"coll": coll_record(ours=200.0)}, "collectives vs all_reduce_perf"),
+    # the review's "all ok with wrong numbers": each of these printed ok when "> 0" was the test
+    ({"ddp": train_record(mfu=0.9)}, "train/ddp MFU"),                     # a missing synchronize
+    ({"zero1": train_record("bfloat16", mfu=0.04)}, "train/zero1 MFU"),     # far below the floor
+    # divided by the wrong world size: TFLOPS/GPU and the MFU made from it
+    ({"ddp": train_record(reported_world=1)}, ["train/ddp MFU", "train/ddp TFLOPS/GPU"]),
+    ({"coll": coll_record(ours=900.0, theirs=900.0)}, "collectives busbw vs ceiling"),  # above NVLink
+    ({"coll": coll_record(ours=60.0, theirs=60.0)}, "collectives busbw vs ceiling"),    # NVLink box at PCIe speed
+    ({"coll": coll_record(wrong=3)}, "collectives wrong elements"),
+    ({"serve": [serve_record("c1", failed=2)]}, "serve/tp2 point c1"),
+    ({"zero1": None}, "train/zero1"),
+])
+def test_any_mismatch_exits_1_and_names_its_row(over, check):
+    rows = all_rows(**over)
+    bad = [r.check for r in rows if r.status == "MISMATCH"]
+    want = check if isinstance(check, list) else [check]
+    assert bad == want and gpu_check.exit_code(rows) == 1
+    assert f"{len(want)} MISMATCH" in gpu_check.render(rows, "m").splitlines()[-1]
+
+
+def test_what_is_not_a_mismatch():
+    # no all_reduce_perf on PATH, an unknown GPU (no MFU), one GPU (no gradient collective), a
+    # GPU whose NVLink rate is not on file
+    rows = all_rows(coll=coll_record(ext_status="skipped", gpu="NVIDIA L40S", graph=("PXB",)),
+                    ddp=train_record(mfu=None, dtype=None, world=1, gpu="NVIDIA L40S"))
+    assert gpu_check.exit_code(rows) == 0, gpu_check.render(rows, "m")
+    na = {r.check: r for r in rows if r.status == "n/a"}
+    assert {"collectives vs all_reduce_perf", "train/ddp MFU", "train/ddp gradient dtype",
+            "collectives busbw vs ceiling"} <= set(na)
+    assert "gave no PCI link rate" in na["collectives busbw vs ceiling"].source
+    # TFLOPS/GPU is still checked on a GPU without a peak: it needs none
+    assert next(r for r in rows if r.check == "train/ddp TFLOPS/GPU").status == "ok"
+
+
+def test_pcie_box_is_held_to_its_links_wire_rate():
+    """NCCL rates a gen4 x16 link 24 GB/s (topo.cc: 16 x 120 / 80); the wire carries 31.5."""
+    def pcie(busbw):
+        rec = coll_record(ours=busbw, theirs=busbw, gpu="NVIDIA L40S", graph=("PXB",))
+        rec["fabric"]["transport"]["summary"]["gpu_pci(GB/s)"] = 24.0
+        return next(r for r in gpu_check.collectives_rows(rec) if r.check == "collectives busbw vs ceiling")
+
+    ok, too_fast = pcie(20.0), pcie(40.0)
+    assert ok.status == "ok" and ok.expected == "<= 31.5 GB/s, no floor" and ok.source.startswith("PCIe: NCCL rates")
+    assert too_fast.status == "MISMATCH"
+
+
+def test_ceiling_by_class_cites_its_source():
+    from workloads.fabric.ceiling import all_reduce_ceiling, nvlink_rate
+
+    assert nvlink_rate("NVIDIA A100-SXM4-80GB") == 300.0 and nvlink_rate("NVIDIA B200") == 900.0
+    assert nvlink_rate("NVIDIA H100 NVL") is None and nvlink_rate("NVIDIA H100 PCIe") is None
+    c = all_reduce_ceiling(coll_record(gpu="NVIDIA H200"))
+    assert (c.low_gbps, c.high_gbps) == (180.0, 540.0) and "nccl-tests#212" in c.source
+    # across nodes: the per-rank line rate of the rails used (record.line_rate)
+    two = coll_record() | {"world": {"world_size": 16, "nodes": 2}, "line_rate": {"per_rank(GB/s)": 50.0}}
+    c = all_reduce_ceiling(two)
+    assert (c.low_gbps, c.high_gbps) == (20.0, 60.0) and c.judge(45.0) and not c.judge(70.0)
+
+
+def test_every_step_composes_with_the_real_configs(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from workloads.core import rundir
+
+    rundir.register_resolvers()
+    names = {"launch/train.py": "config", "launch/collectives.py": "config", "launch/infer.py": "infer"}
+    for name, argv, limit in gpu_check.steps(2, "intranode", tmp_path):
+        overrides = [a for a in argv[1:]]
+        if argv[0] == "launch/collectives.py":
+            overrides.append("workload=collectives")
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose(config_name=names[argv[0]], overrides=overrides)
+        assert cfg.fabric.name == "intranode" and cfg.fabric.backend == "nccl", name
+        assert limit <= 180
+    assert sum(limit for _, _, limit in gpu_check.steps(8, "intranode", tmp_path)) < 600  # the 10-minute budget
+
+
+def test_without_a_gpu_it_says_so_in_one_line():
+    r = subprocess.run([sys.executable, str(REPO / "launch" / "gpu_check.py")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("gpu-check: no GPU here") and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("driver, says", [
+    ("570.124.06", "the NVIDIA driver is 570.124.06, older than the R580 that this torch's CUDA 13.2 needs"),
+    (None, "no GPU here"),
+])
+def test_an_old_driver_is_named_not_taken_for_no_gpu(tmp_path, driver, says):
+    """The lock's torch is CUDA 13 (R580+); on an R570 node torch.cuda.is_available() is False,
+    as it is on this CPU machine, where nvidia-smi is a stand-in reporting that driver."""
+    import os
+
+    import torch
+
+    if driver:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho {driver}\n")
+        smi.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, str(REPO / "launch" / "gpu_check.py")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    if driver and torch.version.cuda and torch.version.cuda.startswith("13"):
+        assert says.replace("13.2", torch.version.cuda) in r.stderr and "or a torch built for CUDA 12" in r.stderr
+    elif not driver:
+        assert r.stderr.startswith(f"gpu-check: {says}")
+
+
+def test_driver_table():
+    from workloads.core.driver import driver_problem
+
+    assert driver_problem("580.65.06", "13.0") is None and driver_problem("550.54", "12.4") is None
+    assert "R525" in driver_problem("470.82", "12.4") and "CUDA 11" in driver_problem("470.82", "12.4")
+    assert driver_problem(None, "13.2") is None and driver_problem("570.1", None) is None
+
+
+def test_a_step_that_timed_out_says_timeout_and_docker_shm_is_a_mismatch():
+    rows = gpu_check.collectives_rows(None, 124, 90) + gpu_check.train_rows("train/ddp", "ddp", None, 1, 120)
+    assert [(r.result, r.status) for r in rows] == [("timeout: killed after 90s, no record", "MISMATCH"),
+                                                    ("exit 1, no record (see its log)", "MISMATCH")]
+    assert gpu_check.shm_row(64 << 20).status == "MISMATCH"  # Docker's default
+    assert gpu_check.shm_row(16 << 30).status == "ok" and gpu_check.shm_row(None).status == "MISMATCH"
+    assert gpu_check.shm_bytes("/dev/shm") and gpu_check.shm_bytes("/no/such/dir") is None
+
+
+def test_main_assembles_the_table_from_each_steps_exit(tmp_path, monkeypatch, capsys):
+    """main() on a machine whose steps all time out (they need GPUs: run_step is the boundary
+    replaced here): every step's row says timeout, the host row is there, exit 1."""
+    monkeypatch.setattr(gpu_check, "gpus", lambda: (2, "2 x stand-in"))
+    ran = []
+    monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: ran.append(name) or 124)
+    assert gpu_check.main(["--out", str(tmp_path)]) == 1
+    table = capsys.readouterr().out
+    assert ran == ["train/ddp", "train/zero1", "collectives", "serve/tp2"]
+    assert table.count("timeout: killed after") == 4 and "host /dev/shm" in table
+    # a cold node: every limit scaled, and the timeout rows say the scaled limit
+    limits = []
+    monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: limits.append(limit) or 124)
+    assert gpu_check.main(["--out", str(tmp_path), "--limits-x", "2"]) == 1
+    assert limits == [2 * lim for _, _, lim in gpu_check.steps(2, "intranode", tmp_path)]
+    assert "timeout: killed after 240s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0), ("AMD Instinct MI325X", 1300.0),
+    ("AMD Instinct MI355X", 2516.6), ("NVIDIA H100 80GB HBM3", 989.0), ("AMD Instinct MI300X", 1300.0),
+    ("NVIDIA H100 PCIe", None)])
+def test_peak_table_covers_blackwell_and_cdna(name, peak):
+    from workloads.training.metrics import peak_tflops_for
+
+    assert peak_tflops_for(name) == peak
+
+
+@pytest.mark.slow
+def test_tflops_and_mfu_checks_recompute_a_real_records_figures(tmp_path):
+    """A one-rank CPU run (a GPU would only change the numbers): gpu-check's TFLOPS/GPU and
+    MFU checks recompute the record's figures from its raw step times and shape and agree."""
+    from helpers import records_in, run_entry
+    from workloads.training.expected import mfu_check, tflops_check
+
+    r = run_entry("train.py", "launcher.nproc_per_node=1", "train.steps=4", "train.warmup_steps=1",
+                  "metrics.peak_tflops=1", f"output_root={tmp_path}", "run_id=t", timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = records_in(tmp_path)
+    result, expected, ok, _ = tflops_check(rec)
+    assert ok is True, (result, expected)
+    result, expected, ok, _ = mfu_check(rec)
+    assert ok is None and expected == "no band for this model", (result, expected)  # consistent; neox-tiny has no band
+    # the same record with its reported TFLOPS off by the world size (2 ranks' worth) fails
+    bad = rec | {"metrics": rec["metrics"] | {"tflops_per_gpu": rec["metrics"]["tflops_per_gpu"] / 2}}
+    assert tflops_check(bad)[2] is False
