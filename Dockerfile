@@ -8,11 +8,11 @@
 # perftest, infiniband-diags) so NCCL/RCCL can use IB/RoCE and `ib_write_bw` can check a link.
 #
 # Python dependencies are installed with the README's own commands (Makefile `sync`):
-# uv bootstrapped into .tools/, then `uv sync --frozen` from uv.lock. tests/test_dockerfile.py
+# uv bootstrapped into .tools/, then `uv sync --frozen` from uv.lock. tests/launch/test_dockerfile.py
 # checks that these RUN lines and the Makefile stay the same commands.
 
 # The CUDA major of the base must be the lock's torch's (torch 2.15.0+cu132: CUDA 13, which
-# needs an R580+ driver); tests/test_dockerfile.py checks the two agree.
+# needs an R580+ driver); tests/launch/test_dockerfile.py checks the two agree.
 ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 ARG ROCM_BASE=rocm/pytorch:rocm6.4_ubuntu24.04_py3.12_pytorch_release_2.6.0
 ARG SGLANG_BASE=lmsysorg/sglang:latest

@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 # collectives run went from 8.1 s to 4.8 s).
 export UV_COMPILE_BYTECODE ?= 1
 
-.PHONY: train test sync bench gpu-check engines
+.PHONY: train test check sync bench gpu-check engines
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -20,8 +20,17 @@ sync: $(UV)
 train: sync
 	$(UV) run --frozen python launch/train.py $(ARGS)
 
+# Two workers (pytest-xdist): while one test waits on a shaped link, a server's start or a
+# rank's rendezvous, the other runs. Each module stays on one worker, and every test that needs
+# root or Slurm on the same one (tests/conftest.py says why). TEST_WORKERS=0 runs in-process.
+TEST_WORKERS ?= 2
 test: sync
-	$(UV) run --frozen pytest $(PYTEST_ARGS)
+	$(UV) run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The fast lane: units, parsers, statistics, config composition and the bad-input corpus
+# (one fork server), nothing that starts ranks, servers or namespaces. Minutes, not a quarter hour.
+check: sync
+	$(UV) run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 bench: sync
 	$(UV) run --frozen python benchmarks/train_overhead.py

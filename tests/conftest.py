@@ -4,11 +4,24 @@ CPU-only and use real processes and sockets; helpers live in tests/helpers/."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import need
+from helpers import REPO, child_env, need
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group marks into the groups it schedules
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (`make test` runs two workers), a module's tests stay on one worker, so a
+    module's shared launch (a server, a study) starts once; and every test that needs root or
+    Slurm shares one worker, so that namespaces, subnets and the private Slurm cluster are never
+    built by two tests at a time, and the emulated study (emu_ab) runs once per session."""
+    for item in items:
+        needs = {c for m in item.iter_markers("requires") for c in m.args}
+        group = "root" if needs & {"root", "slurm"} else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -20,6 +33,24 @@ def pytest_runtest_setup(item):
 @pytest.fixture
 def out_root(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+@pytest.fixture(scope="session")
+def emu_ab(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The README's emulated A/B study (conf/study/emu-ab.yaml: an all_reduce and tiny training
+    over an unshaped veth pair and a 100 Mbit/s one, two namespaces, ABBA) as a user runs it,
+    shortened to 4 blocks by declaring the difference it must call (50%; the shipped plan is 8
+    blocks for 10%). One run, 16 cells, read by the study's, the emulator's and the line-rate
+    tests: (its output root, the finished `fabricbench study`). Root only."""
+    need("root")
+    tmp = tmp_path_factory.mktemp("emu-ab")
+    spec = tmp / "emu-ab.yaml"
+    spec.write_text((REPO / "conf" / "study" / "emu-ab.yaml").read_text() + "trials: 4\ndetect: 50%\n")
+    out = tmp / "results"
+    r = subprocess.run([sys.executable, "-m", "workloads.core.cli", "study", str(spec), "--output-root", str(out)],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    return out, r
 
 
 def _namespaces_and_veths() -> set[str]:
@@ -43,3 +74,35 @@ def nothing_of_ours_remains(request):
     yield
     left = _namespaces_and_veths() - before
     assert not left, f"left behind by {request.module.__name__}: {sorted(left)}"
+
+
+def pytest_configure(config):
+    """FB_TEST_CPU_LOG=<file>: one line per test phase with its wall and CPU seconds (this
+    process and the children it waited for): where the suite's time goes, independent of how
+    busy the machine is."""
+    import os
+
+    path = os.environ.get("FB_TEST_CPU_LOG")
+    if path:
+        config.pluginmanager.register(_CpuLog(path), "fb-cpu-log")
+
+
+class _CpuLog:
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def _cpu() -> float:
+        import resource
+
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        import time
+
+        t0, c0 = time.monotonic(), self._cpu()
+        yield
+        with open(self.path, "a") as f:
+            f.write(f"{time.monotonic() - t0:.2f}\t{self._cpu() - c0:.2f}\t{item.nodeid}\n")

@@ -8,7 +8,7 @@ What one real study can show is the pipeline end to end: every verdict is "equiv
 "inconclusive" with an interval, the control reports an interval or says it cannot speak,
 never "quiet", and a family-wise correction keeps it from calling a difference. The false-call
 *rate* is a property of many independent studies, so it is pinned by simulation
-(tests/test_analysis_power.py), not here: the 36 tests of one study are correlated (a block
+(tests/analysis/test_power.py), not here: the 36 tests of one study are correlated (a block
 whose second run was slower moves every op and size alike), and a binomial bound over them
 needs an effective number of tests that 6 blocks cannot estimate (a 36 x 36 correlation
 matrix from 6 blocks has rank <= 5; study-statistics.md, 1.6). The family-wise check runs at

@@ -1,6 +1,6 @@
 """Which way is better, how the verdict words it, and the collectives headlines and chart
 series. Synthetic records with hand-chosen values (the statistics themselves are pinned in
-tests/test_analysis_stats.py)."""
+tests/analysis/test_stats.py)."""
 
 from __future__ import annotations
 

@@ -149,6 +149,7 @@ def test_footer_average_is_mean_busbw_of_every_reported_cell_and_min_bw_rule():
     assert format_row(rows[0]).split()[:10] == ["8", "2", "float", "sum", "-1", "N/A", "N/A", "N/A", "N/A", "1.00"]
 
 
+@pytest.mark.slow
 def test_sizes_out_of_order_on_the_command_line_is_one_message(out_root):
     r = run_entry("collectives.py", f"output_root={out_root}", "collectives.minbytes=1M", "collectives.maxbytes=1K",
                   timeout=120)

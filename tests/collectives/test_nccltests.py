@@ -171,7 +171,7 @@ def test_external_run_without_prefix_on_two_nodes_is_labelled_intra_node(tmp_pat
 
 
 def _nccl_tests_on_path(tmp_path, monkeypatch) -> Path:
-    """`all_reduce_perf` and `mpirun` shims running tests/nccl_tests_emulator.py, which
+    """`all_reduce_perf` and `mpirun` shims running tests/helpers/nccl_tests_emulator.py, which
     reproduces how nccl-tests colours processes and numbers ranks (its docstring cites the
     lines); each run's argv is appended to bindir/argv."""
     import os

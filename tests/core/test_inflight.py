@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from workloads.core import inflight
 from workloads.core.dist import free_port
 from workloads.core.records import new_record
@@ -27,6 +29,7 @@ def _recover_all(where: str, start, out) -> None:
     out.put([str(p) for p in inflight.recover(where, "the writer died")])
 
 
+@pytest.mark.slow
 def test_two_finishers_write_each_record_once(tmp_path):
     """A launcher and a surviving rank (here: two processes at once) finish the same copies:
     each copy becomes exactly one record, whoever claims it first."""
@@ -102,6 +105,7 @@ def _enter_point(rank: int, port: int, out: str, late, q) -> None:
     fdist.end_group_and_exit()
 
 
+@pytest.mark.slow
 def test_the_copy_is_written_once_every_rank_knows_where(tmp_path):
     """While rank 0 waits in the point's opening collective for a late rank 1 there is no copy:
     were rank 0 to die there, no rank could finish one (it would be orphaned beside the records).

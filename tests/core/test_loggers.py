@@ -4,7 +4,7 @@ Reading from W&B is tested at its API boundary: a fake `wandb.Api` object is inj
 (no server is reachable from CI). Its runs carry exactly what the logger writes, built
 with the logger's own `record_to_wandb`, so the round trip writer -> W&B layout -> reader
 is checked; the fake also records the filters it was asked for. The offline logging end
-to end (real wandb, real training) is in tests/test_report_e2e.py.
+to end (real wandb, real training) is in tests/analysis/test_report_e2e.py.
 """
 
 from __future__ import annotations

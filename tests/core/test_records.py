@@ -194,6 +194,7 @@ def test_collectives_multirun_needs_no_flag_and_a_rerun_resumes(out_root):
     assert sorted(x["config"]["trial"] for x in records_in(out_root)) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_inference_records_are_strict_json_and_multirun_takes_trials(tmp_path):
     from workloads.testing.scripted_server import Running
 
@@ -233,6 +234,7 @@ def small_disk(tmp_path):
         yield disk
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_measured_point_and_says_where(small_disk, tmp_path):
     """A training sweep whose records/ fills up: the point measured when it filled is kept in
     the rescue folder (every step time), named in one error line; no traceback, no .tmp left

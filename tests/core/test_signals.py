@@ -135,6 +135,7 @@ exit_process({code})
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code,status", [("None", 0), ("3", 3), ("143", 143), ("'a message'", 1)])
 def test_a_rank_ends_without_teardown_and_loses_nothing(code, status):
     """exit_process (how every rank that made a process group ends, dist.py says why) keeps
@@ -171,6 +172,7 @@ launcher.hydra_entry(__file__, run, distributed=False)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 130)])
 @pytest.mark.parametrize("then", ["raise RuntimeError('Connection closed by peer')", "import time; time.sleep(30)"])
 def test_an_interruption_python_dropped_still_interrupts(tmp_path, sig, code, then):

@@ -241,6 +241,7 @@ def test_bad_input_is_one_line(outcomes, name, needle):
     assert written == {earlier}, written
 
 
+@pytest.mark.slow
 def test_emulate_agent_names_the_failed_rank(tmp_path):
     """An agent under `fabricbench emulate` reports its failed rank in one line (torchrun's
     failures are keyed by global rank; the failure object itself has no `rank`)."""

@@ -15,6 +15,7 @@ from workloads.core import cli
 SYSFS = FIXTURES / "sysfs"
 
 
+@pytest.mark.slow
 def test_live_host_inventory_via_console_script():
     exe = Path(sys.executable).parent / "fabricbench"
     env = os.environ | {"OMP_NUM_THREADS": "1"}

@@ -3,7 +3,7 @@
 SGLang and vLLM cannot run here (GPU-only): their NCCL INFO logs are stood in for by the
 fixture logs written from NCCL's documented formats, placed where the server's
 NCCL_DEBUG_FILE would put them (<run dir>/nccl/). The reference engine's own report is
-exercised for real in tests/test_infer_sweep.py (TP=2 over Gloo).
+exercised for real in tests/inference/test_sweep.py (TP=2 over Gloo).
 """
 
 import shutil

@@ -1,7 +1,7 @@
 """Parse command lines with an engine's own argument parser; runs INSIDE the engine's
 interpreter (.engines/<engine>/bin/python), never in fabricbench's.
 
-    <engine python> tests/engine_parse.py sglang|vllm  < [[argv...], ...] (JSON)  > [{dest: value}, ...]
+    <engine python> tests/helpers/engine_parse.py sglang|vllm  < [[argv...], ...] (JSON)  > [{dest: value}, ...]
 
 argv is the whole command line the adapter built (program first). Each parses exactly as
 the engine's own entry point does: SGLang's `prepare_server_args` (what

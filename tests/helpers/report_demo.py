@@ -1,13 +1,16 @@
 """A small real results folder with every workload and a refused pair, for the report tests
-and the README's screenshot: `python -m tests.report_demo OUT_DIR`.
+and the README's screenshot: `PYTHONPATH=tests python -m helpers.report_demo OUT_DIR`.
 
 Two fabric labels that both run Gloo over loopback (`loopback`, and the same profile renamed
-`loopback-b`): training at micro-batch 1 and 2 and collectives, two trials each; inference
-against the scripted SSE server (the GPU-only engines cannot run here; the scripted server is
-the test double at that boundary) with a slower first token for `loopback-b`, so the TTFT
+`loopback-b`: an A/A pair is a test device, not a fabric users should find in conf/fabric/):
+training at micro-batch 1 and 2 and collectives, two trials each (a `trial=0,1` sweep key,
+ignored by the guard like run_id); `loopback-b`'s training is also tracked by W&B offline when
+a folder for it is given, with a secret in its fabric env that must never reach W&B. Inference
+runs against the scripted SSE server (the GPU-only engines cannot run here; the scripted server
+is the test double at that boundary) with a slower first token for `loopback-b`, so the TTFT
 charts have two curves apart; and one near miss: each arm also ran micro-batch 2 at a sequence
-length the other did not (48 vs 64), which the guard refuses. The launches run two at a time: the machine is
-shared.
+length the other did not (48 vs 64), which the guard refuses. The launches run two at a time
+(an A/A comparison does not care that they share the 2 cores).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from helpers import REPO, child_env
 
 FABRICS = {"loopback": [], "loopback-b": ["fabric.name=loopback-b"]}
 TRAIN = ["-m", "train.micro_batch_size=1,2", "trial=0,1", "train.steps=5", "train.warmup_steps=1", "train.seq_length=32"]
-COLL = ["collectives.ops=[all_reduce]", "collectives.minbytes=1024", "collectives.maxbytes=1048576",
+COLL = ["-m", "trial=0,1", "collectives.ops=[all_reduce]", "collectives.minbytes=1024", "collectives.maxbytes=1048576",
         "collectives.stepfactor=4", "collectives.iters=4", "collectives.warmup_iters=1", "launcher.nproc_per_node=2"]
 INFER = ["server=external", "load.slo=ttft:12", "load.points=[1,4,16]", "load.num_requests=24", "load.warmup_requests=2",
          "load.dataset.input_len=16", "load.dataset.output_len=6"]
 NEAR_MISS = ["train.micro_batch_size=2", "train.steps=5", "train.warmup_steps=1"]
+SECRET = "hunter2"  # on loopback-b's command line; the W&B test checks it never reaches W&B's files
 
 
 def _torchrun(script: str, args: list[str]) -> list[str]:
@@ -32,11 +36,11 @@ def _torchrun(script: str, args: list[str]) -> list[str]:
             str(REPO / "launch" / script), *args]
 
 
-def _run_pairs(cmds: list[list[str]], timeout: float) -> None:
+def _run_pairs(cmds: list[tuple[list[str], dict]], timeout: float) -> None:
     for i in range(0, len(cmds), 2):
-        procs = [subprocess.Popen(c, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for c in cmds[i:i + 2]]
-        for c, p in zip(cmds[i:i + 2], procs):
+        procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for c, env in cmds[i:i + 2]]
+        for (c, _), p in zip(cmds[i:i + 2], procs):
             out, _ = p.communicate(timeout=timeout)
             if p.returncode != 0:
                 raise RuntimeError(f"{' '.join(c[-4:])} failed ({p.returncode}): {out[-2000:]}")
@@ -48,26 +52,35 @@ def _done(res: Path, cmd: list[str]) -> bool:
     return any((res / run_id / "records").glob("*.json"))
 
 
-def build(root: Path, timeout: float = 600) -> Path:
-    """Write the records under root/results and return that folder."""
+def build(root: Path, timeout: float = 600, wandb_dir: Path | None = None) -> Path:
+    """Write the records under root/results and return that folder; with `wandb_dir`,
+    loopback-b's training also logs to W&B offline there."""
     from workloads.testing.scripted_server import Running
 
     res = root / "results"
     cmds = []
     for fab, extra in FABRICS.items():
-        cmds.append(_torchrun("train.py", [*TRAIN, *extra, f"output_root={res}", f"run_id=train-{fab}"]))
+        env, logged = child_env(), []
+        if wandb_dir is not None and fab == "loopback-b":
+            wandb_dir.mkdir(parents=True, exist_ok=True)
+            env = child_env(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir))
+            env.pop("WANDB_API_KEY", None)
+            logged = ["logger=wandb", f"+fabric.env.MY_SECRET_TOKEN={SECRET}"]
+        cmds.append((_torchrun("train.py", [*TRAIN, *extra, *logged, f"output_root={res}", f"run_id=train-{fab}"]), env))
     for fab, extra in FABRICS.items():
-        cmds += [[sys.executable, str(REPO / "launch" / "collectives.py"), *COLL, *extra, f"trial={t}", f"output_root={res}",
-                  f"run_id=coll-{fab}-t{t}"] for t in (0, 1)]
+        cmds.append(([sys.executable, str(REPO / "launch" / "collectives.py"), *COLL, *extra, f"output_root={res}",
+                      f"run_id=coll-{fab}"], child_env()))
     # the near miss: each arm ran mb=2 once more, at a sequence length the other did not run
-    cmds.append(_torchrun("train.py", [*NEAR_MISS, "train.seq_length=48", *FABRICS["loopback-b"], f"output_root={res}",
-                                       "run_id=train-seq48"]))
-    cmds.append(_torchrun("train.py", [*NEAR_MISS, "train.seq_length=64", f"output_root={res}", "run_id=train-seq64"]))
-    _run_pairs([c for c in cmds if not _done(res, c)], timeout)
+    cmds.append((_torchrun("train.py", [*NEAR_MISS, "train.seq_length=48", *FABRICS["loopback-b"], f"output_root={res}",
+                                        "run_id=train-seq48"]), child_env()))
+    cmds.append((_torchrun("train.py", [*NEAR_MISS, "train.seq_length=64", f"output_root={res}", "run_id=train-seq64"]),
+                 child_env()))
+    _run_pairs([c for c in cmds if not _done(res, c[0])], timeout)
     for (fab, extra), ttft in zip(FABRICS.items(), (4.0, 9.0)):
         with Running(ttft_ms=ttft, itl_ms=2.0) as url:
-            _run_pairs([c for c in [[sys.executable, str(REPO / "launch" / "infer.py"), *INFER, *extra, f"server.url={url}",
-                         f"output_root={res}", f"run_id=infer-{fab}"]] if not _done(res, c)], timeout)
+            cmd = [sys.executable, str(REPO / "launch" / "infer.py"), *INFER, *extra, f"server.url={url}",
+                   f"output_root={res}", f"run_id=infer-{fab}"]
+            _run_pairs([] if _done(res, cmd) else [(cmd, child_env())], timeout)
     return res
 
 

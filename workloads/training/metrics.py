@@ -1,7 +1,7 @@
 """Training metrics, exactly as GPT-NeoX's megatron/logging.py reports them.
 
 The formulas are written once, in shared DESIGN.md ("Metric definitions"); these pure
-functions implement them and tests/test_metrics.py pins them with worked values.
+functions implement them and tests/training/test_metrics.py pins them with worked values.
 """
 
 from __future__ import annotations

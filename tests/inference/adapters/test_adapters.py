@@ -337,6 +337,7 @@ def test_engine_output_reaches_the_log_redacted(tmp_path):
     assert "split across writes <redacted> rest\n" in text
 
 
+@pytest.mark.slow
 def test_engine_versions_come_from_the_engines_interpreter(tmp_path):
     import sys
 

