@@ -292,7 +292,8 @@ class MoEMLP(nn.Module):
         g, moe, E = self.groups, self.moe, self.moe.num_experts
         tokens = x.reshape(-1, h)  # (N, h)
         N = tokens.shape[0]
-        probs = torch.softmax(self.router(tokens).float(), dim=-1)  # (N, E)
+        logits = self.router(tokens)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # (N, E)
         e, tok, gate, counts = route(probs, moe, capacity(N, moe))
         global_counts, global_tokens = counts, N
         if g.dense is not None and g.world > 1:
