@@ -158,3 +158,11 @@ def test_expert_parallel_sends_the_real_skewed_counts(parity):
     assert r0 != r1  # ... and the ranks' all-to-all payloads differ with it (no capacity padding)
     assert all(b > 0 for b in r0 + r1) and all(t > 0 for t in r["a2a_s"])
     assert all(b == 0 for b in parity["top2-ep1-replicas"]["bytes_by_rank"][0])  # EP=1: no all-to-all
+
+
+def test_the_reference_inference_engine_refuses_an_moe_model_in_one_line():
+    from workloads.inference.adapters.reference import dense_only
+
+    with pytest.raises(UsageError, match="model=neox-moe-tiny is a mixture of experts"):
+        dense_only({"name": "neox-moe-tiny", "moe": {"num_experts": 4}})
+    dense_only({"name": "neox-tiny"})  # dense: served
