@@ -64,7 +64,7 @@ def _single_run(cfg: NeoXConfig, s: TrainSettings, x, y) -> list[float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
