@@ -69,6 +69,16 @@ def test_layer_equals_a_per_token_loop_when_nothing_is_dropped():
         assert float(layer.aux_loss.detach()) > 0
 
 
+def test_layer_runs_under_bf16_autocast_for_both_activations():
+    torch.manual_seed(4)
+    for act in ("gelu", "swiglu"):
+        layer = MoEMLP(16, 24, MoEConfig(num_experts=4, top_k=2, activation=act))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(torch.randn(2, 5, 16))  # fp32 in, as a LayerNorm gives it under autocast
+        y.float().sum().backward()
+        assert y.shape == (2, 5, 16) and layer.w_in.grad is not None, act
+
+
 def test_moe_flops_worked_value():
     # Mixtral-8x7B's shape, one 4096-token sample, no checkpointing (f = 3), SwiGLU (m = 3):
     # per token and layer 8h^2 = 134,217,728; 4sh = 67,108,864; 2*m*k*h*F = 2*3*2*4096*14336 =

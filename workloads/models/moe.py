@@ -323,7 +323,9 @@ class MoEMLP(nn.Module):
             y = _AllToAllV.apply(y_recv, in_splits, out_splits, g.ep, self.stats, "combine")
         else:
             y = self._run_experts(send, per_expert.tolist())
-        out = torch.zeros_like(tokens).index_add(0, tok, y * gate.to(y.dtype)[:, None])
+        # y's dtype, not the input's: under autocast the experts' matmuls give bf16 while the
+        # LayerNorm before them gives fp32
+        out = y.new_zeros(tokens.shape).index_add(0, tok, y * gate.to(y.dtype)[:, None])
         return out.view(B, T, h)
 
     def _run_experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
