@@ -29,9 +29,10 @@ from workloads.core.errors import UsageError
 # metrics). A registry, so a new workload adds a line here, not a branch. Collectives: one
 # headline per op ("all_reduce/avg_busbw(GB/s)"); the record's plain avg_busbw(GB/s) averages
 # across ops (all_reduce blended with sendrecv and alltoall), which is no op's bandwidth.
+# MoE training adds its all-to-all share (exploratory: the primary stays samples/s).
 METRICS: dict[str, list[str]] = {
-    "pretrain": ["samples_per_sec"],
-    "finetune": ["samples_per_sec"],
+    "pretrain": ["samples_per_sec", "alltoall_share"],
+    "finetune": ["samples_per_sec", "alltoall_share"],
     "collectives": ["*/avg_busbw(GB/s)"],
     "inference": ["request_throughput", "median_ttft_ms", "p99_ttft_ms"],
 }
@@ -48,6 +49,8 @@ DIRECTIONS: list[tuple[str, bool, str]] = [  # (fnmatch pattern, higher is bette
     ("*_throughput", True, "faster"), ("request_goodput", True, "faster"), ("tflops_per_gpu", True, "faster"),
     ("mfu", True, "better"), ("completed", True, "better"),
     ("comm_share", False, "better"), ("final_loss", False, "better"), ("loss", False, "better"),
+    ("alltoall_share", False, "better"), ("dispatch_share", False, "better"), ("combine_share", False, "better"),
+    ("routing_skew*", False, "better"), ("dropped_fraction", False, "better"),
     ("failed", False, "better"), ("warmup_failed", False, "better"),
     ("wrong_elements", False, "better"), ("rows_with_wrong", False, "better"),
 ]

@@ -6,6 +6,9 @@ and checks what they report:
   train/ddp     GPT-NeoX 125M, bf16, DDP        MFU in its band, TFLOPS/GPU = the FLOPs formula over the
                                                 timed steps, transport verdict, gradients moved as float32
   train/zero1   the same under DeepSpeed ZeRO-1 the same, gradients moved as bfloat16
+  train/moe     neox-moe-125m (8 experts, top-2), TFLOPS/GPU = the active-expert FLOPs formula over the
+                bf16, DDP, EP = gcd(GPUs, 8)        timed steps; all-to-all share = dispatch + combine, its busbw =
+                                                bytes / time x (EP-1)/EP; routing skew in [1, experts]
   collectives   all_reduce sweep (1 MiB-256 MiB) no wrong element, verdict, busbw at the largest size
                                                 within the band of this GPU's NVLink (workloads/fabric/
                                                 ceiling.py), and, when all_reduce_perf is on PATH, our busbw
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -100,6 +104,38 @@ def train_rows(step: str, engine: str, rec: dict | None, exit_code: int | None =
     alone = (rec.get("world") or {}).get("world_size") == 1 and dtype is None  # one GPU: nothing to reduce
     rows.append(row(f"{step} gradient dtype", dtype or "no collective (1 GPU)" if alone else dtype,
                     GRAD_DTYPE[engine], None if alone else dtype == GRAD_DTYPE[engine]))
+    return rows
+
+
+def moe_rows(step: str, rec: dict | None, exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
+    """The MoE training step: status, TFLOPS/GPU (active-expert FLOPs), transport, and the
+    all-to-all and routing figures recomputed from the record's own numbers."""
+    if rec is None:
+        return [missing(step, exit_code, limit_s)]
+    from workloads.training.expected import tflops_check
+
+    m = rec.get("metrics") or {}
+    rows = [row(f"{step} status", rec.get("status"), "ok", rec.get("status") == "ok"),
+            row(f"{step} TFLOPS/GPU", *tflops_check(rec)), _verdict_row(step, rec)]
+    ep, share = m.get("expert_parallel"), m.get("alltoall_share")
+    name, source = f"{step} all-to-all", "DESIGN: busbw = bytes / time x (n-1)/n, as nccl-tests' alltoall"
+    if ep == 1:
+        rows.append(row(name, "EP=1 (one GPU): no all-to-all", "EP > 1", None, source))
+    elif share is None or not m.get("alltoall_time_per_step(s)"):
+        rows.append(row(name, "not measured", "a share of step time", False, source))
+    else:
+        want = m["alltoall_bytes_per_step(B)"] / m["alltoall_time_per_step(s)"] / 1e9 * (ep - 1) / ep
+        parts = m["dispatch_share"] + m["combine_share"]
+        ok = 0 < share < 1 and abs(parts - share) <= 1e-9 + 1e-6 * share and \
+            abs(m["alltoall_busbw(GB/s)"] - want) <= 0.005 * want
+        rows.append(row(name, f"{share:.1%} of step (dispatch {m['dispatch_share']:.1%}, combine "
+                        f"{m['combine_share']:.1%}), {m['alltoall_busbw(GB/s)']:.2f} GB/s busbw, EP={ep}",
+                        f"share in (0, 1) = dispatch + combine; busbw {want:.2f} GB/s +-0.5%", ok, source))
+    experts = int((((rec.get("model") or {}).get("moe")) or {}).get("num_experts") or 0)
+    skew = m.get("routing_skew")
+    rows.append(row(f"{step} routing skew", "none" if skew is None else f"{skew:.2f} max/mean tokens per expert",
+                    f"1-{experts}", skew is not None and 1.0 <= skew <= experts,
+                    "max/mean of per-expert counts lies between balanced (1) and all on one expert (E)"))
     return rows
 
 
@@ -236,9 +272,13 @@ def steps(n: int, fabric: str, out: Path) -> list[tuple[str, list[str], float]]:
     train = ["launch/train.py", "model=neox-125m", "train.precision=bf16", "train.micro_batch_size=4",
              "train.steps=8", "train.warmup_steps=2", *common]
     tp = min(2, n)
+    moe = ["launch/train.py", "model=neox-moe-125m", "train.precision=bf16", "train.micro_batch_size=2",
+           "train.steps=8", "train.warmup_steps=2", "parallel=ddp", f"parallel.expert_parallel={math.gcd(n, 8)}",
+           "run_id=gpu-check-moe", *common]
     return [
         ("train/ddp", [*train, "parallel=ddp", "run_id=gpu-check-ddp"], 120),
         ("train/zero1", [*train, "parallel=zero1", "run_id=gpu-check-zero1"], 150),
+        ("train/moe", moe, 80),
         ("collectives", ["launch/collectives.py", "collectives.ops=[all_reduce]", "collectives.minbytes=1M",
                          "collectives.maxbytes=256M", "collectives.iters=20", "run_id=gpu-check-coll", *common], 90),
         (f"serve/tp{tp}", ["launch/infer.py", "server=reference", f"server.tp={tp}", "server.dtype=bf16",
@@ -272,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             + train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None), *done["train/ddp"])
             + train_rows("train/zero1", "zero1", next(iter(records(out, "gpu-check-zero1")), None),
                          *done["train/zero1"])
+            + moe_rows("train/moe", next(iter(records(out, "gpu-check-moe")), None), *done["train/moe"])
             + collectives_rows(next(iter(records(out, "gpu-check-coll")), None), *done["collectives"])
             + serve_rows(serve, records(out, "gpu-check-serve"), *done[serve]))
     print(render(rows, f"{machine}, fabric={a.fabric}"))

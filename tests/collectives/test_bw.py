@@ -36,6 +36,7 @@ BUSBW = {
     "all_gather": {2: 1.5, 3: 2.0, 4: 2.25},
     "reduce_scatter": {2: 1.5, 3: 2.0, 4: 2.25},
     "alltoall": {2: 1.5, 3: 2.0, 4: 2.25},
+    **{f"alltoallv_{k}": {2: 1.5, 3: 2.0, 4: 2.25} for k in ("uniform", "zipf", "hot")},  # as alltoall
     "broadcast": {2: 3.0, 3: 3.0, 4: 3.0},
     "reduce": {2: 3.0, 3: 3.0, 4: 3.0},
     "sendrecv": {2: 3.0, 3: 3.0, 4: 3.0},

@@ -86,7 +86,8 @@ def test_world3_every_op_is_correct_under_torchrun(out_root):
     assert ag[1]["size"] == 96 and ag[1]["requested"] == 128
     assert "sizes rounded down as nccl-tests does for all_gather at n=3: 8->0, 128->96, 2048->2016" in r.stdout
     zero = [(r["op"], r["requested"]) for r in rows if r["count"] == 0]
-    assert sorted(zero) == [("all_gather", 8), ("alltoall", 8), ("reduce_scatter", 8)]
+    assert sorted(zero) == sorted([("all_gather", 8), ("alltoall", 8), ("reduce_scatter", 8),
+                                   *((f"alltoallv_{k}", 8) for k in ops.ALLTOALLV_SKEWS)])
     assert len(rows) == 3 * len(ops.REGISTRY)  # no size skipped
     m = rec["metrics"]
     for name in ops.REGISTRY:

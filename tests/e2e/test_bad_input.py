@@ -95,6 +95,14 @@ CASES = [
     ("train-fabric-env-typo", _train("+fabric.env.GLOO_SOCKET_IFNAM=eth0"), None,
      "fabric.env.GLOO_SOCKET_IFNAM: Gloo reads no such variable (did you mean GLOO_SOCKET_IFNAME?)"),
     ("train-bad-override-syntax", _train("train.steps=[1,"), None, "train.steps"),
+    # training: mixture of experts (model=neox-moe-tiny, 2 ranks)
+    ("train-moe-experts-over-ep", _train("model=neox-moe-tiny", "model.moe.num_experts=3", "parallel.expert_parallel=2"),
+     None, "model.moe.num_experts=3 does not divide"),
+    ("train-moe-top-k", _train("model=neox-moe-tiny", "model.moe.top_k=5"), None, "model.moe.top_k=5"),
+    ("train-moe-layout", _train("model=neox-moe-tiny", "parallel.expert_parallel=2", "parallel.data_parallel=2"), None,
+     "EP x TP x DP must equal the world"),
+    ("train-moe-capacity", _train("model=neox-moe-tiny", "model.moe.capacity_factor=0"), None,
+     "model.moe.capacity_factor"),
     # training: paths and files
     ("train-run-id-dotdot", _train("run_id=.."), None, "run_id"),
     ("train-run-id-separator", _train("run_id=a/b"), None, "run_id"),

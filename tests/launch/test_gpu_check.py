@@ -215,8 +215,8 @@ def test_main_assembles_the_table_from_each_steps_exit(tmp_path, monkeypatch, ca
     monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: ran.append(name) or 124)
     assert gpu_check.main(["--out", str(tmp_path)]) == 1
     table = capsys.readouterr().out
-    assert ran == ["train/ddp", "train/zero1", "collectives", "serve/tp2"]
-    assert table.count("timeout: killed after") == 4 and "host /dev/shm" in table
+    assert ran == ["train/ddp", "train/zero1", "train/moe", "collectives", "serve/tp2"]
+    assert table.count("timeout: killed after") == 5 and "host /dev/shm" in table
     # a cold node: every limit scaled, and the timeout rows say the scaled limit
     limits = []
     monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: limits.append(limit) or 124)

@@ -88,6 +88,15 @@ class Buffers:
     checked: torch.Tensor | None  # the view the check compares (None: this rank is not checked)
 
 
+@dataclass
+class SplitBuffers(Buffers):
+    """Buffers of an uneven all-to-all, with this rank's splits (elements per peer), worked
+    out once, outside the timed calls."""
+
+    out_splits: list[int] | None = None
+    in_splits: list[int] | None = None
+
+
 @dataclass(frozen=True)
 class Comm:
     """Where one rank runs a collective: its group and its place in it."""
@@ -338,6 +347,94 @@ class AllToAll(Collective):
         dist.all_to_all_single(b.recv, b.send, group=comm.group)
 
 
+# The skews of alltoallv's size matrix, as an MoE router's token counts look (the rank a
+# token goes to is the rank holding its expert).
+ALLTOALLV_SKEWS = ("uniform", "zipf", "hot")
+ALLTOALLV_SEED = 25  # which ranks are popular: fixed, so every run and every rank draws the same matrix
+
+
+def size_matrix(skew: str, per_peer: int, n: int, seed: int = ALLTOALLV_SEED) -> list[list[int]]:
+    """M[i][j] = elements rank i sends rank j. Every row sums to per_peer·n (each rank sends
+    what alltoall of the same size sends); the destinations' shares are
+      uniform  1/n each (alltoall itself),
+      zipf     ∝ 1/rank^1 over a seeded ranking of the destinations (expert popularity),
+      hot      one seeded destination gets 1/2 + 1/(2n), the others 1/(2n) (one hot expert),
+    rounded down, the remainder going one element at a time to the largest fractions."""
+    if skew not in ALLTOALLV_SKEWS:
+        raise UsageError(f"alltoallv skew {skew!r}; use one of {', '.join(ALLTOALLV_SKEWS)}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()  # order[0]: most popular
+    if skew == "uniform":
+        w = [1.0] * n
+    elif skew == "zipf":
+        w = [0.0] * n
+        for place, dst in enumerate(order):
+            w[dst] = 1.0 / (place + 1)
+    else:
+        w = [1.0 / (2 * n)] * n
+        w[order[0]] += 0.5
+    total = per_peer * n
+    exact = [total * x / sum(w) for x in w]
+    row = [int(x) for x in exact]
+    for j in sorted(range(n), key=lambda j: (row[j] - exact[j], j))[: total - sum(row)]:
+        row[j] += 1
+    return [list(row) for _ in range(n)]
+
+
+def variable_blocks(lo: int, hi: int, sizes: list[int], part: Callable[[int, int, int], torch.Tensor], dtype,
+                    device) -> torch.Tensor:
+    """Elements [lo, hi) of a concatenation of blocks of `sizes`; `part(b, a, z)` gives
+    elements [a, z) of block b."""
+    out = torch.empty(hi - lo, dtype=dtype, device=device)
+    start = 0
+    for b, size in enumerate(sizes):
+        a, z = max(lo, start), min(hi, start + size)
+        if a < z:
+            out[a - lo:z - lo] = part(b, a - start, z - start)
+        start += size
+    return out
+
+
+class AllToAllV(AllToAll):
+    """all_to_all_single with uneven splits from `size_matrix` (the MoE dispatch's pattern).
+    The size column is the busiest rank's max(sent, received) bytes, which bounds the time;
+    busbw = algbw x (n-1)/n as nccl-tests' alltoall (for uniform the two ops agree exactly)."""
+
+    def __init__(self, skew: str):
+        self.skew = skew
+        self.name = f"alltoallv_{skew}"
+
+    def layout(self, nbytes, type_size, n):
+        per_peer = nbytes // type_size // n
+        m = size_matrix(self.skew, per_peer, n)
+        recv = max(sum(m[i][j] for i in range(n)) for j in range(n))
+        return Layout(per_peer, per_peer * n, recv, type_size)
+
+    def matrix(self, lay: Layout, n: int) -> list[list[int]]:
+        return size_matrix(self.skew, lay.count, n)
+
+    def expected(self, lay, comm, root, redop, dtype, device):
+        mine = sum(row[comm.rank] for row in self.matrix(lay, comm.size))
+        return self.expected_slice(lay, comm, root, redop, dtype, device, 0, mine)
+
+    def expected_slice(self, lay, comm, root, redop, dtype, device, lo, hi):
+        # Block j of my output is what rank j sends me: its input from where its blocks for
+        # ranks before me end.
+        m, me = self.matrix(lay, comm.size), comm.rank
+        return variable_blocks(lo, hi, [row[me] for row in m],
+                               lambda j, a, b: values(b - a, j, dtype, device, offset=sum(m[j][:me]) + a),
+                               dtype, device)
+
+    def buffers(self, lay, comm, root, dtype, device, placement):
+        m = self.matrix(lay, comm.size)
+        out_splits = [row[comm.rank] for row in m]
+        recv = torch.zeros(sum(out_splits), dtype=dtype, device=device)
+        return SplitBuffers(send=self.inputs(lay, comm, root, dtype, device), recv=recv, checked=recv,
+                            out_splits=out_splits, in_splits=m[comm.rank])
+
+    def run(self, b, comm, redop, root):
+        dist.all_to_all_single(b.recv, b.send, b.out_splits, b.in_splits, group=comm.group)
+
+
 class SendRecv(Collective):
     """Each rank sends to the next and receives from the previous (a ring shift)."""
 
@@ -364,10 +461,11 @@ class SendRecv(Collective):
 
 
 REGISTRY: dict[str, Collective] = {
-    op.name: op for op in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(), SendRecv())
+    op.name: op for op in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), Reduce(), AllToAll(), SendRecv(),
+                           *(AllToAllV(skew) for skew in ALLTOALLV_SKEWS))
 }
 ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-           "all_to_all": "alltoall", "send_recv": "sendrecv"}
+           "all_to_all": "alltoall", "send_recv": "sendrecv", "alltoallv": "alltoallv_zipf"}
 
 
 def get(name: str) -> Collective:

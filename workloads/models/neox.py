@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workloads.core.errors import UsageError
+from workloads.models.moe import ExpertGroups, MoEConfig, MoEMLP
 from workloads.training.metrics import pad_vocab_size
 
 
@@ -44,8 +45,12 @@ class NeoXConfig:
     rotary_emb_base: float = 10000.0
     gpt_j_residual: bool = False  # "parallel residual": attention and MLP read the same input
     layer_norm_eps: float = 1e-5
+    # Mixture of experts (models/moe.py): every layer's MLP becomes a routed set of experts.
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            object.__setattr__(self, "moe", MoEConfig.from_dict(self.moe))
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"model.{name} must be positive, got {getattr(self, name)}")
@@ -140,13 +145,13 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: NeoXConfig):
+    def __init__(self, cfg: NeoXConfig, groups: ExpertGroups | None = None):
         super().__init__()
         self.parallel_residual = cfg.gpt_j_residual
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.attention = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoEMLP(cfg.hidden_size, cfg.ffn_size, cfg.moe, groups) if cfg.moe else MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         attn = self.attention(self.input_layernorm(x), cos, sin)
@@ -159,18 +164,19 @@ class Layer(nn.Module):
 class NeoXBody(nn.Module):
     """`gpt_neox.*` in Hugging Face's naming: embeddings, layers, final norm."""
 
-    def __init__(self, cfg: NeoXConfig):
+    def __init__(self, cfg: NeoXConfig, groups: ExpertGroups | None = None):
         super().__init__()
         self.embed_in = nn.Embedding(cfg.padded_vocab, cfg.hidden_size)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Layer(cfg, groups) for _ in range(cfg.num_layers))
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
 
 class GPTNeoX(nn.Module):
-    def __init__(self, cfg: NeoXConfig):
+    def __init__(self, cfg: NeoXConfig, groups: ExpertGroups | None = None):
+        """`groups`: where an MoE model's experts live (None: all of them here)."""
         super().__init__()
         self.cfg = cfg
-        self.gpt_neox = NeoXBody(cfg)
+        self.gpt_neox = NeoXBody(cfg, groups)
         self.embed_out = nn.Linear(cfg.hidden_size, cfg.padded_vocab, bias=False)
         self.checkpoint_activations = False
         self.apply(self._init_weights)

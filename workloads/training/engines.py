@@ -17,6 +17,7 @@ from torch import nn
 
 from workloads.training.commtimer import CommTimer
 from workloads.core.errors import UsageError
+from workloads.models import moe
 from workloads.models.neox import PRECISIONS
 
 
@@ -42,12 +43,17 @@ def _adamw(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
 
 
 class DDPEngine:
-    def __init__(self, model: nn.Module, s: TrainSettings, device: torch.device, bucket_cap_mb: float = 25):
+    def __init__(self, model: nn.Module, s: TrainSettings, device: torch.device, bucket_cap_mb: float = 25,
+                 groups: moe.ExpertGroups | None = None):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.s = s
         self.device = device
+        self.module, self.groups = model, groups or moe.ExpertGroups()
+        self.experts = bool(moe.expert_parameter_names(model))
         model.to(device)
+        if self.experts:  # each rank holds other experts: reduced over their replicas, not the world
+            DDP._set_params_and_buffers_to_ignore_for_model(model, moe.expert_parameter_names(model))
         self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb)
         self.model.register_comm_hook(None, CommTimer.ddp_hook)
         self.opt = _adamw(model, s)
@@ -67,12 +73,16 @@ class DDPEngine:
             sync = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()
             with sync:
                 with self._autocast():
-                    loss = lm_loss(self.model(x), y) / n
+                    loss = (lm_loss(self.model(x), y) + moe.aux_loss(self.module)) / n
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
+        if self.experts:
+            moe.reduce_expert_grads(self.module, self.groups)
         if self.scaler:
             self.scaler.unscale_(self.opt)
-        if self.s.grad_clip:
+        if self.s.grad_clip and self.experts:
+            moe.clip_grad_norm(self.module, self.s.grad_clip, self.groups)
+        elif self.s.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)
         if self.scaler:
             self.scaler.step(self.opt)
@@ -100,13 +110,13 @@ class DeepSpeedEngine:
         }
         model.to(device)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=_adamw(model, s), config=ds_config)
-        self.device = device
+        self.device, self.module = device, model
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
         for x, y in micro_batches:
             # DeepSpeed scales the loss by 1/accum itself and steps at the boundary.
-            loss = lm_loss(self.engine(x), y)
+            loss = lm_loss(self.engine(x), y) + moe.aux_loss(self.module)  # EP = 1 here (run.validate)
             self.engine.backward(loss)
             self.engine.step()
             total += loss.detach() / len(micro_batches)
@@ -128,12 +138,13 @@ def _skip_inference_shm_op() -> None:
 ENGINES: dict[str, Callable[..., object]] = {"ddp": DDPEngine, "deepspeed": DeepSpeedEngine}
 
 
-def build_engine(parallel: dict, model: nn.Module, s: TrainSettings, device: torch.device):
+def build_engine(parallel: dict, model: nn.Module, s: TrainSettings, device: torch.device,
+                 groups: moe.ExpertGroups | None = None):
     name = parallel.get("engine")
     if name not in ENGINES:
         raise UsageError(f"parallel.engine={name!r}; use one of {', '.join(ENGINES)}")
     if name == "ddp":
-        return DDPEngine(model, s, device, bucket_cap_mb=parallel.get("bucket_cap_mb", 25))
+        return DDPEngine(model, s, device, bucket_cap_mb=parallel.get("bucket_cap_mb", 25), groups=groups)
     opts = {k: parallel[k] for k in ("overlap_comm", "reduce_bucket_size", "allgather_bucket_size") if k in parallel}
     if int(parallel["zero_stage"]) == 3:
         opts.pop("allgather_bucket_size", None)  # stage 3 gathers by prefetch buckets instead

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from workloads.training.metrics import flops_per_iteration, peak_tflops_for
+from workloads.training.metrics import model_flops, moe_flops_args, peak_tflops_for
 
 # MFU bands (bf16, GPUs in metrics.PEAK_TFLOPS_BF16) for the models gpu-check trains.
 # The top is what no dense bf16 transformer training has been reported above: MegaScale
@@ -61,9 +61,10 @@ def recomputed_tflops(rec: dict, f3: bool = False) -> float | None:
     it = _timed_mean(rec)
     ckpt = bool(((rec.get("config") or {}).get("train") or {}).get("activation_checkpointing"))
     try:
-        flops = flops_per_iteration(global_batch=int(b["global_batch_size"]), seq_length=int(b["seq_length"]),
-                                    num_layers=int(m["num_layers"]), hidden_size=int(m["hidden_size"]),
-                                    padded_vocab=int(m["padded_vocab"]), checkpoint_activations=ckpt and not f3)
+        flops = model_flops(global_batch=int(b["global_batch_size"]), seq_length=int(b["seq_length"]),
+                            num_layers=int(m["num_layers"]), hidden_size=int(m["hidden_size"]),
+                            padded_vocab=int(m["padded_vocab"]), checkpoint_activations=ckpt and not f3,
+                            moe=moe_flops_args(m))
         world = int(w["world_size"])
     except (KeyError, TypeError, ValueError):
         return None

@@ -54,6 +54,42 @@ def flops_per_iteration(
     return 24.0 * f * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
 
 
+def moe_flops_per_iteration(*, num_experts: int, top_k: int, expert_ffn_size: int, gated: bool, **shape) -> float:
+    """Active-expert FLOPs: f·B·s·[L·(8h² + 4sh + 2·m·k·h·F + 2·h·E) + 1.5·h·V].
+
+    Per token and layer, forward: attention 8h² (QKV 6h², output 2h²) + 4sh (scores and
+    values); the k experts a token is routed to, each m matrices of h×F (m = 2, or 3 for
+    SwiGLU) at 2 FLOPs per multiply-add; the router 2·h·E. The logit layer is GPT-NeoX's
+    1.5·h·V (its V/(16·L·h) term). f as for dense models. With k = 1, E = 0, m = 2 and F = 4h
+    this is GPT-NeoX's dense formula exactly. Experts count at k per token whether or not the
+    capacity dropped an assignment (as Megatron-LM's num_floating_point_operations)."""
+    f, B, s, L, h, V = _shape(**shape)
+    m = 3 if gated else 2
+    per_layer = 8.0 * h * h + 4.0 * s * h + 2.0 * m * top_k * h * expert_ffn_size + 2.0 * h * num_experts
+    return float(f) * B * s * (L * per_layer + 1.5 * h * V)
+
+
+def _shape(*, global_batch: int, seq_length: int, num_layers: int, hidden_size: int, padded_vocab: int,
+           checkpoint_activations: bool) -> tuple[int, ...]:
+    """(f, B, s, L, h, V) of flops_per_iteration's keywords, for the MoE formula."""
+    return 4 if checkpoint_activations else 3, global_batch, seq_length, num_layers, hidden_size, padded_vocab
+
+
+def moe_flops_args(model: dict) -> dict | None:
+    """The MoE terms of a model dict (a record's `model`, NeoXConfig.to_dict()); None: dense."""
+    moe = model.get("moe")
+    if not moe:
+        return None
+    ffn = moe.get("expert_ffn_size") or model.get("intermediate_size") or 4 * int(model["hidden_size"])
+    return {"num_experts": int(moe["num_experts"]), "top_k": int(moe["top_k"]), "expert_ffn_size": int(ffn),
+            "gated": moe.get("activation") == "swiglu"}
+
+
+def model_flops(*, moe: dict | None = None, **shape) -> float:
+    """FLOPs per iteration of a dense (moe None) or MoE model (moe: moe_flops_args)."""
+    return moe_flops_per_iteration(**shape, **moe) if moe else flops_per_iteration(**shape)
+
+
 def tflops_per_gpu(flops_per_iter: float, iteration_time_s: float, world_size: int) -> float:
     return flops_per_iter / (iteration_time_s * world_size) / 1e12
 
@@ -121,6 +157,7 @@ def summarize_training(
     world_size: int,
     peak_tflops: float | None,
     comm_times_s: list[float] | None = None,
+    moe: dict | None = None,
 ) -> TrainingSummary:
     """Summarise every step after warm-up. `comm_times_s[i]` is the wall time step i
     had at least one gradient collective in flight."""
@@ -135,12 +172,12 @@ def summarize_training(
     sps = global_batch / it
     shape = dict(global_batch=global_batch, seq_length=seq_length, num_layers=num_layers, hidden_size=hidden_size,
                  padded_vocab=padded_vocab)
-    flops = flops_per_iteration(**shape, checkpoint_activations=checkpoint_activations)
+    flops = model_flops(**shape, checkpoint_activations=checkpoint_activations, moe=moe)
     mfu = None
     if peak_tflops:
         # MFU counts model FLOPs only: recomputation is not useful work, so f = 3.
-        model_flops = flops_per_iteration(**shape, checkpoint_activations=False)
-        mfu = tflops_per_gpu(model_flops, it, world_size) / peak_tflops
+        useful = model_flops(**shape, checkpoint_activations=False, moe=moe)
+        mfu = tflops_per_gpu(useful, it, world_size) / peak_tflops
     comm_share = None
     if comm_times_s is not None and len(comm_times_s) == len(step_times_s):
         comm_share = sum(comm_times_s[warmup_steps:]) / sum(timed)
@@ -155,3 +192,38 @@ def summarize_training(
         comm_share=comm_share,
         measured_steps=len(timed),
     )
+
+
+def alltoall_busbw(nbytes: float, seconds: float, ep_size: int) -> float | None:
+    """GB/s on the bus for all-to-all traffic, as nccl-tests defines alltoall: algbw = bytes /
+    time, busbw = algbw x (n-1)/n (the 1/n a rank sends itself never crosses the fabric)."""
+    if not seconds or ep_size < 1:
+        return None
+    return nbytes / seconds / 1e9 * (ep_size - 1) / ep_size
+
+
+def summarize_moe(steps: list[dict], step_times_s: list[float], warmup_steps: int, ep_size: int,
+                  rank_mean: dict | None = None) -> dict:
+    """The MoE figures of the timed steps. `steps[i]` is MoEStats.take() of step i (this rank's
+    dispatch and combine seconds, the payload bytes it sent, the routing skew and dropped share
+    of its forwards); `rank_mean` (dispatch_s, combine_s, bytes totals over the timed steps,
+    averaged over ranks) replaces this rank's totals when given."""
+    timed, times = steps[warmup_steps:], step_times_s[warmup_steps:]
+    n, total_t = len(timed), sum(times)
+    sums = {k: sum(s[k] for s in timed) for k in ("dispatch_s", "combine_s", "bytes")}
+    sums |= rank_mean or {}
+    a2a = sums["dispatch_s"] + sums["combine_s"]
+    skews = [s["skew_mean"] for s in timed if s.get("skew_mean") is not None]
+    dropped = [s["dropped"] for s in timed if s.get("dropped") is not None]
+    return {
+        "alltoall_share": a2a / total_t if total_t else None,
+        "dispatch_share": sums["dispatch_s"] / total_t if total_t else None,
+        "combine_share": sums["combine_s"] / total_t if total_t else None,
+        "alltoall_time_per_step(s)": a2a / n if n else None,
+        "alltoall_bytes_per_step(B)": sums["bytes"] / n if n else None,
+        "alltoall_busbw(GB/s)": alltoall_busbw(sums["bytes"], a2a, ep_size),
+        "routing_skew": sum(skews) / len(skews) if skews else None,
+        "routing_skew_max": max((s["skew"] for s in timed if s.get("skew") is not None), default=None),
+        "dropped_fraction": sum(dropped) / len(dropped) if dropped else None,
+        "expert_parallel": ep_size,
+    }

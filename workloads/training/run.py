@@ -25,7 +25,9 @@ from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.models.hf import load_hf, load_hf_config
 from workloads.core.loggers import build_loggers
-from workloads.training.metrics import flops_per_iteration, peak_tflops_for, summarize_training, tflops_per_gpu
+from workloads.training.metrics import (model_flops, moe_flops_args, peak_tflops_for, summarize_moe,
+                                        summarize_training, tflops_per_gpu)
+from workloads.models import moe
 from workloads.models.neox import GPTNeoX, NeoXConfig
 from workloads.fabric.linerate import node_line_rate
 from workloads.fabric.nic import NicSampler, gather_summaries, rails_for, summary_rows
@@ -103,6 +105,7 @@ class TrainPlan:
     data: dict               # kind (synthetic | tokens), path, dtype
     parallel: dict           # conf/parallel/*.yaml as a plain dict (name, engine, ZeRO stage ...)
     peak_tflops: float | None
+    experts: moe.ExpertLayout | None = None  # an MoE model's EP x TP x DP layout; None: dense
 
     @property
     def stem(self) -> str:
@@ -156,6 +159,7 @@ def validate(cfg: DictConfig, world: int) -> TrainPlan:
         check_token_file(cfg.data.path, cfg.data.dtype)
     elif cfg.data.kind != "synthetic":
         raise UsageError(f"data.kind={cfg.data.kind!r}; use synthetic or tokens")
+    experts = _expert_layout(cfg, mcfg, world)
     settings = TrainSettings(layout.micro_batch_size, layout.grad_accum_steps, float(t.lr), float(t.weight_decay),
                              float(t.grad_clip), str(t.precision), bool(t.activation_checkpointing))
     peak = cfg.metrics.get("peak_tflops")
@@ -164,7 +168,24 @@ def validate(cfg: DictConfig, world: int) -> TrainPlan:
         settings=settings, seq_length=seq, steps=int(t.steps), warmup_steps=int(t.warmup_steps), seed=int(cfg.seed),
         checkpoint=cfg.init.get("checkpoint") or None,
         data={"kind": str(cfg.data.kind), "path": cfg.data.get("path"), "dtype": cfg.data.get("dtype")},
-        parallel=OmegaConf.to_container(cfg.parallel, resolve=True), peak_tflops=None if peak is None else float(peak))
+        parallel=OmegaConf.to_container(cfg.parallel, resolve=True), peak_tflops=None if peak is None else float(peak),
+        experts=experts)
+
+
+def _expert_layout(cfg: DictConfig, mcfg: NeoXConfig, world: int) -> moe.ExpertLayout | None:
+    """EP x TP x DP = world, experts divisible over EP; ZeRO only without expert parallelism
+    (DeepSpeed would average different experts' gradients over the world)."""
+    p = cfg.parallel
+    ep = p.get("expert_parallel") or 1
+    if mcfg.moe is None:
+        if int(ep) != 1:
+            raise UsageError(f"parallel.expert_parallel={ep} needs a mixture-of-experts model (model=neox-moe-tiny ...)")
+        return None
+    layout = moe.ExpertLayout.resolve(mcfg.moe.num_experts, ep, p.get("tensor_parallel"), p.get("data_parallel"), world)
+    if layout.ep > 1 and p.engine != "ddp":
+        raise UsageError(f"parallel={p.name} with parallel.expert_parallel={layout.ep}: expert parallelism runs under "
+                         "parallel=ddp; under DeepSpeed ZeRO use parallel.expert_parallel=1")
+    return layout
 
 
 def model_label(cfg: DictConfig) -> str:
@@ -204,11 +225,23 @@ def _print_summary(record: dict, info: fdist.DistInfo, plan: TrainPlan, path: Pa
         ("TFLOPS/GPU", fmt(metrics["tflops_per_gpu"], ".4f")),
         ("MFU", fmt(metrics["mfu"], ".2%")),
         ("comm share", fmt(metrics["comm_share"], ".1%")),
+        *_moe_rows(metrics, fmt),
         *summary_rows(record.get("nic")),
         ("record", str(path)),
     ]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"  {k:<{width}}  {v}" for k, v in rows), flush=True)
+
+
+def _moe_rows(m: dict, fmt) -> list[tuple[str, str]]:
+    if "alltoall_share" not in m:
+        return []
+    return [("all-to-all", f"{fmt(m['alltoall_share'], '.1%')} of step time (dispatch "
+                           f"{fmt(m['dispatch_share'], '.1%')}, combine {fmt(m['combine_share'], '.1%')}), "
+                           f"{fmt(m['alltoall_bytes_per_step(B)'], '.0f')} B/step, busbw "
+                           f"{fmt(m['alltoall_busbw(GB/s)'], '.4f')} GB/s, EP={m['expert_parallel']}"),
+            ("routing skew", f"{fmt(m['routing_skew'], '.2f')} max/mean tokens per expert "
+                             f"(worst {fmt(m['routing_skew_max'], '.2f')}), dropped {fmt(m['dropped_fraction'], '.1%')}")]
 
 
 def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
@@ -246,18 +279,21 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
 def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
     """Build, warm up, time every step; fill the record's metrics and samples."""
     mcfg, layout, settings = plan.model, plan.layout, plan.settings
+    groups = moe.ExpertGroups.build(plan.experts.ep) if plan.experts else None
     torch.manual_seed(plan.seed)  # the same initial weights on every rank
-    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(mcfg)
+    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(mcfg, groups)
+    moe_stats = moe.MoEStats(cuda=info.device.type == "cuda")
+    moe.attach_stats(model, moe_stats)
     model.checkpoint_activations = settings.activation_checkpointing
     seq, warmup, accum = plan.seq_length, plan.warmup_steps, layout.grad_accum_steps
     pool = _batches(plan, info)
     timer = CommTimer(info.device)
-    engine = build_engine(plan.parallel, model, settings, info.device)
-    flops = flops_per_iteration(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
-                                hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-                                checkpoint_activations=settings.activation_checkpointing)
+    engine = build_engine(plan.parallel, model, settings, info.device, groups)
+    flops = model_flops(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
+                        hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
+                        checkpoint_activations=settings.activation_checkpointing, moe=moe_flops_args(mcfg.to_dict()))
     nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
-    step_times, comm_times, losses, comm_bytes = [], [], [], []
+    step_times, comm_times, losses, comm_bytes, moe_steps = [], [], [], [], []
     with timer.active():
         for step in range(plan.steps):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
@@ -271,6 +307,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
             step_times.append(time.perf_counter() - t0)
             comm_times.append(timer.end_step())
             comm_bytes.append(dict(timer.step_bytes))
+            moe_steps.append(moe_stats.take())
             if step >= warmup:
                 nic.end_step()
             if step == 0:  # after the first collectives, before anything is timed for the summary
@@ -285,16 +322,31 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
         num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
         checkpoint_activations=settings.activation_checkpointing, world_size=info.world_size,
         peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", plan.peak_tflops, settings.precision),
-        comm_times_s=comm_times,
+        comm_times_s=comm_times, moe=moe_flops_args(mcfg.to_dict()),
     )
     rails = rails_for(plan.fabric, os.environ, record["fabric"].get("transport"))
     timed_comm = comm_times[warmup:]
     window = sum(timed_comm) if timed_comm and all(c is not None for c in timed_comm) else None
     record["nic"] = gather_summaries(nic, rails, node_line_rate(rails, plan.fabric.emulate)["rails"], info, window)
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
+    if plan.experts:
+        record["metrics"] |= summarize_moe(moe_steps, step_times, warmup, plan.experts.ep,
+                                           _rank_mean(moe_steps[warmup:], info))
+        record["samples"]["moe"] = moe_steps
     record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
-    record["samples"] = {"step_time_s": step_times, "comm_time_s": comm_times, "loss": losses,
-                         "warmup_steps": warmup}
+    record["samples"] = record.get("samples", {}) | {"step_time_s": step_times, "comm_time_s": comm_times,
+                                                     "loss": losses, "warmup_steps": warmup}
+
+
+def _rank_mean(timed: list[dict], info: fdist.DistInfo) -> dict:
+    """This rank's all-to-all totals over the timed steps, averaged over every rank (with skew
+    each rank sends a different share; one all_reduce after the timed loop)."""
+    keys = ("dispatch_s", "combine_s", "bytes")
+    t = torch.tensor([float(sum(s[k] for s in timed)) for k in keys], dtype=torch.float64, device=info.device)
+    if torch.distributed.is_initialized() and info.world_size > 1:
+        torch.distributed.all_reduce(t)
+        t /= info.world_size
+    return dict(zip(keys, t.tolist()))
 
 
 def _batches(plan: TrainPlan, info: fdist.DistInfo) -> list:

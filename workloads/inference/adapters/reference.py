@@ -56,7 +56,15 @@ def forwarded_overrides(overrides: list[str]) -> tuple[str, ...]:
     return tuple(keep)
 
 
+def dense_only(model: dict) -> None:
+    """The engine's tensor parallelism splits GPT-NeoX's dense MLP; it has no expert layer."""
+    if model.get("moe"):
+        raise UsageError(f"model={model.get('name')} is a mixture of experts; the reference engine serves dense "
+                         "GPT-NeoX only: train it with launch/train.py, or serve MoE models with server=vllm/sglang")
+
+
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
+    dense_only(model)
     serve = str(REPO_ROOT / "launch" / "serve.py")
     if spec.nnodes == 1:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.tp}", serve]

@@ -65,6 +65,9 @@ def validate(cfg: DictConfig, world: int) -> ServePlan:
         if eos is None:
             eos = json.loads((ckpt / "config.json").read_text()).get("eos_token_id")
     else:
+        from workloads.inference.adapters.reference import dense_only
+
+        dense_only(OmegaConf.to_container(cfg.model, resolve=True))
         model = NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
         name = s.get("served_model_name") or cfg.model.name
     tp = s.get("tp")
