@@ -4,7 +4,6 @@ Gloo group against a reference built here from the senders' buffers with torch.s
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 
 from workloads.collectives import ops
 from workloads.collectives.harness import count_wrong
+from workloads.core.dist import end_group_and_exit, free_port
 
 
 def test_size_matrices_worked_values():
@@ -48,12 +48,6 @@ def test_expected_slices_join_to_the_whole():
     assert torch.equal(torch.cat(parts), whole)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 WORLD, PER_PEER = 3, 11
 
 
@@ -70,13 +64,13 @@ def _rank(rank: int, port: int, out: str) -> None:
         op.run(b, comm, "sum", 0)
         got[skew] = b.recv.clone()
     torch.save(got, f"{out}.{rank}")
-    dist.destroy_process_group()
+    end_group_and_exit()  # not interpreter teardown (workloads/core/dist.py says why)
 
 
 @pytest.fixture(scope="module")
 def received(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("a2av") / "recv")
-    mp.spawn(_rank, args=(_free_port(), out), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(free_port(), out), nprocs=WORLD, join=True)
     return [torch.load(f"{out}.{r}") for r in range(WORLD)]
 
 

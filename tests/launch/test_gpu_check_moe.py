@@ -1,13 +1,13 @@
 """gpu-check's MoE row without a GPU: what a healthy and a wrong MoE training record print,
-in the style of tests/test_gpu_check.py (records in, rows out), and that the step composes."""
+in the style of tests/launch/test_gpu_check.py (records in, rows out), and that the step composes."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "launch"))
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "launch"))
 
 import gpu_check  # noqa: E402
 

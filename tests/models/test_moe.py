@@ -5,15 +5,13 @@ spawned 2-rank Gloo job (no torchrun)."""
 from __future__ import annotations
 
 import json
-import math
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from workloads.core.dist import free_port
 from workloads.core.errors import UsageError
-from workloads.models import moe
 from workloads.models.moe import ExpertLayout, MoEConfig, MoEMLP, balance_loss, capacity, route, skew
 from workloads.testing import moe_parity
 from workloads.training.metrics import flops_per_iteration, moe_flops_per_iteration, summarize_moe
@@ -132,12 +130,6 @@ def test_layout_multiplies_to_the_world():
             ExpertLayout.resolve(*args)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 CASES = [("top2-ep2", {"num_experts": 4, "top_k": 2, "capacity_factor": 2.0}, 2),
          ("top1-ep2", {"num_experts": 4, "top_k": 1, "capacity_factor": 4.0}, 2),
          ("top2-ep1-replicas", {"num_experts": 4, "top_k": 2, "capacity_factor": 2.0}, 1)]
@@ -146,7 +138,7 @@ CASES = [("top2-ep2", {"num_experts": 4, "top_k": 2, "capacity_factor": 2.0}, 2)
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory):
     out = tmp_path_factory.mktemp("parity") / "parity.json"
-    mp.spawn(moe_parity.ep_vs_single, args=(2, _free_port(), str(out), CASES), nprocs=2, join=True)
+    mp.spawn(moe_parity.ep_vs_single, args=(2, free_port(), str(out), CASES), nprocs=2, join=True)
     return json.loads(out.read_text())
 
 

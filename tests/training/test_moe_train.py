@@ -5,7 +5,6 @@ the slower link."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from statistics import median
 
 import pytest
 
-from tests.conftest import REPO, child_env, records_in, run_entry
+from helpers import REPO, child_env, records_in, run_entry
 from workloads.training.expected import tflops_check
 
 STEPS = 10  # the synthetic pool holds 8 batches: steps 8 and 9 see batches seen before
@@ -49,13 +48,11 @@ def test_two_ranks_with_ep2_train_and_record_the_moe_figures(out_root):
     assert len(moe_steps) == STEPS and all(s["bytes"] > 0 for s in moe_steps)
 
 
-@pytest.mark.root
+@pytest.mark.requires("root")
 @pytest.mark.slow
 def test_emulated_ab_study_calls_100mbit_slower_and_reports_the_alltoall_share(tmp_path):
     """conf/study/emu-moe-ab.yaml as a user runs it, at 3 blocks (the fewest its plan accepts
     for a 50% difference)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for network namespaces, veth and tc")
     spec = tmp_path / "emu-moe-ab.yaml"
     spec.write_text(Path(REPO, "conf", "study", "emu-moe-ab.yaml").read_text() + "trials: 3\ndetect: 50%\n")
     out = tmp_path / "results"

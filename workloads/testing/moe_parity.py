@@ -90,4 +90,6 @@ def ep_vs_single(rank: int, world: int, port: int, out: str, cases: list[tuple[s
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
-    dist.destroy_process_group()
+    from workloads.core.dist import end_group_and_exit
+
+    end_group_and_exit()  # not interpreter teardown (workloads/core/dist.py says why)
