@@ -15,12 +15,13 @@ from helpers import REPO, child_env, need
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group marks into the groups it schedules
 def pytest_collection_modifyitems(config, items):
     """Under xdist (`make test` runs two workers), a module's tests stay on one worker, so a
-    module's shared launch (a server, a study) starts once; and every test that needs root or
-    Slurm shares one worker, so that namespaces, subnets and the private Slurm cluster are never
-    built by two tests at a time, and the emulated study (emu_ab) runs once per session."""
+    module's shared launch (a server, a study) starts once. Every test that needs root for
+    namespaces shares one worker: two emulations at a time could pick the same host-link subnet,
+    the leftover check after each module would see the other's namespaces, and the emulated
+    study (emu_ab) runs once per session. The Slurm tests (their private cluster) share another."""
     for item in items:
         needs = {c for m in item.iter_markers("requires") for c in m.args}
-        group = "root" if needs & {"root", "slurm"} else item.nodeid.split("::")[0]
+        group = "slurm" if "slurm" in needs else "netns" if "root" in needs else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
 
