@@ -20,15 +20,23 @@ def pytest_collection_modifyitems(config, items):
     the leftover check after each module would see the other's namespaces, and the emulated
     study (emu_ab) runs once per session. The Slurm tests (their private cluster) share another."""
     for item in items:
-        needs = {c for m in item.iter_markers("requires") for c in m.args}
-        group = "slurm" if "slurm" in needs else "netns" if "root" in needs else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+def _group(item) -> str:
+    needs = {c for m in item.iter_markers("requires") for c in m.args}
+    return "slurm" if "slurm" in needs else "netns" if "root" in needs else item.nodeid.split("::")[0].split("@")[0]
+
+
+_NETNS_MODULES: set[str] = set()  # modules whose namespace tests ran in this process
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("requires"):
         need(*mark.args)
+    if _group(item) == "netns":
+        _NETNS_MODULES.add(item.module.__name__)
 
 
 @pytest.fixture
@@ -65,16 +73,21 @@ def _namespaces_and_veths() -> set[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def nothing_of_ours_remains(request):
-    """After every module that needs root: each namespace and veth it made is gone, also when
-    a test failed (deleting a namespace deletes its veths and their qdiscs)."""
-    if not any(m.args and "root" in m.args for item in request.session.items if item.module is request.module
-               for m in item.iter_markers("requires")):
-        yield
-        return
-    before = _namespaces_and_veths()
+    """After every module whose namespace tests ran here: each namespace and veth they made is
+    gone, also when a test failed (deleting a namespace deletes its veths and their qdiscs).
+    Only this process's namespace tests make them (they all run in one xdist worker), so the
+    difference from before the module is theirs."""
+    before = _namespaces_and_veths() if _root() else set()
     yield
-    left = _namespaces_and_veths() - before
-    assert not left, f"left behind by {request.module.__name__}: {sorted(left)}"
+    if request.module.__name__ in _NETNS_MODULES:
+        left = _namespaces_and_veths() - before
+        assert not left, f"left behind by {request.module.__name__}: {sorted(left)}"
+
+
+def _root() -> bool:
+    import os
+
+    return os.geteuid() == 0
 
 
 def pytest_configure(config):
