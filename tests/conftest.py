@@ -48,13 +48,13 @@ def out_root(tmp_path: Path) -> Path:
 def emu_ab(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """The README's emulated A/B study (conf/study/emu-ab.yaml: an all_reduce and tiny training
     over an unshaped veth pair and a 100 Mbit/s one, two namespaces, ABBA) as a user runs it,
-    shortened to 4 blocks by declaring the difference it must call (50%; the shipped plan is 8
-    blocks for 10%). One run, 16 cells, read by the study's, the emulator's and the line-rate
-    tests: (its output root, the finished `fabricbench study`). Root only."""
+    declaring the difference it must call (50%; the shipped plan is 8 blocks for 10%), so that
+    its plan chooses 3 blocks. One run, 12 cells, read by the study's, the emulator's and the
+    line-rate tests: (its output root, the finished `fabricbench study`). Root only."""
     need("root")
     tmp = tmp_path_factory.mktemp("emu-ab")
     spec = tmp / "emu-ab.yaml"
-    spec.write_text((REPO / "conf" / "study" / "emu-ab.yaml").read_text() + "trials: 4\ndetect: 50%\n")
+    spec.write_text((REPO / "conf" / "study" / "emu-ab.yaml").read_text() + "detect: 50%\n")
     out = tmp / "results"
     r = subprocess.run([sys.executable, "-m", "workloads.core.cli", "study", str(spec), "--output-root", str(out)],
                        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1500)

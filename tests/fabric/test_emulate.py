@@ -174,10 +174,10 @@ def _study_records(out) -> list[dict]:
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
-    """Tiny training across two namespaces, four runs on each link (the emulated A/B study of
+    """Tiny training across two namespaces, three runs on each link (the emulated A/B study of
     tests/conftest.py, which calls the verdict; here: what each run recorded)."""
     every = [r for r in _study_records(emu_ab[0]) if r["workload"] == "pretrain"]
-    assert sorted(r["fabric"]["name"] for r in every) == ["emu-100m"] * 4 + ["emu-veth"] * 4
+    assert sorted(r["fabric"]["name"] for r in every) == ["emu-100m"] * 3 + ["emu-veth"] * 3
     for r in every:
         assert r["status"] == "ok" and r["world"]["nodes"] == 2 and r["world"]["world_size"] == 2
         assert r["fabric"]["env"]["GLOO_SOCKET_IFNAME"] == "emu0"
@@ -194,11 +194,11 @@ def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
 def test_all_reduce_busbw_matches_100mbit_link(emu_ab):
     """2 ranks: busbw = algbw x 2(n-1)/n = S/t, and each rank sends S bytes per all_reduce,
     so busbw is the link's payload rate: 100e6/8 B/s x (1448 payload / 1514 frame bytes)
-    = 0.01195 GB/s. tbf counts whole frames. No run is above the link, and three of four are
+    = 0.01195 GB/s. tbf counts whole frames. No run is above the link, and two of three are
     within 15% of it (one of five timed 1 MiB all_reduces losing a scheduling slice on a shared
     2-core machine costs ~20% of that run; the study test holds the median to 10%)."""
     recs = [r for r in _study_records(emu_ab[0]) if r["workload"] == "collectives" and r["fabric"]["name"] == "emu-100m"]
-    assert len(recs) == 4
+    assert len(recs) == 3
     link = 100e6 / 8 * 1448 / 1514 / 1e9
     busbw = sorted(rec["metrics"]["avg_busbw(GB/s)"] for rec in recs)
-    assert busbw[-1] <= 1.05 * link and sum(abs(b - link) <= 0.15 * link for b in busbw) >= 3, (busbw, link)
+    assert busbw[-1] <= 1.05 * link and sum(abs(b - link) <= 0.15 * link for b in busbw) >= 2, (busbw, link)
