@@ -132,7 +132,7 @@ def _cpu_env(spec: ServerSpec, first_rank: int) -> dict[str, str]:
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
     check_model(spec, model)
     path = model_path(spec, model)
-    python = interpreter(spec) or "python"
+    python = interpreter(spec) or sys.executable  # none here: check_available has said so
     cpu = on_cpu(spec)
     # SGLang retitles its processes (setproctitle), which overwrites /proc/<pid>/environ
     # unless SPT_NOENV is set; transport verification reads the fabric's variables there.
