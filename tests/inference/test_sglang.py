@@ -87,7 +87,7 @@ def test_sglang_sweep_runs_on_the_cpu_recipe(sweep, sglang_env):
         assert " ".join(CPU_FLAGS) in " ".join(argv)
     # SGLANG_CPU_OMP_THREADS_BIND reached every rank: SGLang logs each rank's cores
     bound = re.findall(r"init_threads_binding: numa_index=(\d+), world_size=(\d+), local_omp_cpuid=(\S+)", _log(out))
-    want = x["server"].get("env", {}).get("SGLANG_CPU_OMP_THREADS_BIND") or _cpu_binding(tp, 0)
+    want = x["server"].get("env", {}).get("SGLANG_CPU_OMP_THREADS_BIND") or _cpu_binding(tp, 0, tp)
     assert sorted(bound) == [(str(i), str(tp), c) for i, c in enumerate(want.split("|"))], bound
 
 

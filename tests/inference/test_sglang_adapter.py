@@ -47,15 +47,17 @@ def test_extra_args_come_after_the_recipe_so_they_win():
 
 def test_core_binding_splits_this_hosts_cores_among_its_ranks(monkeypatch):
     monkeypatch.setattr(sglang.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
-    assert sglang._cpu_binding(2, 0) == "0-1|2-3"
-    assert sglang._cpu_binding(1, 1) == "2-3"      # node 1's rank of two emulated nodes on one host
-    assert sglang._cpu_binding(4, 0) == "0|1|2|3"
+    assert sglang._cpu_binding(2, 0, 2) == "0-1|2-3"
+    # two emulated nodes on one host, one rank each: node 0's and node 1's cores do not overlap
+    assert (sglang._cpu_binding(2, 0, 1), sglang._cpu_binding(2, 1, 1)) == ("0-1", "2-3")
+    assert sglang._cpu_binding(4, 0, 4) == "0|1|2|3"
     monkeypatch.setattr(sglang.os, "sched_getaffinity", lambda _pid: {0, 1})
-    assert sglang._cpu_binding(4, 0) == "0|1|0|1"  # more ranks than cores: they share
+    assert sglang._cpu_binding(4, 0, 4) == "0|1|0|1"  # more ranks than cores: they share
 
 
 def test_emulated_nodes_each_get_their_own_command(monkeypatch):
     monkeypatch.setenv(NODES_ENV, "fb-1-0,fb-1-1")  # as launch/emulate.py sets it for the load generator
+    monkeypatch.setattr(sglang.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     spec = _spec(tp=2, nnodes=2, dist_init_addr="10.77.0.1:29500", host="10.78.0.2", device="cpu")
     launch = sglang.command(spec, LLAMA)
     assert launch.own_network and launch.argv[1:4] == ["-m", "workloads.fabric.emulate", "--serve-nodes"]
@@ -66,7 +68,8 @@ def test_emulated_nodes_each_get_their_own_command(monkeypatch):
         assert argv[argv.index("--dist-init-addr") + 1] == "10.77.0.1:29500"
         assert argv[argv.index("--host") + 1] == ("10.78.0.2" if i == 0 else "10.77.0.2")
         assert node["env"]["SGLANG_USE_MESSAGE_QUEUE_BROADCASTER"] == "false"
-        assert len(node["env"]["SGLANG_CPU_OMP_THREADS_BIND"].split("|")) == 1
+    binds = [node["env"]["SGLANG_CPU_OMP_THREADS_BIND"] for node in nodes]
+    assert binds == ["0-1", "2-3"]  # one rank per node, each on its own half of the host's cores
 
 
 def test_neox_is_refused_on_cpu_only(tmp_path):

@@ -97,12 +97,11 @@ def check_model(spec: ServerSpec, model: Mapping[str, Any]) -> None:
                          "model (model=llama-tiny) or server=vllm / server=reference for NeoX")
 
 
-def _cpu_binding(local: int, first: int) -> str:
-    """SGLANG_CPU_OMP_THREADS_BIND for `local` ranks whose first is this host's rank `first`
-    (emulated nodes share one host): the host's cores split evenly, "a-b|c-d"; ranks share
-    cores when there are fewer cores than ranks."""
+def _cpu_binding(total: int, first: int, local: int) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for `local` ranks, this host's ranks `first`.. of `total`
+    on it (emulated nodes share one host): the host's cores split evenly among all `total`,
+    "a-b|c-d"; ranks share cores when there are fewer cores than ranks."""
     cpus = sorted(os.sched_getaffinity(0))
-    total = max(local, first + local)
     each = max(1, len(cpus) // total)
     groups = []
     for r in range(first, first + local):
@@ -124,9 +123,9 @@ def _node_argv(spec: ServerSpec, python: str, path: str, cpu: bool) -> list[str]
     return argv + (list(CPU_FLAGS) if cpu else []) + list(spec.extra_args)
 
 
-def _cpu_env(spec: ServerSpec, first_rank: int) -> dict[str, str]:
-    local = spec.tp // spec.nnodes
-    return {"SGLANG_NCCL_SO_PATH": NO_NCCL, "SGLANG_CPU_OMP_THREADS_BIND": _cpu_binding(local, first_rank)}
+def _cpu_env(spec: ServerSpec, on_host: int, first_rank: int) -> dict[str, str]:
+    bind = _cpu_binding(on_host, first_rank, spec.tp // spec.nnodes)
+    return {"SGLANG_NCCL_SO_PATH": NO_NCCL, "SGLANG_CPU_OMP_THREADS_BIND": bind}
 
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
@@ -140,7 +139,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     name = spec.served_model_name or path
     nodes = emulated_nodes() if spec.nnodes > 1 else None
     if nodes is None:
-        env |= _cpu_env(spec, 0) if cpu else {}
+        env |= _cpu_env(spec, spec.tp // spec.nnodes, 0) if cpu else {}
         return Launch(_node_argv(spec, python, path, cpu), env | dict(spec.env), name)
     # launch/emulate.py's namespaces: node i's command in namespace i. Node 0's API answers on
     # the host link (server.host); the others serve only a health port, on their own emu0.
@@ -154,6 +153,6 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     for i in range(spec.nnodes):
         node = replace(spec, node_rank=i, host=spec.host if i == 0 else EmuSpec(nodes=len(nodes)).addr(i))
         per_node.append({"argv": _node_argv(node, python, path, cpu),
-                         "env": apart | (_cpu_env(spec, i * local) if cpu else {})})
+                         "env": apart | (_cpu_env(spec, spec.tp, i * local) if cpu else {})})
     return Launch([sys.executable, "-m", "workloads.fabric.emulate", "--serve-nodes", json.dumps(per_node)],
                   env | dict(spec.env), name, own_network=True)
