@@ -534,7 +534,8 @@ def agent_main(torchrun_args: Sequence[str]) -> int:
 def serve_nodes(per_node_json: str) -> int:
     """`python -m workloads.fabric.emulate --serve-nodes '[{"argv": [...], "env": {...}}, ...]'`:
     an engine that starts each node itself (vLLM: node 0's API server, headless workers on the
-    others; SGLang: node 0's API server and schedulers, schedulers only on the others), entry i in the i-th namespace of NODES_ENV, for as long as the server runs."""
+    others; SGLang: node 0's API server and schedulers, schedulers only on the others), entry i
+    in the i-th namespace of NODES_ENV, for as long as the server runs."""
     import json
 
     per_node = json.loads(per_node_json)

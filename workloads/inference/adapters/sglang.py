@@ -20,8 +20,8 @@ generic platform path needs to serve here (shared/reviews/sglang-cpu.md): `--dev
 PyNccl communicator for CPU tensors and fail; without it the TP all-reduce runs over Gloo) plus
 `SGLANG_CPU_OMP_THREADS_BIND` (one core group per TP rank of this host; SGLang otherwise
 asserts one NUMA node per rank; it pins threads by it only through sgl-kernel's
-init_cpu_threads_env, i.e. with AMX, and logs it otherwise). `server.extra_args` come after, so a flag there wins. On a GPU
-none of this is added. SGLang has no GPT-NeoX model; its Transformers fallback needs an
+init_cpu_threads_env, i.e. with AMX, and logs it otherwise). `server.extra_args` come after,
+so a flag there wins. On a GPU none of this is added. SGLang has no GPT-NeoX model; its Transformers fallback needs an
 accelerator, so a NeoX model on CPU is refused before anything starts.
 """
 
