@@ -40,6 +40,15 @@ def test_a_gpu_never_gets_the_cpu_recipe(how):
     assert "SGLANG_NCCL_SO_PATH" not in launch.env and "SGLANG_CPU_OMP_THREADS_BIND" not in launch.env
 
 
+def test_auto_means_cpu_only_where_the_host_has_no_gpu(monkeypatch, tmp_path):
+    node = tmp_path / "nvidiactl"
+    monkeypatch.setattr(sglang, "GPU_DEVICE_NODES", (str(node),))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert sglang.command(_spec(device="auto"), LLAMA).argv[-len(RECIPE):] == RECIPE
+    node.touch()  # a GPU's device node, even when this Python's torch cannot use it
+    assert "--attention-backend" not in sglang.command(_spec(device="auto"), LLAMA).argv
+
+
 def test_extra_args_come_after_the_recipe_so_they_win():
     launch = sglang.command(_spec(device="cpu", extra_args=("--max-total-tokens", "2048")), LLAMA)
     assert launch.argv[-4:] == ["--max-total-tokens", "8192", "--max-total-tokens", "2048"]

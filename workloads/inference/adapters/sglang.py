@@ -58,16 +58,27 @@ def interpreter(spec: ServerSpec) -> str | None:
     return sys.executable if importlib.util.find_spec("sglang") is not None else None
 
 
+# A GPU's device nodes (NVIDIA's driver, ROCm's kfd): present whether or not this Python's torch
+# can use the GPU (the sglang image's fabricbench venv has its own torch; SGLang has another).
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def host_has_gpu() -> bool:
+    if any(Path(p).exists() for p in GPU_DEVICE_NODES):
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def on_cpu(spec: ServerSpec) -> bool:
     """Where SGLang runs: `--device` in server.extra_args, else server.device, else (auto)
-    the CPU when this host has no GPU."""
+    the CPU when this host has no GPU (neither a GPU device node nor a GPU for torch)."""
     args = list(spec.extra_args)
     device = args[args.index("--device") + 1] if "--device" in args[:-1] else spec.device
     if device and device != "auto":
         return device == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
+    return not host_has_gpu()
 
 
 def _architecture(spec: ServerSpec, model: Mapping[str, Any]) -> str | None:
