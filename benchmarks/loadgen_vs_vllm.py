@@ -37,10 +37,8 @@ its benchmark module is driven directly (vllm.benchmarks.serve: add_cli_args + m
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -48,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from driven_client import DrivenClient  # noqa: E402
 from loadgen_capacity import capacity  # noqa: E402
 
 from workloads.inference.loadgen.arrivals import Arrival  # noqa: E402
@@ -94,36 +93,14 @@ def find_vllm_python(arg: str | None) -> Path | None:
     return None
 
 
-class VllmClient:
+def vllm_client(python: Path, url: str, tok: Path, a) -> DrivenClient:
     """vLLM's benchmark client in its own process, one round per `round()` call."""
-
-    def __init__(self, python: Path, url: str, tok: Path, a) -> None:
-        args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "m",
-                "--tokenizer", str(tok), "--dataset-name", "random", "--random-input-len", str(a.input_len),
-                "--random-output-len", str(a.output_len), "--num-prompts", str(a.requests),
-                "--max-concurrency", str(a.concurrency), "--request-rate", "inf", "--ignore-eos",
-                "--temperature", "0", "--disable-tqdm"]
-        self.proc = subprocess.Popen([str(python), "-c", VLLM_DRIVER, *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     cwd=tempfile.gettempdir(), env=os.environ | {"VLLM_LOGGING_LEVEL": "WARNING"})
-        self.log: list[str] = []
-        self._until("READY")
-
-    def _until(self, prefix: str) -> str:
-        for line in self.proc.stdout:
-            self.log.append(line)
-            if line.startswith(prefix):
-                return line
-        raise RuntimeError("vLLM's benchmark client exited; its last output:\n" + "".join(self.log[-30:]))
-
-    def round(self) -> dict:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        return json.loads(self._until("FBJSON ")[len("FBJSON "):])
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
+    args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "m",
+            "--tokenizer", str(tok), "--dataset-name", "random", "--random-input-len", str(a.input_len),
+            "--random-output-len", str(a.output_len), "--num-prompts", str(a.requests),
+            "--max-concurrency", str(a.concurrency), "--request-rate", "inf", "--ignore-eos",
+            "--temperature", "0", "--disable-tqdm"]
+    return DrivenClient("vLLM", python, VLLM_DRIVER, args, os.environ | {"VLLM_LOGGING_LEVEL": "WARNING"})
 
 
 def fabricbench_round(url: str, specs, a) -> dict:
@@ -162,7 +139,7 @@ def main() -> None:
         word_tokenizer(tok)
         specs = RandomDataset(a.requests, a.input_len, a.output_len).load(load_tokenizer(str(tok)))
         os.sched_setaffinity(0, {cpus[0]})  # the vLLM client, started next, inherits it
-        vllm = VllmClient(vpy, url, tok, a) if vpy else None
+        vllm = vllm_client(vpy, url, tok, a) if vpy else None
         if a.realtime:  # after vLLM's minute-long import, which would otherwise hold a CPU from everyone
             for pid in (0, srv.proc.pid) + ((vllm.proc.pid,) if vllm else ()):
                 os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))

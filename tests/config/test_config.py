@@ -1,5 +1,6 @@
 """Every config file composes, and every bad value is one clear UsageError before init."""
 
+import sys
 
 import pytest
 import yaml
@@ -199,7 +200,7 @@ def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monk
         if name == "finetune":
             extra.append("init.checkpoint=/nonexistent")
         if root == "infer" and group == "server":
-            extra += {"external": ["server.url=http://127.0.0.1:9"], "sglang": ["model=llama-3.1-8b", "server.python=/x"],
+            extra += {"external": ["server.url=http://127.0.0.1:9"], "sglang": ["model=llama-3.1-8b", f"server.python={sys.executable}"],
                       "vllm": ["model=llama-3.1-8b"]}.get(name, [])
         if root == "infer" and group == "load":  # GPU-sized loads: against a server of that size
             extra += ["server=external", "server.url=http://127.0.0.1:9", "model=llama-3.1-8b"]

@@ -150,6 +150,13 @@ CASES = [
     ("infer-slo", _infer("load.slo=ttft"), None, "slo"),
     ("infer-reference-corrupt-checkpoint", ["launch/infer.py", "server.checkpoint={d}/ckpt"],
      lambda d: _ckpt(d, "{not json"), "config.json"),
+    # SGLang on this CPU: no GPT-NeoX model; its engine env missing; TP not dividing llama-tiny's 4 heads
+    ("infer-sglang-neox", ["launch/infer.py", "server=sglang", "model=neox-tiny", "server.device=cpu",
+                           f"server.python={sys.executable}"], None, "cannot serve GPT-NeoX"),
+    ("infer-sglang-missing", ["launch/infer.py", "server=sglang", "model=llama-tiny", "server.model_path={d}",
+                              "server.python={d}/no-python"], None, "make engines"),
+    ("infer-sglang-tp-heads", ["launch/infer.py", "server=sglang", "model=llama-tiny", "server.model_path={d}",
+                               "server.tp=3"], None, "server.tp=3"),
     ("infer-vllm-missing", ["launch/infer.py", "server=vllm", "model=llama-3.1-8b", "server.executable=no-vllm-here"],
      None, "not installed"),
     # analysis
@@ -176,8 +183,8 @@ CASES = [
     # emulation and doctor
     ("emulate-infer-tp-too-small", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server.tp=1"), None,
      "server.tp=1"),
-    ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=sglang",
-                                         "model=llama-3.1-8b", "server.tp=2"), None, "server=sglang"),
+    ("emulate-infer-not-reference", _cli("emulate", "launch/infer.py", "fabric=emu-100m", "server=external",
+                                         "server.url=http://127.0.0.1:9", "server.tp=2"), None, "server=external"),
     ("infer-reference-fp16-on-cpu", ["launch/infer.py", "server.dtype=fp16"], None, "server.dtype=fp16 needs a GPU"),
     ("infer-reference-dtype", ["launch/infer.py", "server.dtype=fp8"], None, "server.dtype='fp8'"),
     ("infer-reference-nnodes", ["launch/infer.py", "server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"], None,

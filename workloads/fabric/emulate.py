@@ -12,8 +12,8 @@ it. One torchrun agent runs per namespace (static rendezvous: --node_rank, --mas
 
 Served inference is the one entry point that does not run in the namespaces: its load
 generator runs on this host, and the engine it starts puts its TP ranks in the namespaces —
-the reference engine one torchrun agent per namespace (`--serve`), vLLM node i's own command
-in namespace i (`--serve-nodes`); the API server answers on an unshaped veth from this host
+the reference engine one torchrun agent per namespace (`--serve`), vLLM's and SGLang's node i's
+own command in namespace i (`--serve-nodes`); the API server answers on an unshaped veth from this host
 into node 0, so only the engine's all_reduces cross the shaped link.
 
 The shaping comes from the fabric profile's `emulate:` block (conf/fabric/emu-*.yaml):
@@ -396,11 +396,11 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
 
 def _check_served(cfg, spec: EmuSpec) -> None:
     """Served inference across the namespaces: an engine that can span nodes here (the reference
-    engine, one torchrun agent per namespace; vLLM, its multi-node mode), TP split evenly."""
+    engine, one torchrun agent per namespace; vLLM and SGLang, their multi-node modes), TP split evenly."""
     adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
-    if adapter not in ("reference", "vllm"):
-        raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference or "
-                         "server=vllm")
+    if adapter not in ("reference", "vllm", "sglang"):
+        raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference, "
+                         "server=vllm or server=sglang")
     tp = cfg.server.get("tp")
     if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
         shown = "null" if tp is None else tp
@@ -534,7 +534,8 @@ def agent_main(torchrun_args: Sequence[str]) -> int:
 def serve_nodes(per_node_json: str) -> int:
     """`python -m workloads.fabric.emulate --serve-nodes '[{"argv": [...], "env": {...}}, ...]'`:
     an engine that starts each node itself (vLLM: node 0's API server, headless workers on the
-    others), entry i in the i-th namespace of NODES_ENV, for as long as the server runs."""
+    others; SGLang: node 0's API server and schedulers, schedulers only on the others), entry i
+    in the i-th namespace of NODES_ENV, for as long as the server runs."""
     import json
 
     per_node = json.loads(per_node_json)

@@ -278,7 +278,8 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         WORKLOAD, cfg, plan.fabric, applied, run_dir.name, overrides,
         model=OmegaConf.to_container(cfg.model, resolve=True),
         server={"adapter": spec.adapter, "tp": spec.tp, "nnodes": spec.nnodes, "url": spec.base_url,
-                "argv": launch.argv, "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
+                "argv": launch.argv, "env": launch.env,  # what the adapter added (SGLang's CPU recipe)
+                "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
 
     def loggers(label: str):  # one W&B run per point, as one record per point
         info = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)

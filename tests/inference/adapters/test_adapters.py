@@ -46,7 +46,7 @@ def _launch(*overrides):
 
 def test_sglang_command_line():
     spec, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=8", "server.port=31000",
-                         "server.extra_args=[--mem-fraction-static,0.85]")
+                         "server.extra_args=[--mem-fraction-static,0.85]", "server.device=cuda")
     assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
                           "--tp-size", "8", "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
     assert l.model_name == "meta-llama/Llama-3.1-8B-Instruct"
@@ -90,8 +90,11 @@ def test_vllm_launcher_rule(monkeypatch, tmp_path):
         ["/opt/vllm", "serve", "/m"]
 
 
-def test_engine_interpreter_is_configurable(monkeypatch):
+def test_engine_interpreter_is_configurable(monkeypatch, tmp_path):
     # In the serving images the engine lives in the image's Python, fabricbench in a venv.
+    from workloads.inference.adapters import sglang
+
+    monkeypatch.setattr(sglang, "ENGINE_ENV", tmp_path / "no-engines")
     assert _launch("server=sglang", "model=llama-3.1-8b")[1].argv[0] == sys.executable
     monkeypatch.setenv("FB_ENGINE_PYTHON", "/usr/bin/python3")
     assert _launch("server=sglang", "model=llama-3.1-8b")[1].argv[0] == "/usr/bin/python3"

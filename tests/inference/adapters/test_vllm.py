@@ -19,12 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 from helpers import REPO, child_env, records_in, run_entry
 from helpers.hf_tiny import model_dir
+from helpers.serving_checks import check_gloo_ranks_on_lo, check_metrics_match_the_samples
 from workloads.core.dist import free_port
 from workloads.fabric.emulate import leftovers
 
@@ -91,28 +91,7 @@ def test_vllm_sweep_runs(sweep):
 
 def test_metrics_match_the_samples(sweep):
     """Recomputed from record["samples"] with numpy, by DESIGN.md's definitions."""
-    for x in sweep[1]:
-        m, rows = x["metrics"], x["samples"]["requests"]
-        assert len(rows) == REQUESTS and all(q["ok"] for q in rows)
-        # ignore_eos + vLLM's usage: every request produced exactly what was asked.
-        assert [q["output_tokens"] for q in rows] == [OUT_LEN] * REQUESTS
-        assert {q["output_tokens_from"] for q in rows} == {"usage"}
-        ttft = np.array([q["ttft_s"] for q in rows])
-        lat = np.array([q["latency_s"] for q in rows])
-        tpot = (lat - ttft) / (OUT_LEN - 1)
-        itl = np.concatenate([q["itl_s"] for q in rows])
-        assert m["completed"] == REQUESTS and m["failed"] == 0
-        assert m["total_output_tokens"] == REQUESTS * OUT_LEN
-        assert m["request_throughput"] == pytest.approx(REQUESTS / m["duration"], rel=1e-9)
-        assert m["output_throughput"] == pytest.approx(REQUESTS * OUT_LEN / m["duration"], rel=1e-9)
-        assert m["mean_ttft_ms"] == pytest.approx(ttft.mean() * 1e3, rel=1e-9)
-        assert m["median_tpot_ms"] == pytest.approx(np.median(tpot) * 1e3, rel=1e-9)
-        assert m["p99_e2el_ms"] == pytest.approx(np.percentile(lat, 99) * 1e3, rel=1e-9)
-        assert m["median_itl_ms"] == pytest.approx(np.median(itl) * 1e3, rel=1e-9)
-        # A streamed answer of OUT_LEN tokens has at most OUT_LEN - 1 gaps between content chunks.
-        assert all(1 <= len(q["itl_s"]) <= OUT_LEN - 1 for q in rows)
-        # <=: a loaded box can deliver all of an answer's chunks in one read (ITL 0, E2E = TTFT).
-        assert 0 < ttft.min() and (ttft <= lat).all() and m["duration"] >= lat.max()
+    check_metrics_match_the_samples(sweep[1], REQUESTS, OUT_LEN)
 
 
 def test_fabric_env_and_transport_of_vllm_ranks(sweep):
@@ -125,10 +104,7 @@ def test_fabric_env_and_transport_of_vllm_ranks(sweep):
     if tp == 1:  # one rank, no peer: nothing crossed a fabric (as the reference engine at TP=1)
         assert [r["peer_connections"] for r in ranks] == [0]
         return
-    assert len(ranks) == tp and len({r["pid"] for r in ranks}) == tp
-    for r in ranks:
-        assert r["peer_connections"] >= 1 and r["interfaces"] == ["lo"] and r["addresses"] == ["127.0.0.1"]
-        assert r["env"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    check_gloo_ranks_on_lo(t, tp)
 
 
 def test_flush_cache_reaches_vllm(sweep):

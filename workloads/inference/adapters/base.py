@@ -38,6 +38,7 @@ class ServerSpec:
     # serving images SGLang/vLLM live in the image's interpreter, fabricbench in a venv.
     python: str | None = None           # sglang: interpreter that has SGLang (null = this one)
     executable: str | None = None       # vllm: the `vllm` CLI (null = "vllm" on PATH)
+    device: str | None = None           # sglang: --device; null/auto = cpu when this host has no GPU
     # The sweep's run directory (set by the inference workload, not a config key): an engine
     # that writes files of its own (the reference engine's run folder) keeps them there.
     run_dir: str | None = None
