@@ -21,6 +21,11 @@ def pytest_collection_modifyitems(config, items):
     study (emu_ab) runs once per session. The Slurm tests (their private cluster) share another."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
+    # The longest work first, so that no worker starts a long group when the other is nearly
+    # done: the namespace group, then Slurm's, then modules with slow tests, then the rest.
+    slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    rank = {"netns": 0, "slurm": 1}
+    items.sort(key=lambda item: rank.get(_group(item), 2 if item.module.__name__ in slow else 3))
 
 
 def _group(item) -> str:
