@@ -21,6 +21,8 @@ def pytest_collection_modifyitems(config, items):
     study (emu_ab) runs once per session. The Slurm tests (their private cluster) share another."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
+        if "emu_ab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(2400))  # whichever runs first pays for the study's 12 runs
     # The longest work first, so that no worker starts a long group when the other is nearly
     # done: the namespace group, then Slurm's, then modules with slow tests, then the rest.
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}

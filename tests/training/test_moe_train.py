@@ -50,6 +50,7 @@ def test_two_ranks_with_ep2_train_and_record_the_moe_figures(out_root):
 
 @pytest.mark.requires("root")
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 6 emulated runs: 4 min on a shared 2-core machine
 def test_emulated_ab_study_calls_100mbit_slower_and_reports_the_alltoall_share(tmp_path):
     """conf/study/emu-moe-ab.yaml as a user runs it, at 3 blocks (the fewest its plan accepts
     for a 50% difference)."""
