@@ -9,11 +9,14 @@ rate (12.5 MB/s x 1448/1514), less what the tbf burst lets through at once, agai
 1 ms on an unshaped veth.
 
 The comparison is over the per-request TTFTs of one sweep point (16 requests each). What the
-link adds is a time, not a ratio: the same 87.7 ms on a quiet or a busy CPU, while the rest of
-TTFT (compute) grows with the load. So the A/B must be significant with its interval for the
-added time above half the link's share, and the A/A (two unshaped servers) must not show an
-added time of that size. (A ratio bound failed on a shared machine: 1.23x [1.15, 1.43] against
-1.5x, with the link's time all there.)"""
+link adds is a time, not a ratio: the rest of TTFT (compute) grows with the CPU's load and the
+link's share does not (a ratio bound failed on a shared machine: 1.23x [1.15, 1.43] against
+1.5x). How much time it adds depends on tbf's burst: each of a prefill's 8 messages (4
+all-reduces x 2 ring phases x 128 KiB) passes at once if the 128 KiB bucket has refilled since
+the last, which takes 10 ms of compute; so between 0 and LINK_S, and less the busier the CPU
+(measured 48 ms [37, 60] at load 2-3). The A/B must be significant with its interval for the
+added time above a quarter of LINK_S, and the A/A (two unshaped servers) must not show an added
+time of that size."""
 
 import subprocess
 import sys
@@ -72,10 +75,10 @@ def test_ttft_rises_significantly_at_100mbit_and_an_aa_control_stays_quiet(serve
     shaped, a, a2 = _ttfts(by["emu-100m", 0]), _ttfts(by["emu-veth", 0]), _ttfts(by["emu-veth", 1])
     added, lo, hi = _added(shaped, a)
     p = permutation_p(shaped, a)
-    assert p < 0.01 and lo > LINK_S / 2, (added, lo, hi, p, LINK_S)
+    assert p < 0.01 and lo > LINK_S / 4, (added, lo, hi, p, LINK_S)
     # A/A: the same unshaped fabric, another server; whatever its p, no added time of that size
     aa, aa_lo, aa_hi = _added(a2, a)
-    assert abs(aa) < LINK_S / 2 and not (permutation_p(a2, a) < 0.01 and aa_lo > LINK_S / 2), (aa, aa_lo, aa_hi)
+    assert abs(aa) < LINK_S / 4 and not (permutation_p(a2, a) < 0.01 and aa_lo > LINK_S / 4), (aa, aa_lo, aa_hi)
 
 
 @pytest.mark.requires("root")

@@ -181,7 +181,7 @@ def documented_examples() -> list[tuple[str, list[str]]]:
                 pending = ""
         for ln in logical:
             if re.search(r"\bsbatch\b[^`]*launch/slurm/\w+\.sbatch", ln):
-                found.append((f"{path.name}: {ln.strip()}", shlex.split(ln.strip())))
+                found.append((f"{path.name}: {ln.strip()}", shlex.split(ln.strip(), comments=True)))  # as a shell reads it
     return found
 
 

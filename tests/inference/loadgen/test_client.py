@@ -83,7 +83,7 @@ def test_timing_matches_scripted_truth(running, server, concurrency, backend):
     with Jitter(running.proc.pid) as jitter:
         res = run_point(point)
     print(jitter)
-    tol, mean_tol, sample_tol = (max(floor, k * jitter.mean_wait_s) for floor, k in ((TOL, 4), (TAIL_TOL, 12), (SAMPLE_TOL, 80)))
+    tol, mean_tol, sample_tol = (max(floor, k * jitter.mean_wait_s) for floor, k in ((TOL, 8), (TAIL_TOL, 16), (SAMPLE_TOL, 80)))
     trace = _trace(server)
     assert [r.error for r in res.results] == [None] * n
     by_prompt = {r: res.results[i] for i, r in enumerate(range(n))}
@@ -136,12 +136,13 @@ def _one(url, prompt, backend="completions", timeout=10, n_out=4):
 
 def _late_bound(jitter: Jitter) -> float:
     """A single sample's margin: the client reads a chunk after the server stamped it, never
-    before (one clock), and later by at most the worst wake-up latency seen meanwhile."""
-    return max(TOL, 12 * jitter.mean_wait_s)
+    before (one clock), and later by a few waits for a core at most (one wait delays every
+    chunk behind it in the client's event loop)."""
+    return max(TOL, 24 * jitter.mean_wait_s)
 
 
-def test_sse_edge_cases(server):
-    with Jitter() as jitter:
+def test_sse_edge_cases(running, server):
+    with Jitter(running.proc.pid) as jitter:
         ok = {m: _one(server, f"id=edge-{m};ttft=5;itl=5,5,5;mode={m}")
               for m in ("comments", "split", "usage_late", "no_usage")}
     late = _late_bound(jitter)
@@ -152,10 +153,10 @@ def test_sse_edge_cases(server):
     # split chunks count when their last byte arrives, 2 ms after the first (CRLF line ends in
     # this mode too): counting the first would put the client 2 ms before the stamp.
     w = tr["edge-split"]["content_writes"]
-    assert -1e-4 < ok["split"].ttft - (w[0] - ok["split"].start) < late, jitter
+    assert -1e-4 < ok["split"].ttft - (w[0] - ok["split"].start) < late, str(jitter)
     # The usage-only chunk, 100 ms after the last token, does not move the end time ...
     r = ok["usage_late"]
-    assert -1e-4 < r.latency - (tr["edge-usage_late"]["finish_write"] - r.start) < min(late, 0.05), jitter
+    assert -1e-4 < r.latency - (tr["edge-usage_late"]["finish_write"] - r.start) < min(late, 0.05), str(jitter)
     assert r.output_tokens == 4 and r.output_tokens_from == "usage"
     # ... and without it the tokens are counted from the content events.
     assert ok["no_usage"].output_tokens == 4 and ok["no_usage"].output_tokens_from == "chunks"
@@ -173,16 +174,16 @@ def test_sse_edge_cases(server):
 
 
 @pytest.mark.parametrize("backend", ["completions", "chat"])
-def test_tokens_that_decode_to_empty_text_are_a_completed_request(server, backend):
+def test_tokens_that_decode_to_empty_text_are_a_completed_request(running, server, backend):
     """Special tokens stream as empty text: the request completed (the server counts its
     tokens in usage), TTFT is its first token chunk (not the chat stream's role-only opener),
     and the row says so. Without usage there is no sign of a token: failed, and said why."""
-    with Jitter() as jitter:
+    with Jitter(running.proc.pid) as jitter:
         r = _one(server, f"id=empty-{backend};ttft=30;itl=5,5,5;mode=empty_text", backend)
     assert r.ok and r.empty_text and r.as_row()["empty_text"], r.error
     assert r.output_tokens == 4 and r.output_tokens_from == "usage" and r.itl == []
     w = _trace(server)[f"empty-{backend}"]["content_writes"]
-    assert -1e-4 < r.ttft - (w[0] - r.start) < _late_bound(jitter) and r.ttft > 0.025, jitter
+    assert -1e-4 < r.ttft - (w[0] - r.start) < _late_bound(jitter) and r.ttft > 0.025, str(jitter)
     normal = _one(server, "ttft=5;itl=5", backend)
     assert "empty_text" not in normal.as_row()
     bare = _one(server, "ttft=5;itl=5;mode=no_usage_empty", backend)
