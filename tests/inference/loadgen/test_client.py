@@ -83,7 +83,11 @@ def test_timing_matches_scripted_truth(running, server, concurrency, backend):
     with Jitter(running.proc.pid) as jitter:
         res = run_point(point)
     print(jitter)
-    tol, mean_tol, sample_tol = (max(floor, k * jitter.mean_wait_s) for floor, k in ((TOL, 8), (TAIL_TOL, 16), (SAMPLE_TOL, 80)))
+    # At 64 streams one event loop reads every chunk: a burst queues behind itself, which no
+    # wait for a core shows. Measured 1.3 ms median with the other core busy (make test's second
+    # worker) and mean waits of 0.1 ms; alone on a quiet machine 0.2-0.4 ms.
+    floor = TOL if concurrency == 1 else 2 * TOL
+    tol, mean_tol, sample_tol = (max(f, k * jitter.mean_wait_s) for f, k in ((floor, 8), (TAIL_TOL, 16), (SAMPLE_TOL, 80)))
     trace = _trace(server)
     assert [r.error for r in res.results] == [None] * n
     by_prompt = {r: res.results[i] for i, r in enumerate(range(n))}
