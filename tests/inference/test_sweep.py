@@ -181,6 +181,17 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
     assert recs["c4"]["error"] == "server=vllm exited with code -9 during point c4"
 
 
+def _received(port: int) -> int:
+    """How many requests the scripted server has received (its GET /prompts)."""
+    import json
+    import urllib.request
+
+    try:
+        return len(json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/prompts", timeout=2).read())["prompts"])
+    except OSError:
+        return 0
+
+
 def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_path):
     """SIGTERM (a scheduler's cancel) during point c2 of [1, 2]: the sweep stops then, not when
     its points are done. The signal lands in the event loop's callbacks, which swallow an
@@ -193,15 +204,19 @@ def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_pat
     fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\n"
                     f"exec {sys.executable} -m workloads.testing.scripted_server --itl-ms 50 \"$@\"\n")
     fake.chmod(0o755)
+    port = free_port()
     p = subprocess.Popen([sys.executable, str(REPO / "launch" / "infer.py"), "server=vllm", f"server.executable={fake}",
-                          "model=llama-3.1-8b", f"server.port={free_port()}", "server.ready_timeout_s=60",
+                          "model=llama-3.1-8b", f"server.port={port}", "server.ready_timeout_s=60",
                           f"output_root={out}", "run_id=t1", *SMALL, "load.num_requests=3", "load.warmup_requests=0",
                           "load.dataset.output_len=40", "load.points=[1,2]"],
                          cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # c1: 3 requests of 40 tokens 50 ms apart, ~6 s; c2 ~4 s
-    while not _records(out):
+    # Inside c2, not between points: c1's record is written and the server has received c2's
+    # first request (its 4th). Signalled on c1's record alone, the sweep could stop before c2
+    # began, with no c2 record at all (seen once in a full run).
+    while not (_records(out) and _received(port) >= 4):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.1)
+        time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert (p.returncode, err.splitlines()[-1:]) == (143, ["interrupted: measured points are kept"]), err
