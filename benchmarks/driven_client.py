@@ -33,3 +33,14 @@ class DrivenClient:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(60)
+
+
+def abba_rounds(sides: dict, rounds: int):
+    """Burn-in (each side once, unrecorded), then `rounds` rounds in ABBA order: yields
+    (round index, side name, that side's result)."""
+    for fn in sides.values():
+        fn()
+    names = list(sides)
+    for k in range(rounds):
+        for n in (names if k % 2 == 0 else names[::-1]):
+            yield k, n, sides[n]()

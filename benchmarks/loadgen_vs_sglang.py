@@ -35,10 +35,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # helpers.hf_tiny builds the tiny model
 
-from driven_client import DrivenClient  # noqa: E402
-from hf_tiny import model_dir  # noqa: E402
+from driven_client import DrivenClient, abba_rounds  # noqa: E402
+from helpers.hf_tiny import model_dir  # noqa: E402
 
 from workloads.core.dist import free_port  # noqa: E402
 from workloads.inference.adapters import sglang  # noqa: E402
@@ -94,20 +94,15 @@ def fabricbench_round(url: str, model: str, specs, a) -> dict:
 
 def run_rounds(sides: dict, rounds: int, requests: int) -> dict[str, list[dict]]:
     """Burn-in, then ABBA-ordered rounds; each side's results per round."""
-    for fn in sides.values():
-        fn()
-    names = list(sides)
-    out: dict[str, list[dict]] = {n: [] for n in names}
+    out: dict[str, list[dict]] = {n: [] for n in sides}
     print(f"{'round':>5} {'client':>12} {'req/s':>8} {'TTFT med ms':>12} {'completed':>9}", flush=True)
-    for k in range(rounds):
-        for n in (names if k % 2 == 0 else names[::-1]):
-            r = sides[n]()
-            if r["completed"] != requests:
-                raise SystemExit(f"{n}: {r['completed']} of {requests} requests completed in round {k + 1}; "
-                                 "the comparison is void")
-            out[n].append(r)
-            print(f"{k + 1:5d} {n:>12} {r['request_throughput']:8.2f} {r['median_ttft_ms']:12.1f} "
-                  f"{r['completed']:9d}", flush=True)
+    for k, n, r in abba_rounds(sides, rounds):
+        if r["completed"] != requests:
+            raise SystemExit(f"{n}: {r['completed']} of {requests} requests completed in round {k + 1}; "
+                             "the comparison is void")
+        out[n].append(r)
+        print(f"{k + 1:5d} {n:>12} {r['request_throughput']:8.2f} {r['median_ttft_ms']:12.1f} "
+              f"{r['completed']:9d}", flush=True)
     return out
 
 

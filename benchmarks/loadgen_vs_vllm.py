@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from driven_client import DrivenClient  # noqa: E402
+from driven_client import DrivenClient, abba_rounds  # noqa: E402
 from loadgen_capacity import capacity  # noqa: E402
 
 from workloads.inference.loadgen.arrivals import Arrival  # noqa: E402
@@ -159,18 +159,13 @@ def main() -> None:
 
 def run_rounds(sides: dict, rounds: int) -> dict[str, list[float]]:
     """Burn-in, then ABBA-ordered rounds; returns each side's req/s per round."""
-    for fn in sides.values():
-        fn()
-    names = list(sides)
-    rates: dict[str, list[float]] = {n: [] for n in names}
+    rates: dict[str, list[float]] = {n: [] for n in sides}
     print(f"{'round':>5} {'client':>12} {'req/s':>9} {'failed':>6}", flush=True)
-    for k in range(rounds):
-        for n in (names if k % 2 == 0 else names[::-1]):
-            r = sides[n]()
-            if r["failed"]:
-                raise SystemExit(f"{n}: {r['failed']} requests failed in round {k + 1}; the comparison is void")
-            rates[n].append(r["request_throughput"])
-            print(f"{k + 1:5d} {n:>12} {r['request_throughput']:9.0f} {r['failed']:6d}", flush=True)
+    for k, n, r in abba_rounds(sides, rounds):
+        if r["failed"]:
+            raise SystemExit(f"{n}: {r['failed']} requests failed in round {k + 1}; the comparison is void")
+        rates[n].append(r["request_throughput"])
+        print(f"{k + 1:5d} {n:>12} {r['request_throughput']:9.0f} {r['failed']:6d}", flush=True)
     return rates
 
 
