@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, child_env, need
+from helpers import REPO, child_env, cpu_share, need
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group marks into the groups it schedules
@@ -42,8 +42,15 @@ _NETNS_MODULES: set[str] = set()  # modules whose namespace tests ran in this pr
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("requires"):
         need(*mark.args)
-    if _group(item) == "netns":
+    netns = _group(item) == "netns"
+    if netns:
         _NETNS_MODULES.add(item.module.__name__)
+    if _root():
+        cpu_share.prefer(netns)  # helpers/cpu_share.py: the rig's own load must not decide timings
+
+
+def pytest_sessionfinish(session):
+    cpu_share.release()
 
 
 @pytest.fixture

@@ -1,0 +1,85 @@
+"""A larger CPU share for the worker that runs the namespace tests, so that the other xdist
+worker's launches do not decide what they measure.
+
+The namespace tests time work on shaped links and compare it with unshaped runs: a study that
+must call a 100 Mbit/s link slower, a percent-of-line-rate bound, TTFT added by the link. Their
+unshaped arms are CPU-bound, so on a 2-core machine their speed halves whenever the other worker
+starts a 2-rank job or a server, and a verdict's interval then spans that, not the link (CI: a
+training A/B measured +99% [-10%, +342%] over 3 blocks; one all_reduce trial 77% of the line
+rate where its siblings reached 95%). That load is the test rig's own, not the subject, so the
+worker joins a cgroup with 8x the default CPU weight while it runs a namespace test, and leaves
+it for every other test. Both workers still use both cores; when both want them, the namespace
+test's processes get ~80%. Children inherit the cgroup, also the emulator's new sessions (a
+nice value would not reach those: each session is its own autogroup).
+
+cgroup v1's `cpu` controller (this machine, CI) or a cgroup v2 root that delegates `cpu`;
+elsewhere nothing changes and `state()` says so in the test summary.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SHARES_V1, WEIGHT_V2 = 8192, 800  # 8x the defaults (1024, 100)
+_V1, _V2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+_state = {"group": None, "home": None, "why": "not tried"}
+
+
+def _home() -> Path | None:
+    """This process's cpu cgroup directory (v1), or its v2 cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return _V1 / path.lstrip("/")
+        if controllers == "" and not (_V1 / "cpu.shares").exists():
+            return _V2 / path.lstrip("/")
+    return None
+
+
+def _make() -> Path | None:
+    name = f"fabricbench-tests-{os.getpid()}"
+    try:
+        if (_V1 / "cpu.shares").exists():
+            group = _V1 / name
+            group.mkdir(exist_ok=True)
+            (group / "cpu.shares").write_text(str(SHARES_V1))
+        elif "cpu" in (_V2 / "cgroup.subtree_control").read_text().split():
+            group = _V2 / name
+            group.mkdir(exist_ok=True)
+            (group / "cpu.weight").write_text(str(WEIGHT_V2))
+        else:
+            _state["why"] = "no cgroup cpu controller to use"
+            return None
+    except OSError as e:
+        _state["why"] = f"cannot make a cpu cgroup ({e.strerror})"
+        return None
+    _state["why"] = f"{group} ({'cpu.shares' if group.parent == _V1 else 'cpu.weight'} 8x)"
+    return group
+
+
+def prefer(on: bool) -> None:
+    """Move this process into the weighted cgroup (on) or back to where it started (off)."""
+    if on and _state["group"] is None and _state["why"] == "not tried":
+        _state["home"], _state["group"] = _home(), _make()
+    target = _state["group"] if on else _state["home"] if _state["group"] is not None else None
+    if target is not None:
+        try:
+            (target / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError as e:
+            _state["why"] = f"cannot join {target} ({e.strerror})"
+
+
+def release() -> None:
+    """Back home, and the group removed (if a server it started still runs there, it stays)."""
+    group = _state["group"]
+    if group is not None:
+        prefer(False)
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+
+
+def state() -> str:
+    return _state["why"]
