@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any, Callable, Mapping
 
+from workloads import catalog
 from workloads.core.errors import UsageError
 from workloads.core.records import redact
 
@@ -213,12 +214,11 @@ class WandbLogger(Logger):
 def _default_group(cfg: Any, world: int) -> str:
     """Runs of one comparison share everything but the fabric: group them by that."""
     workload = str(cfg.workload.name)
-    if workload == "collectives":
-        return f"collectives-ws{world}"
-    if workload == "inference":
-        return f"inference-{cfg.model.name}-{cfg.server.name}-tp{world}"
+    known = catalog.get(workload)
+    pattern = known.group if known else catalog.Workload.group
+    server = cfg.server.name if "server" in cfg else "none"
     parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
-    return f"{workload}-{cfg.model.name}-{parallel}-ws{world}"
+    return pattern.format(workload=workload, model=cfg.model.name if "model" in cfg else "none", server=server, parallel=parallel, world=world)
 
 
 def _wandb_logger(cfg: Any, info: Any, label: str | None = None) -> Logger:
