@@ -151,7 +151,7 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
     rows = [r for r in rec.get("rows") or [] if isinstance(r, Mapping)]
     metrics.update({k: v for k, v in size_metrics(rows).items() if k not in metrics})
     if is_training(workload) and "tokens_per_sec" not in metrics:
-        # tokens/s = sps x seq_length (DESIGN.md); recomputed when the stored value is not a number
+        # tokens/s = sps x seq_length (docs/metrics.md); recomputed when the stored value is not a number
         sps, seq = metrics.get("samples_per_sec"), num(dig(rec, "batch.seq_length"))
         if sps is not None and seq is not None:
             metrics["tokens_per_sec"] = sps * seq

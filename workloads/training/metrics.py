@@ -1,6 +1,6 @@
 """Training metrics, exactly as GPT-NeoX's megatron/logging.py reports them.
 
-The formulas are written once, in shared DESIGN.md ("Metric definitions"); these pure
+The formulas are written once, in docs/metrics.md ("Training metrics"); these pure
 functions implement them and tests/training/test_metrics.py pins them with worked values.
 """
 
