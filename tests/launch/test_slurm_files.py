@@ -252,7 +252,8 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
     """Each example runs its batch file under Slurm shims up to the engine or torchrun (which
     need GPUs: stand-ins record what they were given), then the job's own validation runs on
     what reached them: the composed config, the TP degree against the model, the ranks."""
-    from workloads.core import launcher, session
+    from workloads import session
+    from workloads.core import launcher
     from workloads.fabric.profile import FabricProfile
 
     _shims(tmp_path / "bin")

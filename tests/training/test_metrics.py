@@ -8,9 +8,9 @@ import torch
 
 from helpers import REPO
 from workloads.core.dist import free_port
+from workloads.models.neox import pad_vocab_size
 from workloads.training.metrics import (
     flops_per_iteration,
-    pad_vocab_size,
     peak_tflops_for,
     summarize_training,
     tflops_per_gpu,
