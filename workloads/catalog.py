@@ -80,11 +80,6 @@ def get(word: str) -> Workload | None:
     return CATALOG.get(word) or next((w for w in CATALOG.values() if w.study_entry == word), None)
 
 
-def names(**having) -> tuple[str, ...]:
-    """Names of the workloads whose fields equal `having` (names(training=True))."""
-    return tuple(n for n, w in CATALOG.items() if all(getattr(w, k) == v for k, v in having.items()))
-
-
 def for_script(path: str) -> tuple[Workload, ...]:
     """The workloads an entry point runs, matched by its file name (train.py: pretrain, finetune)."""
     base = str(path).rsplit("/", 1)[-1]
