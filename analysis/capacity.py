@@ -31,7 +31,7 @@ from typing import Iterable
 import numpy as np
 
 from analysis import guard
-from analysis.load import Run, Table
+from analysis.load import Run, Table, is_served
 
 # Identity keys that are the load level of a sweep, not the sweep.
 LEVEL_KEYS = ("arrival.concurrency", "arrival.rate", "point")
@@ -132,7 +132,7 @@ def capacities(table: Table, bound_ms: float, metric: str = "p90_ttft_ms", allow
     skip = (*allow, *LEVEL_KEYS)
     groups: dict[tuple, dict[float, list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in table.ok():
-        if r.workload != "inference" or r.metric(metric) is None or r.metric("request_throughput") is None:
+        if not is_served(r.workload) or r.metric(metric) is None or r.metric("request_throughput") is None:
             continue
         load = "concurrency" if "concurrency" in r.coords else "rate" if "rate" in r.coords else None
         if load is None:

@@ -22,20 +22,9 @@ from fnmatch import fnmatchcase
 from typing import Callable, Iterable
 
 from analysis import guard, stats
-from analysis.load import Run, Table
+from analysis.load import Run, Table, is_served
+from workloads import catalog
 from workloads.core.errors import UsageError
-
-# Headline metrics per workload: (record metric key or fnmatch pattern over the record's
-# metrics). A registry, so a new workload adds a line here, not a branch. Collectives: one
-# headline per op ("all_reduce/avg_busbw(GB/s)"); the record's plain avg_busbw(GB/s) averages
-# across ops (all_reduce blended with sendrecv and alltoall), which is no op's bandwidth.
-# MoE training adds its all-to-all share (exploratory: the primary stays samples/s).
-METRICS: dict[str, list[str]] = {
-    "pretrain": ["samples_per_sec", "alltoall_share"],
-    "finetune": ["samples_per_sec", "alltoall_share"],
-    "collectives": ["*/avg_busbw(GB/s)"],
-    "inference": ["request_throughput", "median_ttft_ms", "p99_ttft_ms"],
-}
 
 # Which way is better, and the verdict's word: "faster" for times and rates, "better" for
 # the rest (a smaller comm share or loss is not speed). First match wins, so the specific
@@ -80,8 +69,10 @@ def higher_is_better(metric: str) -> bool:
 
 
 def headline(workload: str, names: Iterable[str]) -> list[str]:
-    """The workload's headline metrics present in `names`, patterns expanded, in registry order."""
-    return expand(METRICS.get(workload, []), names)
+    """The workload's headline metrics (workloads/catalog.py) present in `names`, patterns
+    expanded, in catalog order."""
+    known = catalog.get(workload)
+    return expand(known.headline if known else [], names)
 
 
 @dataclass
@@ -162,23 +153,11 @@ def _study_value(runs: Iterable[Run], key: str, default):
 
 
 def primary_metric(workload: str, names: Iterable[str]) -> str | None:
-    """The metric a workload is judged on when none is declared (DESIGN.md, "Studies"):
-    training samples/s; collectives the bus bandwidth of all_reduce (else the first op) at its
-    largest message size; inference request throughput."""
-    names = sorted(set(names))
-    if workload == "collectives":
-        ops = sorted({n.split("/")[0] for n in names if n.endswith("(GB/s)") and "/" in n and "busbw" in n})
-        if not ops:
-            return None
-        op = "all_reduce" if "all_reduce" in ops else ops[0]
-        sized = [n for n in names if n.startswith(f"{op}/busbw@")]
-        if sized:
-            return max(sized, key=lambda n: int(n.split("@")[1].split("(")[0]))
-        return f"{op}/avg_busbw(GB/s)" if f"{op}/avg_busbw(GB/s)" in names else None
-    return PRIMARY.get(workload) if PRIMARY.get(workload) in names else None
-
-
-PRIMARY = {"pretrain": "samples_per_sec", "finetune": "samples_per_sec", "inference": "request_throughput"}
+    """The metric a workload is judged on when none is declared (DESIGN.md, "Studies"), as
+    its catalog entry picks it: training samples/s; collectives the bus bandwidth of
+    all_reduce (else the first op) at its largest message size; inference request throughput."""
+    known = catalog.get(workload)
+    return known.primary(names) if known else None
 
 
 def _load_level(p: Point) -> float:
@@ -193,7 +172,7 @@ def primary_points(pts: list[Point]) -> set[int]:
     out: set[int] = set()
     sweeps: dict[tuple, list[Point]] = defaultdict(list)
     for p in pts:
-        if p.runs[0].workload != "inference":
+        if not is_served(p.runs[0].workload):
             out.add(id(p))
             continue
         declared = _study_value(p.runs, "primary_point", None)

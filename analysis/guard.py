@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping
 
-from workloads.core.loggers import flatten
+from workloads.core.records import flatten
 
 # Sections of a record that define the point measured; `config` covers everything Hydra set.
 # Inference: `arrival` and `point` are the load point (c1 ... c64 of one sweep are different

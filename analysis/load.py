@@ -17,17 +17,29 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from workloads import catalog
 from workloads.core.errors import UsageError
 from workloads.core.records import SCHEMA, load_records
 
-TRAINING = ("pretrain", "finetune")
-# Run fields that do not apply to a workload: the Hydra tree still carries their defaults
-# (a collectives run's config.model.name is neox-tiny, config.parallel.name ddp), which
-# measured nothing, so they are read as None and shown as "—". A registry, not a branch.
-NOT_APPLICABLE: dict[str, tuple[str, ...]] = {
-    "collectives": ("model", "parallel"),
-    "inference": ("parallel",),  # the served model applies; the training parallel strategy does not
-}
+
+def is_training(workload: str) -> bool:
+    """Whether a record's workload writes training records (workloads/catalog.py)."""
+    known = catalog.get(workload)
+    return bool(known and known.training)
+
+
+def is_served(workload: str) -> bool:
+    """Whether a record's workload is a served load sweep, one record per load point."""
+    known = catalog.get(workload)
+    return bool(known and known.served)
+
+
+def not_applicable(workload: str) -> tuple[str, ...]:
+    """Run fields that do not apply to a workload: the Hydra tree still carries their defaults
+    (a collectives run's config.model.name is neox-tiny, config.parallel.name ddp), which
+    measured nothing, so they are read as None and shown as "—"."""
+    known = catalog.get(workload)
+    return known.not_applicable if known else ()
 
 
 def dig(obj: Any, path: str, default: Any = None) -> Any:
@@ -138,8 +150,8 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
     metrics = {k: f for k, v in dict(rec.get("metrics") or {}).items() if (f := num(v)) is not None}
     rows = [r for r in rec.get("rows") or [] if isinstance(r, Mapping)]
     metrics.update({k: v for k, v in size_metrics(rows).items() if k not in metrics})
-    if workload in TRAINING and "tokens_per_sec" not in metrics:
-        # tokens/s = sps x seq_length (DESIGN.md); recomputed when the stored value is not a number
+    if is_training(workload) and "tokens_per_sec" not in metrics:
+        # tokens/s = sps x seq_length (docs/metrics.md); recomputed when the stored value is not a number
         sps, seq = metrics.get("samples_per_sec"), num(dig(rec, "batch.seq_length"))
         if sps is not None and seq is not None:
             metrics["tokens_per_sec"] = sps * seq
@@ -161,7 +173,7 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
         "max_concurrency": num(arrival.get("max_concurrency")) if kind != "closed" else None,
     }
     fabric = dig(rec, "fabric") or {}
-    na = NOT_APPLICABLE.get(workload, ())
+    na = not_applicable(workload)
     fabric_name = str(_first(rec, "fabric.name", "config.fabric.name") or "unknown")
     study = rec.get("study") if isinstance(rec.get("study"), Mapping) else None
     return Run(

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from analysis import capacity, guard, stats  # noqa: E402
-from analysis.load import TRAINING, Run, Table, cell_busbw, dig, size_text  # noqa: E402
+from analysis.load import Run, Table, cell_busbw, dig, is_served, is_training, size_text  # noqa: E402
 
 Chart = tuple[Path, str]
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
@@ -162,7 +162,7 @@ BATCH_KEYS = ("batch", "config.train.micro_batch_size", "config.train.global_bat
 def training(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
     """Per comparable group: samples/s and TFLOPS/GPU vs micro batch per arm, and the verdicts'
     samples/s speed-up per micro batch."""
-    runs = [r for r in table.ok() if r.workload in TRAINING and "micro_batch" in r.coords]
+    runs = [r for r in table.ok() if is_training(r.workload) and "micro_batch" in r.coords]
     out: list[Chart] = []
     for i, (label, rs) in enumerate(groups(runs, BATCH_KEYS, ctx.allow)):
         ids = {id(r) for r in rs}
@@ -322,7 +322,7 @@ def _latency_throughput(ax, rs, key, ctx, slo_ms, metric) -> None:
 def inference(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
     """Per comparable sweep: TTFT and ITL median/p99 vs load with the SLO line, and the
     latency-throughput curve with its Pareto points."""
-    runs = [r for r in table.ok() if r.workload == "inference" and ("concurrency" in r.coords or "rate" in r.coords)]
+    runs = [r for r in table.ok() if is_served(r.workload) and ("concurrency" in r.coords or "rate" in r.coords)]
     out: list[Chart] = []
     for i, (label, rs) in enumerate(groups(runs, capacity.LEVEL_KEYS, ctx.allow)):
         key, xlabel = _load_axis(rs)
@@ -390,7 +390,7 @@ WORLD_KEYS = ("world", "batch.global_batch_size", "config.train.global_batch_siz
 def scaling(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
     """Weak scaling per comparable group (same micro batch): (sps(n)/n) / (sps(n0)/n0) per arm,
     n0 the fewest GPUs that arm measured; drawn only where a group spans two GPU counts."""
-    runs = [r for r in table.ok() if r.workload in TRAINING and "world_size" in r.coords]
+    runs = [r for r in table.ok() if is_training(r.workload) and "world_size" in r.coords]
     out: list[Chart] = []
     for i, (label, rs) in enumerate(groups(runs, WORLD_KEYS, ctx.allow)):
         series = {}

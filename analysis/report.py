@@ -98,7 +98,7 @@ METHOD_NOTE = ("Trials are records (one run each). Each workload is judged on it
                "was judged at after the correction (the CI level column), so a verdict and its interval never "
                "disagree. A difference is called when the interval excludes 0; 'equivalent' when it lies inside the "
                "equivalence margin; otherwise 'inconclusive', with the smallest difference the test could detect at "
-               "80% power (see README, Verdicts, and analysis/stats.py).")
+               "80% power (see docs/statistics.md and analysis/stats.py).")
 
 
 def _top(table: Table, result: Result) -> list[Section]:

@@ -18,11 +18,16 @@ from typing import Iterable
 from analysis import guard, stats
 from analysis.compare import Point, Result
 from analysis.load import size_text
+from workloads import catalog
 
-WORKLOAD_NAMES = {"pretrain": "Pre-training", "finetune": "Fine-tuning", "collectives": "Collectives",
-                  "inference": "Inference"}
 METRIC_NAMES = {"samples_per_sec": "samples/s", "request_throughput": "requests/s", "median_ttft_ms": "median TTFT",
                 "p99_ttft_ms": "p99 TTFT", "tflops_per_gpu": "TFLOPS/GPU"}
+
+
+def display(workload: str) -> str:
+    """'finetune' -> 'Fine-tuning'; a workload the catalog does not know, as itself."""
+    known = catalog.get(workload)
+    return known.display if known else workload
 
 
 def metric_name(metric: str) -> str:
@@ -59,7 +64,7 @@ VERDICT_HEAD = ["workload", "point", "metric", "baseline", "baseline median", "a
 def verdict_rows(result: Result) -> list[list[str]]:
     """One row per verdict: raw medians in the metric's units, the difference in words."""
     p_ = lambda v: "n/a" if v != v else f"{v:.3g}"  # noqa: E731
-    return [[WORKLOAD_NAMES.get(p.runs[0].workload, p.runs[0].workload), _short(p), c.metric, c.baseline,
+    return [[display(p.runs[0].workload), _short(p), c.metric, c.baseline,
              f"{c.median_base:.4g}", c.fabric + (" (A/A control)" if c.control else ""), f"{c.median:.4g}", edge_text(c),
              f"{100 * c.conf:.4g}%", p_(c.p_adj), f"{c.blocks} blocks" if c.blocks else f"{c.n} vs {c.n_base}",
              outcome(c)] for p, c in result.comparisons]
@@ -88,7 +93,7 @@ def headlines(result: Result) -> list[tuple[str, str, str]]:
     out = []
     for p, c in result.comparisons:
         if c.primary and not c.control:
-            out.append((WORKLOAD_NAMES.get(p.runs[0].workload, p.runs[0].workload), claim(c),
+            out.append((display(p.runs[0].workload), claim(c),
                         f"(at {_short(p)}; {stats.method_note(c)}.) {control}"))
     return out
 

@@ -60,7 +60,7 @@ def out_root(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def emu_ab(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """The README's emulated A/B study (conf/study/emu-ab.yaml: an all_reduce and tiny training
+    """The emulated A/B study of docs/studies.md (conf/study/emu-ab.yaml: an all_reduce and tiny training
     over an unshaped veth pair and a 100 Mbit/s one, two namespaces, ABBA) as a user runs it,
     declaring the difference it must call (50%; the shipped plan is 8 blocks for 10%), so that
     its plan chooses 3 blocks. One run, 12 cells, read by the study's, the emulator's and the

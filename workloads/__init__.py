@@ -1,4 +1,4 @@
-"""fabricbench's workloads: what runs on every rank, grouped by concern (README "Layout")."""
+"""fabricbench's workloads: what runs on every rank, grouped by concern (docs/layout.md)."""
 from pathlib import Path
 
 # The checkout that holds conf/, launch/ and the git history the fingerprint records.

@@ -78,7 +78,7 @@ def _three_arm_study(rng, design: str, carry: float, blocks: int = 12, seed: int
     a run of its own arm is `carry` faster (a warm cache, a qdisc left in place). A carry-over
     from one arm into another (every run after roce faster) biases any difference of means
     whatever the order; Williams' balance lets a model with carry-over terms estimate it, which
-    the verdicts do not fit (README, Verdicts, "what a study does not control")."""
+    the verdicts do not fit (docs/statistics.md, "What a study does not control")."""
     arms = ["ib", "roce", "ib~aa"]
     if design == "reversal":  # what `abba` did with 3 arms before: ABC CBA ABC ...
         order = [(arm, b) for b in range(blocks) for arm in (arms if b % 2 == 0 else arms[::-1])]

@@ -8,7 +8,7 @@ Checks what a reader sees: the headline first, one verdict per comparable point 
 interval, every image loaded, no text overflowing its table, the refusals collapsed at the end,
 nccl-tests' curve on the busbw chart; and what W&B received, with the secret redacted. With
 FABRICBENCH_SCREENSHOT=<file.png> the first screen is saved there, palette-reduced to stay
-small. (The README's picture is of a real A/B study, not this A/A demo: README, Report.)
+small. (docs/analysis.md's picture is of a real A/B study, not this A/A demo: its Report item.)
 """
 
 from __future__ import annotations

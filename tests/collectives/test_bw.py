@@ -1,6 +1,6 @@
 """Collective formulas and pure pieces, pinned with hand-computed values (no processes).
 
-algbw = S / t and busbw = algbw x factor(n), GB/s = 1e9 B/s (shared DESIGN.md, nccl-tests'
+algbw = S / t and busbw = algbw x factor(n), GB/s = 1e9 B/s (docs/metrics.md, nccl-tests'
 doc/PERFORMANCE.md). Every case below uses S = 12,000,000 B and t = 4 ms, so
 algbw = 12e6 / 0.004 / 1e9 = 3.0 GB/s.
 """

@@ -30,7 +30,7 @@ def _check_row_arithmetic(row):
         if row["count"] == 0:  # reported as nccl-tests does: 0 bytes moved, busbw 0, not called
             assert row["size"] == 0 and cell["busbw"] == cell["algbw"] == 0.0 and cell["time_us"] is None
             continue
-        # the record's numbers recompute from its own size and time (DESIGN.md formulas)
+        # the record's numbers recompute from its own size and time (docs/metrics.md)
         assert cell["algbw"] == pytest.approx(row["size"] / (cell["time_us"] * 1e-6) / 1e9, rel=1e-9)
         assert cell["busbw"] == pytest.approx(cell["algbw"] * op.bus_factor(n), rel=1e-9)
 

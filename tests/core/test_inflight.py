@@ -90,7 +90,7 @@ def _enter_point(rank: int, port: int, out: str, late, q) -> None:
     import torch.distributed as dist
 
     from workloads.core import dist as fdist
-    from workloads.core.session import Recorded
+    from workloads.session import Recorded
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     info = fdist.DistInfo(rank, 2, rank, 2, "gloo", torch.device("cpu"))
@@ -144,7 +144,7 @@ def test_an_error_after_a_signal_is_recorded_as_the_interruption(tmp_path, monke
     import pytest
 
     from workloads.core import signals
-    from workloads.core.session import Recorded
+    from workloads.session import Recorded
 
     for received, error in [(None, "RuntimeError: Connection closed by peer"),
                             (signal.SIGTERM, "interrupted (Ctrl-C or SIGTERM)")]:

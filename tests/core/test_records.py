@@ -259,7 +259,7 @@ def test_cpu_affinity_in_the_fingerprint_and_the_warning():
     import os
 
     from workloads.core.records import fingerprint
-    from workloads.core.session import affinity_warning
+    from workloads.session import affinity_warning
 
     assert fingerprint()["cpu_affinity"] == len(os.sched_getaffinity(0))
     assert affinity_warning(1, 8).startswith("this process may run on 1 CPU(s)")

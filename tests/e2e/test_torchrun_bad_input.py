@@ -1,7 +1,7 @@
 """Bad input under a raw `torchrun` (not self-launch): one `error:` line from one rank,
 exit code 2 — not one message per rank. torchrun's own agent then prints its failure
 summary (a `ChildFailedError` block); that is torchrun's process, not ours, and the
-README says so. Every case here fails in validation, before the process group exists.
+docs/training.md says so. Every case here fails in validation, before the process group exists.
 """
 
 import os

@@ -21,7 +21,7 @@ def test_emulated_100mbit_payload_rate_is_pinned():
     job = linerate.job_line_rate([node, node], ranks_per_node=1)
     assert job["per_rank(GB/s)"] == pytest.approx(0.0125)
     # tbf counts 1514-byte frames, 1448 of them TCP payload: 12.5 MB/s x 1448/1514
-    assert job["payload_per_rank(GB/s)"] == pytest.approx(0.0119551, abs=1e-7)  # README's 0.01195 GB/s
+    assert job["payload_per_rank(GB/s)"] == pytest.approx(0.0119551, abs=1e-7)  # docs/verification.md's 0.01195 GB/s
     assert linerate.tcp_payload_fraction(9000) == pytest.approx(8948 / 9014)
     unshaped = linerate.node_line_rate(["net:emu0"], {"rate": None, "mtu": 1500})
     assert unshaped["bits_per_s"] is None and linerate.job_line_rate([unshaped], 1)["per_rank(GB/s)"] is None

@@ -1,5 +1,5 @@
 """A small real results folder with every workload and a refused pair, for the report tests
-and the README's screenshot: `PYTHONPATH=tests python -m helpers.report_demo OUT_DIR`.
+and the screenshot in docs/analysis.md: `PYTHONPATH=tests python -m helpers.report_demo OUT_DIR`.
 
 Two fabric labels that both run Gloo over loopback (`loopback`, and the same profile renamed
 `loopback-b`: an A/A pair is a test device, not a fabric users should find in conf/fabric/):

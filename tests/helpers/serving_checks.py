@@ -1,5 +1,5 @@
 """Checks every real-engine sweep shares (tests/test_engines_vllm.py, tests/inference/): a
-record's metrics recomputed from its own per-request samples, by DESIGN.md's definitions."""
+record's metrics recomputed from its own per-request samples, by docs/metrics.md's definitions."""
 
 from __future__ import annotations
 

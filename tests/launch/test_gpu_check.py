@@ -1,6 +1,6 @@
 """launch/gpu_check.py without a GPU: the table it prints, the exit code on a mismatch, what
 each step's records must say, and that every step's command line composes with the real
-configs. The steps themselves need CUDA GPUs (the README says they have not run on one)."""
+configs. The steps themselves need CUDA GPUs (docs/gpu.md says they have not run on one)."""
 
 import subprocess
 import sys

@@ -162,12 +162,14 @@ def test_worker_refuses_the_head_node_and_bad_overrides_in_one_line():
 
 
 def documented_examples() -> list[tuple[str, list[str]]]:
-    """Every `sbatch ... launch/slurm/<file>.sbatch ...` command in README.md and in the
-    batch files' own headers, continuation lines joined, as (where, words)."""
+    """Every `sbatch ... launch/slurm/<file>.sbatch ...` command in README.md, the docs/ pages
+    (docs/cluster.md holds most) and the batch files' own headers, continuation lines joined,
+    as (where, words)."""
     import shlex
 
     found = []
-    sources = [(REPO / "README.md", False)] + [(p, True) for p in sorted(SLURM_DIR.glob("*.sbatch"))]
+    sources = [(REPO / "README.md", False)] + [(p, False) for p in sorted((REPO / "docs").glob("*.md"))] + \
+        [(p, True) for p in sorted(SLURM_DIR.glob("*.sbatch"))]
     for path, header_only in sources:
         lines = path.read_text().splitlines()
         if header_only:  # the comment block after the shebang, before #SBATCH
@@ -250,7 +252,8 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
     """Each example runs its batch file under Slurm shims up to the engine or torchrun (which
     need GPUs: stand-ins record what they were given), then the job's own validation runs on
     what reached them: the composed config, the TP degree against the model, the ranks."""
-    from workloads.core import launcher, session
+    from workloads import session
+    from workloads.core import launcher
     from workloads.fabric.profile import FabricProfile
 
     _shims(tmp_path / "bin")

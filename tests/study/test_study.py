@@ -2,7 +2,7 @@
 study cell in every record, resume without duplicates, then compare and report.
 
 The pure parts (schedule, spec, the command of a run) are checked directly; two studies
-run for real: an A/A study on loopback (CPU, anywhere) and the README's A/B study on
+run for real: an A/A study on loopback (CPU, anywhere) and the A/B study of docs/studies.md on
 emulated links (root: network namespaces and tc), which must call 100 Mbit/s slower.
 """
 
@@ -320,7 +320,7 @@ def test_sequential_study_stops_at_the_first_look_that_decides(tmp_path):
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_ab_study_on_emulated_links_calls_100mbit_slower(emu_ab):
-    """The README's example (conf/study/emu-ab.yaml: training and an all_reduce) as a user runs
+    """docs/studies.md's example (conf/study/emu-ab.yaml: training and an all_reduce) as a user runs
     it, asked to call a 50% difference (the session's emu_ab fixture, tests/conftest.py): its plan
     chooses 3 blocks."""
     out, r = emu_ab

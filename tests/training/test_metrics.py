@@ -1,4 +1,4 @@
-"""Training metrics against hand-computed values (formulas: shared DESIGN.md)."""
+"""Training metrics against hand-computed values (formulas: docs/metrics.md)."""
 
 import math
 from pathlib import Path
@@ -8,9 +8,9 @@ import torch
 
 from helpers import REPO
 from workloads.core.dist import free_port
+from workloads.models.neox import pad_vocab_size
 from workloads.training.metrics import (
     flops_per_iteration,
-    pad_vocab_size,
     peak_tflops_for,
     summarize_training,
     tflops_per_gpu,
@@ -32,7 +32,7 @@ def test_vocab_padding_as_gpt_neox():
 
 
 def test_design_worked_value_1p3b_with_checkpointing():
-    # DESIGN.md: GPT-NeoX 1.3B (L=24, h=2048, s=2048, V=50304), checkpointing -> 2.436e13 per sample.
+    # docs/metrics.md: GPT-NeoX 1.3B (L=24, h=2048, s=2048, V=50304), checkpointing -> 2.436e13 per sample.
     assert per_sample(24, 2048, True) == pytest.approx(2.436e13, rel=5e-4)
 
 

@@ -15,7 +15,7 @@ FAST = ["train.steps=6", "train.warmup_steps=2"]
 
 @pytest.mark.slow
 def test_main_command_trains_two_ranks_and_writes_one_record(out_root):
-    # The README's main command, shortened: plain python validates, then launches 2 ranks.
+    # README's `make train` command, shortened: plain python validates, then launches 2 ranks.
     r = run_entry("train.py", f"output_root={out_root}", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     for label in ("samples/s", "tokens/s", "TFLOPS/GPU", "comm share"):
@@ -32,7 +32,7 @@ def test_main_command_trains_two_ranks_and_writes_one_record(out_root):
     steps = rec["samples"]["step_time_s"]
     assert len(steps) == 6 and len(rec["samples"]["comm_time_s"]) == 6
     m = rec["metrics"]
-    # The record's metrics are recomputable from its own raw samples (DESIGN.md formulas).
+    # The record's metrics are recomputable from its own raw samples (docs/metrics.md).
     it = float(np.mean(steps[2:]))
     assert m["iteration_time(s)"] == pytest.approx(it)
     assert m["samples_per_sec"] == pytest.approx(8 / it)

@@ -5,7 +5,7 @@ sizes (`layout`), how to fill inputs and what the outputs must be (`inputs`,
 `expected`), the call itself (`run`), and its bus-bandwidth factor. The harness
 (workloads/collectives/harness.py) owns warm-up, timing, checking and printing.
 
-Bandwidth, exactly as nccl-tests' doc/PERFORMANCE.md and shared DESIGN.md define it
+Bandwidth, exactly as nccl-tests' doc/PERFORMANCE.md and docs/metrics.md define it
 (GB/s = 1e9 B/s):
     algbw = S / t      S = the row's `size` column: the total buffer for all_gather,
                        reduce_scatter and alltoall (per-rank count x n x type size), the

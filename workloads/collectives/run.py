@@ -17,7 +17,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import hostmem, session
+from workloads import session
+from workloads.core import hostmem
 from workloads.collectives import ops
 from workloads.collectives.harness import Harness, Row, min_bw_verdict, summarize
 from workloads.collectives.settings import Settings, pattern_groups

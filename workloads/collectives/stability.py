@@ -10,7 +10,7 @@ In a collective every rank waits for the last one to arrive, so the late rank sp
     T(i)       = max_r t[r][i]                the call's duration (first arrival to the end)
     late[r][i] = T(i) − t[r][i]               how much later than the first rank r arrived
 
-Per size (pure functions; DESIGN-style definitions in the README, worked values in tests):
+Per size (pure functions; DESIGN-style definitions in docs/collectives.md, worked values in tests):
     p50/p95/p99 of T (numpy's linear interpolation), CV = std(T, ddof=1) / mean(T);
     the latest rank = the rank with the largest median lateness, with its node (rank //
     ranks per node) and how often it was the last to arrive;

@@ -1,7 +1,7 @@
 """`fabricbench <command> ...`: a registry of subcommands.
 
 A command is a module with `add_arguments(parser)` and `run(args) -> int`; registering
-one is one line in COMMANDS. Modules are imported only when their command runs, so
+one is one line in COMMANDS: its module and the one-line purpose `fabricbench --help` shows. Modules are imported only when their command runs, so
 `fabricbench doctor` does not pay for what `compare` imports.
 """
 
@@ -13,12 +13,12 @@ import sys
 
 from workloads.core.errors import UsageError
 
-COMMANDS: dict[str, str] = {
-    "doctor": "workloads.fabric.doctor",  # fabric inventory of this machine, and a profile checked against it
-    "compare": "analysis.cli_compare",  # fabrics point by point: verdicts with 95% intervals
-    "report": "analysis.cli_report",  # Markdown + self-contained HTML: verdicts, capacity, plots
-    "emulate": "workloads.fabric.emulate",  # N namespaces + shaped veth links, one torchrun agent each (root)
-    "study": "workloads.study.run",  # arms x workloads x trials, interleaved; then compare and report
+COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("workloads.fabric.doctor", "fabric inventory of this machine, and a profile checked against it"),
+    "compare": ("analysis.cli_compare", "fabrics point by point: verdicts with 95% intervals"),
+    "report": ("analysis.cli_report", "Markdown + self-contained HTML: verdicts, capacity, plots"),
+    "emulate": ("workloads.fabric.emulate", "N namespaces + shaped veth links, one torchrun agent each (root)"),
+    "study": ("workloads.study.run", "arms x workloads x trials, interleaved; then compare and report"),
 }
 
 
@@ -26,14 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="fabricbench", description="What does this interconnect do to my AI workloads?")
     sub = parser.add_subparsers(dest="command", metavar="command", required=True)
-    for name in COMMANDS:
-        sub.add_parser(name, add_help=False)
+    for name, (_, purpose) in COMMANDS.items():
+        sub.add_parser(name, add_help=False, help=purpose.replace("%", "%%"))  # argparse %-formats help
     # Parse the command name first, then let only that module build its parser.
     name = argv[0] if argv and argv[0] in COMMANDS else None
     if name is None:
         parser.parse_args(argv)  # prints usage (or help) and exits 2
         return 2
-    module = importlib.import_module(COMMANDS[name])
+    module = importlib.import_module(COMMANDS[name][0])
     cmd = argparse.ArgumentParser(prog=f"fabricbench {name}", description=(module.__doc__ or "").strip().splitlines()[0])
     module.add_arguments(cmd)
     args = cmd.parse_args(argv[1:])

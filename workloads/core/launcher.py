@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from workloads import CONF_DIR
+from workloads import CONF_DIR, catalog
 from workloads.core import signals
 from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
@@ -55,14 +55,6 @@ def die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != int(parent):  # it died before the prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-# workload name -> module whose validate(cfg, world) checks a config before any rank starts
-VALIDATORS = {
-    "pretrain": "workloads.training.run",
-    "finetune": "workloads.training.run",
-    "collectives": "workloads.collectives.run",
-}
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
@@ -128,7 +120,8 @@ def validate_job(cfg, world: int) -> None:
     """The workload's own checks of one job's config, for `world` ranks (UsageError)."""
     import importlib
 
-    validator = VALIDATORS.get(str(cfg.workload.name))
+    workload = catalog.get(str(cfg.workload.name))
+    validator = workload.validator if workload else None
     if validator is not None:
         with config_errors():
             importlib.import_module(validator).validate(cfg, world)

@@ -18,10 +18,10 @@ import os
 import sys
 from typing import Any, Callable, Mapping
 
+from workloads import catalog
 from workloads.core.errors import UsageError
-from workloads.core.records import redact
+from workloads.core.records import SEP, flatten, redact, unflatten
 
-SEP = "/"  # flat W&B config keys: "config/train/micro_batch_size"; W&B panels group by it
 # Record sections that describe a run (identity, to the W&B config); metrics go to the summary.
 IDENTITY_SECTIONS = ("workload", "record_id", "run_id", "status", "error", "overrides", "config", "model", "fabric", "world",
                      "batch", "fingerprint", "collectives", "server", "point", "arrival")
@@ -29,32 +29,6 @@ IDENTITY_SECTIONS = ("workload", "record_id", "run_id", "status", "error", "over
 # the summary under these keys, and put back where a record has them.
 TABLE_SECTIONS = ("rows", "p2p")
 TABLE = "table"  # summary prefix of those (W&B reserves keys that start with "_")
-
-
-def flatten(obj: Mapping[str, Any], sep: str = SEP, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a/b": 1}. Lists stay values (W&B stores them as such)."""
-    out: dict[str, Any] = {}
-    for k, v in obj.items():
-        key = f"{prefix}{sep}{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, sep, key))
-        else:
-            out[key] = v
-    return out
-
-
-def unflatten(flat: Mapping[str, Any], sep: str = SEP) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, v in flat.items():
-        node = out
-        *parents, leaf = str(key).split(sep)
-        for p in parents:
-            nxt = node.get(p)
-            if not isinstance(nxt, dict):
-                nxt = node[p] = {}
-            node = nxt
-        node[leaf] = v
-    return out
 
 
 def record_to_wandb(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -213,12 +187,11 @@ class WandbLogger(Logger):
 def _default_group(cfg: Any, world: int) -> str:
     """Runs of one comparison share everything but the fabric: group them by that."""
     workload = str(cfg.workload.name)
-    if workload == "collectives":
-        return f"collectives-ws{world}"
-    if workload == "inference":
-        return f"inference-{cfg.model.name}-{cfg.server.name}-tp{world}"
+    known = catalog.get(workload)
+    pattern = known.group if known else catalog.Workload.group
+    server = cfg.server.name if "server" in cfg else "none"
     parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
-    return f"{workload}-{cfg.model.name}-{parallel}-ws{world}"
+    return pattern.format(workload=workload, model=cfg.model.name if "model" in cfg else "none", server=server, parallel=parallel, world=world)
 
 
 def _wandb_logger(cfg: Any, info: Any, label: str | None = None) -> Logger:

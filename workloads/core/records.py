@@ -47,6 +47,37 @@ def is_secret_name(name: str) -> bool:
 _ASSIGNMENT = re.compile(r"^([+~]*[A-Za-z0-9_.\-/]+)=(.*)$", re.S)
 
 
+# Flat keys of nested sections: "config/train/micro_batch_size" (W&B's config, whose panels
+# group by it); "." where a key reads like a dotted config path.
+SEP = "/"
+
+
+def flatten(obj: Mapping[str, Any], sep: str = SEP, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a/b": 1}. Lists stay values (W&B stores them as such)."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, sep, key))
+        else:
+            out[key] = v
+    return out
+
+
+def unflatten(flat: Mapping[str, Any], sep: str = SEP) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        node = out
+        *parents, leaf = str(key).split(sep)
+        for p in parents:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        node[leaf] = v
+    return out
+
+
 def redact_text(text: str, values: Sequence[str] = ()) -> str:
     """Known credential values replaced wherever they occur in free text; also each of
     `values` (see `secret_values`), whatever its shape, replaced literally."""
@@ -239,8 +270,6 @@ _NOT_POINT = ("run_id", "output_root", "logger", "launcher", "hydra", "wandb", "
 def trial_key(record: dict[str, Any]) -> tuple | None:
     """(point identity, trial) of a record: the workload, its sweep point, the study arm and
     fabric, and every config value but bookkeeping. None for a record without a config."""
-    from workloads.core.loggers import flatten
-
     cfg = record.get("config")
     if not isinstance(cfg, dict):
         return None

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from workloads import CONF_DIR
+from workloads import CONF_DIR, catalog
 from workloads.core.errors import UsageError
 
 IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
@@ -344,10 +344,6 @@ def _killpg(p: subprocess.Popen, sig: int) -> None:
 
 
 LOOPBACK = "lo"
-# Entry points whose ranks span the namespaces, so their traffic crosses the emulated link.
-CROSSING_ENTRIES = ("train.py", "collectives.py")
-# The load generator stays on this host; the server it starts spans the namespaces.
-SERVING_ENTRY = "infer.py"
 
 
 def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
@@ -369,7 +365,7 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
         cfg = compose(conf_dir, point, config_name)
         spec = _spec_of(cfg, cli)
         found.add(spec)
-        if config_name == "infer":
+        if any(w.served and w.config == config_name for w in catalog.CATALOG.values()):
             _check_served(cfg, spec[0])
             continue  # the load generator checks the rest itself, before it starts the server
         # The whole config, for the world it will run at, before any namespace exists (whose
@@ -437,7 +433,7 @@ def run(args, conf_dir: str | None = None) -> int:
         serving = _check_entry(args)
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
                                            nproc_per_node=args.nproc_per_node,
-                                           config_name="infer" if serving else "config")
+                                           config_name=catalog.for_script(args.entry)[0].config)
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into
             # the config, and the fabric gets a name of its own unless the user gave one.
@@ -463,24 +459,25 @@ def run(args, conf_dir: str | None = None) -> int:
 def _check_entry(args) -> bool:
     """UsageError for an entry point that cannot run across the namespaces; True for served
     inference (its load generator runs here, its server's ranks there)."""
-    name = Path(args.entry).name
+    crossing = catalog.scripts(crosses_link=True)
+    use = f"use {', '.join(crossing[:-1])} or {crossing[-1]}" if len(crossing) > 1 else f"use {crossing[0]}"
     if not Path(args.entry).is_file():
-        raise UsageError(f"entry point {args.entry} does not exist; use launch/train.py, launch/collectives.py "
-                         "or launch/infer.py")
-    if name not in CROSSING_ENTRIES + (SERVING_ENTRY,):
-        raise UsageError(f"{args.entry} does not run across emulated nodes; use launch/train.py, "
-                         "launch/collectives.py or launch/infer.py")
+        raise UsageError(f"entry point {args.entry} does not exist; {use}")
+    runs = catalog.for_script(args.entry)
+    if not runs or not all(w.crosses_link for w in runs):
+        raise UsageError(f"{args.entry} does not run across emulated nodes; {use}")
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
-    if name == "collectives.py" and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
+    if len(runs) == 1 and runs[0].overrides and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
         from workloads.core.launcher import add_override
 
         # as that entry point does itself, and in the same place: beside the other overrides,
         # never before a -m (Hydra would then take the rest as unrecognized arguments)
         argv = [args.entry, *args.overrides]
-        add_override(argv, "workload=collectives")
+        for o in runs[0].overrides:
+            add_override(argv, o)
         args.overrides = argv[1:]
-    return name == SERVING_ENTRY
+    return any(w.served for w in runs)
 
 
 def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], timeout_s: float,

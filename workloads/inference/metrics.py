@@ -1,4 +1,4 @@
-"""Serving metrics as pure functions (DESIGN.md "Inference"), with vLLM's field names.
+"""Serving metrics as pure functions (docs/metrics.md "Inference metrics"), with vLLM's field names.
 
 Per request (completed ones only):
 - TTFT (s): first content event − send time (first token event for a request whose tokens

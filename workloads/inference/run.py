@@ -35,9 +35,9 @@ from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
-from workloads.core import session
-from workloads.core.loggers import build_loggers, flatten
-from workloads.core.records import json_safe, write_record
+from workloads import session
+from workloads.core.loggers import build_loggers
+from workloads.core.records import flatten, json_safe, write_record
 from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides

@@ -23,7 +23,14 @@ from torch.utils.checkpoint import checkpoint
 
 from workloads.core.errors import UsageError
 from workloads.models.moe import ExpertGroups, MoEConfig, MoEMLP
-from workloads.training.metrics import pad_vocab_size
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """GPT-NeoX's `_vocab_size_with_padding`: round up to a multiple of divisible_by·tp,
+    so the output layer splits evenly across tensor-parallel ranks and matmuls stay
+    aligned. 50257 (GPT-2 BPE) -> 50304."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 # The precisions a model runs in (train.precision, server.dtype); fp16 needs a GPU.

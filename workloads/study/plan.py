@@ -11,7 +11,7 @@ varying by CV (sd of its log; runs independent, so sd(d) = CV x sqrt(2)).
 
 Where the CV comes from, first found wins: the study's `cv:` (per workload or study-wide);
 earlier records of the same workload (same entry and overrides) under the output root,
-pooled within arm over at least 3 runs per arm; else DEFAULT_CV for the entry. The plan says
+pooled within arm over at least 3 runs per arm; else the workload's default_cv (workloads/catalog.py). The plan says
 which. Default trials: the fewest blocks (>= 3) whose MDE is at most `detect`. A study that
 cannot call `detect` with the trials it was given is refused before anything runs.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from statistics import median
 
 from workloads.core.errors import UsageError
-from workloads.study.spec import DEFAULT_CV, StudySpec, Workload
+from workloads.study.spec import StudySpec, Workload
 
 FIRST_LOOK = 3
 
@@ -107,7 +107,7 @@ class Plan:
                f"of one configuration, Holm at alpha {s.alpha:g}"]
         for w in s.workloads:
             cv, src = self.cv[w.name]
-            out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or _DEFAULT_PRIMARY[w.entry]}"
+            out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or w.kind.primary_text}"
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
         eq = self.equivalence_blocks()
         out.append(f"  can call: >= {stats.pct(self.mde())} with 80% power over the {name} family of {m} "
@@ -135,10 +135,6 @@ class Plan:
                 f"{stats.pct(mde)}; {fix}, raise detect:, or compare fewer arms or workload points")
 
 
-_DEFAULT_PRIMARY = {"train": "samples_per_sec", "finetune": "samples_per_sec",
-                    "collectives": "all_reduce bus bandwidth at the largest size", "infer": "request_throughput at the heaviest load point"}
-
-
 def clock(s: float) -> str:
     """Seconds as m:ss, or h:mm:ss past an hour."""
     s = int(round(s))
@@ -161,17 +157,24 @@ def _earlier(spec: StudySpec) -> list[tuple[Path, dict]]:
     return out
 
 
-def _primary_value(rec: dict, w: Workload) -> tuple[float | None, float]:
-    """(value of the workload's primary metric, load level) of one record."""
+def primary_of(rec: dict, w: Workload):
+    """(metric, value, run) of the primary metric in one record: the study's declared metric,
+    else the workload's own (workloads/catalog.py), the one its verdict is called on."""
     from analysis.compare import expand, primary_metric
     from analysis.load import run_from_record
 
     r = run_from_record(rec)
     metric = (expand([w.primary_metric], r.metrics) or [None])[0] if w.primary_metric else primary_metric(r.workload, r.metrics)
+    return metric, (r.metric(metric) if metric else None), r
+
+
+def _primary_value(rec: dict, w: Workload) -> tuple[float | None, float]:
+    """(value of the workload's primary metric, load level) of one record."""
+    _, value, r = primary_of(rec, w)
     level = r.coords.get("concurrency", r.coords.get("rate", math.inf))
     if w.primary_point is not None and r.point != w.primary_point:
         return None, level
-    return (r.metric(metric) if metric else None), level
+    return value, level
 
 
 def measured_cv(earlier: list[tuple[Path, dict]], w: Workload) -> tuple[float, str] | None:
@@ -230,7 +233,7 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
         elif spec.cv is not None:
             cv[w.name] = (spec.cv, "declared for the study")
         else:
-            cv[w.name] = measured_cv(earlier, w) or (DEFAULT_CV[w.entry], f"default for {w.entry}; no earlier runs")
+            cv[w.name] = measured_cv(earlier, w) or (w.kind.default_cv, f"default for {w.entry}; no earlier runs")
     control = any(a.control for a in spec.arms)
     real = len(spec.arms) - 1 - int(control)
     tests, control_tests = real * len(spec.workloads), int(control) * len(spec.workloads)

@@ -39,14 +39,9 @@ from workloads import CONF_DIR, REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
 from workloads.core.rundir import derive_run_id
-from workloads.study.plan import clock
+from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
-
-# The number a cell's summary row shows, per entry (units in the key, as in the records).
-HEADLINE = {"train": "samples_per_sec", "finetune": "samples_per_sec", "collectives": "avg_busbw(GB/s)",
-            "infer": "request_throughput"}  # the primary metric (analysis/compare.py), not a latency
-
 
 @dataclass(frozen=True)
 class Job:
@@ -102,7 +97,7 @@ def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.execut
     if job.arm.emulated:
         return [python, str(REPO_ROOT / "launch" / "emulate.py"), "--timeout", f"{spec.timeout_s:g}", script,
                 *overrides]
-    if launcher == "slurm" and job.workload.entry != "infer":
+    if launcher == "slurm" and not job.workload.kind.served:
         step = ('source "$FB_HOME/launch/slurm/lib.sh" && fb_setup >&2 && '
                 'fb_srun_per_node bash "$FB_HOME/launch/slurm/torchrun_node.sh" "$@"')
         return ["bash", "-c", step, "fabricbench-study", script, *overrides]
@@ -114,9 +109,9 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
     an inference sweep writes one record per load point, named as its records name it."""
     from workloads.core.launcher import compose
 
-    if workload.entry != "infer":
+    if not workload.kind.served:
         overrides = [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"]
-        cfg = compose(CONF_DIR, overrides, "config")
+        cfg = compose(CONF_DIR, overrides, workload.kind.config)
         # the workload's own checks (a batch that does not divide, ...) for the world it will
         # run at, so a bad cell is one line now, not a failure in every cell later; inside a
         # Slurm allocation the world is the allocation's, known only to the step
@@ -131,7 +126,7 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
         return ("",)
     from workloads.inference.run import arrivals
 
-    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], "infer")
+    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], workload.kind.config)
     return tuple(a.label() for a in arrivals(cfg.load))
 
 
@@ -294,23 +289,27 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
 
 
 def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
-    """Per workload (and load point) and arm: trials ok / asked, and the headline metric's
-    median and range over trials, in the style of a benchmark's result block."""
+    """Per workload (and load point) and arm: trials ok / asked, and the primary metric's
+    median and range over trials (the metric the verdicts are called on), in the style of a
+    benchmark's result block."""
     rows: dict[tuple, list] = {}
+    metrics: dict[tuple, str] = {}
     asked: dict[tuple, int] = {}
     for job in jobs:
         for rec in job_records(spec, job):
             key = (job.workload.name, rec.get("point") or "", job.arm.label)
             if rec.get("status") == "ok":
-                v = (rec.get("metrics") or {}).get(HEADLINE[job.workload.entry])
+                metric, v, _ = primary_of(rec, job.workload)
                 rows.setdefault(key, []).append(v)
+                if metric:
+                    metrics.setdefault(key, metric)
         for point in job.points:
             asked[(job.workload.name, point, job.arm.label)] = asked.get((job.workload.name, point, job.arm.label), 0) + 1
     head = ("workload", "point", "arm", "trials ok", "metric", "median", "min", "max")
     body = []
     for key in sorted(asked):
         vals = [v for v in rows.get(key, []) if isinstance(v, (int, float))]
-        metric = HEADLINE[next(w.entry for w in spec.workloads if w.name == key[0])]
+        metric = metrics.get(key) or next(w.primary_metric or "n/a" for w in spec.workloads if w.name == key[0])
         fmt = (lambda v: f"{v:.4g}")
         body.append((key[0], key[1] or "-", key[2], f"{len(rows.get(key, []))}/{asked[key]}", metric,
                      *(fmt(f(vals)) if vals else "n/a" for f in (median, min, max))))

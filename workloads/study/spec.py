@@ -28,22 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from workloads import CONF_DIR, REPO_ROOT
+from workloads import CONF_DIR, REPO_ROOT, catalog
 from workloads.core.errors import UsageError
 
-# entry name -> (script, overrides it implies)
-ENTRIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "train": ("launch/train.py", ()),
-    "finetune": ("launch/train.py", ("workload=finetune",)),
-    "collectives": ("launch/collectives.py", ("workload=collectives",)),
-    "infer": ("launch/infer.py", ()),
-}
 DESIGNS = ("abba", "williams", "permuted")
-# Expected run-to-run noise (sd of log, ~CV) per entry when neither the study nor earlier
-# records say: a quiet cluster gives ~1-2% for training and 2-5% for bus bandwidth and
-# serving throughput (shared/reviews/study-statistics.md, section 2.3); these are set above
-# that, so a default plan does not promise what the machine cannot deliver.
-DEFAULT_CV = {"train": 0.03, "finetune": 0.03, "collectives": 0.05, "infer": 0.05}
 CONTROL_SUFFIX = "~aa"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
 # Decided by the study for each cell; an arm or workload setting them would break the design.
@@ -63,19 +51,23 @@ class Arm:
 @dataclass(frozen=True)
 class Workload:
     name: str                      # unique within the study; part of every cell's run_id
-    entry: str                     # a key of ENTRIES
+    entry: str                     # a workload of workloads/catalog.py, by name or study word
     overrides: tuple[str, ...] = ()
     primary_metric: str | None = None   # declared; None: the workload's default (analysis/compare.py)
     primary_point: str | None = None    # inference: the load point that decides ("c8"); None: the heaviest
     cv: float | None = None             # expected noise of the primary metric, when declared
 
     @property
+    def kind(self) -> catalog.Workload:
+        return catalog.get(self.entry)
+
+    @property
     def script(self) -> str:
-        return ENTRIES[self.entry][0]
+        return self.kind.script
 
     @property
     def argv(self) -> tuple[str, ...]:
-        return (*ENTRIES[self.entry][1], *self.overrides)
+        return (*self.kind.overrides, *self.overrides)
 
 
 @dataclass(frozen=True)
@@ -202,7 +194,7 @@ def _primary(value: Any, what: str, entry: str) -> tuple[str | None, str | None]
         value = {"metric": value}
     if not isinstance(value, Mapping) or set(value) - {"metric", "point"}:
         raise UsageError(f"{what} is {{metric: <record metric>, point: <load point, e.g. c8>}}")
-    if value.get("point") is not None and entry != "infer":
+    if value.get("point") is not None and not catalog.get(entry).served:
         raise UsageError(f"{what}.point: only inference sweeps have load points; remove it")
     metric = None if value.get("metric") is None else str(value["metric"])
     if metric is not None:
@@ -219,8 +211,8 @@ def _workloads(raw: Any) -> tuple[Workload, ...]:
         raise UsageError("workloads: give a list, e.g. [{name: ar, entry: collectives, overrides: [...]}]")
     out = []
     for i, w in enumerate(raw):
-        if not isinstance(w, Mapping) or w.get("entry") not in ENTRIES:
-            raise UsageError(f"workloads[{i}].entry must be one of {', '.join(ENTRIES)}")
+        if not isinstance(w, Mapping) or catalog.get(str(w.get("entry"))) is None:
+            raise UsageError(f"workloads[{i}].entry must be one of {', '.join(k.entry for k in catalog.CATALOG.values())}")
         unknown = sorted(set(w) - {"name", "entry", "overrides", "primary", "cv"})
         if unknown:
             raise UsageError(f"workloads[{i}]: unknown field(s) {', '.join(unknown)}; a workload has name, entry, "

@@ -2,7 +2,7 @@
 that an acceptance check (launch/gpu_check.py) compares every figure with a value or a band,
 never with "> 0". Pure functions over a training record.
 
-- TFLOPS/GPU is recomputed from the record's own raw data (the FLOPs formula of DESIGN.md
+- TFLOPS/GPU is recomputed from the record's own raw data (the FLOPs formula of docs/metrics.md
   with the recorded shape and batch, the mean of the timed step times, the world size): a
   reported figure that differs was computed from something else.
 - MFU is recomputed the same way (f = 3) over the peak the table gives for the recorded GPU,
@@ -21,7 +21,7 @@ from workloads.training.metrics import model_flops, moe_flops_args, peak_tflops_
 # (Jiang et al., NSDI 2024) 55.2% on 175B, PaLM (Chowdhery et al. 2022, Table 3) 46.2%; a
 # figure above 60% means a timing or FLOPs bug (a missing synchronize, f too large, a peak
 # from the wrong row). The bottom is a floor below which the run is broken, not slow; no GPU
-# run of fabricbench exists yet to narrow it (the README's GPU status says so).
+# run of fabricbench exists yet to narrow it (docs/gpu.md says so).
 MFU_SOURCE_TOP = "top: MegaScale (NSDI'24) 55.2%, PaLM (2022) 46.2% -- none reported above 60%"
 
 

@@ -1,12 +1,11 @@
 """Training metrics, exactly as GPT-NeoX's megatron/logging.py reports them.
 
-The formulas are written once, in shared DESIGN.md ("Metric definitions"); these pure
+The formulas are written once, in docs/metrics.md ("Training metrics"); these pure
 functions implement them and tests/training/test_metrics.py pins them with worked values.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -28,14 +27,6 @@ PEAK_TFLOPS_BF16: dict[str, float] = {
     "MI325X": 1300.0,
     "MI355X": 2516.6,
 }
-
-
-def pad_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
-    """GPT-NeoX's `_vocab_size_with_padding`: round up to a multiple of divisible_by·tp,
-    so the output layer splits evenly across tensor-parallel ranks and matmuls stay
-    aligned. 50257 (GPT-2 BPE) -> 50304."""
-    multiple = divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 def flops_per_iteration(

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import session
+from workloads import session
 from workloads.training.commtimer import CommTimer, comm_dtypes
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.models.neox import PRECISIONS

@@ -1,4 +1,4 @@
-"""A serving engine is one adapter module plus one YAML (README "Adding a serving engine").
+"""A serving engine is one adapter module plus one YAML (docs/engines.md, "Adding a serving engine").
 
 The throwaway engine here lives entirely outside the repository: a module on PYTHONPATH
 and a conf/server/<name>.yaml on Hydra's search path. Its `command()` starts the scripted

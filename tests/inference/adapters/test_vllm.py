@@ -90,7 +90,7 @@ def test_vllm_sweep_runs(sweep):
 
 
 def test_metrics_match_the_samples(sweep):
-    """Recomputed from record["samples"] with numpy, by DESIGN.md's definitions."""
+    """Recomputed from record["samples"] with numpy, by docs/metrics.md's definitions."""
     check_metrics_match_the_samples(sweep[1], REQUESTS, OUT_LEN)
 
 

@@ -1,4 +1,4 @@
-"""Pure pieces of the load generator, pinned by hand-computed values: metrics (DESIGN.md
+"""Pure pieces of the load generator, pinned by hand-computed values: metrics (docs/metrics.md
 "Inference", vLLM's field names), arrival processes, datasets and their bad input."""
 
 import json

@@ -20,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import session
+from workloads import session
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify import check_transport, report_transport

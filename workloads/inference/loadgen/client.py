@@ -1,6 +1,6 @@
 """The one streaming function: send a request, read its SSE stream, time it.
 
-Timing follows DESIGN.md "Inference" (as SGLang's and vLLM's serving benchmarks):
+Timing follows docs/metrics.md "Inference metrics" (as SGLang's and vLLM's serving benchmarks):
 - t0 = perf_counter() just before the request is sent;
 - TTFT = first event whose choice has non-empty content, minus t0; for a stream whose
   tokens all decode to empty text (special tokens) but which the server's usage counts, the

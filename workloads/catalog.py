@@ -1,0 +1,111 @@
+"""What a workload is, in one place: every table that used to name the workloads reads this.
+
+The launcher finds a workload's validator here, the W&B logger its default group, a study
+its entry script and expected noise, the emulator whether its ranks cross the emulated link,
+and analysis its primary and secondary metrics, display name and the identity fields that
+do not apply to it. A new workload (one package under workloads/) is one `register` call.
+
+The catalog names modules by string and imports nothing above it, so it stands on the
+ground floor: `core/` may read it without knowing any workload's code. Metric names follow
+docs/metrics.md (units in the key, as the records write them).
+
+MoE training (model=neox-moe-*) is a model of pretrain and finetune, not a workload of its
+own: its records are training records, judged on samples/s like any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+
+def named(metric: str) -> Callable[[Iterable[str]], str | None]:
+    """A primary metric that is one record key, when the record has it."""
+    return lambda names: metric if metric in set(names) else None
+
+
+def _collectives_primary(names: Iterable[str]) -> str | None:
+    """The bus bandwidth of all_reduce (else the first op) at its largest message size; the
+    record's blended avg_busbw(GB/s) averages unlike ops, so it is no op's bandwidth."""
+    names = sorted(set(names))
+    ops = sorted({n.split("/")[0] for n in names if n.endswith("(GB/s)") and "/" in n and "busbw" in n})
+    if not ops:
+        return None
+    op = "all_reduce" if "all_reduce" in ops else ops[0]
+    sized = [n for n in names if n.startswith(f"{op}/busbw@")]
+    if sized:
+        return max(sized, key=lambda n: int(n.split("@")[1].split("(")[0]))
+    return f"{op}/avg_busbw(GB/s)" if f"{op}/avg_busbw(GB/s)" in names else None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str                     # the record's `workload`, conf/workload/<name>.yaml
+    display: str                  # how the report names it
+    script: str                   # the entry point, relative to the checkout
+    config: str = "config"        # the Hydra config root the script composes
+    overrides: tuple[str, ...] = ()   # what choosing this workload on the script's command line takes
+    validator: str | None = None  # module whose validate(cfg, world) checks a job before any rank starts
+    primary: Callable[[Iterable[str]], str | None] = lambda names: None  # the metric judged on, among names
+    primary_text: str = ""        # the same, in words, for a study's plan
+    headline: tuple[str, ...] = ()    # the report's headline metrics (fnmatch): primary first, then secondary
+    not_applicable: tuple[str, ...] = ()  # run identity fields that measured nothing here (read as None)
+    group: str = "{workload}-{model}-{parallel}-ws{world}"  # W&B default group: runs that differ only by fabric
+    training: bool = False        # records are training records (batch, samples/s, loss)
+    served: bool = False          # the script is a load generator: it starts a server, one record per load point
+    crosses_link: bool = True     # its ranks (a served workload: its server's) span emulated nodes
+    study_entry: str = ""         # the word a study's `entry:` takes (the written studies' vocabulary)
+    default_cv: float = 0.05      # a study's expected run-to-run noise when nothing else says
+
+    @property
+    def entry(self) -> str:
+        return self.study_entry or self.name
+
+
+CATALOG: dict[str, Workload] = {}
+
+
+def register(w: Workload) -> Workload:
+    CATALOG[w.name] = w
+    return w
+
+
+def unregister(name: str) -> None:
+    CATALOG.pop(name, None)
+
+
+def get(word: str) -> Workload | None:
+    """The workload a record's name or a study's entry word means; None for neither."""
+    word = str(word)
+    return CATALOG.get(word) or next((w for w in CATALOG.values() if w.study_entry == word), None)
+
+
+def for_script(path: str) -> tuple[Workload, ...]:
+    """The workloads an entry point runs, matched by its file name (train.py: pretrain, finetune)."""
+    base = str(path).rsplit("/", 1)[-1]
+    return tuple(w for w in CATALOG.values() if w.script.rsplit("/", 1)[-1] == base)
+
+
+def scripts(**having) -> tuple[str, ...]:
+    """Entry points, each once, in catalog order."""
+    return tuple(dict.fromkeys(w.script for w in CATALOG.values()
+                               if all(getattr(w, k) == v for k, v in having.items())))
+
+
+# Expected noise: a quiet cluster gives ~1-2% for training and 2-5% for bus bandwidth and
+# serving throughput; these sit above that, so a default plan does not promise what the
+# machine cannot deliver.
+_TRAINING = dict(script="launch/train.py", validator="workloads.training.run", primary=named("samples_per_sec"),
+                 primary_text="samples_per_sec", headline=("samples_per_sec", "alltoall_share"), training=True,
+                 default_cv=0.03)
+register(Workload("pretrain", "Pre-training", study_entry="train", **_TRAINING))
+register(Workload("finetune", "Fine-tuning", overrides=("workload=finetune",), **_TRAINING))
+register(Workload("collectives", "Collectives", "launch/collectives.py", overrides=("workload=collectives",),
+                  validator="workloads.collectives.run", primary=_collectives_primary,
+                  primary_text="all_reduce bus bandwidth at the largest size", headline=("*/avg_busbw(GB/s)",),
+                  not_applicable=("model", "parallel"), group="collectives-ws{world}"))
+# the served model applies; the training parallel strategy does not
+register(Workload("inference", "Inference", "launch/infer.py", config="infer", primary=named("request_throughput"),
+                  primary_text="request_throughput at the heaviest load point",
+                  headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms"), not_applicable=("parallel",),
+                  group="inference-{model}-{server}-tp{world}", served=True, study_entry="infer"))
