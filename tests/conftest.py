@@ -18,21 +18,31 @@ def pytest_collection_modifyitems(config, items):
     module's shared launch (a server, a study) starts once. Every test that needs root for
     namespaces shares one worker: two emulations at a time could pick the same host-link subnet,
     the leftover check after each module would see the other's namespaces, and the emulated
-    study (emu_ab) runs once per session. The Slurm tests (their private cluster) share another."""
+    study (emu_ab) runs once per session. The tests marked `timing` (real A/A studies: they
+    compare runs made minutes apart) join them, because that worker runs with a larger CPU
+    weight (helpers/cpu_share.py). The Slurm tests (their private cluster) share another."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
         if "emu_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(2400))  # whichever runs first pays for the study's 12 runs
     # The longest work first, so that no worker starts a long group when the other is nearly
-    # done: the namespace group, then Slurm's, then modules with slow tests, then the rest.
+    # done: the timed group, then Slurm's, then modules with slow tests, then the rest.
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    rank = {"netns": 0, "slurm": 1}
+    rank = {"timed": 0, "slurm": 1}
     items.sort(key=lambda item: rank.get(_group(item), 2 if item.module.__name__ in slow else 3))
 
 
+def _needs(item) -> set[str]:
+    return {c for m in item.iter_markers("requires") for c in m.args}
+
+
 def _group(item) -> str:
-    needs = {c for m in item.iter_markers("requires") for c in m.args}
-    return "slurm" if "slurm" in needs else "netns" if "root" in needs else item.nodeid.split("::")[0].split("@")[0]
+    needs = _needs(item)
+    if "slurm" in needs:
+        return "slurm"
+    if "root" in needs or item.get_closest_marker("timing"):
+        return "timed"
+    return item.nodeid.split("::")[0].split("@")[0]
 
 
 _NETNS_MODULES: set[str] = set()  # modules whose namespace tests ran in this process
@@ -42,11 +52,10 @@ _NETNS_MODULES: set[str] = set()  # modules whose namespace tests ran in this pr
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("requires"):
         need(*mark.args)
-    netns = _group(item) == "netns"
-    if netns:
+    if "root" in _needs(item) and "slurm" not in _needs(item):
         _NETNS_MODULES.add(item.module.__name__)
     if _root():
-        cpu_share.prefer(netns)  # helpers/cpu_share.py: the rig's own load must not decide timings
+        cpu_share.prefer(_group(item) == "timed")  # helpers/cpu_share.py: the rig's own load must not decide timings
 
 
 def pytest_sessionfinish(session):

@@ -47,6 +47,7 @@ def run_study(out) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.timeout(1800)  # 12 runs: ~3 minutes on an idle 2-core machine, 10+ when it is shared
 def test_real_aa_study_speaks_in_intervals_and_calls_nothing(tmp_path):
     out = tmp_path / "results"

@@ -1,5 +1,6 @@
-"""A larger CPU share for the worker that runs the namespace tests, so that the other xdist
-worker's launches do not decide what they measure.
+"""A larger CPU share for the worker that runs the timed group (the namespace tests and those
+marked `timing`, tests/conftest.py), so that the other xdist worker's launches do not decide
+what they measure.
 
 The namespace tests time work on shaped links and compare it with unshaped runs: a study that
 must call a 100 Mbit/s link slower, a percent-of-line-rate bound, TTFT added by the link. Their
@@ -7,13 +8,16 @@ unshaped arms are CPU-bound, so on a 2-core machine their speed halves whenever 
 starts a 2-rank job or a server, and a verdict's interval then spans that, not the link (CI: a
 training A/B measured +99% [-10%, +342%] over 3 blocks; one all_reduce trial 77% of the line
 rate where its siblings reached 95%). That load is the test rig's own, not the subject, so the
-worker joins a cgroup with 8x the default CPU weight while it runs a namespace test, and leaves
-it for every other test. Both workers still use both cores; when both want them, the namespace
-test's processes get ~80%. Children inherit the cgroup, also the emulator's new sessions (a
-nice value would not reach those: each session is its own autogroup).
+worker joins a cgroup with 8x the default CPU weight while it runs a test of the timed group,
+and leaves it for every other test. The price is paid by the other worker, whose share now
+swings between ~20% and all of it: a real A/A study there saw its control 179% "faster" (both
+blocks), so the A/A studies are in the timed group too. Children inherit the cgroup, also the
+emulator's new sessions (a nice value would not reach those: each session is its own
+autogroup).
 
 cgroup v1's `cpu` controller (this machine, CI) or a cgroup v2 root that delegates `cpu`;
-elsewhere nothing changes and `state()` says so in the test summary.
+elsewhere nothing changes, and `state()`, which the timed tests' failure messages carry,
+says why.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,6 +241,7 @@ def study(path: Path, out: Path, timeout: float = 900) -> subprocess.CompletedPr
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     out = tmp_path / "results"
     r = study(write(tmp_path, AA), out)
@@ -261,9 +263,15 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     assert "[1/4] block 0 · loopback · trial 0 · ar (1/1)" in r.stdout and "ETA" in r.stdout
     assert "Study aa" in r.stdout and "loopback~aa  2/2" in r.stdout
     assert "loopback~aa" in (out / "aa" / "compare.txt").read_text() and "interleaved ABBA, 2 blocks" in r.stdout
-    # the plan came first, and the A/A control says what it can and cannot tell
+    # the plan came first, and the A/A control says what it can and cannot tell: never "quiet".
+    # It may find a bias: both blocks of one run here (load from the other worker at positions
+    # 0 and 3 only) measured the control 179% faster, which ABBA cannot cancel, and the study
+    # said so ("A/A control NOT quiet ... treat every verdict with suspicion"): the control
+    # doing its job, so that wording is allowed, a bare claim of quiet is not.
     assert r.stdout.startswith("plan of study aa: 2 arms x 1 workload point(s) x 2 blocks = 4 runs, design abba")
-    assert "A/A control" in r.stdout and "quiet" not in r.stdout
+    assert "A/A control" in r.stdout and not re.search(r"(?<!NOT )quiet", r.stdout), r.stdout
+    if "A/A control NOT quiet" in r.stdout:
+        assert "treat every verdict with suspicion" in r.stdout, r.stdout
     assert (out / "aa" / "report" / "report.md").is_file()
 
     # A rerun of a finished study writes nothing.

@@ -115,9 +115,11 @@ def test_timing_matches_scripted_truth(running, server, concurrency, backend):
     server_late.sort()
     # The server follows its script: never early, and late by less than the shortest scripted
     # TTFT (50 ms). Its sleeps are asyncio's and need a core to wake on, so how late depends on
-    # the machine's load (0.3-1 ms quiet, ~10 ms shared); the truth the client is held to is
-    # the server's own stamps, not the script.
-    assert -0.5 < server_late[len(server_late) // 2] < 50, server_late
+    # the machine's load (0.3-1 ms quiet, ~10 ms shared, a median 70 ms once at load 4.5); the
+    # truth the client is held to is the server's own stamps, not the script. So "late by less"
+    # widens with the waits for a core measured meanwhile, as the client's margins do.
+    late_bound = max(50.0, 80e3 * jitter.mean_wait_s)
+    assert -0.5 < server_late[len(server_late) // 2] < late_bound, (server_late, jitter)
     # What a user reads: mean, median and p99 of each metric, as measured vs as true.
     import numpy as np
 
