@@ -93,3 +93,51 @@ def test_sampler_off_reads_nothing_and_on_reads_congestion_once():
     s = on.summary(["rdma:mlx5_0:1"], {"rdma:mlx5_0:1": 1e11})
     assert s["congestion"] == {"rdma:mlx5_0:1": {"np_cnp_sent": 0, "rp_cnp_handled": 0, "out_of_buffer": 0}}
     assert s["pause"] == {} and "no physical interface" in s["pause_skipped"]
+
+
+# /proc/net/dev as net/core/net-procfs.c's dev_seq_show writes it: two header lines, then per
+# interface 8 receive fields (bytes first) and 8 transmit fields (bytes first)
+PROC_NET_DEV = """Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+  eth0: 7729725306 5123456    0    0    0     0          0         0  8947280   91234    0    0    0     0       0          0
+    lo: 27859243111 5028685    0    0    0     0          0         0 27859243111 5028685    0    0    0     0       0          0
+"""
+
+
+def test_proc_net_dev_gives_tx_then_rx_bytes_per_interface():
+    assert nic.parse_proc_net_dev(PROC_NET_DEV) == {"net:eth0": (8947280, 7729725306),
+                                                    "net:lo": (27859243111, 27859243111)}
+
+
+def test_a_host_read_is_one_instant_under_traffic():
+    """lo counts each byte sent in tx and rx at once, so one snapshot has tx == rx even while
+    traffic flows; two sysfs files read apart did not (a step once got 861 KB of other jobs'
+    loopback traffic in tx and not rx). Loopback traffic flows while it reads."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    cli = socket.create_connection(srv.getsockname())
+    peer, _ = srv.accept()
+    stop = threading.Event()
+
+    def pump():
+        buf = b"x" * 65536
+        while not stop.is_set():
+            cli.sendall(buf)
+
+    def drain():
+        while not stop.is_set():
+            if not peer.recv(1 << 20):
+                return
+
+    threads = [threading.Thread(target=pump, daemon=True), threading.Thread(target=drain, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        reads = [nic.read_counters()["net:lo"] for _ in range(300)]
+    finally:
+        stop.set()
+        cli.close(), peer.close(), srv.close()
+    assert reads[-1][0] > reads[0][0]  # traffic flowed while it read
+    assert all(tx == rx for tx, rx in reads), [r for r in reads if r[0] != r[1]][:3]

@@ -8,9 +8,14 @@ IB/RoCE) on top of payload. On `lo` a byte sent is counted once in tx_bytes and 
 rx_bytes of the same interface.
 
 Each timed step is bracketed (`begin_step`/`end_step`): a step's bytes are the counter
-difference across it, so traffic between steps (verification, logging) is left out.
-Reading them is two sysfs reads per rail (1.6 ms for 4 interfaces on a loaded 2-core CI box),
-done outside the timed window: begin_step before the step clock starts, end_step after it stops.
+difference across it, so traffic between steps (verification, logging) is left out. On the
+host itself the network rails come from one read of /proc/net/dev, where the kernel fills each
+interface's tx and rx from one statistics call, so a pair is one instant: read from sysfs as two
+files, a reader preempted between them let 861 KB of other jobs' loopback traffic into one
+step's tx and not its rx (lo counts a byte in both at once). A fake sysfs tree (`root`, or
+$FABRICBENCH_SYSFS_ROOT, for tests) is read file by file. RDMA ports are read from sysfs
+(1.6 ms for 4 interfaces on a loaded 2-core CI box); all of it outside the timed window:
+begin_step before the step clock starts, end_step after it stops.
 
 Jain's fairness index over the rails the profile uses, J = (Σx)² / (n·Σx²) with x the
 bytes (tx + rx) each rail moved: 1 when traffic spread evenly over n rails, 1/n when one
@@ -29,13 +34,15 @@ drivers or counters are skipped with the reason.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from workloads.fabric.preflight import sysfs_root
+from workloads.fabric.preflight import SYSFS_ENV, sysfs_root
 
 Counters = dict[str, tuple[int, int]]  # rail -> (tx bytes, rx bytes)
 
@@ -47,11 +54,28 @@ def _int(p) -> int | None:
         return None
 
 
+def parse_proc_net_dev(text: str) -> Counters:
+    """`net:<iface>` -> (tx bytes, rx bytes) from /proc/net/dev (the kernel's dev_seq_printf_stats:
+    after "<iface>:", 8 receive fields from bytes, then 8 transmit fields from bytes)."""
+    out: Counters = {}
+    for line in text.splitlines()[2:]:
+        name, sep, fields = line.partition(":")
+        values = fields.split()
+        if sep and len(values) >= 16:
+            out[f"net:{name.strip()}"] = (int(values[8]), int(values[0]))
+    return dict(sorted(out.items()))
+
+
 def read_counters(root=None) -> Counters:
     base = sysfs_root(root) / "class"
     out: Counters = {}
     net = base / "net"
-    if net.is_dir():
+    if root is None and not os.environ.get(SYSFS_ENV):
+        try:
+            out.update(parse_proc_net_dev(Path("/proc/net/dev").read_text()))
+        except OSError:
+            pass
+    if not out and net.is_dir():
         for d in sorted(net.iterdir()):
             tx, rx = _int(d / "statistics" / "tx_bytes"), _int(d / "statistics" / "rx_bytes")
             if tx is not None and rx is not None:
