@@ -71,8 +71,7 @@ def higher_is_better(metric: str) -> bool:
 def headline(workload: str, names: Iterable[str]) -> list[str]:
     """The workload's headline metrics (workloads/catalog.py) present in `names`, patterns
     expanded, in catalog order."""
-    known = catalog.get(workload)
-    return expand(known.headline if known else [], names)
+    return expand(catalog.field(workload, "headline", ()), names)
 
 
 @dataclass
@@ -156,8 +155,8 @@ def primary_metric(workload: str, names: Iterable[str]) -> str | None:
     """The metric a workload is judged on when none is declared (DESIGN.md, "Studies"), as
     its catalog entry picks it: training samples/s; collectives the bus bandwidth of
     all_reduce (else the first op) at its largest message size; inference request throughput."""
-    known = catalog.get(workload)
-    return known.primary(names) if known else None
+    choose = catalog.field(workload, "primary")
+    return choose(names) if choose else None
 
 
 def _load_level(p: Point) -> float:

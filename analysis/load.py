@@ -24,22 +24,19 @@ from workloads.core.records import SCHEMA, load_records
 
 def is_training(workload: str) -> bool:
     """Whether a record's workload writes training records (workloads/catalog.py)."""
-    known = catalog.get(workload)
-    return bool(known and known.training)
+    return bool(catalog.field(workload, "training", False))
 
 
 def is_served(workload: str) -> bool:
     """Whether a record's workload is a served load sweep, one record per load point."""
-    known = catalog.get(workload)
-    return bool(known and known.served)
+    return bool(catalog.field(workload, "served", False))
 
 
 def not_applicable(workload: str) -> tuple[str, ...]:
     """Run fields that do not apply to a workload: the Hydra tree still carries their defaults
     (a collectives run's config.model.name is neox-tiny, config.parallel.name ddp), which
     measured nothing, so they are read as None and shown as "—"."""
-    known = catalog.get(workload)
-    return known.not_applicable if known else ()
+    return catalog.field(workload, "not_applicable", ())
 
 
 def dig(obj: Any, path: str, default: Any = None) -> Any:

@@ -26,8 +26,7 @@ METRIC_NAMES = {"samples_per_sec": "samples/s", "request_throughput": "requests/
 
 def display(workload: str) -> str:
     """'finetune' -> 'Fine-tuning'; a workload the catalog does not know, as itself."""
-    known = catalog.get(workload)
-    return known.display if known else workload
+    return catalog.field(workload, "display", workload)
 
 
 def metric_name(metric: str) -> str:

@@ -52,10 +52,11 @@ _NETNS_MODULES: set[str] = set()  # modules whose namespace tests ran in this pr
 def pytest_runtest_setup(item):
     for mark in item.iter_markers("requires"):
         need(*mark.args)
-    if "root" in _needs(item) and "slurm" not in _needs(item):
+    group = _group(item)
+    if group == "timed" and "root" in _needs(item):
         _NETNS_MODULES.add(item.module.__name__)
     if _root():
-        cpu_share.prefer(_group(item) == "timed")  # helpers/cpu_share.py: the rig's own load must not decide timings
+        cpu_share.prefer(group == "timed")  # helpers/cpu_share.py: the rig's own load must not decide timings
 
 
 def pytest_sessionfinish(session):

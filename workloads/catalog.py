@@ -80,6 +80,13 @@ def get(word: str) -> Workload | None:
     return CATALOG.get(word) or next((w for w in CATALOG.values() if w.study_entry == word), None)
 
 
+def field(word: str, name: str, default=None):
+    """One field of the workload `word` names, or `default` for a word the catalog does not
+    know (records of another version, a typo): the lookup every table of workloads made."""
+    known = get(word)
+    return getattr(known, name) if known else default
+
+
 def for_script(path: str) -> tuple[Workload, ...]:
     """The workloads an entry point runs, matched by its file name (train.py: pretrain, finetune)."""
     base = str(path).rsplit("/", 1)[-1]

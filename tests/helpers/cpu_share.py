@@ -27,7 +27,7 @@ from pathlib import Path
 
 SHARES_V1, WEIGHT_V2 = 8192, 800  # 8x the defaults (1024, 100)
 _V1, _V2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
-_state = {"group": None, "home": None, "why": "not tried"}
+_state = {"group": None, "home": None, "why": "not tried", "in": None}  # "in": the cgroup this process is in
 
 
 def _home() -> Path | None:
@@ -67,9 +67,10 @@ def prefer(on: bool) -> None:
     if on and _state["group"] is None and _state["why"] == "not tried":
         _state["home"], _state["group"] = _home(), _make()
     target = _state["group"] if on else _state["home"] if _state["group"] is not None else None
-    if target is not None:
+    if target is not None and target != _state["in"]:  # most tests stay where the last one was
         try:
             (target / "cgroup.procs").write_text(str(os.getpid()))
+            _state["in"] = target
         except OSError as e:
             _state["why"] = f"cannot join {target} ({e.strerror})"
 

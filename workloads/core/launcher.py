@@ -120,8 +120,7 @@ def validate_job(cfg, world: int) -> None:
     """The workload's own checks of one job's config, for `world` ranks (UsageError)."""
     import importlib
 
-    workload = catalog.get(str(cfg.workload.name))
-    validator = workload.validator if workload else None
+    validator = catalog.field(str(cfg.workload.name), "validator")
     if validator is not None:
         with config_errors():
             importlib.import_module(validator).validate(cfg, world)

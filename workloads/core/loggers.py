@@ -187,8 +187,7 @@ class WandbLogger(Logger):
 def _default_group(cfg: Any, world: int) -> str:
     """Runs of one comparison share everything but the fabric: group them by that."""
     workload = str(cfg.workload.name)
-    known = catalog.get(workload)
-    pattern = known.group if known else catalog.Workload.group
+    pattern = catalog.field(workload, "group", catalog.Workload.group)
     server = cfg.server.name if "server" in cfg else "none"
     parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
     return pattern.format(workload=workload, model=cfg.model.name if "model" in cfg else "none", server=server, parallel=parallel, world=world)
