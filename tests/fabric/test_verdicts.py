@@ -87,3 +87,57 @@ def test_net_plugin_is_recorded_and_a_profile_can_pin_it():
     assert verify.decide(profile("ib", plugin="RDMA Plugin"), evidence("nccl_ib_plugin"), environ={})["verdict"] == "ok"
     d = verify.decide(profile("roce", plugin="spcx"), evidence("nccl_roce"), environ={})
     assert d["verdict"] == "mismatch" and "loaded no net plugin" in d["message"]
+
+
+# ---------------------------------------------------------------------------------------
+# The verdict is decided on each problem's kind, never on its wording: "unverified" only when
+# every problem is missing evidence, "mismatch" as soon as one contradicts the label.
+
+
+def test_problem_kinds_are_checked():
+    import pytest
+
+    assert verify.Problem("unverified", "x") == verify.unverified("x")
+    with pytest.raises(ValueError, match="not one of"):
+        verify.Problem("unverifed", "x")
+
+
+def test_verdict_of_problem_kinds():
+    assert verify.verdict_of([]) == "ok"
+    assert verify.verdict_of([verify.unverified("a"), verify.unverified("b")]) == "unverified"
+    assert verify.verdict_of([verify.unverified("a"), verify.mismatch("b")]) == "mismatch"
+
+
+def test_each_rule_names_its_kind():
+    silent = verify.nccl_problems({"network": "IB"}, [{"lines": 0}, {"lines": 3, "network": "Socket"}])
+    assert [(p.kind, p.text) for p in silent] == [("unverified", "rank 0 wrote no NCCL INFO log"),
+                                                  ("mismatch", "rank 1 used NET/Socket")]
+    lazy = verify.nccl_problems(profile("roce").expect, [e["log"] for e in evidence("nccl_2.22_lazy_connect")])
+    assert {p.kind for p in lazy} == {"unverified"}
+    lonely = verify.gloo_problems({}, [{"rank": 0, "peer_connections": 0, "interfaces": []},
+                                       {"rank": 1, "peer_connections": 0, "interfaces": []}])
+    assert [p.kind for p in lonely] == ["unverified"]
+
+
+def test_a_mismatch_that_reads_like_missing_evidence_stays_a_mismatch():
+    """The wording of a problem can quote what a log said (a plugin's name, an interface): the
+    verdict must not change with it. Under the old substring marks this plugin made the run
+    'unverified' instead of 'mismatch'."""
+    ranks = [{"lines": 3, "rank": 0, "plugin": "wrote no NCCL INFO log"}]
+    d = verify.decide(FabricProfile("pinned", "nccl", expect={"plugin": "none"}),
+                      [{"kind": "nccl", "log": r} for r in ranks], environ={})
+    assert d["verdict"] == "mismatch" and "loaded net plugin 'wrote no NCCL INFO log'" in d["message"]
+
+
+def test_a_missing_rank_log_does_not_hide_a_mismatch(tmp_path):
+    """A server with fewer rank logs than ranks is unverified, unless a log it has shows the
+    wrong transport: then it is a mismatch, and both are said."""
+    import shutil
+
+    from workloads.fabric import verify_server
+
+    shutil.copytree(NCCL_LOGS / "nccl_socket_fallback", tmp_path / "nccl")
+    logs = len(list((tmp_path / "nccl").glob("*.log")))
+    d = verify_server.server_transport(profile("roce"), tmp_path, ranks=logs + 2)
+    assert d["verdict"] == "mismatch"
+    assert "NET/Socket" in d["message"] and "2 rank log(s) missing" in d["message"]

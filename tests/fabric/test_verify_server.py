@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from helpers import FIXTURES, REPO
 from helpers.profiles import NCCL_LOGS
-from workloads.fabric import verify
+from workloads.fabric import verify_server
 from workloads.fabric.profile import FabricProfile
-from workloads.fabric.verify import report_transport, server_transport
+from workloads.fabric.verify_server import report_transport, server_transport
 
 FIX = FIXTURES / "nccl_logs"
 CONF = REPO / "conf"
@@ -149,9 +149,9 @@ def test_server_transport_needs_one_log_per_rank(tmp_path):
     import shutil
 
     shutil.copytree(NCCL_LOGS / "nccl_roce", tmp_path / "nccl")
-    ok = verify.server_transport(profile("roce"), tmp_path, ranks=2)
+    ok = verify_server.server_transport(profile("roce"), tmp_path, ranks=2)
     assert ok["verdict"] == "ok"
-    short = verify.server_transport(profile("roce"), tmp_path, ranks=4)
+    short = verify_server.server_transport(profile("roce"), tmp_path, ranks=4)
     assert short["verdict"] == "unverified" and "2 of 4 rank log(s)" in short["message"]
 
 
@@ -165,7 +165,7 @@ def test_server_transport_ignores_logs_of_an_earlier_server(tmp_path):
         os.utime(p, (time.time() - 3600, time.time() - 3600))  # a resumed run's old server
     shutil.copy(NCCL_LOGS / "nccl_roce" / "nccl.node1.4100.log", tmp_path / "nccl")
     shutil.copy(NCCL_LOGS / "nccl_roce" / "nccl.node2.4101.log", tmp_path / "nccl")
-    d = verify.server_transport(profile("roce"), tmp_path, ranks=2, since=time.time() - 60)
+    d = verify_server.server_transport(profile("roce"), tmp_path, ranks=2, since=time.time() - 60)
     assert d["verdict"] == "ok" and d["summary"]["processes"] == 2
 
 
@@ -174,7 +174,7 @@ def test_server_verdict_names_the_rank_that_went_wrong(tmp_path):
     b-node) while rank 1 lives on a-node and fell back to sockets: the message must say
     rank 1, which is what an operator looks for in that rank's log."""
     from helpers.profiles import profile
-    from workloads.fabric import verify
+    from workloads.fabric import verify_server
 
     logs = tmp_path / "nccl"
     logs.mkdir()
@@ -186,7 +186,7 @@ def test_server_verdict_names_the_rank_that_went_wrong(tmp_path):
             p + f"Using network {net}",
             p + f"comm 0x55d1 rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 18000 commId 0x4 - Init COMPLETE",
             p + f"Channel 00/0 : {rank}[0] -> {1 - rank}[0] [send] via {via}", ""]))
-    d = verify.server_transport(profile("roce"), tmp_path, ranks=2)
+    d = verify_server.server_transport(profile("roce"), tmp_path, ranks=2)
     assert d["verdict"] == "mismatch"
     assert "rank 1 used NET/Socket" in d["message"] and "rank 0" not in d["message"], d["message"]
     assert [r["rank"] for r in d["summary"]["ranks"]] == [0, 1]

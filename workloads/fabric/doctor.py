@@ -65,7 +65,7 @@ def inventory(root=None) -> dict[str, Any]:
     live = preflight.sysfs_root(root).resolve() == preflight.sysfs_root("/sys").resolve()
     addrs: dict[str, list[str]] = {}
     if live:  # addresses are not in sysfs; only the live host has them
-        from workloads.fabric.verify import interface_addresses
+        from workloads.fabric.procnet import interface_addresses
 
         for ip, name in interface_addresses().items():
             addrs.setdefault(name, []).append(ip)

@@ -6,7 +6,9 @@ Each rank collects its own evidence (NCCL/RCCL: its own INFO log file; Gloo: the
 sockets of this process), all ranks gather it, rank 0 decides against the profile's
 `expect:` block and broadcasts the decision, so every rank raises (or not) together.
 A mismatch raises `TransportMismatch` with one message unless `fabric.verify=warn`
-(printed and recorded) or `off` (not checked).
+(printed and recorded) or `off` (not checked). Each rule returns typed `Problem`s; the
+verdict (ok / unverified / mismatch) is decided on their kinds, never on their wording.
+Servers whose ranks are other processes: verify_server.py; the /proc reading: procnet.py.
 
 `expect:` keys (conf/fabric/*.yaml):
   network            IB | Socket | <plugin name> | null   NCCL's `Using network` (IBext* counts as IB)
@@ -26,17 +28,16 @@ A mismatch raises `TransportMismatch` with one message unless `fabric.verify=war
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
-import struct
-import subprocess
+from dataclasses import dataclass
 from glob import glob
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args
 
-from workloads.fabric import nccl_log
 from workloads.core.errors import TransportMismatch
+from workloads.fabric import nccl_log
+from workloads.fabric.procnet import socket_table
 
 # ---------------------------------------------------------------------------------------
 # small helpers
@@ -63,17 +64,50 @@ def _group(by_rank: dict[int, str]) -> dict[str, list[int]]:
 
 
 # ---------------------------------------------------------------------------------------
+# problems: what the evidence says against the label, typed
+
+
+# "unverified": evidence is missing (no log, no channel connected yet, no peer seen), so the label
+# is neither confirmed nor refuted (fabric.verify=fail still stops the run, with the reason);
+# "mismatch": the evidence contradicts the label.
+ProblemKind = Literal["unverified", "mismatch"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing the evidence says about the label. The verdict is decided on `kind`; `text`
+    is only for people (it goes into the message and the record)."""
+    kind: ProblemKind
+    text: str
+
+    def __post_init__(self):
+        if self.kind not in get_args(ProblemKind):
+            raise ValueError(f"problem kind {self.kind!r} is not one of {get_args(ProblemKind)}")
+
+
+def unverified(text: str) -> Problem:
+    return Problem("unverified", text)
+
+
+def mismatch(text: str) -> Problem:
+    return Problem("mismatch", text)
+
+
+def verdict_of(problems: list[Problem]) -> str:
+    """ok: nothing against the label; unverified: only missing evidence; mismatch: any contradiction."""
+    if not problems:
+        return "ok"
+    return "unverified" if all(p.kind == "unverified" for p in problems) else "mismatch"
+
+
+# ---------------------------------------------------------------------------------------
 # NCCL / RCCL: the verdict from per-rank log summaries (pure)
 
 
-# Problems that mean "no evidence", not "wrong evidence": a verdict made only of these is
-# "unverified" (fabric.verify=fail still stops the run, with the reason).
-UNVERIFIED_MARKS = ("wrote no NCCL INFO log", "no Gloo peer", "logged no channel", "logged no GRAPH line",
-                    "rank log(s) missing")
 CHANNEL_RULES = ("forbid_transports", "allow_transports", "gdr")
 
 
-def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
+def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[Problem]:
     """`ranks` holds one `ProcessLog.as_dict()` per process. Returns what disagrees with
     `expect`, naming each process by the rank NCCL gave it (its `comm ... rank r` line): a
     server's logs come in file-name order (host, pid), not rank order. The list position
@@ -82,7 +116,7 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
     named = [(i if r.get("rank") is None else r["rank"], r) for i, r in enumerate(ranks)]
     silent = [i for i, r in named if not r.get("lines")]
     if silent:
-        problems.append(f"{rank_list(silent)} wrote no NCCL INFO log")
+        problems.append(unverified(f"{rank_list(silent)} wrote no NCCL INFO log"))
     talking = [(i, r) for i, r in named if r.get("lines")]
     if any(expect.get(k) for k in CHANNEL_RULES) and len(ranks) > 1:
         # NCCL >= 2.22 connects channels lazily (NCCL_RUNTIME_CONNECT): before a real
@@ -90,15 +124,15 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
         # on nothing.
         bare = [i for i, r in talking if not _transports(r)]
         if bare:
-            problems.append(f"{rank_list(bare)} logged no channel (no collective had connected one), "
-                            "so the channel rules were not checked")
+            problems.append(unverified(f"{rank_list(bare)} logged no channel (no collective had connected one), "
+                                       "so the channel rules were not checked"))
     problems += _graph_problems(expect, talking)
     want_net = expect.get("network")
     if want_net:
         actual = {i: ("NET/" + r["network"] if r.get("network") else "no 'Using network' line")
                   for i, r in talking if nccl_log.network_family(r.get("network")) != want_net}
         for what, rs in _group(actual).items():
-            problems.append(f"{rank_list(rs)} {'used ' + what if what.startswith('NET/') else 'logged ' + what}")
+            problems.append(mismatch(f"{rank_list(rs)} " + ("used " if what.startswith("NET/") else "logged ") + what))
     problems += _plugin_problems(expect.get("plugin"), talking)
     want_link = expect.get("link_layer")
     if want_link:
@@ -110,25 +144,25 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[str]:
             if bad:
                 wrong[i] = ", ".join(f"{d['name']}:{d.get('port')}/{d.get('link_layer')}" for d in bad)
         for what, rs in _group(wrong).items():
-            problems.append(f"{rank_list(rs)} used {what} (link layer is not {want_link})")
+            problems.append(mismatch(f"{rank_list(rs)} used {what} (link layer is not {want_link})"))
     for prefix in expect.get("forbid_transports") or []:
         hit = {i: ", ".join(sorted(t for t in _transports(r) if t.startswith(prefix))) for i, r in talking}
         for what, rs in _group({i: v for i, v in hit.items() if v}).items():
-            problems.append(f"{rank_list(rs)} have channels via {what}")
+            problems.append(mismatch(f"{rank_list(rs)} have channels via {what}"))
     allowed = expect.get("allow_transports")
     if allowed:
         off = {i: ", ".join(sorted(t for t in _transports(r) if not any(t.startswith(a) for a in allowed)))
                for i, r in talking}
         for what, rs in _group({i: v for i, v in off.items() if v}).items():
-            problems.append(f"{rank_list(rs)} have channels via {what} (allowed: {', '.join(allowed)})")
+            problems.append(mismatch(f"{rank_list(rs)} have channels via {what} (allowed: {', '.join(allowed)})"))
     if expect.get("gdr"):
         no_gdr = [i for i, r in talking if r.get("net_channels") and r.get("gdr_channels") != r.get("net_channels")]
         if no_gdr:
-            problems.append(f"{rank_list(no_gdr)} have NET channels without GPUDirect RDMA (no /GDRDMA)")
+            problems.append(mismatch(f"{rank_list(no_gdr)} have NET channels without GPUDirect RDMA (no /GDRDMA)"))
     return problems
 
 
-def _plugin_problems(want: str | None, talking: list[tuple[int, dict]]) -> list[str]:
+def _plugin_problems(want: str | None, talking: list[tuple[int, dict]]) -> list[Problem]:
     """An external net plugin (SHARP's IBext, aws-ofi, Spectrum-X, gIB, ...) replaces NCCL's
     own IB transport with its own code and tuning: a run labelled for one must not run on
     another. `want`: none, or text the plugin's name must contain; absent = not checked."""
@@ -143,10 +177,10 @@ def _plugin_problems(want: str | None, talking: list[tuple[int, dict]]) -> list[
         elif not name or str(want).lower() not in name.lower():
             wrong[i] = f"loaded {'net plugin ' + repr(name) if name else 'no net plugin'}"
     expected = "none" if str(want).lower() == "none" else f"one named like {want!r}"
-    return [f"{rank_list(rs)} {what} (expected plugin: {expected})" for what, rs in _group(wrong).items()]
+    return [mismatch(f"{rank_list(rs)} {what} (expected plugin: {expected})") for what, rs in _group(wrong).items()]
 
 
-def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) -> list[str]:
+def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) -> list[Problem]:
     """NCCL prints P2P/CUMEM alike over NVLink and PCIe, and NVLS moves bytes with no Channel
     line at all; the GRAPH line's intra-node path type is what tells them apart."""
     forbid = expect.get("forbid_graph_types") or []
@@ -155,19 +189,19 @@ def _graph_problems(expect: Mapping[str, Any], talking: list[tuple[int, dict]]) 
     out = []
     none = [i for i, r in talking if not r.get("graph_types")]
     if none:
-        out.append(f"{rank_list(none)} logged no GRAPH line (NCCL_DEBUG_SUBSYS must include GRAPH), "
-                   "so the intra-node path type was not checked")
+        out.append(unverified(f"{rank_list(none)} logged no GRAPH line (NCCL_DEBUG_SUBSYS must include GRAPH), "
+                              "so the intra-node path type was not checked"))
     hit = {i: "/".join(t for t in r.get("graph_types") or [] if t in forbid) for i, r in talking}
     for what, rs in _group({i: v for i, v in hit.items() if v}).items():
-        out.append(f"{rank_list(rs)} found intra-node paths of type {what} (NCCL's GRAPH line; "
-                   f"not allowed: {', '.join(forbid)})")
+        out.append(mismatch(f"{rank_list(rs)} found intra-node paths of type {what} (NCCL's GRAPH line; "
+                            f"not allowed: {', '.join(forbid)})"))
     # The GRAPH type is the worst hop a ring may take (search.cc rejects path->type > typeIntra),
     # so a ring over NVLink-bridged pairs prints PXB/SYS; the topology dump lists every link.
     links = expect.get("forbid_gpu_links") or []
     hit = {i: "/".join(t for t in r.get("gpu_links") or [] if t in links) for i, r in talking}
     for what, rs in _group({i: v for i, v in hit.items() if v}).items():
-        out.append(f"{rank_list(rs)} see {what} links between GPUs in NCCL's topology, which carry P2P traffic "
-                   f"that reads the same as PCIe (not allowed: {', '.join(links)})")
+        out.append(mismatch(f"{rank_list(rs)} see {what} links between GPUs in NCCL's topology, which carry P2P "
+                            f"traffic that reads the same as PCIe (not allowed: {', '.join(links)})"))
     return out
 
 
@@ -199,90 +233,6 @@ def nccl_hints(expect: Mapping[str, Any], ranks: list[dict], env: Mapping[str, s
 
 # ---------------------------------------------------------------------------------------
 # Gloo: which interface each rank actually bound, from this process's own sockets
-
-
-def _hex_addr(h: str) -> tuple[str, int]:
-    ip_hex, port_hex = h.split(":")
-    raw = bytes.fromhex(ip_hex)
-    # /proc prints each 32-bit word in host (little-endian) order
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    if len(words) == 4:
-        ip = socket.inet_ntop(socket.AF_INET, words)
-    else:
-        ip = socket.inet_ntop(socket.AF_INET6, words)
-        if ip.startswith("::ffff:") and "." in ip:
-            ip = ip[7:]  # IPv4-mapped
-    return ip, int(port_hex, 16)
-
-
-def socket_table(proc: str = "/proc/self") -> dict:
-    """This process's TCP sockets: LISTEN endpoints and ESTABLISHED (local, remote) pairs.
-    Only sockets whose inode is one of this process's fds count (the tables are per netns)."""
-    inodes = set()
-    for fd in glob(f"{proc}/fd/*"):
-        try:
-            link = os.readlink(fd)
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    listen, established = [], []
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"{proc}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) < 10 or f[9] not in inodes:
-                continue
-            local, remote, state = _hex_addr(f[1]), _hex_addr(f[2]), f[3]
-            if state == "0A":
-                listen.append(list(local))
-            elif state == "01":
-                established.append([list(local), list(remote)])
-    return {"host": socket.gethostname(), "listen": listen, "established": established,
-            "addresses": _addresses_seen_by(proc)}
-
-
-def _addresses_seen_by(proc: str) -> dict[str, str]:
-    """ip -> interface name in the network namespace of process `proc` (another namespace's
-    addresses, e.g. an engine rank in an emulated node, are read there with nsenter)."""
-    try:
-        same = os.readlink(f"{proc}/ns/net") == os.readlink("/proc/self/ns/net")
-    except OSError:
-        same = True  # cannot tell: this namespace's names are the best guess
-    if same:
-        return interface_addresses()
-    pid = proc.rstrip("/").rsplit("/", 1)[-1]
-    try:
-        out = subprocess.run(["nsenter", "-t", pid, "-n", "ip", "-o", "addr", "show"], capture_output=True,
-                             text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    # "2: emu0    inet 10.77.0.1/24 brd ... scope global emu0\ ..."
-    return {f[3].split("/")[0]: f[1] for f in (line.split() for line in out.splitlines())
-            if len(f) > 3 and f[2] in ("inet", "inet6")}
-
-
-def interface_addresses() -> dict[str, str]:
-    """ip -> interface name, for this host (IPv4 by ioctl SIOCGIFADDR, IPv6 from /proc)."""
-    out: dict[str, str] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-                out[socket.inet_ntoa(packed[20:24])] = name
-            except OSError:
-                pass  # no IPv4 address
-    try:
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            f = line.split()
-            ip = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(f[0]))
-            out[ip] = f[5]
-    except (OSError, IndexError, ValueError):
-        pass
-    return out
 
 
 def gloo_bindings(tables: list[dict], store_port: int | None) -> list[dict]:
@@ -319,18 +269,18 @@ def gloo_bindings(tables: list[dict], store_port: int | None) -> list[dict]:
     return out
 
 
-def gloo_problems(expect: Mapping[str, Any], bindings: list[dict]) -> list[str]:
+def gloo_problems(expect: Mapping[str, Any], bindings: list[dict]) -> list[Problem]:
     problems = []
     if len(bindings) > 1:
         none = [b["rank"] for b in bindings if not b["peer_connections"]]
         if none:
-            problems.append(f"{rank_list(none)}: no Gloo peer connection found among this process's TCP sockets")
+            problems.append(unverified(f"{rank_list(none)}: no Gloo peer connection found among this process's TCP sockets"))
     want = expect.get("interfaces")
     if want:
         wrong = {b["rank"]: ", ".join(f"{i}" for i in b["interfaces"])
                  for b in bindings if b["peer_connections"] and not set(b["interfaces"]) <= set(want)}
         for what, rs in _group(wrong).items():
-            problems.append(f"{rank_list(rs)} bound {what}, not {', '.join(want)}")
+            problems.append(mismatch(f"{rank_list(rs)} bound {what}, not {', '.join(want)}"))
     return problems
 
 
@@ -361,8 +311,10 @@ def local_evidence(profile, environ: Mapping[str, str] | None = None) -> dict:
     return {"kind": "nccl", "log": log.as_dict()}
 
 
-def decide(profile, evidence: list[dict], environ: Mapping[str, str] | None = None, root=None) -> dict:
-    """Rank 0's verdict from every rank's evidence (`evidence[r]` is rank r's)."""
+def assess(profile, evidence: list[dict], environ: Mapping[str, str] | None = None,
+           root=None) -> tuple[list[Problem], list[str], dict]:
+    """Rank 0's reading of every rank's evidence (`evidence[r]` is rank r's): the problems,
+    the hints (why it probably happened; only when there are problems) and the summary."""
     env = os.environ if environ is None else environ
     expect = profile.expect or {}
     if evidence and evidence[0]["kind"] == "gloo":
@@ -372,22 +324,27 @@ def decide(profile, evidence: list[dict], environ: Mapping[str, str] | None = No
                    "interfaces": sorted({i for b in bindings for i in b["interfaces"]}), "ranks": bindings,
                    "how": "the TCP connections of each rank's own process (/proc/self/fd + /proc/self/net/tcp*) "
                           "whose end is a Gloo listener; store port excluded"}
-        problems = gloo_problems(expect, bindings)
-        hints = []
-    else:
-        ranks = [e["log"] for e in evidence]
-        summary = nccl_log.summarize([nccl_log.ProcessLog(**{k: v for k, v in r.items() if k in _PL_FIELDS})
-                                      for r in ranks])
-        summary["ranks"] = ranks
-        problems = nccl_problems(expect, ranks)
-        hints = nccl_hints(expect, ranks, env, root) if problems else []
-    unverified = bool(problems) and all(any(m in p for m in UNVERIFIED_MARKS) for p in problems)
-    message = None
-    if problems:
-        message = f"fabric={profile.name} but " + "; ".join(problems + hints)
-    return {"verdict": "unverified" if unverified else ("mismatch" if problems else "ok"),
-            "mode": profile.verify, "message": message, "problems": problems, "hints": hints,
-            "expect": dict(expect), "summary": summary}
+        return gloo_problems(expect, bindings), [], summary
+    ranks = [e["log"] for e in evidence]
+    summary = nccl_log.summarize([nccl_log.ProcessLog(**{k: v for k, v in r.items() if k in _PL_FIELDS})
+                                  for r in ranks])
+    summary["ranks"] = ranks
+    problems = nccl_problems(expect, ranks)
+    return problems, (nccl_hints(expect, ranks, env, root) if problems else []), summary
+
+
+def verdict(profile, problems: list[Problem], hints: list[str], summary: dict) -> dict:
+    """The verdict record (what check_transport returns and the run's record keeps): the
+    problems' texts, the verdict decided on their kinds."""
+    texts = [p.text for p in problems]
+    return {"verdict": verdict_of(problems), "mode": profile.verify,
+            "message": f"fabric={profile.name} but " + "; ".join(texts + hints) if problems else None,
+            "problems": texts, "hints": hints, "expect": dict(profile.expect or {}), "summary": summary}
+
+
+def decide(profile, evidence: list[dict], environ: Mapping[str, str] | None = None, root=None) -> dict:
+    """Rank 0's verdict from every rank's evidence (`evidence[r]` is rank r's)."""
+    return verdict(profile, *assess(profile, evidence, environ, root))
 
 
 _PL_FIELDS = set(nccl_log.ProcessLog.__dataclass_fields__)
@@ -416,132 +373,3 @@ def check_transport(profile, run_dir, info, environ: Mapping[str, str] | None = 
         if info.is_main:
             print(f"warning: {result['message']} (fabric.verify=warn: continuing)", flush=True)
     return result
-
-
-# The environment variable through which an orchestrator asks a server it started to
-# write its own verdict (the reference engine holds the process group, so it can look at
-# its Gloo sockets or NCCL log itself).
-TRANSPORT_FILE_ENV = "FABRICBENCH_TRANSPORT_FILE"
-
-
-def report_transport(result: dict, environ: Mapping[str, str] | None = None) -> None:
-    """Write a server's verdict where its orchestrator asked for it (rank 0 only)."""
-    import json
-
-    target = (os.environ if environ is None else environ).get(TRANSPORT_FILE_ENV)
-    if target:
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text(json.dumps(result, default=str))
-
-
-def server_logs(run_dir, since: float | None = None) -> list[Path]:
-    """The NCCL logs of this server's processes: <run_dir>/nccl/*.log written since it started
-    (a resumed run reuses its run id, so the logs of earlier servers are there too). One second
-    of slack for filesystems with coarse timestamps."""
-    logs = sorted(Path(run_dir, "nccl").glob("*.log"))
-    if since is None:
-        return logs
-    return [p for p in logs if p.stat().st_mtime >= since - 1.0]
-
-
-def process_transport(profile, pids: list[int], world: int) -> dict | None:
-    """Gloo verdict for a server whose ranks are other processes (vLLM's workers): the same
-    socket-table evidence and rules as `check_transport`, read from /proc/<pid> of each of
-    the server's processes; its ranks are those holding a connection to another one's
-    listener (the API server and engine core hold none). None when no process is readable."""
-    tables = []
-    for pid in pids:
-        t = socket_table(f"/proc/{pid}")
-        if Path(f"/proc/{pid}").exists():
-            tables.append(t | {"pid": pid})
-    if not tables:
-        return None
-    ranks = [t for t, b in zip(tables, gloo_bindings(tables, None)) if b["peer_connections"]]
-    if len(ranks) > world:
-        # Across nodes vLLM's engine core also holds TCP connections to the workers (its
-        # message queues to remote readers); its workers are the processes it titles so.
-        workers = [t for t in ranks if "Worker" in _title(t["pid"])]
-        ranks = workers if len(workers) >= world else ranks
-    evidence = [{"kind": "gloo", "table": t} for t in (ranks or tables[:1])]
-    result = decide(profile, evidence, {})
-    # The fabric's variables as each rank process holds them (did they reach vLLM's workers?).
-    unset = {}
-    for b, t in zip(result["summary"]["ranks"], ranks):
-        b["pid"], b["env"] = t["pid"], process_env(t["pid"], profile.env)
-        unset |= {k: v for k, v in profile.env.items() if v is not None and b["env"].get(k) != v}
-    result["summary"]["how"] = ("the TCP connections of the server's processes (/proc/<pid>/fd + /proc/<pid>/net/tcp*) "
-                                "whose end is another one's listener")
-    if unset:
-        result["verdict"] = "mismatch"
-        result["problems"].append("the server's ranks lack the fabric's " +
-                                  ", ".join(f"{k}={v}" for k, v in sorted(unset.items())))
-    if world > 1 and len(ranks) < world:
-        result["verdict"] = "unverified" if result["verdict"] != "mismatch" else "mismatch"
-        result["problems"].insert(0, f"Gloo peer connections found in {len(ranks)} of the server's processes, "
-                                     f"not its {world} ranks (pids {', '.join(map(str, pids))})")
-    if result["problems"]:
-        result["message"] = f"fabric={profile.name} but " + "; ".join(result["problems"] + result["hints"])
-    return result
-
-
-def _title(pid: int) -> str:
-    """The process's title (vLLM sets one per role: VLLM::EngineCore, VLLM::Worker_TP0, ...)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def process_env(pid: int, keys) -> dict[str, str | None]:
-    """`keys` as they are in the environment of process `pid` (None: not set)."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    except OSError:
-        return {}
-    env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
-    return {k: env.get(k) for k in keys}
-
-
-def server_transport(profile, run_dir, reported: Path | None = None, ranks: int | None = None,
-                     since: float | None = None, pids: list[int] | None = None) -> dict:
-    """The verdict for a server that runs in other processes: its own report when it wrote
-    one; else, on Gloo, the sockets of its processes `pids` (vLLM on CPU); else the NCCL INFO
-    logs its processes wrote under <run_dir>/nccl since `since` (SGLang, vLLM); else
-    "unverified" (an external server, or no log). `ranks` (the TP degree x nodes' share) is
-    how many ranks there must be evidence of: fewer means some workers were not seen, and
-    what was not seen is not verified."""
-    import json
-
-    if profile.verify == "off":
-        return {"verdict": "off", "mode": "off"}
-    if reported is not None and reported.is_file():
-        return json.loads(reported.read_text())
-    if profile.backend == "gloo" and pids:
-        result = process_transport(profile, pids, ranks or 1)
-        if result is not None:
-            result["run_dir"] = str(run_dir)
-            return result
-    if profile.backend == "nccl":
-        logs = [nccl_log.parse_file(p) for p in server_logs(run_dir, since)]
-        logs = [lg for lg in logs if lg.lines]  # e.g. an API-server process that loaded NCCL and never used it
-        logs.sort(key=lambda lg: (lg.rank is None, lg.rank or 0, lg.file or ""))  # the summary in rank order
-        if logs:
-            result = decide(profile, [{"kind": "nccl", "log": lg.as_dict()} for lg in logs])
-            if ranks is not None and len(logs) < ranks:
-                _add_problem(result, profile, f"{len(logs)} of {ranks} rank log(s) under {Path(run_dir, 'nccl')}: "
-                                              f"{ranks - len(logs)} rank log(s) missing (workers on other nodes "
-                                              "must run with the same fabric profile: launch/slurm/serve_node.sh)")
-            result["run_dir"] = str(run_dir)
-            return result
-    why = (f"no evidence of the server's transport (no report, no NCCL log under {Path(run_dir, 'nccl')}); "
-           "an external server is never verified")
-    return {"verdict": "unverified", "mode": profile.verify, "message": why, "problems": [why], "hints": [],
-            "expect": dict(profile.expect or {}), "summary": {}}
-
-
-def _add_problem(result: dict, profile, problem: str) -> None:
-    """Add one problem to a decided verdict and recompute its verdict and message."""
-    problems = result["problems"] + [problem]
-    unverified = all(any(m in p for m in UNVERIFIED_MARKS) for p in problems)
-    result.update(problems=problems, verdict="unverified" if unverified else "mismatch",
-                  message=f"fabric={profile.name} but " + "; ".join(problems + result["hints"]))

@@ -38,7 +38,7 @@ from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_r
 from workloads import session
 from workloads.core.loggers import build_loggers
 from workloads.core.records import flatten, json_safe, write_record
-from workloads.fabric.verify import TRANSPORT_FILE_ENV, server_transport
+from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail

@@ -35,7 +35,7 @@ from workloads.core import signals
 from workloads.core.errors import UsageError
 from workloads.core.records import redact_argv
 from workloads import REPO_ROOT
-from workloads.fabric.verify import _hex_addr
+from workloads.fabric.procnet import listeners, process_cmdline
 from workloads.inference.adapters.base import IDENTITY_ENV, Launch, ServerSpec
 from workloads.inference.adapters.watchdog import family, signal_all
 
@@ -218,37 +218,11 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def listeners(port: int) -> list[int]:
-    """Pids of the processes holding a TCP socket that LISTENs on `port` (any address),
-    read from /proc/net/tcp{,6} and every process's fd links (what `ss -ltnp` does)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            f = row.split()
-            if len(f) > 9 and f[3] == "0A" and _hex_addr(f[1])[1] == port:
-                inodes.add(f"socket:[{f[9]}]")
-    pids = set()
-    if inodes:
-        for fd in Path("/proc").glob("[0-9]*/fd/*"):
-            try:
-                if os.readlink(fd) in inodes:
-                    pids.add(int(fd.parent.parent.name))
-            except OSError:
-                continue
-    return sorted(pids)
-
-
 def describe(pids: list[int]) -> str:
     out = []
     for pid in pids[:3]:
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            cmd = "?"
+        argv = process_cmdline(pid)
+        cmd = "?" if argv is None else " ".join(argv).strip()
         out.append(f"pid {pid}: {cmd[:120]}")
     return "; ".join(out) or "a process this user cannot see"
 

@@ -23,7 +23,8 @@ from workloads.core import dist as fdist
 from workloads import session
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
-from workloads.fabric.verify import check_transport, report_transport
+from workloads.fabric.verify import check_transport
+from workloads.fabric.verify_server import report_transport
 from workloads.models.neox import NeoXConfig
 from workloads.inference.engine.engine import EngineSettings
 from workloads.inference.engine.tp import check_tp
