@@ -31,6 +31,21 @@ def test_train_keys_are_the_workload_files_keys():
         assert set(cfg_with(f"workload={workload}", "init.checkpoint=/x").train) == TRAIN_KEYS
 
 
+def test_finetune_is_pretrain_but_for_what_it_states():
+    """finetune.yaml inherits pretrain.yaml through its defaults list and states only what
+    differs. init.checkpoint must stay required (`???`): OmegaConf keeps an earlier value under
+    a later `???`, so a plain key in finetune.yaml would have left pretrain's null."""
+    pre = OmegaConf.to_container(cfg_with("workload=pretrain"))
+    fine = OmegaConf.to_container(cfg_with("workload=finetune"))
+    assert fine["init"] == {"checkpoint": "???"} and pre["init"] == {"checkpoint": None}
+    assert OmegaConf.is_missing(cfg_with("workload=finetune").init, "checkpoint")
+    assert list(pre) == list(fine)  # the same sections in the same order
+    differs = {(s, k) for s in pre if isinstance(pre[s], dict) for k in pre[s].keys() | fine[s].keys()
+               if pre[s].get(k) != fine[s].get(k)}
+    differs |= {(s, None) for s in pre if not isinstance(pre[s], dict) and pre[s] != fine[s]}
+    assert differs == {("workload", "name"), ("train", "micro_batch_size"), ("train", "lr"), ("init", "checkpoint")}
+
+
 def test_fabric_env_overrides_from_command_line():
     # Hydra needs a comma or '=' value quoted, or given as a list.
     cfg = cfg_with("fabric=roce", "fabric.env.NCCL_IB_HCA='=mlx5_0,mlx5_1'", "fabric.env.NCCL_IB_GID_INDEX=5",
