@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 # collectives run went from 8.1 s to 4.8 s).
 export UV_COMPILE_BYTECODE ?= 1
 
-.PHONY: train test check sync bench gpu-check engines
+.PHONY: train test check lint sync bench gpu-check engines
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -31,6 +31,11 @@ test: sync
 # (one fork server), nothing that starts ranks, servers or namespaces. Minutes, not a quarter hour.
 check: sync
 	$(UV) run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+
+# Syntax errors, pyflakes (unused or undefined names) and import order ([tool.ruff] in
+# pyproject.toml says which rules and why). `ruff check --fix` repairs the import order.
+lint: sync
+	$(UV) run --frozen ruff check
 
 bench: sync
 	$(UV) run --frozen python benchmarks/train_overhead.py
