@@ -113,9 +113,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from analysis.report import write_report
-
     from analysis import external
+    from analysis.report import write_report
 
     _check_out(args.out)
     slo = args.slo_ttft_ms

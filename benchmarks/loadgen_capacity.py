@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workloads.inference.loadgen.arrivals import Arrival  # noqa: E402
 from workloads.inference.loadgen.backends import get_backend  # noqa: E402
 from workloads.inference.loadgen.datasets import RandomDataset  # noqa: E402
-from workloads.inference.metrics import summarize  # noqa: E402
 from workloads.inference.loadgen.point import LoadPoint, run_point  # noqa: E402
+from workloads.inference.metrics import summarize  # noqa: E402
 from workloads.testing.scripted_server import Running  # noqa: E402
 
 

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # helpers.hf_tiny builds the tiny model
 
 from driven_client import DrivenClient, abba_rounds  # noqa: E402
-from helpers.hf_tiny import model_dir  # noqa: E402
 
+from helpers.hf_tiny import model_dir  # noqa: E402
 from workloads.core.dist import free_port  # noqa: E402
 from workloads.inference.adapters import sglang  # noqa: E402
 from workloads.inference.adapters.base import ServerSpec  # noqa: E402

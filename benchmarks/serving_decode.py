@@ -56,8 +56,8 @@ class OurEngine:
     def __init__(self, a, rank: int, world: int, device):
         import torch
 
-        from workloads.training.commtimer import CommTimer
         from workloads.inference.engine.engine import EngineSettings, build_engine
+        from workloads.training.commtimer import CommTimer
 
         self.a, self.cfg, self.device = a, model_config(a.model), device
         kv = a.batch * (a.prompt_len + a.new_tokens + 16)

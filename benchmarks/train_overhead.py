@@ -34,11 +34,11 @@ def bare_loop(cfg, info) -> float:
     """The minimal DDP loop a person would write: forward, backward, clip, step."""
     import torch
     import torch.nn.functional as F
+    from omegaconf import OmegaConf
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workloads.training.data import synthetic_batches
     from workloads.models.neox import GPTNeoX, NeoXConfig
-    from omegaconf import OmegaConf
+    from workloads.training.data import synthetic_batches
 
     torch.manual_seed(int(cfg.seed))
     mcfg = NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))

@@ -17,9 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
-from workloads.fabric.profile import FabricProfile
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.preflight import preflight
+from workloads.fabric.profile import FabricProfile
 
 
 def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> FabricProfile:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf

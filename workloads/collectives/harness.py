@@ -30,9 +30,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from workloads.core import dist as fdist
 from workloads.collectives import ops, stability
 from workloads.collectives.settings import Settings, float_str
+from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 
 

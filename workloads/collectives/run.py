@@ -16,16 +16,16 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from workloads.core import dist as fdist
 from workloads import session
-from workloads.core import hostmem
 from workloads.collectives import ops
 from workloads.collectives.harness import Harness, Row, min_bw_verdict, summarize
 from workloads.collectives.settings import Settings, pattern_groups
+from workloads.core import dist as fdist
+from workloads.core import hostmem
 from workloads.core.errors import UsageError
-from workloads.fabric.profile import FabricProfile
 from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
+from workloads.fabric.profile import FabricProfile
 
 
 def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:

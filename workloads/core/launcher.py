@@ -20,10 +20,9 @@ in-flight copy that the launcher turns into one, naming how the rank died
 
 from __future__ import annotations
 
-import math
-
 import contextlib
 import ctypes
+import math
 import os
 import shutil
 import signal
@@ -38,7 +37,6 @@ from workloads.core import signals
 from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
 from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
-
 
 LAUNCHER_ENV = "FABRICBENCH_LAUNCHER_PID"   # set for ranks that self_launch started
 QUIET_WAIT_S = 10.0  # how long a rank that does not speak for its node waits for the one that does

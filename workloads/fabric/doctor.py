@@ -17,8 +17,8 @@ import subprocess
 from dataclasses import asdict
 from typing import Any
 
-from workloads.fabric import preflight
 from workloads.core.errors import UsageError
+from workloads.fabric import preflight
 
 
 def add_arguments(p) -> None:
@@ -82,10 +82,10 @@ def inventory(root=None) -> dict[str, Any]:
 def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from workloads.fabric.profile import FabricProfile
-    from workloads.core.launcher import compose
     from workloads import CONF_DIR
+    from workloads.core.launcher import compose
     from workloads.core.rundir import register_resolvers
+    from workloads.fabric.profile import FabricProfile
 
     register_resolvers()
     cfg = compose(CONF_DIR, overrides)

@@ -27,22 +27,22 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from workloads import session
 from workloads.core import hostmem, rundir
 from workloads.core.errors import TransportMismatch, UsageError
-from workloads.fabric.profile import FabricProfile
-from workloads.inference.loadgen.arrivals import Arrival
-from workloads.inference.loadgen.backends import get_backend
-from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
-from workloads.inference.metrics import parse_slo, summarize
-from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
-from workloads import session
 from workloads.core.loggers import build_loggers
 from workloads.core.records import flatten, json_safe, write_record
+from workloads.fabric.emulate import emulated_nodes
+from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
-from workloads.fabric.emulate import emulated_nodes
+from workloads.inference.loadgen.arrivals import Arrival
+from workloads.inference.loadgen.backends import get_backend
+from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
+from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
+from workloads.inference.metrics import parse_slo, summarize
 
 WORKLOAD = "inference"
 
@@ -286,7 +286,6 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         return build_loggers(cfg, info, label=label)
 
     from workloads.core.records import fingerprint
-
     from workloads.inference.engine_info import engine_versions
 
     # the engine's own torch/NCCL (its image's interpreter), beside this process's

@@ -43,6 +43,7 @@ from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
 
+
 @dataclass(frozen=True)
 class Job:
     """One process: one workload of one (arm, trial) cell."""

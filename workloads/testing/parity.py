@@ -18,8 +18,8 @@ import os
 
 import torch
 
-from workloads.models.neox import NeoXConfig
 from workloads.inference.engine.engine import EngineSettings, SamplingParams, build_engine
+from workloads.models.neox import NeoXConfig
 
 PROMPTS = {"A": [11, 22, 33, 44, 55, 66, 77], "B": [5, 4, 3], "C": [900, 800, 700, 600, 500]}
 

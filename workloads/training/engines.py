@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.training.commtimer import CommTimer
 from workloads.core.errors import UsageError
 from workloads.models import moe
 from workloads.models.neox import PRECISIONS
-
+from workloads.training.commtimer import CommTimer
 
 
 @dataclass(frozen=True)

@@ -15,24 +15,29 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from workloads.core import dist as fdist
 from workloads import session
-from workloads.training.commtimer import CommTimer, comm_dtypes
-from workloads.training.data import synthetic_batches, token_file_batches
-from workloads.models.neox import PRECISIONS
-from workloads.training.engines import TrainSettings, build_engine
+from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.fabric.profile import FabricProfile
-from workloads.models.hf import load_hf, load_hf_config
 from workloads.core.loggers import build_loggers
-from workloads.training.metrics import (model_flops, moe_flops_args, peak_tflops_for, summarize_moe,
-                                        summarize_training, tflops_per_gpu)
-from workloads.models import moe
-from workloads.models.neox import GPTNeoX, NeoXConfig
+from workloads.core.records import fingerprint
 from workloads.fabric.linerate import node_line_rate
 from workloads.fabric.nic import NicSampler, gather_summaries, rails_for, summary_rows
-from workloads.core.records import fingerprint
+from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify import check_transport
+from workloads.models import moe
+from workloads.models.hf import load_hf, load_hf_config
+from workloads.models.neox import PRECISIONS, GPTNeoX, NeoXConfig
+from workloads.training.commtimer import CommTimer, comm_dtypes
+from workloads.training.data import synthetic_batches, token_file_batches
+from workloads.training.engines import TrainSettings, build_engine
+from workloads.training.metrics import (
+    model_flops,
+    moe_flops_args,
+    peak_tflops_for,
+    summarize_moe,
+    summarize_training,
+    tflops_per_gpu,
+)
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,16 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 import urllib.error
 import urllib.request
+import uuid
 from collections import deque
 from pathlib import Path
 
+from workloads import REPO_ROOT
 from workloads.core import signals
 from workloads.core.errors import UsageError
 from workloads.core.records import redact_argv
-from workloads import REPO_ROOT
 from workloads.fabric.procnet import listeners, process_cmdline
 from workloads.inference.adapters.base import IDENTITY_ENV, Launch, ServerSpec
 from workloads.inference.adapters.watchdog import family, signal_all

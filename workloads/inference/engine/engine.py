@@ -29,9 +29,8 @@ import torch
 import torch.distributed as dist
 
 from workloads.core.errors import UsageError
-from workloads.models.neox import PRECISIONS, NeoXConfig
 from workloads.inference.engine.tp import StepInput, TPNeoX, check_tp, weight_source
-
+from workloads.models.neox import PRECISIONS, NeoXConfig
 
 
 class RequestError(Exception):

@@ -19,15 +19,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from workloads.core import dist as fdist
 from workloads import session
+from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify import check_transport
 from workloads.fabric.verify_server import report_transport
-from workloads.models.neox import NeoXConfig
 from workloads.inference.engine.engine import EngineSettings
 from workloads.inference.engine.tp import check_tp
+from workloads.models.neox import NeoXConfig
 
 
 @dataclass(frozen=True)

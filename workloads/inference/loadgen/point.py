@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-
 from workloads.core.errors import UsageError
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import Backend
