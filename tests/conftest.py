@@ -14,7 +14,7 @@ from helpers import REPO, child_env, cpu_share, need
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group marks into the groups it schedules
 def pytest_collection_modifyitems(config, items):
-    """Under xdist (`make test` runs two workers), a module's tests stay on one worker, so a
+    """Under xdist (`make test` runs three workers), a module's tests stay on one worker, so a
     module's shared launch (a server, a study) starts once. Every test that needs root for
     namespaces shares one worker: two emulations at a time could pick the same host-link subnet,
     the leftover check after each module would see the other's namespaces, and the emulated
