@@ -104,7 +104,8 @@ def test_percent_of_line_and_payload_rate_on_emu_100m():
 
 def test_command_lines():
     o = Options(duration_s=3, omit_s=0.5, streams=4, window="4M", direction="reverse", port=6000)
-    assert TOOLS["iperf3"].server_argv(o, "10.0.0.1") == ["iperf3", "-s", "-1", "-B", "10.0.0.1", "-p", "6000", "--json"]
+    assert TOOLS["iperf3"].server_argv(o, "10.0.0.1") == [
+        "iperf3", "-s", "-1", "-B", "10.0.0.1", "-p", "6000", "--json", "--idle-timeout", "60"]
     c = TOOLS["iperf3"].client_argv(o, "10.0.0.1")
     assert c[:10] == ["iperf3", "-c", "10.0.0.1", "-p", "6000", "-t", "3", "-O", "0.5", "-P"]
     assert c[10] == "4" and ["-w", "4M"] == c[c.index("-w"):c.index("-w") + 2] and c[-1] == "-R"

@@ -41,9 +41,11 @@ DIRECTIONS = ("forward", "reverse", "bidir")
 
 
 class LinkFailed(UsageError):
-    """The tool ran and failed (refused, timed out, said "error"): recorded, exit 1."""
+    """The tool ran and failed (refused, timed out, said "error"): recorded, exit 1. Every rank
+    raises it with the same message (it was agreed over the group), so rank 0 alone says it."""
 
     exit_code = 1
+    agreed = True
 
 
 def settings(cfg: DictConfig) -> Options:

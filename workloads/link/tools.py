@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 GBIT = 1e9
+IDLE_S = 60                     # iperf3 server: exit when no client connected for this long
 MIB_BITS = 8 * 2**20            # one MiB/sec in bit/s
 
 
@@ -163,8 +164,10 @@ class Tool:
 
 class Iperf3(Tool):
     def server_argv(self, o: Options, bind: str) -> list[str]:
-        # -1: serve one test, then exit, so the server's end is the test's end
-        return ["iperf3", "-s", "-1", "-B", bind, "-p", str(o.port), "--json"]
+        # -1: serve one test, then exit, so the server's end is the test's end. --idle-timeout: a
+        # one-off server that no client reaches exits by itself (iperf3's main.c), so a rank killed
+        # before it could stop its server (SIGKILL) leaves no listener behind for long.
+        return ["iperf3", "-s", "-1", "-B", bind, "-p", str(o.port), "--json", "--idle-timeout", str(IDLE_S)]
 
     def client_argv(self, o: Options, server: str) -> list[str]:
         argv = ["iperf3", "-c", server, "-p", str(o.port), "-t", f"{o.duration_s:g}", "-O", f"{o.omit_s:g}",
