@@ -122,3 +122,17 @@ def test_catalog_primary_metric():
     assert primary(["throughput_sent(Gbit/s)", "throughput_received(Gbit/s)"]) == "throughput_received(Gbit/s)"
     assert primary(["bw_average(Gbit/s)", "bw_peak(Gbit/s)"]) == "bw_average(Gbit/s)"
     assert primary(["lat_typical(us)"]) == "lat_typical(us)" and primary(["retransmits"]) is None
+
+
+def test_every_link_figure_has_a_direction_for_compare():
+    """fabricbench compare must know which way is better for each headline and rate figure."""
+    from analysis.compare import direction
+
+    it = metrics(_iperf("iperf3-client-bidir.json"), 10.0, 9.5)
+    bw = metrics(parse_perftest((LINK / "ib_write_bw-report_gbits.txt").read_text()), 100.0, None)
+    lat = metrics(parse_perftest((LINK / "ib_read_lat.txt").read_text()), None, None)
+    assert direction("throughput_received(Gbit/s)") == (True, "faster") and direction("lat_typical(us)")[0] is False
+    assert direction("reverse/retransmits") == (False, "better") and direction("throughput(%payload)")[0] is True
+    for key in [*it, *bw, *lat, *catalog.get("link").headline]:
+        if not key.endswith("bytes_received"):  # a count of what moved, neither better nor worse
+            direction(key)

@@ -187,10 +187,15 @@ def run_client(tool: Tool, o: Options, server: str) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"stdout": "", "error": f"{tool.name} client did not finish within {timeout:g} s"}
     try:
-        tool.parse(p.stdout)
+        result = tool.parse(p.stdout)
     except ToolFailed as e:
         return {"stdout": p.stdout, "error": f"{e}" + (f" (exit {p.returncode}: {_said(tool, '', p.stderr)})"
                                                         if p.returncode and p.stderr.strip() else "")}
+    # iperf3 stopped by a signal still prints a whole JSON document, of the seconds it ran: a
+    # test cut short is not the measurement asked for
+    if "seconds" in result and result["seconds"] < 0.9 * o.duration_s:
+        return {"stdout": p.stdout, "error": f"{tool.name} measured {result['seconds']:.3g} s of the "
+                                             f"{o.duration_s:g} s asked (stopped early)"}
     return {"stdout": p.stdout, "error": None}
 
 
