@@ -17,6 +17,7 @@ import dataclasses
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -170,12 +171,12 @@ def stop(p: subprocess.Popen) -> None:
     """Stop a server we started (its own session: the tool's children go with it)."""
     if p.poll() is None:
         try:
-            os.killpg(p.pid, 15)
+            os.killpg(p.pid, signal.SIGTERM)
             p.wait(timeout=5)
         except ProcessLookupError:
             pass
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=5)
 
 
