@@ -49,6 +49,21 @@ def test_validate_names_each_mistake(monkeypatch, tmp_path):
         validate_job(_cfg(f"output_root={tmp_path}"), 2)
 
 
+@pytest.mark.requires("iperf3")
+def test_a_gpu_fabric_profile_needs_no_gpu_for_its_link_test(tmp_path):
+    """The ranks coordinate over Gloo whatever the fabric's backend: NCCL's profile validates on
+    this CPU host (training's validation refuses it, which shows what the check would have said)."""
+    lo = ["fabric=socket", "fabric.env.GLOO_SOCKET_IFNAME=lo", "fabric.env.NCCL_SOCKET_IFNAME=lo",
+          f"output_root={tmp_path}"]
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU: nothing to show")
+    validate_job(_cfg(*lo), 2)
+    with pytest.raises(UsageError, match="uses backend nccl, which needs a GPU"):
+        validate_job(compose(CONF_DIR, lo), 2)
+
+
 def test_missing_tools_are_one_line_before_any_rank_starts(tmp_path, out_root):
     """From the command line, as a user meets them: one line, exit 2, no record."""
     empty = tmp_path / "bin"

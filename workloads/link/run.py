@@ -65,8 +65,10 @@ def settings(cfg: DictConfig) -> Options:
 
 
 def validate(cfg: DictConfig, world: int) -> tuple[Options, FabricProfile, Tool]:
-    """Everything checkable before a process group exists. Raises UsageError."""
-    fabric = session.prepare(cfg)
+    """Everything checkable before a process group exists. Raises UsageError. The fabric's
+    backend is not checked: the tools carry the traffic, and the ranks coordinate over Gloo
+    (run_link), so a GPU fabric's profile runs on hosts without a GPU free, or without one at all."""
+    fabric = session.prepare(cfg, backend=False)
     o = settings(cfg)
     tool = TOOLS[o.tool]
     if world != 2:
@@ -217,13 +219,15 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
 
     _, world, _, _ = fdist.launch_env()
     o, fabric, tool = validate(cfg, world)
-    info, run_dir, applied_env = session.start(cfg, fabric)
+    # Gloo whatever the fabric's backend: the process group carries a few small objects, never
+    # the measured bytes, and NCCL would need (and occupy) a GPU per rank for them
+    info, run_dir, applied_env = session.start(cfg, dataclasses.replace(fabric, backend="gloo"))
     iface = interface(fabric, cfg)
     mine = {"addr": ipv4_of(iface), "rate": linerate.node_line_rate([f"net:{iface}"], fabric.emulate)}
     record = session.base_record(
         "link", cfg, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
-        link=dataclasses.asdict(o) | {"interface": iface},
+        link=dataclasses.asdict(o) | {"interface": iface, "coordination": "gloo"},
         fingerprint=fingerprint(),
         metrics={},
     )
