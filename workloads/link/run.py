@@ -14,12 +14,9 @@ must end within its run time plus a margin, and the server must end soon after t
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import time
 import uuid
@@ -33,6 +30,7 @@ from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
+from workloads.fabric import procnet
 from workloads.fabric.profile import FabricProfile
 from workloads.link.tools import TOOLS, Options, Tool, ToolFailed, rdma_devices
 
@@ -100,45 +98,24 @@ def interface(fabric: FabricProfile, cfg: DictConfig) -> str:
 
 
 def ipv4_of(iface: str) -> str | None:
-    """The interface's IPv4 address (SIOCGIFADDR), or None when it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+    """The interface's IPv4 address, or None when it has none."""
+    return next((ip for ip, name in procnet.interface_addresses().items() if name == iface and "." in ip), None)
 
 
-def listening_inodes(port: int) -> set[str]:
-    """Socket inodes in LISTEN (state 0A) on `port`, any address, IPv4 and IPv6, in this
-    network namespace (/proc/net/tcp: local address hex:port, ..., inode in column 10)."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                found.add(f[9])
-    return found
-
-
-def _owns(pid: int, inodes: set[str]) -> bool:
-    try:
-        fds = [os.readlink(p) for p in Path(f"/proc/{pid}/fd").iterdir()]
-    except OSError:
-        return False
-    return any(fd[8:-1] in inodes for fd in fds if fd.startswith("socket:["))
+def listening(port: int, pid: int) -> bool:
+    """Process `pid` holds a socket in LISTEN on `port` (any address), in this network namespace."""
+    mine = procnet.socket_inodes(f"/proc/{pid}")
+    return any(state == procnet.TCP_LISTEN and local[1] == port and inode in mine
+               for local, _, state, inode in procnet.tcp_sockets())
 
 
 def start_server(tool: Tool, o: Options, bind: str, timeout_s: float) -> subprocess.Popen:
     """The tool's server, listening: its own socket seen in LISTEN on the port (so another
     program's listener on the port does not pass for it). ToolFailed, with the server
     stopped, when the port is taken, it exits, or it does not listen in time."""
-    if listening_inodes(o.port):
-        raise ToolFailed(f"port {o.port} is in use on node 0 ({bind}): another program listens there; "
+    if holders := procnet.listeners(o.port):
+        who = ", ".join(f"pid {pid} ({procnet.process_title(pid) or '?'})" for pid in holders)
+        raise ToolFailed(f"port {o.port} is in use on node 0 ({bind}): {who} listens there; "
                          "set link.port= to a free port")
     p = subprocess.Popen(tool.server_argv(o, bind), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
@@ -148,7 +125,7 @@ def start_server(tool: Tool, o: Options, bind: str, timeout_s: float) -> subproc
             out, err = p.communicate()
             raise ToolFailed(f"{tool.name} server exited ({p.returncode}) before listening on {bind}:{o.port}: "
                              f"{_said(tool, out, err)}")
-        if _owns(p.pid, listening_inodes(o.port)):
+        if listening(o.port, p.pid):
             return p
         time.sleep(0.05)
     stop(p)
