@@ -34,7 +34,8 @@ DIRECTIONS: list[tuple[str, bool, str]] = [  # (fnmatch pattern, higher is bette
     ("iteration_time_std(s)", False, "better"),  # spread of step times, not speed
     ("*_ms", False, "faster"), ("*(s)", False, "faster"), ("*(us)", False, "faster"),
     ("duration", False, "faster"),               # seconds a load point took
-    ("*(GB/s)", True, "faster"), ("*(MB/s)", True, "faster"), ("*_per_sec", True, "faster"),
+    ("*(GB/s)", True, "faster"), ("*(MB/s)", True, "faster"), ("*(Gbit/s)", True, "faster"), ("*(Mpps)", True, "faster"),
+    ("*_per_sec", True, "faster"),
     ("*_throughput", True, "faster"), ("request_goodput", True, "faster"), ("tflops_per_gpu", True, "faster"),
     ("mfu", True, "better"), ("completed", True, "better"),
     ("comm_share", False, "better"), ("final_loss", False, "better"), ("loss", False, "better"),
@@ -42,6 +43,7 @@ DIRECTIONS: list[tuple[str, bool, str]] = [  # (fnmatch pattern, higher is bette
     ("routing_skew*", False, "better"), ("dropped_fraction", False, "better"),
     ("failed", False, "better"), ("warmup_failed", False, "better"),
     ("wrong_elements", False, "better"), ("rows_with_wrong", False, "better"),
+    ("*(%line)", True, "better"), ("*(%payload)", True, "better"), ("*retransmits", False, "better"),  # link
 ]
 
 

@@ -38,6 +38,14 @@ def _collectives_primary(names: Iterable[str]) -> str | None:
     return f"{op}/avg_busbw(GB/s)" if f"{op}/avg_busbw(GB/s)" in names else None
 
 
+def _link_primary(names: Iterable[str]) -> str | None:
+    """What arrived over the link: iperf3's received throughput, else perftest's average
+    bandwidth (ib_write_bw) or typical latency (ib_read_lat)."""
+    names = set(names)
+    return next((m for m in ("throughput_received(Gbit/s)", "bw_average(Gbit/s)", "lat_typical(us)") if m in names),
+                None)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str                     # the record's `workload`, conf/workload/<name>.yaml
@@ -116,3 +124,10 @@ register(Workload("inference", "Inference", "launch/infer.py", config="infer", p
                   primary_text="request_throughput at the heaviest load point",
                   headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms"), not_applicable=("parallel",),
                   group="inference-{model}-{server}-tp{world}", served=True, study_entry="infer"))
+# what the wire gives before any framework: one server and one client, no model or parallel layout;
+# iperf3 on a quiet link repeats to ~1-2%
+register(Workload("link", "Raw link", "launch/link.py", overrides=("workload=link",), validator="workloads.link.run",
+                  primary=_link_primary, primary_text="received TCP throughput (iperf3), or perftest's average "
+                  "bandwidth / typical latency", headline=("throughput_received(Gbit/s)", "throughput(%payload)",
+                                                           "bw_average(Gbit/s)", "lat_typical(us)"),
+                  not_applicable=("model", "parallel"), group="link", default_cv=0.03))

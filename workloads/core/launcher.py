@@ -173,9 +173,12 @@ def _report_job_error(overrides: list[str]) -> None:
 def _should_say(e: UsageError) -> bool:
     """Before the process group exists every rank of a node checks the same config, so
     local rank 0 speaks for its node (a node-specific error, a missing HCA, still shows);
-    after init an error may be one rank's own, so every rank says it."""
+    after init an error may be one rank's own, so every rank says it, unless the error says it
+    is `agreed` (every rank holds it from one collective): then rank 0 alone."""
     pg = sys.modules.get("torch.distributed")
     started = pg is not None and pg.is_available() and pg.is_initialized()
+    if started and getattr(e, "agreed", False):  # the same error on every rank, agreed over the group: once
+        return os.environ.get("RANK", "0") == "0"
     return started or os.environ.get("LOCAL_RANK", "0") == "0"
 
 

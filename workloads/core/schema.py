@@ -107,6 +107,9 @@ SCHEMA: dict[str, Num | Flag | Many] = {
     "server.max_queue": COUNT, "server.heartbeat_s": SECONDS, "server.shutdown_grace_s": Num(False, 0),
     "server.ready_timeout_s": SECONDS, "server.stop_timeout_s": SECONDS,
     "server.eos_token_id": Num(True, 0, optional=True),
+    "link.port": Num(True, 1, 65535), "link.server_timeout_s": SECONDS, "link.duration_s": SECONDS,
+    "link.omit_s": Num(False, 0), "link.streams": Num(True, 1, 128), "link.gid_index": Num(True, 0, optional=True),
+    "link.size": OPT_COUNT, "link.iters": OPT_COUNT,
 }
 
 

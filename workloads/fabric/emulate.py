@@ -412,7 +412,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per namespace [1]")
     ap.add_argument("--rate", help="tc rate, e.g. 100mbit (overrides fabric.emulate.rate; 'none' = unshaped)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before every agent is stopped [900]")
-    ap.add_argument("entry", help="launch/train.py, launch/collectives.py or launch/infer.py")
+    ap.add_argument("entry", help="launch/train.py, launch/collectives.py, launch/link.py or launch/infer.py")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides, e.g. fabric=emu-100m")
 
 
