@@ -18,6 +18,7 @@ from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
+from workloads.fabric.noise import PointMeter
 from workloads.fabric.preflight import preflight
 from workloads.fabric.profile import FabricProfile
 
@@ -102,6 +103,7 @@ class Recorded:
         self.path: Path | None = None
         self.inflight: Path | None = None
         self.writer: dict[str, Any] | None = None  # on the other ranks: the writer, while it measures
+        self.noise: PointMeter | None = None  # an emulated run's background traffic, counted around the point
 
     def __enter__(self) -> dict[str, Any]:
         main = self.info is None or self.info.is_main
@@ -123,10 +125,14 @@ class Recorded:
             except OSError as e:  # a safety net only: the point is measured and recorded without it
                 print(f"warning: no in-flight copy of this point in {copy.parent} ({e.strerror}); should this rank "
                       "die mid-point, the point leaves no record", file=sys.stderr, flush=True)
+        if self.write:
+            self.noise = PointMeter()
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
         rec = self.record
+        if self.noise is not None and (loud := self.noise.record()) is not None and isinstance(rec.get("fabric"), dict):
+            rec["fabric"]["noise"] = loud  # the noise this point ran under, and its bytes meanwhile (fabric/noise.py)
         if exc is None:
             if rec.get("status") == "running":
                 rec["status"] = "ok"

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from workloads import CONF_DIR, catalog
 from workloads.core.errors import UsageError
+from workloads.fabric import noise
 
 IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
 SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
@@ -380,6 +381,8 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
     from omegaconf import OmegaConf
 
     block = OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate")
+    if isinstance(block, dict):  # background traffic is the noise module's (checked there, not a link setting)
+        noise.NoiseSpec.from_config(block.pop("noise", None))
     if block is None:
         raise UsageError(f"fabric={cfg.fabric.name} has no emulate: block; use fabric=emu-100m or fabric=emu-1g "
                          "(or add an emulate: block to your fabric profile)")
@@ -438,12 +441,19 @@ def run(args, conf_dir: str | None = None) -> int:
             args.overrides.append(f"fabric.emulate.rate={'null' if spec.rate is None else spec.rate}")
             if not any(o.startswith("fabric.name=") for o in args.overrides):
                 args.overrides.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
+        loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides,
+                                                       catalog.for_script(args.entry)[0].config)
+        if loud is not None:
+            loud.require()
         require_root()
         with Topology(spec, host_link=serving) as topo:
             print(f"emulate: {topo.describe()}", flush=True)
-            if serving:
-                return run_load_generator(topo, args.entry, args.overrides, args.timeout)
-            return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout)
+            addrs = [spec.addr(i) for i in range(spec.nodes)]
+            with noise.running(loud, topo.nodes, addrs, noise_dir, args.timeout) as noise_env:
+                env = {**os.environ, **noise_env, "FABRICBENCH_RUN_ID": run_id} if noise_env else None
+                if serving:
+                    return run_load_generator(topo, args.entry, args.overrides, args.timeout, env=env)
+                return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -479,14 +489,14 @@ def _check_entry(args) -> bool:
 
 
 def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], timeout_s: float,
-                       python: str = sys.executable) -> int:
+                       python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
     """Served inference: the load generator runs in this host's namespace and starts the
     server through the reference adapter, which finds the namespaces in NODES_ENV and runs
     one torchrun agent per node there (serve_agents). Rank 0 answers HTTP on node 0's end of
     the unshaped host link; the TP all_reduces cross the shaped emu0 link."""
     argv = [python, entry, *overrides, f"server.host={topo.host_addr}", f"server.nnodes={topo.spec.nodes}",
             f"server.dist_init_addr={topo.spec.addr(0)}:{MASTER_PORT}"]
-    env = dict(os.environ) | {NODES_ENV: ",".join(topo.nodes)}
+    env = dict(os.environ if env is None else env) | {NODES_ENV: ",".join(topo.nodes)}
     p = subprocess.Popen(argv, env=env)
     try:
         return p.wait(timeout=timeout_s)

@@ -1,0 +1,303 @@
+"""Background traffic on an emulated fabric: noisy neighbours on the shared link.
+
+The fabric profile's `emulate:` block may name the load that runs beside the workload:
+
+    emulate: {nodes: 2, rate: 100mbit, ..., noise: {kind: iperf3, streams: 4, direction: forward, rate: null}}
+
+launch/emulate.py builds the namespaces, then (`running`, below) starts one iperf3 server per
+flow pair in the receiving node and its client in the sending node, waits until the noise
+flows, runs the workload's agents, and stops the noise afterwards. Directions are named
+after the workload's own traffic from node 0 to node 1: `forward` sends node 0 -> node 1
+(the same egress queue as node 0's share of the collective), `reverse` node 1 -> node 0,
+`both` one pair each way. `rate` is iperf3's `-b`, per stream (null: as fast as TCP goes).
+
+Bytes are counted by the kernel, not estimated: iperf3 reads its data with read(2), so the
+server's `rchar` (/proc/<pid>/io) grows by what it received. Each record written under
+noise carries `fabric.noise`: the description and the bytes the noise moved while that
+point was measured (session.Recorded reads the counters as it enters and leaves). iperf3's
+own JSON (client and server side) is kept in `<run dir>/noise/`; stopped with SIGINT,
+iperf3 3.12 writes its summary with an "error" naming the interrupt, whose figures are the
+test's up to that moment.
+
+A noise that moved no bytes while the workload ran fails the run (exit 1, one line): a
+"noisy" arm that was quiet would be compared as if it were loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from workloads.core.errors import UsageError
+from workloads.fabric import procnet
+
+KINDS = ("iperf3",)
+DIRECTIONS = ("forward", "reverse", "both")
+PORT = 5299              # not iperf3's default 5201: the link workload may run under this noise
+FLOWING_S = 15.0         # the noise must be seen moving bytes within this long
+FLOWING_BYTES = 256 * 1024  # ~20 ms of a 100 Mbit/s link: more than the handshake, less than a second of any link
+STOP_S = 10.0            # how long iperf3 may take to write its summary after SIGINT
+# Set for the workload's ranks: the noise's state file (receivers' pids, its description).
+NOISE_ENV = "FABRICBENCH_NOISE"
+# What iperf3 3.12 puts in "error" when the test was stopped by a signal (src/iperf_api.c):
+# the figures beside it are those of the seconds it ran.
+_STOPPED = ("interrupt - the client has terminated", "the client has terminated", "interrupt - the server has terminated")
+
+
+class NoiseFailed(UsageError):
+    """The noise did not run as asked (no bytes moved, iperf3 exited): the run is not what its
+    record would claim. Exit 1, as a measurement that failed."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    kind: str = "iperf3"
+    streams: int = 1                 # iperf3 -P: parallel TCP streams per pair
+    direction: str = "forward"       # forward: node 0 -> node 1; reverse; both
+    rate: str | None = None          # iperf3 -b per stream, e.g. 50M; None: unlimited
+    port: int = PORT
+
+    @classmethod
+    def from_config(cls, block: Mapping[str, Any] | None) -> NoiseSpec | None:
+        """The `emulate.noise` block -> a checked spec; None when there is no noise."""
+        if block is None or block in ("none", "null", ""):
+            return None
+        if not isinstance(block, Mapping):
+            raise UsageError(f"fabric.emulate.noise={block!r}; give a block, e.g. {{kind: iperf3, streams: 4, "
+                             "direction: forward}} (or null for none)")
+        b = {k: v for k, v in dict(block).items() if v is not None}
+        unknown = set(b) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"fabric.emulate.noise has unknown keys {sorted(unknown)}; known: "
+                             f"{sorted(cls.__dataclass_fields__)}")
+        kind = str(b.get("kind", "iperf3"))
+        if kind not in KINDS:
+            raise UsageError(f"fabric.emulate.noise.kind={kind!r}; use {' or '.join(KINDS)}")
+        direction = str(b.get("direction", "forward"))
+        if direction not in DIRECTIONS:
+            raise UsageError(f"fabric.emulate.noise.direction={direction!r}; use one of {', '.join(DIRECTIONS)}")
+        try:
+            streams, port = int(b.get("streams", 1)), int(b.get("port", PORT))
+        except (TypeError, ValueError):
+            raise UsageError("fabric.emulate.noise.streams and .port must be integers") from None
+        if not 1 <= streams <= 128:  # iperf3's own limit is 128 (MAX_STREAMS)
+            raise UsageError(f"fabric.emulate.noise.streams={streams}; use 1 to 128")
+        if not 1024 <= port <= 65535:
+            raise UsageError(f"fabric.emulate.noise.port={port}; use 1024..65535")
+        rate = b.get("rate")
+        if rate is not None and not str(rate).rstrip("KMGkmg").replace(".", "", 1).isdigit():
+            raise UsageError(f"fabric.emulate.noise.rate={rate!r}; use iperf3's -b form, e.g. 50M (bit/s per stream), "
+                             "or null for unlimited")
+        return cls(kind, streams, direction, None if rate is None else str(rate), port)
+
+    def require(self) -> None:
+        if shutil.which("iperf3") is None:
+            raise UsageError("fabric.emulate.noise needs iperf3, which is not installed (or not on PATH); "
+                             "apt-get install iperf3, or drop the noise: block")
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """(sending node, receiving node) per iperf3 client/server pair."""
+        return {"forward": [(0, 1)], "reverse": [(1, 0)], "both": [(0, 1), (1, 0)]}[self.direction]
+
+    def describe(self) -> str:
+        rate = f" at {self.rate}bit/s each" if self.rate else ""
+        ways = {"forward": "node 0 -> node 1", "reverse": "node 1 -> node 0", "both": "both ways"}[self.direction]
+        return f"iperf3 TCP, {self.streams} stream(s){rate}, {ways}"
+
+
+def client_argv(spec: NoiseSpec, server: str, seconds: int) -> list[str]:
+    # -t: long enough to outlast the run, short enough that a client whose launcher was
+    # SIGKILLed ends by itself; --json: the summary written on SIGINT (see the docstring)
+    argv = ["iperf3", "-c", server, "-p", str(spec.port), "-t", str(seconds), "-P", str(spec.streams),
+            "--json", "--connect-timeout", "5000"]
+    return argv + (["-b", spec.rate] if spec.rate else [])
+
+
+def server_argv(spec: NoiseSpec, bind: str) -> list[str]:
+    # -1: one test, then exit (it ends when its client does); --idle-timeout as the link
+    # workload's server: one that no client reaches exits by itself
+    return ["iperf3", "-s", "-1", "-B", bind, "-p", str(spec.port), "--json", "--idle-timeout", "60"]
+
+
+def received_bytes(pids: Sequence[int]) -> int | None:
+    """Bytes the processes have read (rchar of /proc/<pid>/io, summed); None when one is unreadable."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+                if line.startswith("rchar:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            return None
+    return total
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Process `pid` listens on `port` in its own network namespace (/proc/<pid>/net is that namespace's)."""
+    proc = f"/proc/{pid}"
+    mine = procnet.socket_inodes(proc)
+    return any(state == procnet.TCP_LISTEN and local[1] == port and inode in mine
+               for local, _, state, inode in procnet.tcp_sockets(proc))
+
+
+def _stop(p: subprocess.Popen, first: int = signal.SIGINT) -> None:
+    """SIGINT first (iperf3 then writes its JSON), SIGKILL if it does not end."""
+    for sig, wait in ((first, STOP_S), (signal.SIGKILL, 5.0)):
+        if p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def figures(path: Path) -> dict[str, Any]:
+    """One kept iperf3 JSON -> its figures (workloads/link/tools.py reads it), an interrupt's
+    "error" accepted: that is how the noise is stopped."""
+    from workloads.link.tools import ToolFailed, load_iperf3, parse_iperf3
+
+    doc = load_iperf3(path.read_text())
+    if doc.get("error") in _STOPPED:
+        doc = {k: v for k, v in doc.items() if k != "error"}
+    try:
+        return parse_iperf3(doc)
+    except ToolFailed as e:
+        raise NoiseFailed(f"noise: {path.name}: {e}") from None
+
+
+@contextmanager
+def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], out_dir: Path,
+            run_s: float) -> Iterator[dict[str, str]]:
+    """Start the noise in the namespaces, wait until it flows, yield the environment the
+    workload's ranks need (NOISE_ENV), then stop it, keep iperf3's JSON in `out_dir` and check
+    it moved bytes while the workload ran. Every iperf3 is stopped on the way out, whatever happened."""
+    if spec is None:
+        yield {}
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    servers: list[subprocess.Popen] = []
+    clients: list[subprocess.Popen] = []
+    files: list[Any] = []
+
+    def start(ns: str, argv: list[str], path: Path) -> subprocess.Popen:
+        f = path.open("w")
+        files.append(f)
+        # `ip netns exec` execs iperf3 in place: the pid is iperf3's (its /proc/<pid>/io is read)
+        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    try:
+        for n, (src, dst) in enumerate(spec.pairs()):
+            s = start(nodes[dst], server_argv(spec, addrs[dst]), out_dir / f"iperf3-{n}-server.json")
+            servers.append(s)
+            deadline = time.monotonic() + FLOWING_S
+            while not _listening(s.pid, spec.port):
+                if s.poll() is not None or time.monotonic() > deadline:
+                    raise NoiseFailed(f"noise: the iperf3 server in {nodes[dst]} did not listen on "
+                                      f"{addrs[dst]}:{spec.port} (see {out_dir / f'iperf3-{n}-server.json'})")
+                time.sleep(0.05)
+            clients.append(start(nodes[src], client_argv(spec, addrs[dst], int(run_s) + 60),
+                                 out_dir / f"iperf3-{n}.json"))
+        pids = [s.pid for s in servers]
+        before = received_bytes(pids)
+        deadline = time.monotonic() + FLOWING_S
+        while True:  # flowing: every server has connected clients and has received data
+            now = received_bytes(pids)
+            if before is not None and now is not None and now - before >= FLOWING_BYTES:
+                break
+            if any(p.poll() is not None for p in servers + clients) or time.monotonic() > deadline:
+                raise NoiseFailed(f"noise: iperf3 moved {0 if now is None or before is None else now - before} bytes "
+                                  f"in its first {FLOWING_S:g} s (an iperf3 exited or the link carries nothing); "
+                                  f"its output is in {out_dir}")
+            time.sleep(0.05)
+        state = out_dir / "state.json"
+        state.write_text(json.dumps({"spec": asdict(spec), "description": spec.describe(), "receivers": pids}))
+        start_bytes, t0 = received_bytes(pids), time.monotonic()
+        print(f"emulate: noise flowing: {spec.describe()}", flush=True)
+        yield {NOISE_ENV: str(state)}
+        moved, seconds = (received_bytes(pids) or 0) - (start_bytes or 0), time.monotonic() - t0
+        if any(p.poll() is not None for p in servers + clients):
+            raise NoiseFailed(f"noise: an iperf3 ended while the workload ran; its output is in {out_dir}")
+    finally:
+        for p in clients:
+            _stop(p)
+        for p in servers:  # -1: it ends after its client; SIGINT if it does not
+            try:
+                p.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                _stop(p)
+        for f in files:
+            f.close()
+    if moved <= 0:
+        raise NoiseFailed(f"noise: iperf3 moved no bytes during the workload's {seconds:.1f} s; the run was not noisy")
+    summary = {"spec": asdict(spec), "description": spec.describe(), "during_workload": _rate(moved, seconds),
+               "iperf3": [figures(out_dir / f"iperf3-{n}-server.json") for n in range(len(servers))]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"emulate: noise moved {moved} B in {seconds:.1f} s during the workload "
+          f"({summary['during_workload']['throughput(Mbit/s)']:.1f} Mbit/s); iperf3's JSON is in {out_dir}",
+          flush=True)
+
+
+def _rate(moved: int, seconds: float) -> dict[str, float]:
+    return {"bytes": moved, "seconds": seconds, "throughput(Mbit/s)": moved * 8 / seconds / 1e6 if seconds > 0 else 0.0}
+
+
+class PointMeter:
+    """What a rank measures of the noise around one point (session.Recorded): the receivers'
+    bytes as it enters and as it leaves. Inactive when this run has no noise."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        path = (os.environ if environ is None else environ).get(NOISE_ENV)
+        self.state = json.loads(Path(path).read_text()) if path else None
+        self.start = self._read()
+
+    def _read(self) -> tuple[int | None, float]:
+        return (received_bytes(self.state["receivers"]) if self.state else None), time.monotonic()
+
+    def record(self) -> dict[str, Any] | None:
+        """`fabric.noise` of the record: the description and the noise's bytes during the point."""
+        if self.state is None:
+            return None
+        (b0, t0), (b1, t1) = self.start, self._read()
+        out = {**self.state["spec"], "description": self.state["description"]}
+        if b0 is None or b1 is None:
+            out["during_point"] = None
+            out["unmeasured"] = "the iperf3 servers' /proc/<pid>/io could not be read (ended, or not root)"
+        else:
+            out["during_point"] = _rate(b1 - b0, t1 - t0)
+        return out
+
+
+
+def from_overrides(conf_dir: str, overrides: Sequence[str], config_name: str) -> tuple[NoiseSpec | None, Path, str]:
+    """The noise the run's config asks for, and where its files go: (spec, <run dir>/noise,
+    run id). The first point of a sweep decides (one emulate run builds one topology and
+    one noise); its run id is the config's, else FABRICBENCH_RUN_ID's, else a new one that
+    the caller must hand to the ranks."""
+    from omegaconf import OmegaConf
+
+    from workloads.core.launcher import compose, expand_sweep
+    from workloads.core.rundir import derive_run_id
+
+    plain = [o for o in overrides if o not in ("-m", "--multirun")]
+    point = expand_sweep(plain)[0] if len(plain) < len(overrides) else plain
+    cfg = compose(conf_dir, point, config_name)
+    block = (OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate") or {}).get("noise")
+    spec = NoiseSpec.from_config(block)
+    given = cfg.get("run_id") or os.environ.get("FABRICBENCH_RUN_ID")
+    run_id = derive_run_id(given, os.environ) if given else f"emu-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return spec, Path(str(cfg.output_root)) / str(run_id) / "noise", str(run_id)
