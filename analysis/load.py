@@ -97,6 +97,14 @@ class Run:
         return bool((self.study or {}).get("control"))
 
     @property
+    def noise(self) -> dict | None:
+        """record["fabric"]["noise"]: the background traffic this trial ran under and its bytes
+        meanwhile (workloads/fabric/noise.py); None for a trial on a quiet link."""
+        fabric = self.record.get("fabric")
+        loud = fabric.get("noise") if isinstance(fabric, dict) else None
+        return loud if isinstance(loud, dict) else None
+
+    @property
     def transport_verdict(self) -> str | None:
         t = self.transport or {}
         v = t.get("verdict", t.get("status"))

@@ -92,7 +92,7 @@ def headlines(result: Result) -> list[tuple[str, str, str]]:
     out = []
     for p, c in result.comparisons:
         if c.primary and not c.control:
-            out.append((display(p.runs[0].workload), claim(c),
+            out.append((display(p.runs[0].workload), congestion_claim(p, c) or claim(c),
                         f"(at {_short(p)}; {stats.method_note(c)}.) {control}"))
     return out
 
@@ -110,6 +110,27 @@ def claim(c: stats.Comparison) -> str:
         return f"{metric}: {c.fabric} and {c.baseline} are equivalent within +-{stats.pct(c.margin)} {ci}."
     could = f"could detect >= {stats.pct(c.mde)}" if math.isfinite(c.mde) else "cannot call any difference with these runs"
     return f"{metric}: inconclusive, {lead} {100 * frac:.1f}% {c.word} than {trail} {ci}; this study {could}."
+
+
+def congestion_claim(p: Point, c: stats.Comparison) -> str | None:
+    """The congestion-impact verdict, when the arm ran every trial under background traffic and
+    the baseline none (docs/metrics.md): 'bus bandwidth: noisy is 48.0% slower than quiet [95% CI
+    44.1% to 51.6%] (congestion-impact factor 0.520 [0.484, 0.559]; under iperf3 TCP, 1 stream(s),
+    node 0 -> node 1, median 52.3 Mbit/s of it)'. None for any other pair of arms."""
+    arm, base = p.by_fabric.get(c.fabric, []), p.by_fabric.get(c.baseline, [])
+    if not arm or not base or not all(r.noise for r in arm) or any(r.noise for r in base):
+        return None
+    rates = sorted(r.noise["during_point"]["throughput(Mbit/s)"] for r in arm if r.noise.get("during_point"))
+    under = f"under {arm[0].noise.get('description')}" + (f", median {rates[len(rates) // 2]:.1f} Mbit/s of it"
+                                                          if rates else "")
+    factor = f"congestion-impact factor {c.speedup:.3f} [{c.speedup_lo:.3f}, {c.speedup_hi:.3f}]"
+    if c.outcome == "differs" and c.speedup < 1:
+        # the factor's complement: how much of the quiet arm's figure the noise took away
+        worse = {"faster": "slower", "better": "worse"}[c.word]
+        ci = f"[{100 * c.conf:.4g}% CI {100 * (1 - c.speedup_hi):.1f}% to {100 * (1 - c.speedup_lo):.1f}%]"
+        return (f"{metric_name(c.metric)}: {c.fabric} is {100 * (1 - c.speedup):.1f}% {worse} than {c.baseline} "
+                f"{ci} ({factor}; {under}).")
+    return f"{claim(c).removesuffix('.')} ({factor}; {under})."
 
 
 def relative(text: str, root: Path | None) -> str:

@@ -1,0 +1,147 @@
+"""Background traffic on emulated fabrics (workloads/fabric/noise.py) and the congestion-impact
+verdict.
+
+The root tests run real iperf3 between real namespaces: the emu-noise study of docs/studies.md
+(one module-scoped run that every assertion reads), and the noise that does not flow. Afterwards
+no iperf3 of ours (its port, 5299) and no namespace of ours may remain.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, child_env, records_in
+from workloads.core.errors import UsageError
+from workloads.fabric.noise import PORT, NoiseSpec, client_argv
+
+EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
+STUDY = [sys.executable, "-m", "workloads.core.cli", "study"]
+
+
+def our_iperf3() -> list[str]:
+    """Command lines of live iperf3 processes on the noise's port (another test's iperf3, on
+    the link workload's port, is not ours)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"iperf3") and str(PORT).encode() in argv:
+            out.append(b" ".join(argv).decode())
+    return out
+
+
+# --- the spec (fast lane) ----------------------------------------------------------------
+
+def test_noise_spec_parsing_and_its_errors():
+    assert NoiseSpec.from_config(None) is None
+    s = NoiseSpec.from_config({"kind": "iperf3", "streams": 4, "direction": "both", "rate": None})
+    assert (s.streams, s.direction, s.pairs()) == (4, "both", [(0, 1), (1, 0)])
+    assert NoiseSpec.from_config({"direction": "reverse"}).pairs() == [(1, 0)]
+    argv = client_argv(NoiseSpec.from_config({"streams": 2, "rate": "20M"}), "10.77.0.2", 960)
+    assert argv[:3] == ["iperf3", "-c", "10.77.0.2"] and argv[argv.index("-P") + 1] == "2"
+    assert argv[argv.index("-b") + 1] == "20M" and argv[argv.index("-t") + 1] == "960"
+    assert "-b" not in client_argv(NoiseSpec(), "10.77.0.2", 60)
+    for block, words in [({"kind": "gemm"}, "noise.kind='gemm'; use iperf3"),
+                         ({"direction": "sideways"}, "use one of forward, reverse, both"),
+                         ({"streams": 0}, "noise.streams=0; use 1 to 128"),
+                         ({"rate": "fast"}, "noise.rate='fast'"),
+                         ({"flows": 2}, "unknown keys ['flows']"),
+                         ("loud", "give a block")]:
+        with pytest.raises(UsageError, match=re.escape(words)):
+            NoiseSpec.from_config(block)
+
+
+# --- bad input: one line, exit 2, nothing started ----------------------------------------
+
+@pytest.mark.slow
+def test_bad_noise_is_one_line_and_starts_nothing(tmp_path):
+    env = child_env()
+    p = subprocess.run(EMULATE + ["launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                  "+fabric.emulate.noise={kind: gemm}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip() == "error: fabric.emulate.noise.kind='gemm'; use iperf3", p.stderr
+    # iperf3 missing: PATH without it (the emulator runs by its absolute interpreter path)
+    p = subprocess.run(EMULATE + ["launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                  "+fabric.emulate.noise={streams: 2}"],
+                       cwd=REPO, env=env | {"PATH": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: fabric.emulate.noise needs iperf3, which is not "
+                                                             "installed"), p.stderr
+    assert "Traceback" not in p.stderr and not list(tmp_path.rglob("*.json")) and our_iperf3() == []
+
+
+@pytest.mark.requires("root", "iperf3")
+@pytest.mark.slow
+def test_noise_that_does_not_flow_fails_the_run(tmp_path):
+    """1 kbit/s per stream cannot move the 256 KiB that count as flowing: the run fails in one
+    line before any agent starts, and its iperf3s and namespaces are gone."""
+    p = subprocess.run(EMULATE + ["launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                  "run_id=trickle", "+fabric.emulate.noise={streams: 1, rate: 1K}"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert re.fullmatch(r"error: noise: iperf3 moved \d+ bytes in its first 15 s .*", p.stderr.strip()), p.stderr
+    assert not records_in(tmp_path) and (tmp_path / "trickle" / "noise" / "iperf3-0.json").exists()
+    assert our_iperf3() == []
+
+
+# --- the congestion-impact study ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def emu_noise(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """conf/study/emu-noise.yaml as a user runs it: quiet and noisy arms on emu-100m, one
+    all_reduce point, 3 blocks ABBA (6 emulated runs, ~3 min). Every test here reads this run."""
+    out = tmp_path_factory.mktemp("emu-noise") / "results"
+    r = subprocess.run([*STUDY, "conf/study/emu-noise.yaml", "--output-root", str(out)], cwd=REPO,
+                       env=child_env(), capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    return out / "emu-noise", r
+
+
+@pytest.mark.requires("root", "iperf3")
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_noisy_arm_is_called_slower_with_its_interval(emu_noise):
+    _, r = emu_noise
+    # the headline names the congestion impact: how much slower, its interval, the factor, the noise
+    m = re.search(r"bus bandwidth at 2 MiB: noisy is (\d+\.\d)% slower than quiet \[95% CI (\d+\.\d)% to "
+                  r"(\d+\.\d)%\] \(congestion-impact factor (0\.\d+) \[(0\.\d+), (0\.\d+)\]; under iperf3 TCP, "
+                  r"1 stream\(s\), node 0 -> node 1, median (\d+\.\d) Mbit/s of it\)", r.stdout)
+    assert m, r.stdout[-3000:]
+    slower, lo, hi, factor, flo, fhi, noise_mbit = (float(x) for x in m.groups())
+    # one TCP stream beside Gloo's connection takes about half of the 100 Mbit/s egress queue
+    assert 30 <= slower <= 90 and lo <= slower <= hi and flo <= factor <= fhi, m.group(0)
+    assert abs(slower / 100 - (1 - factor)) < 0.002 and 20 <= noise_mbit <= 95, m.group(0)
+
+
+@pytest.mark.requires("root", "iperf3")
+@pytest.mark.slow
+def test_records_carry_the_noise_and_iperf3s_figures_lie_beside(emu_noise):
+    out, _ = emu_noise
+    recs = records_in(out)
+    arms = {r["study"]["arm"] for r in recs}
+    assert arms == {"quiet", "noisy"} and len(recs) == 6 and all(r["status"] == "ok" for r in recs)
+    for rec in recs:
+        noise = rec["fabric"].get("noise")
+        if rec["study"]["arm"] == "quiet":
+            assert noise is None and "noise" not in rec["config"]["fabric"]["emulate"]
+            continue
+        assert rec["config"]["fabric"]["emulate"]["noise"]["kind"] == "iperf3"
+        assert noise["streams"] == 1 and noise["direction"] == "forward"
+        during = noise["during_point"]
+        assert during["bytes"] > 0 and 10 <= during["throughput(Mbit/s)"] <= 100, noise
+        # iperf3's own JSON, client and server side, beside the records of its run
+        kept = out / rec["run_id"] / "noise"
+        server = json.loads((kept / "iperf3-0-server.json").read_text())
+        assert server["end"]["sum_received"]["bytes"] >= during["bytes"] * 0.9
+        assert json.loads((kept / "iperf3-0.json").read_text())["start"]["test_start"]["num_streams"] == 1
+        summary = json.loads((kept / "summary.json").read_text())
+        assert summary["iperf3"][0]["bytes_received"] == server["end"]["sum_received"]["bytes"]
+        assert summary["during_workload"]["bytes"] >= during["bytes"]
+    assert our_iperf3() == []
