@@ -38,6 +38,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from workloads.core.errors import UsageError
 from workloads.fabric import procnet
+from workloads.fabric.iperf3 import ToolFailed, load_iperf3, parse_iperf3
 
 KINDS = ("iperf3",)
 DIRECTIONS = ("forward", "reverse", "both")
@@ -166,10 +167,8 @@ def _stop(p: subprocess.Popen, first: int = signal.SIGINT) -> None:
 
 
 def figures(path: Path) -> dict[str, Any]:
-    """One kept iperf3 JSON -> its figures (workloads/link/tools.py reads it), an interrupt's
+    """One kept iperf3 JSON -> its figures (the reader the link workload uses), an interrupt's
     "error" accepted: that is how the noise is stopped."""
-    from workloads.link.tools import ToolFailed, load_iperf3, parse_iperf3
-
     doc = load_iperf3(path.read_text())
     if doc.get("error") in _STOPPED:
         doc = {k: v for k, v in doc.items() if k != "error"}
