@@ -114,9 +114,9 @@ def claim(c: stats.Comparison) -> str:
 
 def congestion_claim(p: Point, c: stats.Comparison) -> str | None:
     """The congestion-impact verdict, when the arm ran every trial under background traffic and
-    the baseline none (docs/metrics.md): 'bus bandwidth: noisy is 48.0% slower than quiet [95% CI
-    44.1% to 51.6%] (congestion-impact factor 0.520 [0.484, 0.559]; under iperf3 TCP, 1 stream(s),
-    node 0 -> node 1, median 52.3 Mbit/s of it)'. None for any other pair of arms."""
+    the baseline none (docs/metrics.md): 'bus bandwidth: noisy is 49.9% slower than quiet [95% CI
+    47.2% to 52.4%] (congestion-impact factor 0.501 [0.476, 0.528]; under iperf3 TCP, 1 stream(s) at
+    50Mbit/s each, node 0 -> node 1, median 48.9 Mbit/s of it)'. None for any other pair of arms."""
     arm, base = p.by_fabric.get(c.fabric, []), p.by_fabric.get(c.baseline, [])
     if not arm or not base or not all(r.noise for r in arm) or any(r.noise for r in base):
         return None
