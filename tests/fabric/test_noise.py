@@ -9,15 +9,19 @@ no iperf3 of ours (its port, 5299) and no namespace of ours may remain.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from helpers import REPO, child_env, records_in
 from workloads.core.errors import UsageError
+from workloads.fabric.emulate import leftovers
 from workloads.fabric.noise import PORT, NoiseSpec, client_argv
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
@@ -150,3 +154,33 @@ def test_records_carry_the_noise_and_iperf3s_figures_lie_beside(emu_noise):
         assert summary["iperf3"][0]["bytes_received"] == server["end"]["sum_received"]["bytes"]
         assert summary["during_workload"]["bytes"] >= during["bytes"]
     assert our_iperf3() == []
+
+
+@pytest.mark.requires("root", "iperf3")
+@pytest.mark.slow
+def test_sigterm_mid_run_stops_every_iperf3(tmp_path):
+    """Stopped while the noise flows and a point is measured: no iperf3 (both ways) and no
+    namespace of the run remains, and iperf3's JSON of the seconds it ran is kept."""
+    p = subprocess.Popen(EMULATE + ["launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}",
+                                    "run_id=stopped", "+fabric.emulate.noise={streams: 2, direction: both}"],
+                         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        for line in p.stdout:
+            if "noise flowing" in line:
+                break
+        assert len(our_iperf3()) == 4  # a server and a client per direction
+        # then until a point is being measured (its in-flight copy exists): the agents run
+        deadline = time.monotonic() + 90
+        while not list(tmp_path.rglob("*.inflight")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        p.terminate()
+        _, err = p.communicate(timeout=120)
+    finally:  # a failed assertion must not leave the run going (nor close its pipes under it)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.communicate(timeout=120)
+    assert p.returncode == 130 and "namespaces removed" in err, err[-2000:]
+    assert our_iperf3() == [] and not [n for n in leftovers() if n.startswith(f"fb-{p.pid}-")]
+    kept = tmp_path / "stopped" / "noise"
+    assert json.loads((kept / "iperf3-1-server.json").read_text())["start"]["test_start"]["num_streams"] == 2

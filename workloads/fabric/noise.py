@@ -151,6 +151,10 @@ def _listening(pid: int, port: int) -> bool:
                for local, _, state, inode in procnet.tcp_sockets(proc))
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(p: subprocess.Popen, first: int = signal.SIGINT) -> None:
     """SIGINT first (iperf3 then writes its JSON), SIGKILL if it does not end."""
     for sig, wait in ((first, STOP_S), (signal.SIGKILL, 5.0)):
@@ -193,11 +197,13 @@ def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], 
     files: list[Any] = []
 
     def start(ns: str, argv: list[str], path: Path) -> subprocess.Popen:
-        f = path.open("w")
-        files.append(f)
-        # `ip netns exec` execs iperf3 in place: the pid is iperf3's (its /proc/<pid>/io is read)
-        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        f, err = path.open("w"), path.with_suffix(".stderr").open("w")  # stderr apart: the JSON stays JSON
+        files.extend((f, err))
+        # `ip netns exec` execs iperf3 in place: the pid is iperf3's (its /proc/<pid>/io is read).
+        # SIGINT back to its default: an emulator started in the background (`&`, nohup) inherits
+        # it ignored, and so would iperf3, which then neither stops on it nor writes its JSON.
+        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=f, stderr=err,
+                                start_new_session=True, preexec_fn=_default_sigint)
 
     try:
         for n, (src, dst) in enumerate(spec.pairs()):
@@ -212,16 +218,15 @@ def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], 
             clients.append(start(nodes[src], client_argv(spec, addrs[dst], int(run_s) + 60),
                                  out_dir / f"iperf3-{n}.json"))
         pids = [s.pid for s in servers]
-        before = received_bytes(pids)
+        before = [received_bytes([pid]) for pid in pids]
         deadline = time.monotonic() + FLOWING_S
-        while True:  # flowing: every server has connected clients and has received data
-            now = received_bytes(pids)
-            if before is not None and now is not None and now - before >= FLOWING_BYTES:
+        while True:  # flowing: every server (each direction) has its client and has received data
+            moved = [(received_bytes([pid]) or 0) - (b or 0) for pid, b in zip(pids, before)]
+            if None not in before and min(moved) >= FLOWING_BYTES:
                 break
             if any(p.poll() is not None for p in servers + clients) or time.monotonic() > deadline:
-                raise NoiseFailed(f"noise: iperf3 moved {0 if now is None or before is None else now - before} bytes "
-                                  f"in its first {FLOWING_S:g} s (an iperf3 exited or the link carries nothing); "
-                                  f"its output is in {out_dir}")
+                raise NoiseFailed(f"noise: iperf3 moved {min(moved)} bytes in its first {FLOWING_S:g} s (an iperf3 "
+                                  f"exited or the link carries nothing); its output is in {out_dir}")
             time.sleep(0.05)
         state = out_dir / "state.json"
         state.write_text(json.dumps({"spec": asdict(spec), "description": spec.describe(), "receivers": pids}))
@@ -241,6 +246,8 @@ def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], 
                 _stop(p)
         for f in files:
             f.close()
+            if f.name.endswith(".stderr") and Path(f.name).stat().st_size == 0:
+                Path(f.name).unlink()  # kept only when iperf3 said something there
     if moved <= 0:
         raise NoiseFailed(f"noise: iperf3 moved no bytes during the workload's {seconds:.1f} s; the run was not noisy")
     summary = {"spec": asdict(spec), "description": spec.describe(), "during_workload": _rate(moved, seconds),
