@@ -16,6 +16,7 @@ import time
 import pytest
 
 from helpers import REPO, child_env, records_in
+from helpers.tcp_probe import tcp_hello
 from workloads.core.errors import UsageError
 from workloads.fabric.emulate import (
     EmuSpec,
@@ -28,11 +29,6 @@ from workloads.fabric.emulate import (
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 
 
-LISTEN = """import socket, sys
-s = socket.create_server((sys.argv[1], 7777)); print("listening", flush=True)
-c, _ = s.accept(); c.sendall(b"hello"); c.close()"""
-CONNECT = """import socket, sys
-print(socket.create_connection((sys.argv[1], 7777), timeout=10).recv(5).decode())"""
 
 
 def our_namespaces(tag: str) -> list[str]:
@@ -112,16 +108,7 @@ def test_topology_shapes_and_is_removed(tmp_path):
                                text=True, check=True).stdout
             assert "tbf" in q and "rate 100Mbit" in q
             # A TCP connection from the first node to the last one's veth address.
-            server = subprocess.Popen(["ip", "netns", "exec", topo.nodes[-1], sys.executable, "-c", LISTEN,
-                                       topo.spec.addr(nodes - 1)], stdout=subprocess.PIPE, text=True)
-            try:
-                assert server.stdout.readline().strip() == "listening"
-                p = subprocess.run(["ip", "netns", "exec", topo.nodes[0], sys.executable, "-c", CONNECT,
-                                    topo.spec.addr(nodes - 1)], capture_output=True, text=True, timeout=30)
-                assert p.returncode == 0 and p.stdout.strip() == "hello", p.stdout + p.stderr
-            finally:
-                server.kill()
-                server.wait()
+            tcp_hello(topo.nodes[-1], topo.nodes[0], topo.spec.addr(nodes - 1))
         assert our_namespaces(tag) == []
     tag = f"{os.getpid()}bad"
     with pytest.raises(RuntimeError, match="failed"):

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from workloads import CONF_DIR, catalog
 from workloads.core.errors import UsageError
+from workloads.fabric import leafspine
 
 IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
 SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
@@ -73,6 +74,13 @@ class EmuSpec:
     burst: int | None = None         # bytes; None = max(128 KiB, 4 ms at the rate)
     latency: str | None = None       # one-way netem delay per link, e.g. "1ms"
     mtu: int = 1500
+    # How the nodes are joined: None = a veth pair for 2 nodes, a bridge (star) for more;
+    # "leaf-spine" = routed leaves and spines with ECMP between them (workloads/fabric/leafspine.py).
+    topology: str | None = None
+    leaves: int = 2                  # leaf-spine: leaf routers, nodes / leaves hosts on each
+    spines: int = 2                  # leaf-spine: spine routers, one uplink from every leaf to each
+    uplink_rate: str | None = None   # leaf-spine: tc rate of each leaf-spine link; None = `rate`
+    hash: str = "l4"                 # leaf-spine ECMP: l3 (addresses) | l4 (addresses and ports)
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None, **overrides: Any) -> EmuSpec:
@@ -84,11 +92,24 @@ class EmuSpec:
         rate = b.get("rate")
         if rate in ("none", "null", "unshaped", ""):
             rate = None
+        uplink = b.get("uplink_rate")
         spec = cls(nodes=int(b.get("nodes", 2)), rate=None if rate is None else str(rate),
                    qdisc=str(b.get("qdisc", "tbf")), burst=None if b.get("burst") is None else int(b["burst"]),
-                   latency=b.get("latency"), mtu=int(b.get("mtu", 1500)))
+                   latency=b.get("latency"), mtu=int(b.get("mtu", 1500)),
+                   topology=None if b.get("topology") in (None, "auto") else str(b["topology"]),
+                   leaves=int(b.get("leaves", 2)), spines=int(b.get("spines", 2)),
+                   uplink_rate=None if uplink in (None, "none", "null", "") else str(uplink),
+                   hash=str(b.get("hash", "l4")).lower())
         spec.check()
         return spec
+
+    @property
+    def leaf_spine(self) -> bool:
+        return self.topology == "leaf-spine"
+
+    @property
+    def uplink(self) -> str | None:
+        return self.uplink_rate or self.rate
 
     def check(self) -> None:
         if not 2 <= self.nodes <= 64:
@@ -103,14 +124,42 @@ class EmuSpec:
             raise UsageError(f"emulate.latency={self.latency!r}; use e.g. 500us or 2ms (or null)")
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"emulate.mtu={self.mtu}; use 576..65535")
+        if self.topology not in (None, "pair", "star", "leaf-spine"):
+            raise UsageError(f"emulate.topology={self.topology!r}; use pair (2 nodes), star (a bridge) or leaf-spine")
+        if self.topology == "pair" and self.nodes != 2:
+            raise UsageError(f"emulate.topology=pair joins 2 nodes, not {self.nodes}; use topology=star or leaf-spine")
+        if self.leaf_spine:
+            if not 2 <= self.leaves <= 16 or not 1 <= self.spines <= 16:
+                raise UsageError(f"emulate.leaves={self.leaves}, spines={self.spines}; use 2-16 leaves and 1-16 spines")
+            if self.nodes % self.leaves:
+                raise UsageError(f"emulate.nodes={self.nodes} does not fill {self.leaves} leaves evenly; use a multiple "
+                                 f"of {self.leaves} nodes (e.g. nodes={self.leaves * max(1, self.nodes // self.leaves)})")
+            if self.nodes // self.leaves > 200:
+                raise UsageError(f"{self.nodes // self.leaves} hosts per leaf do not fit its /24; use at most 200")
+            if self.hash not in ("l3", "l4"):
+                raise UsageError(f"emulate.hash={self.hash!r}; use l3 (addresses) or l4 (addresses and ports)")
+            if self.uplink_rate is not None:
+                rate_bits_per_s(self.uplink_rate)
+        elif self.uplink_rate is not None:
+            raise UsageError("emulate.uplink_rate applies to topology=leaf-spine only; remove it or set topology=leaf-spine")
 
-    def burst_bytes(self) -> int:
+    def burst_bytes(self, rate: str | None = None) -> int:
         # tbf needs burst >= rate/HZ; veth hands it GSO packets up to 64 KiB, which tbf
         # would have to split: 128 KiB keeps every one in a single token bucket fill.
-        return self.burst or max(128 * 1024, int(rate_bits_per_s(self.rate) / 8 * 0.004))
+        return self.burst or max(128 * 1024, int(rate_bits_per_s(rate or self.rate) / 8 * 0.004))
 
     def addr(self, node: int) -> str:
+        if self.leaf_spine:
+            from workloads.fabric import leafspine
+
+            return leafspine.host_addr(node, self.nodes // self.leaves)
         return f"{SUBNET}.{node + 1}"
+
+    def oversubscription(self) -> float | None:
+        """A leaf's host bandwidth over its uplink bandwidth (1.0: non-blocking)."""
+        if not self.leaf_spine or self.rate is None or self.uplink is None:
+            return None
+        return (self.nodes // self.leaves) * rate_bits_per_s(self.rate) / (self.spines * rate_bits_per_s(self.uplink))
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -148,7 +197,10 @@ class Topology:
         self.spec = spec
         self.tag = tag or str(os.getpid())
         self.nodes = [f"{PREFIX}{self.tag}-{i}" for i in range(spec.nodes)]
-        self.bridge_ns = f"{PREFIX}{self.tag}-br" if spec.nodes > 2 else None
+        star = spec.topology == "star" or (spec.topology is None and spec.nodes > 2)
+        self.bridge_ns = f"{PREFIX}{self.tag}-br" if star else None
+        self.leaves, self.spines = leafspine.names(self.tag, spec.leaves, spec.spines) if spec.leaf_spine else ([], [])
+        self.sentinels: list[subprocess.Popen] = []  # one idle process per spine (leafspine.read_paths)
         self.created: list[str] = []
         self.netem = False
         # (host end, node 0's address on it): an unshaped link from this host into node 0,
@@ -157,7 +209,11 @@ class Topology:
         self.host_addr: str | None = None
 
     def namespaces(self) -> list[str]:
-        return self.nodes + ([self.bridge_ns] if self.bridge_ns else [])
+        return self.nodes + ([self.bridge_ns] if self.bridge_ns else []) + self.leaves + self.spines
+
+    def env(self) -> dict[str, str]:
+        """What the ranks need to know of the topology: where to read each spine's bytes."""
+        return {leafspine.PATHS_ENV: leafspine.paths_env(self.sentinels)} if self.sentinels else {}
 
     def __enter__(self) -> Topology:
         try:
@@ -181,6 +237,12 @@ class Topology:
             _run(["ip", "netns", "add", ns])
             self.created.append(ns)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        if s.leaf_spine:
+            leafspine.build(_run, self._shape, s, self.nodes, self.leaves, self.spines)
+            self.sentinels = leafspine.start_sentinels(self.spines)
+            if self.host_link:
+                self._link_host()
+            return
         if self.bridge_ns is None:
             # Two nodes: one veth pair, emu0 at both ends.
             _run(["ip", "link", "add", "name", IFNAME, "netns", self.nodes[0], "mtu", str(s.mtu), "type", "veth",
@@ -223,22 +285,24 @@ class Topology:
         _run(["ip", "-n", self.nodes[0], "link", "set", HOST_IFNAME, "up"])
         self.host_addr = there
 
-    def _shape(self, ns: str, dev: str) -> None:
+    def _shape(self, ns: str, dev: str, rate: str | None = None) -> None:
+        """One egress qdisc: `rate` (default the spec's host rate), netem delay when asked."""
         s = self.spec
-        if s.rate is None and not self.netem:
+        rate = rate or s.rate
+        if rate is None and not self.netem:
             return
         tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
         parent = "root"
-        if s.rate is not None:
-            burst = str(s.burst_bytes())
+        if rate is not None:
+            burst = str(s.burst_bytes(rate))
             if s.qdisc == "tbf":
                 # latency: how long a packet may wait for tokens before tbf drops it.
-                _run(tc + ["root", "handle", "1:", "tbf", "rate", s.rate, "burst", burst, "latency", "100ms"])
+                _run(tc + ["root", "handle", "1:", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
                 parent = "1:1"
             else:
                 _run(tc + ["root", "handle", "1:", "htb", "default", "10"])
                 _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-                      "rate", s.rate, "ceil", s.rate, "burst", burst, "cburst", burst])
+                      "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
                 parent = "1:10"
         if self.netem:
             where = ["root"] if parent == "root" else ["parent", parent, "handle", "10:"]
@@ -246,6 +310,8 @@ class Topology:
 
     def teardown(self) -> None:
         """Deleting a namespace deletes its veth ends (and so the pairs) and their qdiscs."""
+        leafspine.stop_sentinels(self.sentinels)
+        self.sentinels = []
         for ns in reversed(self.created):
             _run(["ip", "netns", "del", ns], check=False)
         self.created.clear()
@@ -256,6 +322,12 @@ class Topology:
         if s.latency:
             shape += f", netem delay {s.latency}"
         via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
+        if s.leaf_spine:
+            up = "unshaped" if s.uplink is None else f"{s.qdisc} rate {s.uplink}"
+            over = s.oversubscription()
+            via = (f"{s.leaves} leaves ({s.nodes // s.leaves} hosts each) and {s.spines} spines "
+                   f"({', '.join(self.spines)}), ECMP {s.hash} hashing, uplinks {up}"
+                   + ("" if over is None else f", oversubscription {over:g}:1"))
         text = f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
         if self.host_addr:
             text += f"; clients reach node 0 at {self.host_addr} (unshaped {HOST_IFNAME})"
@@ -280,7 +352,7 @@ def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str],
                python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
     """Start one torchrun agent per namespace, wait for all, return the first failure's exit
     code (0 when all succeeded). A timeout or Ctrl-C stops every agent."""
-    base = _node_env(os.environ if env is None else env, topo.tag)
+    base = _node_env(os.environ if env is None else env, topo.tag) | topo.env()
     argvs = [agent_argv(python, topo.spec, i, nproc, entry, overrides) for i in range(topo.spec.nodes)]
     return run_in_nodes(topo.nodes, argvs, [base] * len(argvs), timeout_s)
 
@@ -391,6 +463,10 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
 def _check_served(cfg, spec: EmuSpec) -> None:
     """Served inference across the namespaces: an engine that can span nodes here (the reference
     engine, one torchrun agent per namespace; vLLM and SGLang, their multi-node modes), TP split evenly."""
+    if spec.leaf_spine:
+        raise UsageError("served inference does not run on an emulated leaf-spine yet (its engines' nodes are "
+                         "addressed on one flat link); use fabric.emulate.topology=null, or a training, "
+                         "collectives or link run on the leaf-spine")
     adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
     if adapter not in ("reference", "vllm", "sglang"):
         raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference, "
@@ -438,6 +514,14 @@ def run(args, conf_dir: str | None = None) -> int:
             args.overrides.append(f"fabric.emulate.rate={'null' if spec.rate is None else spec.rate}")
             if not any(o.startswith("fabric.name=") for o in args.overrides):
                 args.overrides.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
+        # Likewise the topology the record describes is the one built: --nodes, and a leaf-spine's
+        # defaults that the profile did not spell out.
+        if args.nodes is not None:
+            args.overrides.append(f"++fabric.emulate.nodes={spec.nodes}")
+        if spec.leaf_spine:
+            args.overrides += [f"++fabric.emulate.{k}={'null' if v is None else v}" for k, v in
+                               (("leaves", spec.leaves), ("spines", spec.spines), ("hash", spec.hash),
+                                ("uplink_rate", spec.uplink_rate))]
         require_root()
         with Topology(spec, host_link=serving) as topo:
             print(f"emulate: {topo.describe()}", flush=True)
