@@ -340,12 +340,15 @@ def leftovers(prefix: str = PREFIX) -> list[str]:
     return [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
 
 
-def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, overrides: Sequence[str]) -> list[str]:
+def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, overrides: Sequence[str],
+               job: Sequence[int] | None = None) -> list[str]:
     """One torchrun agent for `node`, static rendezvous on node 0's veth address (run by
-    agent_main below: torchrun's own machinery, a failed rank reported in one line)."""
-    return [python, "-m", "workloads.fabric.emulate", "--agent", f"--nnodes={spec.nodes}", f"--node_rank={node}",
-            f"--nproc_per_node={nproc}", f"--master_addr={spec.addr(0)}", f"--master_port={MASTER_PORT}",
-            f"--local_addr={spec.addr(node)}", "--max_restarts=0", entry, *overrides]
+    agent_main below: torchrun's own machinery, a failed rank reported in one line). `job`: the
+    nodes of this node's job when several share the fabric (their first node hosts its rendezvous)."""
+    job = list(range(spec.nodes)) if job is None else list(job)
+    return [python, "-m", "workloads.fabric.emulate", "--agent", f"--nnodes={len(job)}",
+            f"--node_rank={job.index(node)}", f"--nproc_per_node={nproc}", f"--master_addr={spec.addr(job[0])}",
+            f"--master_port={MASTER_PORT}", f"--local_addr={spec.addr(node)}", "--max_restarts=0", entry, *overrides]
 
 
 def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
@@ -367,8 +370,41 @@ def _node_env(env: Mapping[str, str], tag: str) -> dict[str, str]:
     return base
 
 
+def run_jobs(topo: Topology, k: int, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
+             output_root: str) -> int:
+    """K concurrent jobs on disjoint nodes (workloads/fabric/jobs.py): started together, each its
+    own world; their JCTs, primary metrics and Jain's fairness over them printed and written."""
+    from workloads.fabric import jobs
+
+    groups = jobs.split(topo.spec.nodes, k)
+    base = _node_env(os.environ, topo.tag) | topo.env()
+    argvs, envs, run_ids = [None] * topo.spec.nodes, [None] * topo.spec.nodes, []
+    for j, nodes in enumerate(groups):
+        mine, named = jobs.job_overrides(overrides, j)
+        run_ids.append(named or f"{base['FABRICBENCH_RUN_ID']}-job{j}")
+        for i in nodes:
+            argvs[i] = agent_argv(sys.executable, topo.spec, i, nproc, entry, mine, job=nodes)
+            envs[i] = base | {"FABRICBENCH_RUN_ID": run_ids[j]}
+    ended: dict[int, float] = {}
+    start = time.monotonic()
+    code = run_in_nodes(topo.nodes, argvs, envs, timeout_s, ended=ended, independent=groups)
+    per_job = []
+    for j, nodes in enumerate(groups):
+        metric, value, status = jobs.primary_of(Path(output_root) / run_ids[j])
+        per_job.append({"job": j, "nodes": nodes, "run_id": run_ids[j], "status": status,
+                        "exit_code": max((ended.get(i, (None, 124))[1] for i in nodes), key=abs),
+                        "jct_s": max(ended.get(i, (time.monotonic(), 0))[0] for i in nodes) - start,
+                        "metric": metric, "value": value})
+    summary = jobs.summarize(per_job) | {"entry": entry, "fabric": topo.describe()}
+    for line in jobs.rows(summary):
+        print(line, flush=True)
+    print(f"jobs summary: {jobs.write(summary, output_root, topo.tag)}", flush=True)
+    return code
+
+
 def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
-                 timeout_s: float) -> int:
+                 timeout_s: float, ended: dict[int, tuple[float, int]] | None = None,
+                 independent: Sequence[Sequence[int]] | None = None) -> int:
     """`argvs[i]` in namespace `nodes[i]` (`ip netns exec`: the namespace's network, and a /sys
     that shows its interfaces), each in a session of its own; wait for all, stop all when one
     fails, times out or we are interrupted, and return the first failure's exit code."""
@@ -384,8 +420,16 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i] = p.returncode
+                    if ended is not None:
+                        ended[i] = (time.monotonic(), p.returncode)
             if any(codes.values()):
-                break  # one node failed: the others would wait for it until their timeout
+                if not independent:
+                    break  # one node failed: the others would wait for it until their timeout
+                for job in independent:  # concurrent jobs: a failed job's nodes stop, the others run on
+                    if any(codes.get(i) for i in job):
+                        for i in job:
+                            if i not in codes and procs[i].poll() is None:
+                                _killpg(procs[i], signal.SIGTERM)
             if time.monotonic() > deadline:
                 print(f"error: emulated run exceeded {timeout_s:g}s; stopping all agents", file=sys.stderr)
                 return 124
@@ -423,7 +467,7 @@ def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
 
 
 def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
-                        config_name: str = "config", **cli: Any) -> tuple[EmuSpec, str]:
+                        config_name: str = "config", jobs: int = 1, **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
     trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
     from workloads.core.launcher import compose, expand_sweep, validate_job
@@ -441,7 +485,7 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
         # The whole config, for the world it will run at, before any namespace exists (whose
         # interface does not exist yet either: lo stands in for it in the host checks).
         validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
-                     spec[0].nodes * nproc_per_node)
+                     spec[0].nodes // max(jobs, 1) * nproc_per_node)
     if len(found) > 1:
         raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
                          "builds one topology: sweep fabrics as separate emulate runs")
@@ -488,6 +532,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per namespace [1]")
     ap.add_argument("--rate", help="tc rate, e.g. 100mbit (overrides fabric.emulate.rate; 'none' = unshaped)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before every agent is stopped [900]")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="concurrent jobs on disjoint nodes sharing the fabric: JCT and Jain's fairness [1]")
     ap.add_argument("entry", help="launch/train.py, launch/collectives.py, launch/link.py or launch/infer.py")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides, e.g. fabric=emu-100m")
 
@@ -505,9 +551,21 @@ def run(args, conf_dir: str | None = None) -> int:
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         serving = _check_entry(args)
+        if args.jobs != 1 and serving:
+            raise UsageError(f"--jobs {args.jobs} runs concurrent training, collectives or link jobs; served inference "
+                             "runs one server: drop --jobs")
+        config_name = catalog.for_script(args.entry)[0].config
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
-                                           nproc_per_node=args.nproc_per_node,
-                                           config_name=catalog.for_script(args.entry)[0].config)
+                                           nproc_per_node=args.nproc_per_node, config_name=config_name,
+                                           jobs=args.jobs)
+        output_root = None
+        if args.jobs != 1:
+            from workloads.core.launcher import compose
+            from workloads.fabric.jobs import split
+
+            split(spec.nodes, args.jobs)
+            plain = [o for o in args.overrides if o not in ("-m", "--multirun")]
+            output_root = str(compose(conf_dir, plain, config_name).output_root)
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into
             # the config, and the fabric gets a name of its own unless the user gave one.
@@ -527,6 +585,9 @@ def run(args, conf_dir: str | None = None) -> int:
             print(f"emulate: {topo.describe()}", flush=True)
             if serving:
                 return run_load_generator(topo, args.entry, args.overrides, args.timeout)
+            if args.jobs != 1:
+                return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
+                                output_root)
             return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
