@@ -1,0 +1,81 @@
+"""The fabric's shape in the report (analysis/topology.py): a diagram per emulated topology, the
+spines' byte shares per arm, and the concurrent-jobs table, from records and the emulator's
+jobs summaries written here (the real emulator writes them in tests/fabric/test_leafspine.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis import topology
+from analysis.compare import compare_table
+from analysis.load import load_table
+from analysis.report import write_report
+from helpers.records import coll
+from workloads.core.records import SCHEMA, write_record
+
+LEAF_SPINE = {"nodes": 4, "topology": "leaf-spine", "leaves": 2, "spines": 2, "rate": "100mbit",
+              "uplink_rate": "100mbit", "hash": "l4"}
+
+
+def _rec(fabric: str, trial: int, share: dict | None, block: dict) -> dict:
+    r = {"schema": SCHEMA, **coll(fabric, trial, world=4)}
+    r["config"]["fabric"]["emulate"] = block
+    if share is not None:
+        r["paths"] = {"per_path_bytes": {k: int(v * 1000) for k, v in share.items()}, "share": share,
+                      "jain_index": None}
+    return r
+
+
+def _folder(tmp_path):
+    for t, (a, b) in enumerate([(0.75, 0.25), (0.5, 0.5), (0.25, 0.75)]):
+        write_record(tmp_path / "r" / "l4" / "records", _rec("emu-l4", t, {"s0": a, "s1": b}, LEAF_SPINE), "c")
+        write_record(tmp_path / "r" / "l3" / "records", _rec("emu-l3", t, {"s0": 1.0, "s1": 0.0},
+                                                            LEAF_SPINE | {"hash": "l3"}), "c")
+    (tmp_path / "r" / "jobs-7.json").write_text(json.dumps({
+        "jobs": [{"job": 0, "nodes": [0, 2], "status": "ok", "exit_code": 0, "jct_s": 12.25,
+                  "metric": "all_reduce/avg_busbw(GB/s)", "value": 0.006},
+                 {"job": 1, "nodes": [1, 3], "status": "ok", "exit_code": 0, "jct_s": 12.5,
+                  "metric": "all_reduce/avg_busbw(GB/s)", "value": 0.0066}],
+        "jain_index": 0.998, "metric": "all_reduce/avg_busbw(GB/s)"}))
+    return tmp_path / "r"
+
+
+def test_shares_are_medians_per_arm_normalised_and_never_mix_spine_counts(tmp_path):
+    table = load_table([str(_folder(tmp_path))])
+    got = topology.shares_by_arm(table)
+    assert got["emu-l4"] == {"s0": 0.5, "s1": 0.5}           # medians of 0.75/0.5/0.25 and 0.25/0.5/0.75
+    assert got["emu-l3"] == {"s0": 1.0, "s1": 0.0}
+    one = {"schema": SCHEMA, **coll("emu-l4", 9, world=4)}
+    one["paths"] = {"share": {"s0": 1.0}}
+    write_record(tmp_path / "r" / "one" / "records", one, "c")
+    got = topology.shares_by_arm(load_table([str(tmp_path / "r")]))
+    assert got["emu-l4 (2 spines)"] == {"s0": 0.5, "s1": 0.5} and got["emu-l4 (1 spine)"] == {"s0": 1.0}
+
+
+def test_describe_says_the_topology():
+    assert topology.describe(LEAF_SPINE) == ("leaf-spine: 4 hosts on 2 leaves, 2 spines; host links 100mbit, "
+                                             "uplinks 100mbit, ECMP l4")
+    assert topology.describe({"nodes": 2, "rate": "100mbit"}) == "2 nodes on a veth pair, links 100mbit"
+    assert topology.describe({"nodes": 3, "rate": None}) == "3 nodes on one bridge (star), links unshaped"
+
+
+def test_report_draws_each_topology_and_the_shares_and_lists_the_jobs(tmp_path):
+    root = _folder(tmp_path)
+    table = load_table([str(root)])
+    rep = write_report(table, compare_table(table, baseline="emu-l3"), tmp_path / "out")
+    names = sorted(p.name for p in rep.images)
+    assert "path-shares.png" in names and names.count("topology-0.png") == 1 and "topology-1.png" in names
+    md = rep.markdown.read_text()
+    assert "Emulated fabric: leaf-spine: 4 hosts on 2 leaves, 2 spines; host links 100mbit, uplinks 100mbit, ECMP l3" in md
+    assert "## Concurrent jobs" in md
+    assert "| jobs-7.json | 0 | 0,2 | ok | 12.25 | all_reduce/avg_busbw(GB/s) | 0.006 | 0.998 |" in md
+    assert "data:image/png;base64" in rep.html.read_text()
+
+
+@pytest.mark.parametrize("block", [LEAF_SPINE, {"nodes": 2, "rate": "1gbit"}, {"nodes": 4, "rate": None}])
+def test_diagram_is_a_picture(tmp_path, block):
+    png, caption = topology.diagram(block, tmp_path, "t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "t.svg").is_file()
+    assert caption.startswith("Emulated fabric: ")
