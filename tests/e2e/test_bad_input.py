@@ -200,6 +200,8 @@ CASES = [
     ("emulate-missing-entry", _cli("emulate", "launch/nope.py", "fabric=emu-100m"), None, "launch/nope.py"),
     ("emulate-leafspine-uneven", _cli("emulate", "--nodes", "3", "launch/collectives.py", "fabric=emu-leafspine"), None,
      "does not fill 2 leaves evenly"),
+    ("emulate-rate-unshapeable", _cli("emulate", "--rate", "1bit", "launch/collectives.py", "fabric=emu-100m"), None,
+     "outside what tc's tbf can shape"),
     ("emulate-jobs-uneven", _cli("emulate", "--jobs", "3", "launch/collectives.py", "fabric=emu-leafspine"), None,
      "--jobs 3 cannot split 4 emulated nodes"),
     ("emulate-jobs-served", _cli("emulate", "--jobs", "2", "launch/infer.py", "fabric=emu-100m", "server.tp=2"), None,

@@ -44,6 +44,9 @@ def test_rate_units_are_tc_units():
     assert rate_bits_per_s("10mbps") == 8e7          # tc: mbps is megabytes per second
     with pytest.raises(UsageError, match="not a tc rate"):
         rate_bits_per_s("100 Mb/s")
+    for rate in ("1bit", "500bit", "100tbit"):  # tbf: "the rate parameter is mandatory"; "illegal value for burst"
+        with pytest.raises(UsageError, match="outside what tc's tbf can shape here"):
+            rate_bits_per_s(rate)
 
 
 def test_spec_from_profile_block_and_its_errors():
@@ -119,14 +122,17 @@ def test_topology_shapes_and_is_removed(tmp_path):
 
 @pytest.mark.requires("root")
 @pytest.mark.slow
-def test_sigterm_removes_namespaces(tmp_path):
-    p = subprocess.Popen(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}"], cwd=REPO,
+@pytest.mark.parametrize("args,spaces", [(["fabric=emu-100m"], 2),
+                                         (["fabric=emu-leafspine", "fabric.emulate.nodes=2"], 6)],  # + 2 leaves, 2 spines
+                         ids=["pair", "leaf-spine"])
+def test_sigterm_removes_namespaces(tmp_path, args, spaces):
+    p = subprocess.Popen(EMULATE + ["launch/train.py", *args, f"output_root={tmp_path}"], cwd=REPO,
                          env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tag = str(p.pid)
     deadline = time.monotonic() + 60
-    while len(our_namespaces(tag)) < 2 and time.monotonic() < deadline and p.poll() is None:
+    while len(our_namespaces(tag)) < spaces and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.2)
-    assert len(our_namespaces(tag)) == 2, p.stderr.read() if p.poll() is not None else "namespaces never appeared"
+    assert len(our_namespaces(tag)) == spaces, p.stderr.read() if p.poll() is not None else "namespaces never appeared"
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "namespaces removed" in err

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,12 +59,26 @@ _UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 _TIME = re.compile(r"^\d+(?:\.\d+)?(us|ms|s)$")
 
 
+# What tc can shape here: below 1 kbit/s tbf's rate rounds to nothing ("the rate parameter is
+# mandatory" for 1bit) and no run finishes; above 1 Tbit/s the 4 ms burst passes tbf's 32-bit
+# byte limit (100tbit: "illegal value for burst"), far beyond what a veth moves anyway.
+RATE_RANGE = (1e3, 1e12)
+
+
 def rate_bits_per_s(rate: str) -> float:
     """'100mbit' -> 1e8. tc's units are decimal (1mbit = 1e6 bit/s); 'mbps' is bytes/s."""
     m = _RATE.match(str(rate).strip())
     if not m:
         raise UsageError(f"emulate.rate={rate!r} is not a tc rate; use e.g. 100mbit, 1gbit or 10gbit (or null = unshaped)")
-    return float(m.group(1)) * _UNIT_BITS[m.group(2).lower()]
+    bits = float(m.group(1)) * _UNIT_BITS[m.group(2).lower()]
+    if not RATE_RANGE[0] <= bits <= RATE_RANGE[1]:
+        raise UsageError(f"rate {rate} is outside what tc's tbf can shape here (1kbit to 1tbit); use e.g. 100mbit "
+                         "or 10gbit (or null = unshaped)")
+    return bits
+
+
+class TopologyError(RuntimeError):
+    """A command that builds the emulated fabric failed (ip, tc, sysctl): said in one line."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +180,7 @@ class EmuSpec:
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
     p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
     if check and p.returncode != 0:
-        raise RuntimeError(f"`{shlex.join(argv)}` failed ({p.returncode}): {p.stderr.strip()}")
+        raise TopologyError(f"`{shlex.join(argv)}` failed ({p.returncode}): {p.stderr.strip().splitlines()[0] if p.stderr.strip() else 'no message'}")
     return p
 
 
@@ -238,6 +253,9 @@ class Topology:
             self.created.append(ns)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         if s.leaf_spine:
+            if not shutil.which("sysctl"):
+                raise UsageError("emulate.topology=leaf-spine needs `sysctl` (routers forward, ECMP hashing): "
+                                 "install procps")
             leafspine.build(_run, self._shape, s, self.nodes, self.leaves, self.spines)
             self.sentinels = leafspine.start_sentinels(self.spines)
             if self.host_link:
@@ -592,6 +610,9 @@ def run(args, conf_dir: str | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except TopologyError as e:  # the namespaces made so far are gone: Topology tears down what it built
+        print(f"error: could not build the emulated fabric: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: agents stopped, namespaces removed", file=sys.stderr)
         return 130
