@@ -144,6 +144,15 @@ def _capacity(table: Table, result: Result, slo_ms: float | None, slo_metric: st
     return [Section(f"Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", [("p", CAPACITY_NOTE), ("list", lines)])]
 
 
+def _raw_link(table: Table) -> list[Section]:
+    rows = topology.against_raw_link(table)
+    if not rows:
+        return []
+    return [Section("Against the raw link", [("p", "Bus bandwidth as a share of what the same arm's link workload (iperf3) "
+                                                   "measured on the wire: what the framework keeps of the path."),
+                                             ("table", topology.RAW_HEAD, rows)])]
+
+
 def _jobs(root: Path | None) -> list[Section]:
     """Concurrent jobs on one emulated fabric (emulate --jobs): each job's JCT and metric, and
     Jain's fairness over the jobs, from the emulator's summaries beside the records."""
@@ -176,7 +185,7 @@ def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_m
              slo_metric: str = "p90_ttft_ms") -> list[Section]:
     figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
     root = _root(table)
-    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_jobs(root),
+    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root),
             *_details(table, result), *_tail(table, result, root)]
 
 

@@ -180,3 +180,28 @@ def jobs_rows(summaries: list[dict], root: Path) -> list[list[str]]:
                          f"{j['jct_s']:.2f}", str(j.get("metric") or "n/a"), "n/a" if v is None else f"{v:.4g}",
                          "n/a" if jain is None else f"{jain:.3f}"])
     return rows
+
+
+RAW_HEAD = ["arm", "raw link (Gbit/s, iperf3 received)", "link runs", "metric", "busbw (Gbit/s)", "% of the raw link"]
+
+
+def against_raw_link(table: Table) -> list[list[str]]:
+    """Per arm that has both: the collectives' peak bus bandwidth as a % of the raw link the same
+    arm's link workload measured (the median of its iperf3 `throughput_received(Gbit/s)`). Both are
+    payload rates over the fabric's path: what the framework keeps of what the wire gives.
+    `peak_busbw(GB/s)` is the record's best message size (large messages approach the link)."""
+    raw: dict[str, list[float]] = defaultdict(list)
+    bus: dict[str, list[float]] = defaultdict(list)
+    for r in table:
+        if r.status != "ok":
+            continue
+        if r.workload == "link" and r.metric("throughput_received(Gbit/s)") is not None:
+            raw[r.fabric].append(r.metric("throughput_received(Gbit/s)"))
+        elif r.workload == "collectives" and r.metric("peak_busbw(GB/s)") is not None:
+            bus[r.fabric].append(8 * r.metric("peak_busbw(GB/s)"))
+    rows = []
+    for arm in sorted(raw.keys() & bus.keys()):
+        link, got = median(raw[arm]), median(bus[arm])
+        rows.append([arm, f"{link:.4g}", str(len(raw[arm])), "peak_busbw (median over records)", f"{got:.4g}",
+                     f"{100 * got / link:.1f}%" if link > 0 else "n/a"])
+    return rows

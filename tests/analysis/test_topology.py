@@ -79,3 +79,20 @@ def test_diagram_is_a_picture(tmp_path, block):
     png, caption = topology.diagram(block, tmp_path, "t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "t.svg").is_file()
     assert caption.startswith("Emulated fabric: ")
+
+
+def test_busbw_is_stated_against_the_raw_link_the_same_arm_measured(tmp_path):
+    """Worked: iperf3 received 0.1 and 0.12 Gbit/s (median 0.11); peak busbw 0.011 GB/s = 0.088 Gbit/s:
+    80.0% of the raw link. An arm without a link run gets no row."""
+    for t, gbit in enumerate((0.1, 0.12)):
+        write_record(tmp_path / "r" / "link" / "records", {
+            "schema": SCHEMA, "workload": "link", "status": "ok", "run_id": f"l{t}", "config": {"fabric": {"name": "emu"},
+                                                                                             "trial": t},
+            "fabric": {"name": "emu"}, "world": {"world_size": 2, "nodes": 2},
+            "metrics": {"throughput_received(Gbit/s)": gbit}}, "l")
+    for arm in ("emu", "other"):
+        rec = {"schema": SCHEMA, **coll(arm, 0, world=2)}
+        rec["metrics"]["peak_busbw(GB/s)"] = 0.011
+        write_record(tmp_path / "r" / arm / "records", rec, "c")
+    rows = topology.against_raw_link(load_table([str(tmp_path / "r")]))
+    assert rows == [["emu", "0.11", "2", "peak_busbw (median over records)", "0.088", "80.0%"]]
