@@ -52,6 +52,7 @@ HOST_SUBNET = "10.78"    # a /30 of it per run, for that link
 # Set for the load generator of an emulated inference run: the namespaces (comma-separated)
 # that the server's ranks must run in, one torchrun agent each (see serve_agents).
 NODES_ENV = "FABRICBENCH_EMULATED_NODES"
+NETNS_ETC = Path("/etc/netns")  # per-namespace files that `ip netns exec` mounts over /etc (ip-netns(8))
 # tc's rate syntax: a number and a unit (bit/s or bytes/s); see tc(8) "PARAMETERS".
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
@@ -252,6 +253,7 @@ class Topology:
             _run(["ip", "netns", "add", ns])
             self.created.append(ns)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        self._hosts_file()
         if s.leaf_spine:
             if not shutil.which("sysctl"):
                 raise UsageError("emulate.topology=leaf-spine needs `sysctl` (routers forward, ECMP hashing): "
@@ -326,12 +328,35 @@ class Topology:
             where = ["root"] if parent == "root" else ["parent", parent, "handle", "10:"]
             _run(tc + where + ["netem", "delay", str(s.latency)])
 
+    def _hosts_file(self) -> None:
+        """/etc/netns/<node>/hosts, which `ip netns exec` mounts over /etc/hosts: this host's own
+        entries plus every node's address and name. Without it torch's c10d store looked up each
+        peer's address in a namespace with no route to the resolver, and printed "The
+        hostname of the client socket cannot be retrieved. err=-3" for every connection. Where
+        /etc is read-only nothing is written, and only those warnings come back."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        # and as IPv4-mapped IPv6: the store listens dual-stack, so it sees its peers as ::ffff:a.b.c.d,
+        # which glibc does not look up as a.b.c.d in the hosts file
+        names = "".join(f"{self.spec.addr(i)} {node}\n::ffff:{self.spec.addr(i)} {node}\n"
+                        for i, node in enumerate(self.nodes))
+        for node in self.nodes:
+            try:
+                d = NETNS_ETC / node
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "hosts").write_text(base.rstrip("\n") + "\n# fabricbench emulated nodes\n" + names)
+            except OSError:
+                return
+
     def teardown(self) -> None:
         """Deleting a namespace deletes its veth ends (and so the pairs) and their qdiscs."""
         leafspine.stop_sentinels(self.sentinels)
         self.sentinels = []
         for ns in reversed(self.created):
             _run(["ip", "netns", "del", ns], check=False)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
         self.created.clear()
 
     def describe(self) -> str:
@@ -353,9 +378,11 @@ class Topology:
 
 
 def leftovers(prefix: str = PREFIX) -> list[str]:
-    """Namespaces of ours still present (tests assert this is empty)."""
+    """Namespaces of ours still present, and their /etc/netns folders (tests assert this is empty)."""
     p = _run(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
+    spaces = [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
+    folders = [d.name for d in NETNS_ETC.glob(f"{prefix}*")] if NETNS_ETC.is_dir() else []
+    return sorted(set(spaces) | set(folders))
 
 
 def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, overrides: Sequence[str],
