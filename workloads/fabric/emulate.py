@@ -746,10 +746,12 @@ def _serve(nodes: list[str], argvs: list[list[str]], envs: list[dict[str, str]])
 
 
 if __name__ == "__main__":
+    from workloads.core.launcher import end  # torchrun's agent ran here: no interpreter teardown
+
     if sys.argv[1:2] == ["--agent"]:
-        sys.exit(agent_main(sys.argv[2:]))
+        end(agent_main(sys.argv[2:]))
     if sys.argv[1:2] == ["--serve"]:
-        sys.exit(serve_agents(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
+        end(serve_agents(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
     if sys.argv[1:2] == ["--serve-nodes"]:
         sys.exit(serve_nodes(sys.argv[2]))
     sys.exit(main())
