@@ -153,14 +153,16 @@ def _raw_link(table: Table) -> list[Section]:
                                              ("table", topology.RAW_HEAD, rows)])]
 
 
-def _jobs(root: Path | None) -> list[Section]:
-    """Concurrent jobs on one emulated fabric (emulate --jobs): each job's JCT and metric, and
-    Jain's fairness over the jobs, from the emulator's summaries beside the records."""
+def _jobs(root: Path | None, baseline: str | None) -> list[Section]:
+    """Concurrent jobs on one emulated fabric (emulate --jobs): each job's JCT and metric, Jain's
+    fairness over the jobs, and JCT verdicts across fabrics, from the emulator's summaries."""
     found = topology.jobs_summaries(root)
     if not found:
         return []
+    verdicts = topology.jct_verdicts(found, baseline)
     return [Section("Concurrent jobs", [("p", "JCT: seconds from a job's start to its last agent's exit; Jain's index "
                                               "over the jobs' primary metrics (1: the fabric shared evenly)."),
+                                        *([("list", verdicts)] if verdicts else []),
                                         ("table", topology.JOBS_HEAD, topology.jobs_rows(found, root))])]
 
 
@@ -185,7 +187,7 @@ def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_m
              slo_metric: str = "p90_ttft_ms") -> list[Section]:
     figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
     root = _root(table)
-    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root),
+    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root, result.baseline),
             *_details(table, result), *_tail(table, result, root)]
 
 

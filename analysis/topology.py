@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analysis import stats  # noqa: E402
 from analysis.load import Run, Table, dig  # noqa: E402
 
 Chart = tuple[Path, str]
@@ -205,3 +206,25 @@ def against_raw_link(table: Table) -> list[list[str]]:
         rows.append([arm, f"{link:.4g}", str(len(raw[arm])), "peak_busbw (median over records)", f"{got:.4g}",
                      f"{100 * got / link:.1f}%" if link > 0 else "n/a"])
     return rows
+
+
+def jct_verdicts(summaries: list[dict], baseline: str | None = None) -> list[str]:
+    """JCT across fabrics: each concurrent run's makespan (its longest job's JCT) is one sample,
+    and every other fabric is compared with the baseline (the report's, else the first by name)
+    by the project's rank test (stats.compare: Hodges-Lehmann ratio, its interval, and "cannot
+    tell" said as such). The jobs of one run share its fabric at the same moments, so they are
+    not independent samples; runs are."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for s in summaries:
+        name, jct = s.get("fabric_name"), (s.get("jct_s") or {}).get("max")
+        if name and jct and all(j.get("exit_code") == 0 for j in s["jobs"]):
+            by[str(name)].append(float(jct))
+    if len(by) < 2:
+        return []
+    base = baseline if baseline in by else sorted(by)[0]
+    out = []
+    for name in sorted(by):
+        if name != base:
+            c = stats.compare(by[name], by[base], name, base, "jct_max(s)", higher_is_better=False, word="faster")
+            out.append(f"JCT (the makespan of each run's jobs): {stats.verdict(c)}")
+    return out

@@ -96,3 +96,28 @@ def test_busbw_is_stated_against_the_raw_link_the_same_arm_measured(tmp_path):
         write_record(tmp_path / "r" / arm / "records", rec, "c")
     rows = topology.against_raw_link(load_table([str(tmp_path / "r")]))
     assert rows == [["emu", "0.11", "2", "peak_busbw (median over records)", "0.088", "80.0%"]]
+
+
+def _summary(fabric: str, makespan: float) -> dict:
+    return {"fabric_name": fabric, "jct_s": {"max": makespan, "min": makespan - 0.2},
+            "jobs": [{"job": 0, "exit_code": 0}, {"job": 1, "exit_code": 0}]}
+
+
+def test_jct_verdicts_call_a_real_difference_and_not_an_aa_one():
+    """Each run's makespan is one sample. A/B: runs on one spine take ~2x as long as on two (5 runs
+    each) and it is called, with the interval; A/A: two labels of one distribution, interleaved,
+    called nothing; one run each: 'not tested', said as such, not a verdict."""
+    one = [20.1, 19.6, 21.0, 20.4, 19.9]
+    two = [10.2, 10.6, 9.9, 10.4, 10.1]
+    (ab,) = topology.jct_verdicts([_summary("one-spine", v) for v in one] + [_summary("two-spines", v) for v in two],
+                                  baseline="one-spine")
+    assert ab.startswith("JCT (the makespan of each run's jobs): two-spines is faster than one-spine by ")
+    assert "[" in ab and "rank test p=" in ab
+    (aa,) = topology.jct_verdicts([_summary("a", v) for v in (10.2, 10.6, 9.9, 10.4, 10.1)] +
+                                  [_summary("a2", v) for v in (10.3, 10.5, 10.0, 10.2, 10.45)], baseline="a")
+    assert " is faster than " not in aa and aa.split(": ", 1)[1].startswith(("inconclusive", "equivalent")), aa
+    (few,) = topology.jct_verdicts([_summary("x", 10.0), _summary("y", 20.0)])
+    assert "not tested (1 vs 1 runs" in few
+    failed = _summary("z", 5.0)
+    failed["jobs"][1]["exit_code"] = 1  # a run whose job failed has no makespan to compare
+    assert topology.jct_verdicts([failed, _summary("x", 10.0)]) == []

@@ -416,7 +416,7 @@ def _node_env(env: Mapping[str, str], tag: str) -> dict[str, str]:
 
 
 def run_jobs(topo: Topology, k: int, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
-             output_root: str) -> int:
+             output_root: str, fabric: str) -> int:
     """K concurrent jobs on disjoint nodes (workloads/fabric/jobs.py): started together, each its
     own world; their JCTs, primary metrics and Jain's fairness over them printed and written."""
     from workloads.fabric import jobs
@@ -440,7 +440,9 @@ def run_jobs(topo: Topology, k: int, nproc: int, entry: str, overrides: Sequence
                         "exit_code": max((ended.get(i, (None, 124))[1] for i in nodes), key=abs),
                         "jct_s": max(ended.get(i, (time.monotonic(), 0))[0] for i in nodes) - start,
                         "metric": metric, "value": value})
-    summary = jobs.summarize(per_job) | {"entry": entry, "fabric": topo.describe()}
+    named = [o.split("=", 1)[1] for o in overrides if o.startswith("fabric.name=")]
+    summary = jobs.summarize(per_job) | {"entry": entry, "fabric": topo.describe(),
+                                         "fabric_name": named[-1] if named else fabric}
     for line in jobs.rows(summary):
         print(line, flush=True)
     print(f"jobs summary: {jobs.write(summary, output_root, topo.tag)}", flush=True)
@@ -632,7 +634,7 @@ def run(args, conf_dir: str | None = None) -> int:
                 return run_load_generator(topo, args.entry, args.overrides, args.timeout)
             if args.jobs != 1:
                 return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
-                                output_root)
+                                output_root, fabric)
             return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
