@@ -86,7 +86,9 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
     record = session.base_record(
         "collectives", cfg, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
-        collectives={"ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
+        collectives={**({"test_hooks": {"corrupt": s.corrupt, "slow_rank": s.slow_rank}} if s.corrupt or s.slow_rank
+                        else {}),
+                     "ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
                      "op": s.redop, "root": s.root, "iters": s.iters, "warmup_iters": s.warmup_iters,
                      "average": s.average, "check": s.check, "min_busbw": s.min_busbw},
         fingerprint=fingerprint(),
