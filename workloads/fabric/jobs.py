@@ -26,6 +26,7 @@ from typing import Sequence
 
 from workloads import catalog
 from workloads.core.errors import UsageError
+from workloads.core.records import iter_records
 
 
 def split(nodes: int, jobs: int) -> list[list[int]]:
@@ -63,10 +64,10 @@ def summarize(jobs: list[dict]) -> dict:
 
 def primary_of(run_dir: Path) -> tuple[str | None, float | None, str | None]:
     """(metric, value, status) of the job's one record (its last, for a sweep)."""
-    recs = sorted(run_dir.glob("records/*.json"))
+    recs = [rec for _, rec in iter_records(run_dir, "records/*.json")]
     if not recs:
         return None, None, None
-    rec = json.loads(recs[-1].read_text())
+    rec = recs[-1]
     w = catalog.get(rec.get("workload", ""))
     metric = w.primary((rec.get("metrics") or {}).keys()) if w else None
     value = (rec.get("metrics") or {}).get(metric) if metric else None
