@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from analysis import capacity, guard, stats  # noqa: E402
+from analysis import capacity, guard, stats, topology  # noqa: E402
 from analysis.load import Run, Table, cell_busbw, dig, is_served, is_training, size_text  # noqa: E402
 
 Chart = tuple[Path, str]
@@ -417,6 +417,7 @@ PLOTS: dict[str, Callable[[Table, Path, Ctx], list[Chart]]] = {
     "p2p_latency": p2p_latency,
     "inference": inference,
     "capacity": capacity_bars,
+    "topology": lambda table, out_dir, ctx: topology.diagrams(table, out_dir) + topology.path_shares(table, out_dir),
 }
 
 

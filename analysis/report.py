@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import capacity, export, external, plots, results_csv, summary
+from analysis import capacity, export, external, plots, results_csv, summary, topology
 from analysis.compare import Result
 from analysis.load import Table
 
@@ -144,6 +144,28 @@ def _capacity(table: Table, result: Result, slo_ms: float | None, slo_metric: st
     return [Section(f"Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", [("p", CAPACITY_NOTE), ("list", lines)])]
 
 
+def _raw_link(table: Table) -> list[Section]:
+    rows = topology.against_raw_link(table)
+    if not rows:
+        return []
+    return [Section("Against the raw link", [("p", "Bus bandwidth as a share of what the same arm's link workload (iperf3) "
+                                                   "measured on the wire: what the framework keeps of the path."),
+                                             ("table", topology.RAW_HEAD, rows)])]
+
+
+def _jobs(root: Path | None, baseline: str | None) -> list[Section]:
+    """Concurrent jobs on one emulated fabric (emulate --jobs): each job's JCT and metric, Jain's
+    fairness over the jobs, and JCT verdicts across fabrics, from the emulator's summaries."""
+    found = topology.jobs_summaries(root)
+    if not found:
+        return []
+    verdicts = topology.jct_verdicts(found, baseline)
+    return [Section("Concurrent jobs", [("p", "JCT: seconds from a job's start to its last agent's exit; Jain's index "
+                                              "over the jobs' primary metrics (1: the fabric shared evenly)."),
+                                        *([("list", verdicts)] if verdicts else []),
+                                        ("table", topology.JOBS_HEAD, topology.jobs_rows(found, root))])]
+
+
 def _tail(table: Table, result: Result, root: Path | None) -> list[Section]:
     """Last: what was not compared, and the runs; the refusals collapsed, counts first."""
     out = []
@@ -164,8 +186,9 @@ def _tail(table: Table, result: Result, root: Path | None) -> list[Section]:
 def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_ms: float | None = None,
              slo_metric: str = "p90_ttft_ms") -> list[Section]:
     figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
-    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_details(table, result),
-            *_tail(table, result, _root(table))]
+    root = _root(table)
+    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root, result.baseline),
+            *_details(table, result), *_tail(table, result, root)]
 
 
 def _md_block(b: tuple, out_dir: Path) -> str:

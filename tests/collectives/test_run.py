@@ -1,7 +1,7 @@
 """Every collective end to end: real Gloo ranks over loopback at world size 2 and 3.
 
 One launch per world size runs the whole op list (and, at 2, the point-to-point tests),
-so the file stays fast. World 2 carries the test hook collectives.test_corrupt=1:all_gather,
+so the file stays fast. World 2 carries the test hook FABRICBENCH_TEST_CORRUPT=1:all_gather (environment, not config),
 which adds 1 to one output element on rank 1: the check must count exactly that element
 in both all_gather placements and nothing anywhere else, and the run must fail (exit 1)
 with its record on disk.
@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from helpers import records_in, run_entry
+from helpers import child_env, records_in, run_entry
 from workloads.collectives import ops
+from workloads.collectives.settings import CORRUPT_ENV
 
 SMALL = ["collectives.ops=all", "collectives.minbytes=1000", "collectives.maxbytes=16000", "collectives.stepfactor=16",
          "collectives.iters=3", "collectives.warmup_iters=1"]
@@ -38,14 +39,16 @@ def _check_row_arithmetic(row):
 @pytest.mark.slow
 def test_world2_every_op_counts_the_corrupted_element_and_runs_p2p(out_root):
     r = run_entry("collectives.py", f"output_root={out_root}", "launcher.nproc_per_node=2", *SMALL,
-                  "collectives.test_corrupt=1:all_gather", "collectives.p2p=[latency,bw,bibw]",
+                  "collectives.p2p=[latency,bw,bibw]",
                   "collectives.p2p_minbytes=64", "collectives.p2p_maxbytes=4K", "collectives.p2p_iters=5",
-                  "collectives.p2p_warmup=1", "collectives.p2p_window=4", timeout=400)
+                  "collectives.p2p_warmup=1", "collectives.p2p_window=4",
+                  env=child_env(**{CORRUPT_ENV: "1:all_gather"}), timeout=400)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     (rec,) = records_in(out_root)
     assert rec["workload"] == "collectives" and rec["status"] == "failed"
     assert "wrong elements" in rec["error"] and rec["fabric"]["name"] == "loopback"
+    assert rec["collectives"]["test_hooks"] == {"corrupt": [1, "all_gather"], "slow_rank": None}  # said, never hidden
     assert rec["fabric"]["transport"]["verdict"] == "ok"
     rows = rec["rows"]
     assert {r["op"] for r in rows} == set(ops.REGISTRY)

@@ -1,14 +1,15 @@
 """Per-call samples across ranks (workloads/collectives/stability.py): worked values of the
-pure definitions, and a real 2-rank Gloo run in which the test hook collectives.test_slow_rank
+pure definitions, and a real 2-rank Gloo run in which the test hook FABRICBENCH_TEST_SLOW_RANK
 makes rank 1 arrive 5 ms late at every sampled call: the record and the printed summary must
 name rank 1, and an A/A control without the hook must not."""
 
 import numpy as np
 import pytest
 
-from helpers import records_in, run_entry
+from helpers import child_env, records_in, run_entry
 from helpers.collectives import settings as _settings
 from workloads.collectives import stability
+from workloads.collectives.settings import SLOW_RANK_ENV
 from workloads.core.errors import UsageError
 
 MS = 1e-3
@@ -50,10 +51,10 @@ def test_lateness_is_taken_within_each_communicator():
 def test_settings_of_the_sampling_and_its_hook():
     s = _settings()
     assert s.sample_iters == 10 and s.slow_rank is None
-    assert _settings("collectives.test_slow_rank=1:5").slow_rank == (1, 0.005)
+    assert _settings(env={SLOW_RANK_ENV: "1:5"}).slow_rank == (1, 0.005)
     for bad in ("2:5", "1", "x:y", "1:-3"):
-        with pytest.raises(UsageError, match="test_slow_rank"):
-            _settings(f"collectives.test_slow_rank={bad}")
+        with pytest.raises(UsageError, match=SLOW_RANK_ENV):
+            _settings(env={SLOW_RANK_ENV: bad})
 
 
 SMALL = ["collectives.minbytes=1K", "collectives.maxbytes=8K", "collectives.stepfactor=8", "collectives.iters=3",
@@ -63,12 +64,13 @@ SMALL = ["collectives.minbytes=1K", "collectives.maxbytes=8K", "collectives.step
 @pytest.mark.slow
 def test_slow_rank_is_named_and_the_control_is_not(tmp_path):
     runs = {}
-    for label, extra in [("slow", ["collectives.test_slow_rank=1:5"]), ("control", [])]:
-        r = run_entry("collectives.py", f"output_root={tmp_path / label}", *SMALL, *extra, timeout=400)
+    for label, hook in [("slow", {SLOW_RANK_ENV: "1:5"}), ("control", {})]:
+        r = run_entry("collectives.py", f"output_root={tmp_path / label}", *SMALL, env=child_env(**hook), timeout=400)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         (rec,) = records_in(tmp_path / label)
         runs[label] = (r.stdout, rec)
     out, rec = runs["slow"]
+    assert rec["collectives"]["test_hooks"]["slow_rank"] == [1, 0.005] and "test_hooks" not in runs["control"][1]["collectives"]
     for row in rec["rows"]:
         st = row["stability"]
         assert st["samples"] == 8 and st["verdict"] == "straggler" and st["latest_rank"] == 1, st

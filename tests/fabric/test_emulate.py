@@ -16,6 +16,7 @@ import time
 import pytest
 
 from helpers import REPO, child_env, records_in
+from helpers.tcp_probe import tcp_hello
 from workloads.core.errors import UsageError
 from workloads.fabric.emulate import (
     EmuSpec,
@@ -28,11 +29,6 @@ from workloads.fabric.emulate import (
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 
 
-LISTEN = """import socket, sys
-s = socket.create_server((sys.argv[1], 7777)); print("listening", flush=True)
-c, _ = s.accept(); c.sendall(b"hello"); c.close()"""
-CONNECT = """import socket, sys
-print(socket.create_connection((sys.argv[1], 7777), timeout=10).recv(5).decode())"""
 
 
 def our_namespaces(tag: str) -> list[str]:
@@ -48,6 +44,9 @@ def test_rate_units_are_tc_units():
     assert rate_bits_per_s("10mbps") == 8e7          # tc: mbps is megabytes per second
     with pytest.raises(UsageError, match="not a tc rate"):
         rate_bits_per_s("100 Mb/s")
+    for rate in ("1bit", "500bit", "100tbit"):  # tbf: "the rate parameter is mandatory"; "illegal value for burst"
+        with pytest.raises(UsageError, match="outside what tc's tbf can shape here"):
+            rate_bits_per_s(rate)
 
 
 def test_spec_from_profile_block_and_its_errors():
@@ -112,16 +111,7 @@ def test_topology_shapes_and_is_removed(tmp_path):
                                text=True, check=True).stdout
             assert "tbf" in q and "rate 100Mbit" in q
             # A TCP connection from the first node to the last one's veth address.
-            server = subprocess.Popen(["ip", "netns", "exec", topo.nodes[-1], sys.executable, "-c", LISTEN,
-                                       topo.spec.addr(nodes - 1)], stdout=subprocess.PIPE, text=True)
-            try:
-                assert server.stdout.readline().strip() == "listening"
-                p = subprocess.run(["ip", "netns", "exec", topo.nodes[0], sys.executable, "-c", CONNECT,
-                                    topo.spec.addr(nodes - 1)], capture_output=True, text=True, timeout=30)
-                assert p.returncode == 0 and p.stdout.strip() == "hello", p.stdout + p.stderr
-            finally:
-                server.kill()
-                server.wait()
+            tcp_hello(topo.nodes[-1], topo.nodes[0], topo.spec.addr(nodes - 1))
         assert our_namespaces(tag) == []
     tag = f"{os.getpid()}bad"
     with pytest.raises(RuntimeError, match="failed"):
@@ -132,14 +122,17 @@ def test_topology_shapes_and_is_removed(tmp_path):
 
 @pytest.mark.requires("root")
 @pytest.mark.slow
-def test_sigterm_removes_namespaces(tmp_path):
-    p = subprocess.Popen(EMULATE + ["launch/train.py", "fabric=emu-100m", f"output_root={tmp_path}"], cwd=REPO,
+@pytest.mark.parametrize("args,spaces", [(["fabric=emu-100m"], 2),
+                                         (["fabric=emu-leafspine", "fabric.emulate.nodes=2"], 6)],  # + 2 leaves, 2 spines
+                         ids=["pair", "leaf-spine"])
+def test_sigterm_removes_namespaces(tmp_path, args, spaces):
+    p = subprocess.Popen(EMULATE + ["launch/train.py", *args, f"output_root={tmp_path}"], cwd=REPO,
                          env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tag = str(p.pid)
     deadline = time.monotonic() + 60
-    while len(our_namespaces(tag)) < 2 and time.monotonic() < deadline and p.poll() is None:
+    while len(our_namespaces(tag)) < spaces and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.2)
-    assert len(our_namespaces(tag)) == 2, p.stderr.read() if p.poll() is not None else "namespaces never appeared"
+    assert len(our_namespaces(tag)) == spaces, p.stderr.read() if p.poll() is not None else "namespaces never appeared"
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "namespaces removed" in err

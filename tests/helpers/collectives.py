@@ -9,6 +9,6 @@ from workloads.collectives.settings import Settings
 from workloads.core.launcher import compose
 
 
-def settings(*overrides, world=2):
+def settings(*overrides, world=2, env=None):
     cfg = compose(str(REPO / "conf"), ["workload=collectives", *overrides])
-    return Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)
+    return Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world, env or {})

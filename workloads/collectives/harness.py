@@ -83,7 +83,7 @@ def time_block(run: Callable[[], None], iters: int, device: torch.device) -> flo
 def time_each(run: Callable[[], None], n: int, device: torch.device, delay_s: float = 0.0) -> list[float]:
     """Seconds inside each of `n` calls: a CUDA event pair per call on GPU (the stream's own
     clock, so a call's wait for its peers is counted), the clock around the blocking call on
-    CPU. `delay_s` is the straggler test hook (collectives.test_slow_rank): a sleep before each."""
+    CPU. `delay_s` is the straggler test hook (FABRICBENCH_TEST_SLOW_RANK): a sleep before each."""
     if device.type == "cuda":
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in pairs:
@@ -204,7 +204,7 @@ class Harness:
             self._call(op, b)()
             fdist.synchronize(self.device)
             if s.corrupt == (self.world_rank, op.name) and b.checked is not None and b.checked.numel():
-                b.checked.view(-1)[0] += 1  # test hook (collectives.test_corrupt): one bad element
+                b.checked.view(-1)[0] += 1  # test hook (FABRICBENCH_TEST_CORRUPT): one bad element
             wrong = int(self._world_reduce(float(self.count_wrong_in(op, lay, b)), "sum"))
         from workloads.fabric.linerate import pct
 

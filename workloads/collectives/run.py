@@ -86,7 +86,9 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
     record = session.base_record(
         "collectives", cfg, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
-        collectives={"ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
+        collectives={**({"test_hooks": {"corrupt": s.corrupt, "slow_rank": s.slow_rank}} if s.corrupt or s.slow_rank
+                        else {}),
+                     "ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
                      "op": s.redop, "root": s.root, "iters": s.iters, "warmup_iters": s.warmup_iters,
                      "average": s.average, "check": s.check, "min_busbw": s.min_busbw},
         fingerprint=fingerprint(),
@@ -118,7 +120,7 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     """Verify the transport, then run every op, the p2p tests and (rank 0) the external
     nccl-tests binary; fill the record's rows and metrics."""
     from workloads.collectives.p2p import run_p2p
-    from workloads.fabric import linerate, nic
+    from workloads.fabric import leafspine, linerate, nic
     from workloads.fabric.verify import check_transport
 
     groups = pattern_groups(s.pattern, info.world_size, rpn)
@@ -136,6 +138,7 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     node_rate = linerate.node_line_rate(rails, fabric.emulate)
     harness.line_rate = _line_rate(node_rate, record, info, say)
     sampler = nic.NicSampler(enabled=info.local_rank == 0)  # the whole sweep is one window
+    spines = leafspine.read_paths() if info.is_main else None  # an emulated leaf-spine's ECMP paths
     sampler.begin_step()
     rows: list[Row] = []
     for name in s.ops:
@@ -143,7 +146,9 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
         record["rows"] = [r.as_dict() for r in rows]
     sampler.end_step()
     record["nic"] = nic.gather_summaries(sampler, rails, node_rate["rails"], info)
-    for key, line in nic.summary_rows(record["nic"]) if say else []:
+    if spines is not None:
+        record["paths"] = leafspine.summarize_paths(spines, leafspine.read_paths())
+    for key, line in [*nic.summary_rows(record["nic"]), *leafspine.path_rows(record.get("paths"))] if say else []:
         say(f"# {key:<20} : {line}")
     if info.is_main:
         _flag_above_line_rate(record, harness.line_rate, info.nodes, run_dir, say)

@@ -6,6 +6,7 @@ Option names and meanings follow nccl-tests' flags (-b -e -i -f -n -w -d -o -r -
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -84,7 +85,7 @@ class Settings:
     slow_rank: tuple[int, float] | None = None  # test hook: (world rank, seconds slept before each sampled call)
 
     @classmethod
-    def from_config(cls, c: Mapping[str, Any], world: int) -> Settings:
+    def from_config(cls, c: Mapping[str, Any], world: int, env: Mapping[str, str] | None = None) -> Settings:
         names = [c["ops"]] if isinstance(c["ops"], str) else list(c["ops"] or [])
         if names == ["all"]:
             names = list(ops.REGISTRY)
@@ -120,10 +121,8 @@ class Settings:
         ext = {"true": "on", "false": "off", "none": "off"}.get(ext, ext)
         if ext not in ("auto", "on", "off"):
             raise UsageError(f"collectives.external={c.get('external')!r}; use auto, on or off")
-        corrupt = None
-        if c.get("test_corrupt"):
-            rank_s, _, op_s = str(c["test_corrupt"]).partition(":")
-            corrupt = (int(rank_s), ops.get(op_s).name)
+        env = os.environ if env is None else env
+        corrupt = _corrupt(env.get(CORRUPT_ENV), world)
         rpn = c.get("ranks_per_node")
         sample_iters = int(c.get("sample_iters") or 0)
         if sample_iters < 0:
@@ -138,7 +137,7 @@ class Settings:
             external=ext, external_binary=str(c["external_binary"]),
             external_prefix=_checked_prefix(c.get("external_prefix")),
             external_timeout_s=float(c["external_timeout_s"]), corrupt=corrupt,
-            sample_iters=sample_iters, slow_rank=_slow_rank(c.get("test_slow_rank"), world),
+            sample_iters=sample_iters, slow_rank=_slow_rank(env.get(SLOW_RANK_ENV), world),
         )
 
 
@@ -148,6 +147,22 @@ def _checked_prefix(value: Any) -> tuple[str, ...]:
     prefix = tuple(str(x) for x in (value or []))
     launch_prefix(prefix, 1, 1, 1)
     return prefix
+
+
+# Test hooks, set in the environment (the tests' launches set them), not in the config a user
+# edits: a measurement's config cannot carry one by accident, and a record says when one was on
+# (`collectives.test_hooks`).
+CORRUPT_ENV = "FABRICBENCH_TEST_CORRUPT"      # "<world rank>:<op>": add 1 to one output element there
+SLOW_RANK_ENV = "FABRICBENCH_TEST_SLOW_RANK"  # "<world rank>:<ms>": that rank sleeps before each sampled call
+
+
+def _corrupt(value: Any, world: int) -> tuple[int, str] | None:
+    if value in (None, ""):
+        return None
+    rank_s, _, op_s = str(value).partition(":")
+    if not rank_s.isdigit() or not 0 <= int(rank_s) < max(world, 1):
+        raise UsageError(f"{CORRUPT_ENV}={value!r}; write <rank>:<op> with a rank in [0, {world}), e.g. 1:all_gather")
+    return int(rank_s), ops.get(op_s).name
 
 
 def _slow_rank(value: Any, world: int) -> tuple[int, float] | None:
@@ -160,7 +175,7 @@ def _slow_rank(value: Any, world: int) -> tuple[int, float] | None:
     except ValueError:
         rank, ms = -1, -1.0
     if not 0 <= rank < max(world, 1) or ms < 0:
-        raise UsageError(f"collectives.test_slow_rank={value!r}; write <rank>:<milliseconds> with a rank in "
+        raise UsageError(f"{SLOW_RANK_ENV}={value!r}; write <rank>:<milliseconds> with a rank in "
                          f"[0, {world}), e.g. 1:5")
     return rank, ms / 1e3
 

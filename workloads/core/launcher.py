@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from workloads import CONF_DIR, catalog
 from workloads.core import signals
@@ -255,11 +255,21 @@ def _quiet_torchelastic() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)  # the launcher names the failed rank itself
 
 
+# Whether this process ran torchrun's agent in-process (a self-launch, an emulated node's agent).
+# Its rendezvous store keeps C++ threads, and interpreter teardown while they live ended the
+# launcher with SIGABRT after it had said "interrupted ... measured points are kept" ("terminate
+# called without an active exception", 1 run in 14 of the Ctrl-C test under load): such a process
+# ends as a rank does, without teardown (_end).
+_AGENT_RAN = False
+
+
 def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
+    global _AGENT_RAN
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    _AGENT_RAN = True
     _quiet_torchelastic()
     inflight = tempfile.mkdtemp(prefix="fabricbench-inflight-")
     os.environ[LAUNCHER_ENV], os.environ[INFLIGHT_ENV] = str(os.getpid()), inflight
@@ -288,10 +298,12 @@ def torchrun(args: list[str]) -> int:
     line and its exit code instead of torch's ChildFailedError traceback, and a stop signal
     (Ctrl-C reaches every agent; the emulator then SIGTERMs them) its exit code alone: the
     emulator says once that the run was interrupted, and the ranks keep what they measured."""
+    global _AGENT_RAN
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    _AGENT_RAN = True
     try:
         run(get_args_parser().parse_args(args))
     except ChildFailedError as e:
@@ -334,13 +346,23 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool) -> N
 
 
 def _end(code: int | str | None) -> None:
-    """A process that made a process group ends without interpreter teardown
-    (dist.exit_process); any other returns, to end as usual."""
+    """A process that made a process group, or ran torchrun's agent, ends without interpreter
+    teardown (dist.exit_process); any other returns, to end as usual."""
+    if _AGENT_RAN:
+        from workloads.core.dist import exit_process
+
+        exit_process(code)
     if "workloads.core.dist" in sys.modules:  # no torch import for a job that never needed one
         from workloads.core.dist import exit_process, made_group
 
         if made_group():
             exit_process(code)
+
+
+def end(code: int | str | None) -> NoReturn:
+    """sys.exit(code) for a command's `__main__`, through _end (emulate's agents)."""
+    _end(code)
+    sys.exit(code)
 
 
 def hydra_entry(

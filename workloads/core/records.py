@@ -18,7 +18,7 @@ import time
 import uuid
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from workloads import REPO_ROOT
 from workloads.core.errors import RecordNotWritten, UsageError
@@ -281,17 +281,27 @@ def trial_key(record: dict[str, Any]) -> tuple | None:
     return (record.get("workload"), record.get("point"), arm, fabric, ident), cfg.get("trial", 0)
 
 
+def iter_records(directory: str | os.PathLike, pattern: str = "*.json") -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(path, record) of every JSON object under `directory` matching `pattern` (a glob:
+    "*.json" in a records folder, "**/*.json" below a results folder), in path order. A file
+    that cannot be read or parsed, or holds no object (a temp file mid-write, another tool's
+    JSON), is skipped: the one way every reader of records meets them."""
+    for p in sorted(Path(directory).glob(pattern)):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(rec, dict):
+            yield p, rec
+
+
 def same_trial(directory: str | os.PathLike, record: dict[str, Any]) -> Path | None:
     """The ok record in `directory` that already holds this trial of this point, if any."""
     key = trial_key(record)
     if key is None:
         return None
-    for p in sorted(Path(directory).glob("*.json")):
-        try:
-            other = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(other, dict) and other.get("status") == "ok" and trial_key(other) == key:
+    for p, other in iter_records(directory):
+        if other.get("status") == "ok" and trial_key(other) == key:
             return p
     return None
 
@@ -393,14 +403,10 @@ def load_records(*dirs: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record under the given directories (recursively), each with its `_path`."""
     out = []
     for d in dirs:
-        for p in sorted(Path(d).rglob("*.json")):
-            try:
-                rec = json.loads(p.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
+        for p, rec in iter_records(d, "**/*.json"):
             # a "schema" that is not a string (a number, a list) is not ours: left for the
             # reader's unread-files warning, not a crash
-            if isinstance(rec, dict) and str(rec.get("schema", "")).startswith("fabricbench.record"):
+            if str(rec.get("schema", "")).startswith("fabricbench.record"):
                 rec["_path"] = str(p)
                 out.append(rec)
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from workloads import CONF_DIR, catalog
 from workloads.core.errors import UsageError
-from workloads.fabric import noise
+from workloads.fabric import leafspine, noise
 
 IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
 SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
@@ -51,6 +52,7 @@ HOST_SUBNET = "10.78"    # a /30 of it per run, for that link
 # Set for the load generator of an emulated inference run: the namespaces (comma-separated)
 # that the server's ranks must run in, one torchrun agent each (see serve_agents).
 NODES_ENV = "FABRICBENCH_EMULATED_NODES"
+NETNS_ETC = Path("/etc/netns")  # per-namespace files that `ip netns exec` mounts over /etc (ip-netns(8))
 # tc's rate syntax: a number and a unit (bit/s or bytes/s); see tc(8) "PARAMETERS".
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
@@ -58,12 +60,26 @@ _UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 _TIME = re.compile(r"^\d+(?:\.\d+)?(us|ms|s)$")
 
 
+# What tc can shape here: below 1 kbit/s tbf's rate rounds to nothing ("the rate parameter is
+# mandatory" for 1bit) and no run finishes; above 1 Tbit/s the 4 ms burst passes tbf's 32-bit
+# byte limit (100tbit: "illegal value for burst"), far beyond what a veth moves anyway.
+RATE_RANGE = (1e3, 1e12)
+
+
 def rate_bits_per_s(rate: str) -> float:
     """'100mbit' -> 1e8. tc's units are decimal (1mbit = 1e6 bit/s); 'mbps' is bytes/s."""
     m = _RATE.match(str(rate).strip())
     if not m:
         raise UsageError(f"emulate.rate={rate!r} is not a tc rate; use e.g. 100mbit, 1gbit or 10gbit (or null = unshaped)")
-    return float(m.group(1)) * _UNIT_BITS[m.group(2).lower()]
+    bits = float(m.group(1)) * _UNIT_BITS[m.group(2).lower()]
+    if not RATE_RANGE[0] <= bits <= RATE_RANGE[1]:
+        raise UsageError(f"rate {rate} is outside what tc's tbf can shape here (1kbit to 1tbit); use e.g. 100mbit "
+                         "or 10gbit (or null = unshaped)")
+    return bits
+
+
+class TopologyError(RuntimeError):
+    """A command that builds the emulated fabric failed (ip, tc, sysctl): said in one line."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,13 @@ class EmuSpec:
     burst: int | None = None         # bytes; None = max(128 KiB, 4 ms at the rate)
     latency: str | None = None       # one-way netem delay per link, e.g. "1ms"
     mtu: int = 1500
+    # How the nodes are joined: None = a veth pair for 2 nodes, a bridge (star) for more;
+    # "leaf-spine" = routed leaves and spines with ECMP between them (workloads/fabric/leafspine.py).
+    topology: str | None = None
+    leaves: int = 2                  # leaf-spine: leaf routers, nodes / leaves hosts on each
+    spines: int = 2                  # leaf-spine: spine routers, one uplink from every leaf to each
+    uplink_rate: str | None = None   # leaf-spine: tc rate of each leaf-spine link; None = `rate`
+    hash: str = "l4"                 # leaf-spine ECMP: l3 (addresses) | l4 (addresses and ports)
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None, **overrides: Any) -> EmuSpec:
@@ -85,11 +108,24 @@ class EmuSpec:
         rate = b.get("rate")
         if rate in ("none", "null", "unshaped", ""):
             rate = None
+        uplink = b.get("uplink_rate")
         spec = cls(nodes=int(b.get("nodes", 2)), rate=None if rate is None else str(rate),
                    qdisc=str(b.get("qdisc", "tbf")), burst=None if b.get("burst") is None else int(b["burst"]),
-                   latency=b.get("latency"), mtu=int(b.get("mtu", 1500)))
+                   latency=b.get("latency"), mtu=int(b.get("mtu", 1500)),
+                   topology=None if b.get("topology") in (None, "auto") else str(b["topology"]),
+                   leaves=int(b.get("leaves", 2)), spines=int(b.get("spines", 2)),
+                   uplink_rate=None if uplink in (None, "none", "null", "") else str(uplink),
+                   hash=str(b.get("hash", "l4")).lower())
         spec.check()
         return spec
+
+    @property
+    def leaf_spine(self) -> bool:
+        return self.topology == "leaf-spine"
+
+    @property
+    def uplink(self) -> str | None:
+        return self.uplink_rate or self.rate
 
     def check(self) -> None:
         if not 2 <= self.nodes <= 64:
@@ -104,20 +140,48 @@ class EmuSpec:
             raise UsageError(f"emulate.latency={self.latency!r}; use e.g. 500us or 2ms (or null)")
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"emulate.mtu={self.mtu}; use 576..65535")
+        if self.topology not in (None, "pair", "star", "leaf-spine"):
+            raise UsageError(f"emulate.topology={self.topology!r}; use pair (2 nodes), star (a bridge) or leaf-spine")
+        if self.topology == "pair" and self.nodes != 2:
+            raise UsageError(f"emulate.topology=pair joins 2 nodes, not {self.nodes}; use topology=star or leaf-spine")
+        if self.leaf_spine:
+            if not 2 <= self.leaves <= 16 or not 1 <= self.spines <= 16:
+                raise UsageError(f"emulate.leaves={self.leaves}, spines={self.spines}; use 2-16 leaves and 1-16 spines")
+            if self.nodes % self.leaves:
+                raise UsageError(f"emulate.nodes={self.nodes} does not fill {self.leaves} leaves evenly; use a multiple "
+                                 f"of {self.leaves} nodes (e.g. nodes={self.leaves * max(1, self.nodes // self.leaves)})")
+            if self.nodes // self.leaves > 200:
+                raise UsageError(f"{self.nodes // self.leaves} hosts per leaf do not fit its /24; use at most 200")
+            if self.hash not in ("l3", "l4"):
+                raise UsageError(f"emulate.hash={self.hash!r}; use l3 (addresses) or l4 (addresses and ports)")
+            if self.uplink_rate is not None:
+                rate_bits_per_s(self.uplink_rate)
+        elif self.uplink_rate is not None:
+            raise UsageError("emulate.uplink_rate applies to topology=leaf-spine only; remove it or set topology=leaf-spine")
 
-    def burst_bytes(self) -> int:
+    def burst_bytes(self, rate: str | None = None) -> int:
         # tbf needs burst >= rate/HZ; veth hands it GSO packets up to 64 KiB, which tbf
         # would have to split: 128 KiB keeps every one in a single token bucket fill.
-        return self.burst or max(128 * 1024, int(rate_bits_per_s(self.rate) / 8 * 0.004))
+        return self.burst or max(128 * 1024, int(rate_bits_per_s(rate or self.rate) / 8 * 0.004))
 
     def addr(self, node: int) -> str:
+        if self.leaf_spine:
+            from workloads.fabric import leafspine
+
+            return leafspine.host_addr(node, self.nodes // self.leaves)
         return f"{SUBNET}.{node + 1}"
+
+    def oversubscription(self) -> float | None:
+        """A leaf's host bandwidth over its uplink bandwidth (1.0: non-blocking)."""
+        if not self.leaf_spine or self.rate is None or self.uplink is None:
+            return None
+        return (self.nodes // self.leaves) * rate_bits_per_s(self.rate) / (self.spines * rate_bits_per_s(self.uplink))
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
     p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
     if check and p.returncode != 0:
-        raise RuntimeError(f"`{shlex.join(argv)}` failed ({p.returncode}): {p.stderr.strip()}")
+        raise TopologyError(f"`{shlex.join(argv)}` failed ({p.returncode}): {p.stderr.strip().splitlines()[0] if p.stderr.strip() else 'no message'}")
     return p
 
 
@@ -149,7 +213,10 @@ class Topology:
         self.spec = spec
         self.tag = tag or str(os.getpid())
         self.nodes = [f"{PREFIX}{self.tag}-{i}" for i in range(spec.nodes)]
-        self.bridge_ns = f"{PREFIX}{self.tag}-br" if spec.nodes > 2 else None
+        star = spec.topology == "star" or (spec.topology is None and spec.nodes > 2)
+        self.bridge_ns = f"{PREFIX}{self.tag}-br" if star else None
+        self.leaves, self.spines = leafspine.names(self.tag, spec.leaves, spec.spines) if spec.leaf_spine else ([], [])
+        self.sentinels: list[subprocess.Popen] = []  # one idle process per spine (leafspine.read_paths)
         self.created: list[str] = []
         self.netem = False
         # (host end, node 0's address on it): an unshaped link from this host into node 0,
@@ -158,7 +225,11 @@ class Topology:
         self.host_addr: str | None = None
 
     def namespaces(self) -> list[str]:
-        return self.nodes + ([self.bridge_ns] if self.bridge_ns else [])
+        return self.nodes + ([self.bridge_ns] if self.bridge_ns else []) + self.leaves + self.spines
+
+    def env(self) -> dict[str, str]:
+        """What the ranks need to know of the topology: where to read each spine's bytes."""
+        return {leafspine.PATHS_ENV: leafspine.paths_env(self.sentinels)} if self.sentinels else {}
 
     def __enter__(self) -> Topology:
         try:
@@ -182,6 +253,16 @@ class Topology:
             _run(["ip", "netns", "add", ns])
             self.created.append(ns)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        self._hosts_file()
+        if s.leaf_spine:
+            if not shutil.which("sysctl"):
+                raise UsageError("emulate.topology=leaf-spine needs `sysctl` (routers forward, ECMP hashing): "
+                                 "install procps")
+            leafspine.build(_run, self._shape, s, self.nodes, self.leaves, self.spines)
+            self.sentinels = leafspine.start_sentinels(self.spines)
+            if self.host_link:
+                self._link_host()
+            return
         if self.bridge_ns is None:
             # Two nodes: one veth pair, emu0 at both ends.
             _run(["ip", "link", "add", "name", IFNAME, "netns", self.nodes[0], "mtu", str(s.mtu), "type", "veth",
@@ -224,31 +305,58 @@ class Topology:
         _run(["ip", "-n", self.nodes[0], "link", "set", HOST_IFNAME, "up"])
         self.host_addr = there
 
-    def _shape(self, ns: str, dev: str) -> None:
+    def _shape(self, ns: str, dev: str, rate: str | None = None) -> None:
+        """One egress qdisc: `rate` (default the spec's host rate), netem delay when asked."""
         s = self.spec
-        if s.rate is None and not self.netem:
+        rate = rate or s.rate
+        if rate is None and not self.netem:
             return
         tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
         parent = "root"
-        if s.rate is not None:
-            burst = str(s.burst_bytes())
+        if rate is not None:
+            burst = str(s.burst_bytes(rate))
             if s.qdisc == "tbf":
                 # latency: how long a packet may wait for tokens before tbf drops it.
-                _run(tc + ["root", "handle", "1:", "tbf", "rate", s.rate, "burst", burst, "latency", "100ms"])
+                _run(tc + ["root", "handle", "1:", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
                 parent = "1:1"
             else:
                 _run(tc + ["root", "handle", "1:", "htb", "default", "10"])
                 _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-                      "rate", s.rate, "ceil", s.rate, "burst", burst, "cburst", burst])
+                      "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
                 parent = "1:10"
         if self.netem:
             where = ["root"] if parent == "root" else ["parent", parent, "handle", "10:"]
             _run(tc + where + ["netem", "delay", str(s.latency)])
 
+    def _hosts_file(self) -> None:
+        """/etc/netns/<node>/hosts, which `ip netns exec` mounts over /etc/hosts: this host's own
+        entries plus every node's address and name. Without it torch's c10d store looked up each
+        peer's address in a namespace with no route to the resolver, and printed "The
+        hostname of the client socket cannot be retrieved. err=-3" for every connection. Where
+        /etc is read-only nothing is written, and only those warnings come back."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        # and as IPv4-mapped IPv6: the store listens dual-stack, so it sees its peers as ::ffff:a.b.c.d,
+        # which glibc does not look up as a.b.c.d in the hosts file
+        names = "".join(f"{self.spec.addr(i)} {node}\n::ffff:{self.spec.addr(i)} {node}\n"
+                        for i, node in enumerate(self.nodes))
+        for node in self.nodes:
+            try:
+                d = NETNS_ETC / node
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "hosts").write_text(base.rstrip("\n") + "\n# fabricbench emulated nodes\n" + names)
+            except OSError:
+                return
+
     def teardown(self) -> None:
         """Deleting a namespace deletes its veth ends (and so the pairs) and their qdiscs."""
+        leafspine.stop_sentinels(self.sentinels)
+        self.sentinels = []
         for ns in reversed(self.created):
             _run(["ip", "netns", "del", ns], check=False)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
         self.created.clear()
 
     def describe(self) -> str:
@@ -257,6 +365,12 @@ class Topology:
         if s.latency:
             shape += f", netem delay {s.latency}"
         via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
+        if s.leaf_spine:
+            up = "unshaped" if s.uplink is None else f"{s.qdisc} rate {s.uplink}"
+            over = s.oversubscription()
+            via = (f"{s.leaves} leaves ({s.nodes // s.leaves} hosts each) and {s.spines} spines "
+                   f"({', '.join(self.spines)}), ECMP {s.hash} hashing, uplinks {up}"
+                   + ("" if over is None else f", oversubscription {over:g}:1"))
         text = f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
         if self.host_addr:
             text += f"; clients reach node 0 at {self.host_addr} (unshaped {HOST_IFNAME})"
@@ -264,24 +378,29 @@ class Topology:
 
 
 def leftovers(prefix: str = PREFIX) -> list[str]:
-    """Namespaces of ours still present (tests assert this is empty)."""
+    """Namespaces of ours still present, and their /etc/netns folders (tests assert this is empty)."""
     p = _run(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
+    spaces = [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
+    folders = [d.name for d in NETNS_ETC.glob(f"{prefix}*")] if NETNS_ETC.is_dir() else []
+    return sorted(set(spaces) | set(folders))
 
 
-def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, overrides: Sequence[str]) -> list[str]:
+def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, overrides: Sequence[str],
+               job: Sequence[int] | None = None) -> list[str]:
     """One torchrun agent for `node`, static rendezvous on node 0's veth address (run by
-    agent_main below: torchrun's own machinery, a failed rank reported in one line)."""
-    return [python, "-m", "workloads.fabric.emulate", "--agent", f"--nnodes={spec.nodes}", f"--node_rank={node}",
-            f"--nproc_per_node={nproc}", f"--master_addr={spec.addr(0)}", f"--master_port={MASTER_PORT}",
-            f"--local_addr={spec.addr(node)}", "--max_restarts=0", entry, *overrides]
+    agent_main below: torchrun's own machinery, a failed rank reported in one line). `job`: the
+    nodes of this node's job when several share the fabric (their first node hosts its rendezvous)."""
+    job = list(range(spec.nodes)) if job is None else list(job)
+    return [python, "-m", "workloads.fabric.emulate", "--agent", f"--nnodes={len(job)}",
+            f"--node_rank={job.index(node)}", f"--nproc_per_node={nproc}", f"--master_addr={spec.addr(job[0])}",
+            f"--master_port={MASTER_PORT}", f"--local_addr={spec.addr(node)}", "--max_restarts=0", entry, *overrides]
 
 
 def run_agents(topo: Topology, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
                python: str = sys.executable, env: Mapping[str, str] | None = None) -> int:
     """Start one torchrun agent per namespace, wait for all, return the first failure's exit
     code (0 when all succeeded). A timeout or Ctrl-C stops every agent."""
-    base = _node_env(os.environ if env is None else env, topo.tag)
+    base = _node_env(os.environ if env is None else env, topo.tag) | topo.env()
     argvs = [agent_argv(python, topo.spec, i, nproc, entry, overrides) for i in range(topo.spec.nodes)]
     return run_in_nodes(topo.nodes, argvs, [base] * len(argvs), timeout_s)
 
@@ -296,8 +415,43 @@ def _node_env(env: Mapping[str, str], tag: str) -> dict[str, str]:
     return base
 
 
+def run_jobs(topo: Topology, k: int, nproc: int, entry: str, overrides: Sequence[str], timeout_s: float,
+             output_root: str, fabric: str) -> int:
+    """K concurrent jobs on disjoint nodes (workloads/fabric/jobs.py): started together, each its
+    own world; their JCTs, primary metrics and Jain's fairness over them printed and written."""
+    from workloads.fabric import jobs
+
+    groups = jobs.split(topo.spec.nodes, k)
+    base = _node_env(os.environ, topo.tag) | topo.env()
+    argvs, envs, run_ids = [None] * topo.spec.nodes, [None] * topo.spec.nodes, []
+    for j, nodes in enumerate(groups):
+        mine, named = jobs.job_overrides(overrides, j)
+        run_ids.append(named or f"{base['FABRICBENCH_RUN_ID']}-job{j}")
+        for i in nodes:
+            argvs[i] = agent_argv(sys.executable, topo.spec, i, nproc, entry, mine, job=nodes)
+            envs[i] = base | {"FABRICBENCH_RUN_ID": run_ids[j]}
+    ended: dict[int, float] = {}
+    start = time.monotonic()
+    code = run_in_nodes(topo.nodes, argvs, envs, timeout_s, ended=ended, independent=groups)
+    per_job = []
+    for j, nodes in enumerate(groups):
+        metric, value, status = jobs.primary_of(Path(output_root) / run_ids[j])
+        per_job.append({"job": j, "nodes": nodes, "run_id": run_ids[j], "status": status,
+                        "exit_code": max((ended.get(i, (None, 124))[1] for i in nodes), key=abs),
+                        "jct_s": max(ended.get(i, (time.monotonic(), 0))[0] for i in nodes) - start,
+                        "metric": metric, "value": value})
+    named = [o.split("=", 1)[1] for o in overrides if o.startswith("fabric.name=")]
+    summary = jobs.summarize(per_job) | {"entry": entry, "fabric": topo.describe(),
+                                         "fabric_name": named[-1] if named else fabric}
+    for line in jobs.rows(summary):
+        print(line, flush=True)
+    print(f"jobs summary: {jobs.write(summary, output_root, topo.tag)}", flush=True)
+    return code
+
+
 def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
-                 timeout_s: float) -> int:
+                 timeout_s: float, ended: dict[int, tuple[float, int]] | None = None,
+                 independent: Sequence[Sequence[int]] | None = None) -> int:
     """`argvs[i]` in namespace `nodes[i]` (`ip netns exec`: the namespace's network, and a /sys
     that shows its interfaces), each in a session of its own; wait for all, stop all when one
     fails, times out or we are interrupted, and return the first failure's exit code."""
@@ -313,8 +467,16 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
             for i, p in enumerate(procs):
                 if i not in codes and p.poll() is not None:
                     codes[i] = p.returncode
+                    if ended is not None:
+                        ended[i] = (time.monotonic(), p.returncode)
             if any(codes.values()):
-                break  # one node failed: the others would wait for it until their timeout
+                if not independent:
+                    break  # one node failed: the others would wait for it until their timeout
+                for job in independent:  # concurrent jobs: a failed job's nodes stop, the others run on
+                    if any(codes.get(i) for i in job):
+                        for i in job:
+                            if i not in codes and procs[i].poll() is None:
+                                _killpg(procs[i], signal.SIGTERM)
             if time.monotonic() > deadline:
                 print(f"error: emulated run exceeded {timeout_s:g}s; stopping all agents", file=sys.stderr)
                 return 124
@@ -352,7 +514,7 @@ def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
 
 
 def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
-                        config_name: str = "config", **cli: Any) -> tuple[EmuSpec, str]:
+                        config_name: str = "config", jobs: int = 1, **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
     trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
     from workloads.core.launcher import compose, expand_sweep, validate_job
@@ -370,7 +532,7 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
         # The whole config, for the world it will run at, before any namespace exists (whose
         # interface does not exist yet either: lo stands in for it in the host checks).
         validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
-                     spec[0].nodes * nproc_per_node)
+                     spec[0].nodes // max(jobs, 1) * nproc_per_node)
     if len(found) > 1:
         raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
                          "builds one topology: sweep fabrics as separate emulate runs")
@@ -394,6 +556,10 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
 def _check_served(cfg, spec: EmuSpec) -> None:
     """Served inference across the namespaces: an engine that can span nodes here (the reference
     engine, one torchrun agent per namespace; vLLM and SGLang, their multi-node modes), TP split evenly."""
+    if spec.leaf_spine:
+        raise UsageError("served inference does not run on an emulated leaf-spine yet (its engines' nodes are "
+                         "addressed on one flat link); use fabric.emulate.topology=null, or a training, "
+                         "collectives or link run on the leaf-spine")
     adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
     if adapter not in ("reference", "vllm", "sglang"):
         raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference, "
@@ -415,6 +581,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--nproc-per-node", type=int, default=1, help="ranks per namespace [1]")
     ap.add_argument("--rate", help="tc rate, e.g. 100mbit (overrides fabric.emulate.rate; 'none' = unshaped)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before every agent is stopped [900]")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="concurrent jobs on disjoint nodes sharing the fabric: JCT and Jain's fairness [1]")
     ap.add_argument("entry", help="launch/train.py, launch/collectives.py, launch/link.py or launch/infer.py")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides, e.g. fabric=emu-100m")
 
@@ -432,19 +600,42 @@ def run(args, conf_dir: str | None = None) -> int:
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         serving = _check_entry(args)
+        if args.jobs != 1 and serving:
+            raise UsageError(f"--jobs {args.jobs} runs concurrent training, collectives or link jobs; served inference "
+                             "runs one server: drop --jobs")
+        config_name = catalog.for_script(args.entry)[0].config
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
-                                           nproc_per_node=args.nproc_per_node,
-                                           config_name=catalog.for_script(args.entry)[0].config)
+                                           nproc_per_node=args.nproc_per_node, config_name=config_name,
+                                           jobs=args.jobs)
+        output_root = None
+        if args.jobs != 1:
+            from workloads.core.launcher import compose
+            from workloads.fabric.jobs import split
+
+            split(spec.nodes, args.jobs)
+            plain = [o for o in args.overrides if o not in ("-m", "--multirun")]
+            output_root = str(compose(conf_dir, plain, config_name).output_root)
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into
             # the config, and the fabric gets a name of its own unless the user gave one.
             args.overrides.append(f"fabric.emulate.rate={'null' if spec.rate is None else spec.rate}")
             if not any(o.startswith("fabric.name=") for o in args.overrides):
                 args.overrides.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
+        # Likewise the topology the record describes is the one built: --nodes, and a leaf-spine's
+        # defaults that the profile did not spell out.
+        if args.nodes is not None:
+            args.overrides.append(f"++fabric.emulate.nodes={spec.nodes}")
+        if spec.leaf_spine:
+            args.overrides += [f"++fabric.emulate.{k}={'null' if v is None else v}" for k, v in
+                               (("leaves", spec.leaves), ("spines", spec.spines), ("hash", spec.hash),
+                                ("uplink_rate", spec.uplink_rate))]
         loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides,
                                                        catalog.for_script(args.entry)[0].config)
         if loud is not None:
             loud.require()
+            if args.jobs != 1:
+                raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
+                                 "noise: drop the noise block or --jobs")
         require_root()
         with Topology(spec, host_link=serving) as topo:
             print(f"emulate: {topo.describe()}", flush=True)
@@ -453,10 +644,16 @@ def run(args, conf_dir: str | None = None) -> int:
                 env = {**os.environ, **noise_env, "FABRICBENCH_RUN_ID": run_id} if noise_env else None
                 if serving:
                     return run_load_generator(topo, args.entry, args.overrides, args.timeout, env=env)
+                if args.jobs != 1:
+                    return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
+                                    output_root, fabric)
                 return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except TopologyError as e:  # the namespaces made so far are gone: Topology tears down what it built
+        print(f"error: could not build the emulated fabric: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: agents stopped, namespaces removed", file=sys.stderr)
         return 130
@@ -563,10 +760,12 @@ def _serve(nodes: list[str], argvs: list[list[str]], envs: list[dict[str, str]])
 
 
 if __name__ == "__main__":
+    from workloads.core.launcher import end  # torchrun's agent ran here: no interpreter teardown
+
     if sys.argv[1:2] == ["--agent"]:
-        sys.exit(agent_main(sys.argv[2:]))
+        end(agent_main(sys.argv[2:]))
     if sys.argv[1:2] == ["--serve"]:
-        sys.exit(serve_agents(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
+        end(serve_agents(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
     if sys.argv[1:2] == ["--serve-nodes"]:
         sys.exit(serve_nodes(sys.argv[2]))
     sys.exit(main())

@@ -14,7 +14,6 @@ with the server's exit code. Only `ok` points count as done on resume.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import re
@@ -31,7 +30,7 @@ from workloads import session
 from workloads.core import hostmem, rundir
 from workloads.core.errors import TransportMismatch, UsageError
 from workloads.core.loggers import build_loggers
-from workloads.core.records import flatten, json_safe, write_record
+from workloads.core.records import flatten, iter_records, json_safe, write_record
 from workloads.fabric.emulate import emulated_nodes
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
@@ -237,11 +236,7 @@ def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
     reusing it would silently mix two experiments under one run_id."""
     mine = flatten(json_safe(OmegaConf.to_container(cfg, resolve=True)), sep=".")  # as records store it
     done = set()
-    for p in sorted(records_dir.glob("*.json")):
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    for p, rec in iter_records(records_dir):
         if rec.get("workload") != WORKLOAD:
             continue
         theirs = flatten(rec.get("config") or {}, sep=".")

@@ -30,7 +30,7 @@ from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
-from workloads.fabric import procnet
+from workloads.fabric import leafspine, procnet
 from workloads.fabric.profile import FabricProfile
 from workloads.link.tools import TOOLS, Options, Tool, ToolFailed, rdma_devices
 
@@ -229,8 +229,13 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
             failed, _ = fdist.agree(failed, info)
             if failed:
                 raise LinkFailed(failed)
+            spines = leafspine.read_paths() if info.is_main else None  # an emulated leaf-spine's ECMP paths
             client = run_client(tool, o, addr) if info.rank == 1 else None
             client = _all(client)[1]
+            if spines is not None:
+                record["paths"] = leafspine.summarize_paths(spines, leafspine.read_paths())
+                for key, line in leafspine.path_rows(record["paths"]):
+                    print(f"  {key:<15} {line}", flush=True)
             if info.is_main:
                 server_out = finish_server(server, client["error"] is None)
                 _keep(run_dir, record, tool, client["stdout"], server_out)

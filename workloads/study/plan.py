@@ -31,6 +31,7 @@ from pathlib import Path
 from statistics import median
 
 from workloads.core.errors import UsageError
+from workloads.core.records import iter_records
 from workloads.study.spec import StudySpec, Workload
 
 FIRST_LOOK = 3
@@ -182,11 +183,7 @@ def measured_cv(earlier: list[tuple[Path, dict]], w: Workload) -> tuple[float, s
     logs: dict[tuple, list[tuple[float, float]]] = {}
     for folder, manifest in earlier:
         names = [o["name"] for o in manifest.get("workloads") or [] if _same(w, o)]
-        for path in folder.glob("*/records/*.json") if names else ():
-            try:
-                rec = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
+        for _, rec in iter_records(folder, "*/records/*.json") if names else ():
             st = rec.get("study") or {}
             if rec.get("status") != "ok" or st.get("workload") not in names:
                 continue

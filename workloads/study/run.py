@@ -38,6 +38,7 @@ from statistics import median
 from workloads import CONF_DIR, REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
+from workloads.core.records import iter_records
 from workloads.core.rundir import derive_run_id
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
@@ -141,11 +142,7 @@ def plan(spec: StudySpec) -> list[Job]:
 def job_records(spec: StudySpec, job: Job) -> list[dict]:
     """This job's records (every status), read from its run directory."""
     out = []
-    for p in sorted(job.records_dir(spec).glob("*.json")):
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    for _, rec in iter_records(job.records_dir(spec)):
         st = rec.get("study") or {}
         if (st.get("id"), st.get("arm"), st.get("workload")) == (spec.id, job.arm.label, job.workload.name) and \
                 (rec.get("config") or {}).get("trial") == job.cell.trial:
