@@ -27,6 +27,7 @@ and qdiscs with them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -34,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -457,10 +459,12 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
     fails, times out or we are interrupted, and return the first failure's exit code."""
     procs: list[subprocess.Popen] = []
     try:
-        for ns, argv, env in zip(nodes, argvs, envs):
-            # `ip netns exec`, not bare nsenter: it also gives the process a mount namespace
-            # whose /sys shows this namespace's interfaces (preflight reads them there).
-            procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=dict(env), start_new_session=True))
+        with _signals_deferred():
+            for ns, argv, env in zip(nodes, argvs, envs):
+                # `ip netns exec`, not bare nsenter: it also gives the process a mount namespace
+                # whose /sys shows this namespace's interfaces (preflight reads them there).
+                procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=dict(env),
+                                              start_new_session=True))
         deadline = time.monotonic() + timeout_s
         codes: dict[int, int] = {}
         while len(codes) < len(procs):
@@ -497,6 +501,25 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
             except subprocess.TimeoutExpired:
                 _killpg(p, signal.SIGKILL)
                 p.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C or SIGTERM while the agents start is acted on once every started one is in the
+    list the cleanup stops: raised inside Popen, after its fork, it orphaned that agent, which
+    held the caller's pipes open (a SIGTERM test hung twice). Main thread only, as signals are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old = {s: signal.signal(s, lambda signum, frame: pending.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _killpg(p: subprocess.Popen, sig: int) -> None:
