@@ -1,0 +1,121 @@
+"""Start a prefill and a decode vLLM instance, wait for both, warm the KV path, then serve the proxy.
+
+    python -m workloads.inference.pd.serve '<json plan>'     (the vllm-pd adapter builds the plan)
+
+The orchestrator starts this in a session of its own, so both engines are in its process group
+and are stopped with it. Each instance's output goes to its own log (the plan's `log`), which
+the KV metrics and the KV-path verdict are read from. A decode (or prefill) instance that exits
+or does not answer /health within the plan's ready_timeout_s ends this process with one line
+naming it and its log, and exit code 3.
+
+Warm-up: the first P/D request after start-up may fail on NIXL's first handshake (the decode
+worker waits at most 5 s, hard-coded, for the prefill's side channel; ../shared/reviews/pd-cpu.md),
+so one P/D request goes through the proxy logic before the proxy listens, retried once; its
+outcome (attempts, errors, seconds) is written to the plan's `warmup_path` for the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from workloads.inference.adapters.orchestrator import probe
+from workloads.inference.pd.proxy import Proxy
+
+NOT_READY = 3
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def start(role: str, inst: dict) -> subprocess.Popen:
+    log = open(inst["log"], "ab")
+    log.write(f"# {role}: {' '.join(inst['argv'])}\n".encode())
+    log.flush()
+    return subprocess.Popen(inst["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=os.environ | inst["env"])
+
+
+def wait_ready(procs: dict[str, subprocess.Popen], plan: dict) -> None:
+    deadline = time.monotonic() + float(plan["ready_timeout_s"])
+    waiting = set(procs)
+    while waiting:
+        for role in sorted(waiting):
+            inst, p = plan[role], procs[role]
+            if probe(f"http://{inst['host']}:{inst['port']}/health") == 200:
+                waiting.discard(role)
+                print(f"vllm-pd: {role} instance ready on port {inst['port']}", flush=True)
+            elif p.poll() is not None:
+                sys.exit(_fail(f"the {role} instance exited with code {p.returncode} before it was ready", inst))
+        if waiting and time.monotonic() > deadline:
+            role = sorted(waiting)[0]
+            sys.exit(_fail(f"the {role} instance did not answer /health within server.ready_timeout_s="
+                           f"{plan['ready_timeout_s']:g} s", plan[role]))
+        time.sleep(0.5)
+
+
+def _fail(what: str, inst: dict) -> int:
+    print(f"vllm-pd: {what}; its log: {inst['log']}; its last lines:\n{_tail(inst['log'])}", flush=True)
+    print(f"error: vllm-pd: {what} (log: {inst['log']})", flush=True)
+    return NOT_READY
+
+
+async def warm_up(proxy: Proxy, plan: dict) -> dict:
+    """One P/D request end to end through the proxy's own code, retried once."""
+    body = {"model": plan["model_name"], "prompt": "warm up the kv path", "max_tokens": 2, "temperature": 0,
+            "stream": True}
+    runner = web.AppRunner(proxy.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    tries: list[dict] = []
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            try:
+                async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                                  timeout=aiohttp.ClientTimeout(total=plan["warmup_timeout_s"])) as r:
+                    text = (await r.read()).decode(errors="replace")
+                ok = r.status == 200 and '"error"' not in text and "[DONE]" in text
+                tries.append({"ok": ok, "s": time.perf_counter() - t0, "error": None if ok else text[-300:]})
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                tries.append({"ok": False, "s": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e}"})
+            if tries[-1]["ok"]:
+                break
+    await runner.cleanup()
+    return {"attempts": len(tries), "ok": tries[-1]["ok"], "tries": tries}
+
+
+def main(argv: list[str]) -> int:
+    plan = json.loads(argv[0])
+    procs = {role: start(role, plan[role]) for role in ("prefill", "decode")}
+    wait_ready(procs, plan)
+    pre, dec = (f"http://{plan[r]['host']}:{plan[r]['port']}" for r in ("prefill", "decode"))
+    proxy = Proxy(pre, dec, plan.get("timings_path"))
+    warm = asyncio.run(warm_up(Proxy(pre, dec), plan))
+    Path(plan["warmup_path"]).write_text(json.dumps(warm))
+    print(f"vllm-pd: warm-up P/D request: {'ok' if warm['ok'] else 'FAILED'} after {warm['attempts']} attempt(s) "
+          f"({', '.join(format(t['s'], '.2f') + ' s' for t in warm['tries'])})", flush=True)
+    if not warm["ok"]:
+        print(f"error: vllm-pd: the warm-up P/D request failed twice: {warm['tries'][-1]['error']}", flush=True)
+        return NOT_READY
+    web.run_app(proxy.app(), host=plan["host"], port=int(plan["port"]), print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
