@@ -57,18 +57,31 @@ def wait_ready(procs: dict[str, subprocess.Popen], plan: dict) -> None:
                 waiting.discard(role)
                 print(f"vllm-pd: {role} instance ready on port {inst['port']}", flush=True)
             elif p.poll() is not None:
-                sys.exit(_fail(f"the {role} instance exited with code {p.returncode} before it was ready", inst))
+                raise NotReady(f"the {role} instance exited with code {p.returncode} before it was ready", inst)
         if waiting and time.monotonic() > deadline:
             role = sorted(waiting)[0]
-            sys.exit(_fail(f"the {role} instance did not answer /health within server.ready_timeout_s="
-                           f"{plan['ready_timeout_s']:g} s", plan[role]))
+            raise NotReady(f"the {role} instance did not answer /health within server.ready_timeout_s="
+                           f"{plan['ready_timeout_s']:g} s", plan[role])
         time.sleep(0.5)
 
 
-def _fail(what: str, inst: dict) -> int:
-    print(f"vllm-pd: {what}; its log: {inst['log']}; its last lines:\n{_tail(inst['log'])}", flush=True)
-    print(f"error: vllm-pd: {what} (log: {inst['log']})", flush=True)
-    return NOT_READY
+class NotReady(Exception):
+    def __init__(self, what: str, inst: dict):
+        super().__init__(what)
+        self.what, self.log = what, inst["log"]
+
+
+def stop(procs: dict[str, subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Both instances, whatever state they are in (the orchestrator also stops our whole group)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    end = time.monotonic() + grace_s
+    for p in procs.values():
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 async def warm_up(proxy: Proxy, plan: dict) -> dict:
@@ -103,7 +116,13 @@ async def warm_up(proxy: Proxy, plan: dict) -> dict:
 def main(argv: list[str]) -> int:
     plan = json.loads(argv[0])
     procs = {role: start(role, plan[role]) for role in ("prefill", "decode")}
-    wait_ready(procs, plan)
+    try:
+        wait_ready(procs, plan)
+    except NotReady as e:
+        print(f"vllm-pd: {e.what}; the last lines of its log ({e.log}):\n{_tail(e.log)}", flush=True)
+        print(f"error: vllm-pd: {e.what} (its log: {e.log})", flush=True)
+        stop(procs)
+        return NOT_READY
     pre, dec = (f"http://{plan[r]['host']}:{plan[r]['port']}" for r in ("prefill", "decode"))
     proxy = Proxy(pre, dec, plan.get("timings_path"))
     warm = asyncio.run(warm_up(Proxy(pre, dec), plan))
@@ -112,6 +131,7 @@ def main(argv: list[str]) -> int:
           f"({', '.join(format(t['s'], '.2f') + ' s' for t in warm['tries'])})", flush=True)
     if not warm["ok"]:
         print(f"error: vllm-pd: the warm-up P/D request failed twice: {warm['tries'][-1]['error']}", flush=True)
+        stop(procs)
         return NOT_READY
     web.run_app(proxy.app(), host=plan["host"], port=int(plan["port"]), print=None, access_log=None)
     return 0
