@@ -289,7 +289,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     from workloads.inference.engine_info import engine_versions
 
     # the engine's own torch/NCCL (its image's interpreter), beside this process's
-    fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
+    fp = {**fingerprint(), "engine": engine_versions(launch.engine_argv or launch.argv)}
     failed = 0
     started = time.time()  # logs older than this are an earlier server's (a resumed run id)
     obs = plan.adapter.observer(spec, OmegaConf.to_container(cfg.model, resolve=True)) if plan.adapter.observer \

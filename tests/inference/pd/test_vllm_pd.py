@@ -62,6 +62,9 @@ def test_pd_sweep_runs(sweep):
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     (rec,) = recs
     assert rec["status"] == "ok" and rec["server"]["adapter"] == "vllm_pd" and rec["point"] == "c1"
+    # the engine's versions are the vLLM venv's (its torch), not those of the wrapper serve.py runs in
+    engine = rec["fingerprint"]["engine"]
+    assert engine["python"] == str(VLLM / "bin" / "python") and engine["torch"].startswith("2.13"), engine
 
 
 def test_metrics_match_the_samples(sweep):

@@ -117,3 +117,6 @@ class Launch:
     # The server listens in network namespaces of its own (launch/emulate.py): this host's
     # port table does not show it, and its port there is free by construction.
     own_network: bool = False
+    # The engine's own command where argv starts a wrapper around it (vllm-pd's serve.py): the
+    # record's engine versions come from this one's interpreter.
+    engine_argv: list[str] | None = None

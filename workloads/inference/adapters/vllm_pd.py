@@ -125,7 +125,8 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
                # the decode instance's KV-transfer metrics each second, so each point's are its own
                "VLLM_LOG_STATS_INTERVAL": "1"} | ({"UCX_NET_DEVICES": net} if net else {}) | dict(spec.env)
         plan[role] = {"host": host, "port": port, "argv": argv, "env": env, "log": str(log)}
-    return Launch([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], {"SPT_NOENV": "1"}, name)
+    return Launch([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], {"SPT_NOENV": "1"}, name,
+                  engine_argv=plan["decode"]["argv"])
 
 
 def _arg(argv: tuple[str, ...], flag: str) -> str | None:
