@@ -26,6 +26,7 @@ class Instances:
     def __init__(self, prefill_status: int = 200):
         self.seen: dict[str, list] = {"prefill": [], "decode": []}
         self.prefill_status = prefill_status
+        self.closed_early = 0
 
     async def prefill(self, request: web.Request) -> web.Response:
         self.seen["prefill"].append((request.headers.copy(), await request.json()))
@@ -37,10 +38,13 @@ class Instances:
         self.seen["decode"].append((request.headers.copy(), await request.json()))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for chunk in SSE:
-            await resp.write(chunk)
-            await asyncio.sleep(0.01)
-        await resp.write_eof()
+        try:
+            for chunk in SSE:
+                await resp.write(chunk)
+                await asyncio.sleep(0.05)
+            await resp.write_eof()
+        except ConnectionResetError:
+            self.closed_early += 1  # the proxy closed the decode stream: vLLM would abort the request
         return resp
 
 
@@ -56,7 +60,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def _exchange(inst: Instances, body: dict, tmp_path, health: bool = False):
+async def _exchange(inst: Instances, body: dict, tmp_path, health: bool = False, leave_early: bool = False):
     runners = []
     urls = {}
     for role, handler in (("prefill", inst.prefill), ("decode", inst.decode)):
@@ -75,6 +79,11 @@ async def _exchange(inst: Instances, body: dict, tmp_path, health: bool = False)
                 await runners[1].cleanup()  # the decode instance goes away
                 async with s.get(proxy + "/health") as r:
                     return up, r.status, await r.text()
+            if leave_early:  # read one chunk and go; the next request must still be served whole
+                async with s.post(proxy + "/v1/completions", json=body) as r:
+                    await r.content.readany()
+                    r.close()
+                await asyncio.sleep(0.1)
             async with s.post(proxy + "/v1/completions", json=body) as r:
                 return r.status, r.content_type, await r.read()
     finally:
@@ -114,6 +123,15 @@ def test_a_prefill_error_reaches_the_client_and_decode_is_not_asked(tmp_path):
     status, _, raw = asyncio.run(_exchange(inst, BODY, tmp_path))
     assert status == 500 and b"prefill said no" in raw
     assert inst.seen["decode"] == []
+
+
+def test_a_client_that_leaves_mid_stream(tmp_path, caplog):
+    inst = Instances()
+    status, _, raw = asyncio.run(_exchange(inst, BODY, tmp_path, leave_early=True))
+    assert status == 200 and raw == b"".join(SSE) and len(inst.seen["decode"]) == 2
+    assert inst.closed_early == 1
+    # the departure is not an error of the proxy (aiohttp logs a handler's exception as one)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
 def test_health_needs_both_instances(tmp_path):

@@ -103,9 +103,14 @@ class Proxy:
             resp.set_status(r.status)
             resp.content_type = r.content_type
             await resp.prepare(request)
-            async for chunk in r.content.iter_any():
-                await resp.write(chunk)
-        await resp.write_eof()
+            try:
+                async for chunk in r.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+            except ConnectionResetError:
+                # the client left (a load generator may close once it has read [DONE]); leaving
+                # this block closes the decode stream too, which ends the request there
+                pass
         return resp
 
     def _note(self, rid: str, prefill_s: float, params: dict | None) -> None:
