@@ -365,9 +365,12 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         mark = obs.begin() if obs is not None else None
         res = run_point(point, warn=lambda m: print(m, flush=True))
         m = summarize(res.results, res.duration_s, plan.slo)
-        if obs is not None:  # the engine's own account of the point (vllm-pd: its KV transfers)
-            rec |= obs.end(mark, res.results, res.warmup)
-        rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
+        # the engine's own account of the point (vllm-pd: its KV transfers), its headline figures
+        # among the metrics (so comparisons see them), the rest in fields of its own
+        extra = obs.end(mark, res.results, res.warmup) if obs is not None else {}
+        rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)} | \
+            extra.pop("metrics", {})
+        rec |= extra
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["dataset"] |= cache_report(res.results, a.label(), warn=lambda m: print(m, flush=True))
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}

@@ -81,6 +81,8 @@ def test_kv_bytes_match_the_model(sweep):
     assert kv["transfers"] >= 1 and kv["failed"] == 0 and kv["expired"] == 0
     assert kv["bytes_per_transfer"] == 128 * 1024 and kv["matches_model"] is True
     assert kv["xfer_ms_mean"] > 0 and kv["xfer_ms_p90_max"] > 0  # successful transfers were timed
+    m = rec["metrics"]  # the headline KV figures among the metrics, for comparisons
+    assert (m["kv_bytes_per_transfer"], m["kv_xfer_ms_mean"]) == (kv["bytes_per_transfer"], kv["xfer_ms_mean"])
     # the proxy timed every request's prefill leg: warm-up + measured
     assert len(kv["prefill_leg_ms"]) == REQUESTS + 1 and all(x > 0 for x in kv["prefill_leg_ms"])
 

@@ -190,7 +190,8 @@ class PDObserver:
             got, exp = kv["bytes_per_transfer"], kv["expected_bytes_per_transfer"]
             # the log rounds each interval's mean to 0.001 MiB (±524 B)
             kv["matches_model"] = got is not None and abs(got - exp) <= 0.0005 * kvlog.MIB + 1
-        return {"kv": kv}
+        return {"kv": kv, "metrics": {"kv_bytes_per_transfer": kv["bytes_per_transfer"],
+                                      "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"]}}
 
 
 def observer(spec: ServerSpec, model: dict) -> PDObserver:
