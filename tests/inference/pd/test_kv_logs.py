@@ -96,3 +96,33 @@ def test_kv_size_of_the_tiny_llama():
                                         "bfloat16").bytes_per_token() == 2 * 1 * 2 * 4 * 2
     with pytest.raises(ValueError, match="unknown KV dtype"):
         kvlog.KVShape.from_hf_config({"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8}, "int3")
+
+
+class _Observer:
+    """What server=vllm-pd's observer gives the sweep: the verdict from a UCX log (here a fixture)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def verify(self, fabric):
+        return {"kv_path": kv_verdict(fabric, self.text)}
+
+
+@pytest.mark.parametrize("mode", ["fail", "warn"])
+def test_a_kv_mismatch_stops_the_sweep_like_a_transport_one(mode, capsys):
+    """run.py's _verify_observed: the verdict goes beside the transport's in the record; under
+    fabric.verify=fail a mismatch raises TransportMismatch (exit 3), under warn it is printed."""
+    from workloads.core.errors import TransportMismatch
+    from workloads.inference.run import _verify_observed
+
+    profile = FabricProfile.from_config({"name": "ib", "backend": "nccl", "verify": mode,
+                                         "expect": {"forbid_kv_transports": ["tcp"]}})
+    base = {"fabric": {}}
+    obs = _Observer(_text("ucx_1.23_tcp_only.log"))
+    if mode == "fail":
+        with pytest.raises(TransportMismatch, match="fabric=ib but the KV cache was read over tcp"):
+            _verify_observed(profile, obs, base)
+    else:
+        _verify_observed(profile, obs, base)
+        assert "warning: fabric=ib but the KV cache was read over tcp" in capsys.readouterr().out
+    assert base["fabric"]["kv_path"]["verdict"] == "mismatch"
