@@ -17,8 +17,8 @@ the bundled UCX 1.23.0 of nixl-cu13 1.5.1 prints the same):
    header row "Range | Description | Config", a separator, then one row per message-size range
    whose Config cell names the transports ("cma/memory", "tcp/lo", "rc_mlx5/mlx5_0:1").
 
-The KV read of vLLM's pull-mode NixlConnector is a ucp_get by the decode instance, so the
-transports of the `remote memory read by ucp_get*` rows are the ones that carried the KV cache.
+The KV read of vLLM's pull-mode NixlConnector is a ucp_get by the decode instance (push mode:
+a ucp_put by the prefill instance), so the transports of those rows carried the KV cache.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 _CFG = re.compile(r"(?P<scope>self|intra-node|inter-node) cfg#(?P<cfg>\d+)(?P<features>(?:\s+\w+\([^)]*\))+)\s*$")
 _FEATURE = re.compile(r"(\w+)\(([^)]*)\)")
-GET_OP = "remote memory read by ucp_get"
+# The operations (src/ucp/proto/proto.c ucp_operation_descs) that move a KV cache: the decode
+# instance reads it (vLLM's pull mode) or the prefill instance writes it (push mode).
+KV_OPS = {"get": "remote memory read by ucp_get", "put": "remote memory write by ucp_put"}
 # UCX's log prefix (src/ucs/debug/log.c): "[<time>] [<host>:<pid>:<thread>] "; lines of
 # different threads interleave, so each thread's table is assembled apart.
 _PREFIX = re.compile(r"^\[[^\]]*\]\s+\[(?P<tag>[^\]]*)\]\s+")
@@ -60,11 +62,13 @@ class UcxLog:
     endpoints: list[EndpointConfig] = field(default_factory=list)
     rows: list[ProtoRow] = field(default_factory=list)
 
-    def get_rows(self) -> list[ProtoRow]:
-        return [r for r in self.rows if GET_OP in r.operation]
+    def op_rows(self, op: str = "get") -> list[ProtoRow]:
+        """The rows of one operation (KV_OPS) between processes: a `self` endpoint (a process
+        to itself, e.g. NIXL's loopback notifications) carries no KV cache between instances."""
+        return [r for r in self.rows if KV_OPS[op] in r.operation and r.scope != "self"]
 
-    def get_transports(self) -> list[str]:
-        return sorted({t for r in self.get_rows() for t in r.transports})
+    def transports(self, op: str = "get") -> list[str]:
+        return sorted({t for r in self.op_rows(op) for t in r.transports})
 
 
 def parse(text: str) -> UcxLog:

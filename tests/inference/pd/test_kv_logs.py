@@ -23,9 +23,9 @@ def _text(name: str) -> str:
 
 def test_cma_on_one_host():
     log = ucx_log.parse(_text("ucx_1.23_cma_loopback.log"))
-    (get,) = log.get_rows()
+    (get,) = log.op_rows()
     assert (get.scope, get.range, get.description, get.transports) == ("intra-node", "0..inf", "zero-copy", ["cma"])
-    assert log.get_transports() == ["cma"]
+    assert log.transports() == ["cma"]
     # active messages (NIXL's notifications) go over TCP on lo; only the GET carries the KV cache
     assert {t for r in log.rows if "active message" in r.operation for t in r.transports} == {"tcp"}
     (ep,) = log.endpoints
@@ -34,14 +34,14 @@ def test_cma_on_one_host():
 
 
 def test_tcp_only_is_software_emulation():
-    (get,) = ucx_log.parse(_text("ucx_1.23_tcp_only.log")).get_rows()
+    (get,) = ucx_log.parse(_text("ucx_1.23_tcp_only.log")).op_rows()
     assert get.description == "software emulation" and get.transports == ["tcp"]
 
 
 def test_interleaved_threads_and_rdma():
     log = ucx_log.parse(_text("ucx_rdma_inter_node.log"))
-    assert log.get_transports() == ["rc_mlx5"]  # thread 1's AM table (tcp) is not the GET's
-    assert [r.scope for r in log.get_rows()] == ["inter-node"]
+    assert log.transports() == ["rc_mlx5"]  # thread 1's AM table (tcp) is not the GET's
+    assert [r.scope for r in log.op_rows()] == ["inter-node"]
     assert log.endpoints[0].features["ka"] == ["ud_mlx5"]
 
 
@@ -126,3 +126,35 @@ def test_a_kv_mismatch_stops_the_sweep_like_a_transport_one(mode, capsys):
         _verify_observed(profile, obs, base)
         assert "warning: fabric=ib but the KV cache was read over tcp" in capsys.readouterr().out
     assert base["fabric"]["kv_path"]["verdict"] == "mismatch"
+
+
+# Two tables in UCX's format (as in the fixtures): a process's `self` endpoint (NIXL's loopback
+# notifications; no KV between instances) and an intra-node PUT (push mode's KV write).
+SELF_AND_PUT = """\
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.1] [vm:13945:0]   | d0c7 self cfg#0                    |
+[1795737172.1] [vm:13945:0]   | remote memory read by ucp_get*(multi) into host memory from host |
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.1] [vm:13945:0]   | Range  | Description |   Config    |
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.1] [vm:13945:0]   | 0..inf | zero-copy   | self/memory |
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   | d0c7 intra-node cfg#1              |
+[1795737172.2] [vm:13945:0]   | remote memory write by ucp_put* from host memory to host |
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   | Range  | Description |   Config    |
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   | 0..inf | zero-copy   | cma/memory  |
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+"""
+
+
+def test_self_endpoints_are_not_the_kv_path_and_push_mode_reads_puts():
+    log = ucx_log.parse(SELF_AND_PUT)
+    assert log.op_rows("get") == [] and log.transports("put") == ["cma"]
+    assert kv_verdict(_profile(kv_transports=["cma"]), SELF_AND_PUT)["verdict"] == "unverified"
+    v = kv_verdict(_profile(kv_transports=["cma"]), SELF_AND_PUT, op="put")
+    assert v["verdict"] == "ok" and v["summary"]["op"] == "remote memory write by ucp_put*"
+    bad = kv_verdict(_profile(kv_transports=["rc_mlx5"]), SELF_AND_PUT, op="put")
+    assert "the KV cache was written over cma" in bad["message"]

@@ -94,7 +94,7 @@ def test_kv_path_verdict(sweep):
     assert v["expect"] == {"kv_transports": ["cma", "tcp"]}
     used = v["summary"]["kv_transports"]
     assert used and set(used) <= {"cma", "tcp"}, v["summary"]
-    assert all(p["scope"] == "intra-node" for p in v["summary"]["get_protocols"])
+    assert all(p["scope"] == "intra-node" for p in v["summary"]["kv_protocols"])
     assert v["warmup"]["ok"] is True and v["warmup"]["attempts"] in (1, 2)
     assert rec["fabric"]["transport"]["verdict"] in ("ok", "unverified")  # the Gloo verdict stays beside it
 

@@ -154,13 +154,16 @@ class PDObserver:
         self.block_size = int(_arg(spec.extra_args, "--block-size") or DEFAULT_BLOCK.get(device, 16))
         self.dtype = _arg(spec.extra_args, "--dtype")
         self.model_dir = Path(model_path(spec, model))
+        self.push = "Push" in str(options(spec)["kv_connector"])
 
     def verify(self, fabric) -> dict:
         from workloads.fabric.verify_kv import kv_verdict
 
         warm = _read_json(_log_dir(self.spec) / "vllm-pd-warmup.json")
-        out = kv_verdict(fabric, self.logs["decode"].read_text(errors="replace"),
-                         {r: str(p) for r, p in self.logs.items()})
+        # pull (NixlConnector = NixlPullConnector): the decode instance reads; push: the prefill writes
+        mover, op = ("prefill", "put") if self.push else ("decode", "get")
+        out = kv_verdict(fabric, self.logs[mover].read_text(errors="replace"),
+                         {r: str(p) for r, p in self.logs.items()}, op)
         out["warmup"] = warm  # the one P/D request before measuring (first-handshake timeout: retried once)
         return {"kv_path": out}
 
