@@ -155,6 +155,9 @@ class PDObserver:
         self.dtype = _arg(spec.extra_args, "--dtype")
         self.model_dir = Path(model_path(spec, model))
         self.push = "Push" in str(options(spec)["kv_connector"])
+        # vLLM's KV-transfer metrics come from the instance that moves the KV cache: the decode
+        # instance reads it (pull, NixlConnector), the prefill instance writes it (push)
+        self.stats_log = self.logs["prefill" if self.push else "decode"]
 
     def verify(self, fabric) -> dict:
         from workloads.fabric.verify_kv import kv_verdict
@@ -168,19 +171,19 @@ class PDObserver:
         return {"kv_path": out}
 
     def begin(self) -> tuple[int, int]:
-        return _size(self.logs["decode"]), _size(self.legs)
+        return _size(self.stats_log), _size(self.legs)
 
     def end(self, mark: tuple[int, int], results, warmup) -> dict:
         from workloads.inference.pd import kvlog
 
         time.sleep(SETTLE_S)
-        stats = kvlog.summarize(kvlog.parse(_read_from(self.logs["decode"], mark[0])))
+        stats = kvlog.summarize(kvlog.parse(_read_from(self.stats_log, mark[0])))
         legs = [json.loads(x) for x in _read_from(self.legs, mark[1]).splitlines() if x.strip()]
         prompts = [r.prompt_len for r in list(warmup) + list(results) if r.ok]
         kv = {**stats, "block_size": self.block_size, "requests": len(prompts),
               "prefill_leg_ms": [round(x["prefill_s"] * 1e3, 3) for x in legs],
-              "how": "decode instance's `KV Transfer metrics` lines logged during the point, warm-up requests "
-                     "included (docs/metrics.md)"}
+              "how": f"{self.stats_log.name}: vLLM's `KV Transfer metrics` lines logged during the point, warm-up "
+                     "requests included (docs/metrics.md)"}
         try:
             shape = kvlog.KVShape.from_hf_config(_read_json(self.model_dir / "config.json") or {}, self.dtype)
         except (KeyError, ValueError) as e:
@@ -192,7 +195,7 @@ class PDObserver:
                 shape.transfer_bytes(n, self.block_size) for n in prompts) / len(prompts)
             got, exp = kv["bytes_per_transfer"], kv["expected_bytes_per_transfer"]
             # the log rounds each interval's mean to 0.001 MiB (±524 B)
-            kv["matches_model"] = got is not None and abs(got - exp) <= 0.0005 * kvlog.MIB + 1
+            kv["matches_model"] = None if got is None else abs(got - exp) <= 0.0005 * kvlog.MIB + 1
         return {"kv": kv, "metrics": {"kv_bytes_per_transfer": kv["bytes_per_transfer"],
                                       "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"]}}
 
