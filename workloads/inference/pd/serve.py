@@ -24,8 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
+from workloads.core.dist import free_port
 from workloads.inference.adapters.orchestrator import probe
 from workloads.inference.pd.proxy import Proxy
 
@@ -90,12 +92,9 @@ async def warm_up(proxy: Proxy, plan: dict) -> dict:
             "stream": True}
     runner = web.AppRunner(proxy.app())
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     tries: list[dict] = []
-    import aiohttp
-
     async with aiohttp.ClientSession() as s:
         for _ in range(2):
             t0 = time.perf_counter()
