@@ -31,6 +31,35 @@ def test_mismatched_tp_is_refused(tmp_path):
     assert records_in(tmp_path) == []
 
 
+def _serve(plan: dict) -> tuple[int, str, int]:
+    p = subprocess.Popen([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return p.returncode, out, p.pid
+
+
+def test_a_decode_that_hangs_on_a_taken_port_is_not_waited_for(tmp_path):
+    """vLLM's NIXL listener thread dies on a taken side-channel port and the instance hangs; its
+    log line ends the start-up at once (ready_timeout_s here is 600 s)."""
+    ports = {"prefill": free_port(), "decode": free_port()}
+    plan = {"host": "127.0.0.1", "port": free_port(), "model_name": "m", "ready_timeout_s": 600, "warmup_timeout_s": 5,
+            "warmup_path": str(tmp_path / "w.json"), "timings_path": str(tmp_path / "t.jsonl")}
+    hang = ("import time; print(\"zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')\", flush=True); "
+            "time.sleep(600)")
+    for role, argv in (("prefill", [sys.executable, "-c", HEALTHY, str(ports["prefill"])]),
+                       ("decode", [sys.executable, "-c", hang])):
+        plan[role] = {"host": "127.0.0.1", "port": ports[role], "argv": argv, "env": {}, "log": str(tmp_path / f"{role}.log")}
+    (tmp_path / "decode.log").write_text("an earlier run's Address already in use\n")  # not this start's
+    t0 = time.monotonic()
+    rc, out, _ = _serve(plan)
+    assert rc == 3 and time.monotonic() - t0 < 30, out
+    assert "error: vllm-pd: the decode instance cannot start: zmq.error.ZMQError: Address already in use" in out
+
+
 def test_decode_never_ready(tmp_path):
     ports = {"prefill": free_port(), "decode": free_port()}
     plan = {"host": "127.0.0.1", "port": free_port(), "model_name": "m", "ready_timeout_s": 4, "warmup_timeout_s": 5,
@@ -39,14 +68,8 @@ def test_decode_never_ready(tmp_path):
                        ("decode", [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(600)"])):
         plan[role] = {"host": "127.0.0.1", "port": ports[role], "argv": argv, "env": {}, "log": str(tmp_path / f"{role}.log")}
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 3, out
+    rc, out, pid = _serve(plan)
+    assert rc == 3, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert errors == [f"error: vllm-pd: the decode instance did not answer /health within server.ready_timeout_s=4 s "
                       f"(its log: {tmp_path / 'decode.log'})"], out
@@ -54,4 +77,4 @@ def test_decode_never_ready(tmp_path):
     assert time.monotonic() - t0 < 30
     assert "prefill instance ready" in out
     # both instances were stopped by serve.py itself, not left to the orchestrator
-    assert subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True).stdout.strip() == b""
+    assert subprocess.run(["pgrep", "-s", str(pid)], capture_output=True).stdout.strip() == b""

@@ -10,8 +10,8 @@ both instances in its process group (so they stop with it), waits for both, send
 warm-up P/D request (retried once: NIXL's first handshake may time out) and then serves
 the proxy.
 
-Per instance, chosen here so nothing collides with concurrent runs (free ports): its HTTP
-port, its NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT: where the decode
+Per instance, chosen here so nothing collides with concurrent runs (free ports below the
+kernel's ephemeral range: see quiet_ports): its HTTP port, its NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT: where the decode
 instance asks the prefill's agent for its memory descriptors) and its UCX TCP port range
 (UCX_TCP_PORT_RANGE; UCX_NET_DEVICES=lo when the instances listen on loopback). UCX prints
 its chosen transports (UCX_PROTO_INFO=y, UCX_LOG_LEVEL=info) for the KV-path verdict
@@ -22,13 +22,14 @@ second (VLLM_LOG_STATS_INTERVAL=1) for the record (workloads/inference/pd/kvlog.
 from __future__ import annotations
 
 import json
+import random
 import re
+import socket
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from workloads.core.dist import free_port
 from workloads.core.errors import UsageError
 from workloads.inference.adapters import vllm
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
@@ -95,6 +96,43 @@ def kv_transfer_config(o: dict) -> dict:
             "kv_connector_extra_config": dict(o["kv_connector_extra_config"] or {})}
 
 
+def _ephemeral_floor() -> int:
+    """The kernel gives outgoing connections (and port-0 binds, free_port's) ports from here up."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def quiet_ports(count: int, width: int = 1, rng: random.Random | None = None) -> list[int]:
+    """`count` bases of `width` consecutive ports, each free now and below the ephemeral range.
+    vLLM binds its NIXL side channel and UCX its listeners minutes after start (after the model
+    loads); a free_port() (ephemeral) number is by then often another process's outgoing
+    connection on a busy host (seen: ZMQError Address already in use, and the instance hung).
+    Below the ephemeral range only explicit binds compete."""
+    rng = rng or random.Random()
+    top, out, taken = _ephemeral_floor() - width, [], set()
+    for _ in range(2000):
+        base = rng.randrange(10000, top)
+        ports = set(range(base, base + width))
+        if ports & taken or not all(_bindable(p) for p in ports):
+            continue
+        out.append(base)
+        taken |= ports
+        if len(out) == count:
+            return out
+    raise UsageError(f"server=vllm-pd found no {count} free port(s) below {top + width} for its instances")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 def _log_dir(spec: ServerSpec) -> Path:
     return Path(spec.run_dir or ".") / "server"
 
@@ -114,8 +152,9 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
                   "warmup_path": str(_log_dir(spec) / "vllm-pd-warmup.json"),
                   "timings_path": str(_log_dir(spec) / "vllm-pd-prefill-legs.jsonl")}
     net = o["ucx_net_devices"] or ("lo" if host.startswith("127.") else None)
-    for role, log in instance_logs(spec).items():
-        port, side, ucx = free_port(), free_port(), free_port()
+    bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
+    for i, (role, log) in enumerate(instance_logs(spec).items()):
+        port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
         argv = vllm._node_argv(replace(spec, host=host, port=port, served_model_name=name, extra_args=()), path)
         argv += ["--kv-transfer-config", kv, *spec.extra_args]
         env = {"SPT_NOENV": "1", "VLLM_HOST_IP": host, "VLLM_NIXL_SIDE_CHANNEL_HOST": host,

@@ -45,6 +45,7 @@ def start(role: str, inst: dict) -> subprocess.Popen:
     log = open(inst["log"], "ab")
     log.write(f"# {role}: {' '.join(inst['argv'])}\n".encode())
     log.flush()
+    inst["offset"] = log.tell()  # what the instance writes from here is this start's
     return subprocess.Popen(inst["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=os.environ | inst["env"])
 
@@ -60,11 +61,29 @@ def wait_ready(procs: dict[str, subprocess.Popen], plan: dict) -> None:
                 print(f"vllm-pd: {role} instance ready on port {inst['port']}", flush=True)
             elif p.poll() is not None:
                 raise NotReady(f"the {role} instance exited with code {p.returncode} before it was ready", inst)
+            elif line := _fatal_line(inst["log"], inst.get("offset", 0)):
+                raise NotReady(f"the {role} instance cannot start: {line}", inst)
         if waiting and time.monotonic() > deadline:
             role = sorted(waiting)[0]
             raise NotReady(f"the {role} instance did not answer /health within server.ready_timeout_s="
                            f"{plan['ready_timeout_s']:g} s", plan[role])
         time.sleep(0.5)
+
+
+# Start-up failures after which a vLLM instance hangs instead of exiting: the NIXL handshake
+# listener thread dies on a taken side-channel port and the engine waits for it for ever.
+FATAL = ("Address already in use",)
+
+
+def _fatal_line(log: str, offset: int = 0) -> str | None:
+    """The first fatal line the log got after `offset` (a resumed run appends to the same log)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return next((line.strip() for line in text.splitlines() if any(f in line for f in FATAL)), None)
 
 
 class NotReady(Exception):
