@@ -284,15 +284,19 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     from workloads.inference.engine_info import engine_versions
 
     # the engine's own torch/NCCL (its image's interpreter), beside this process's
-    fp = {**fingerprint(), "engine": engine_versions(launch.argv)}
+    fp = {**fingerprint(), "engine": engine_versions(launch.engine_argv or launch.argv)}
     failed = 0
     started = time.time()  # logs older than this are an earlier server's (a resumed run id)
+    obs = plan.adapter.observer(spec, OmegaConf.to_container(cfg.model, resolve=True)) if plan.adapter.observer \
+        else None
     with ManagedServer(spec, launch, run_dir, env) as srv:
         _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started, srv.pids())
+        if obs is not None:
+            _verify_observed(plan.fabric, obs, base)
         for k, a in enumerate(plan.points):
             if a.label() in done:
                 continue
-            failed += not _run_one(plan, k, srv, base, fp, records, loggers)
+            failed += not _run_one(plan, k, srv, base, fp, records, loggers, obs)
             plan.prompts.release(k)
             if not srv.alive():
                 raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; {_log_reason(srv.log_path)}")
@@ -310,6 +314,17 @@ def _verify_server(fabric: FabricProfile, run_dir: Path, reported: Path, base: d
         if transport["verdict"] == "mismatch" and fabric.verify == "fail":
             raise TransportMismatch(transport["message"] + " (fabric.verify=warn records it and goes on)")
         print(f"warning: {transport['message']}", flush=True)
+
+
+def _verify_observed(fabric: FabricProfile, obs, base: dict) -> None:
+    """The adapter's own verdict (server=vllm-pd: which UCX transports carried the KV cache),
+    beside the transport's in every record; a mismatch stops the sweep under fabric.verify=fail."""
+    for key, v in (obs.verify(fabric) or {}).items():
+        base["fabric"][key] = v
+        if v.get("message"):
+            if v["verdict"] == "mismatch" and fabric.verify == "fail":
+                raise TransportMismatch(v["message"] + " (fabric.verify=warn records it and goes on)")
+            print(f"warning: {v['message']}", flush=True)
 
 
 def flush_cache(base_url: str, path: str, timeout_s: float = 60.0) -> None:
@@ -330,7 +345,7 @@ def flush_cache(base_url: str, path: str, timeout_s: float = 60.0) -> None:
 
 
 def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
-             loggers: Callable[[str], Any]) -> bool:
+             loggers: Callable[[str], Any], obs=None) -> bool:
     a, prompts, flush = plan.points[k], plan.prompts.point(k), plan.load.flush_cache_path
     if flush:
         flush_cache(srv.base_url, flush, plan.load.timeout_s)
@@ -342,9 +357,15 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         dataset=prompts.info | {"cache_flushed": bool(flush)}, fingerprint=fp, metrics={}, samples={})
     point = plan.load.point(srv.base_url, plan.backend, plan.launch.model_name, prompts, a)
     try:
+        mark = obs.begin() if obs is not None else None
         res = run_point(point, warn=lambda m: print(m, flush=True))
         m = summarize(res.results, res.duration_s, plan.slo)
-        rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)}
+        # the engine's own account of the point (vllm-pd: its KV transfers), its headline figures
+        # among the metrics (so comparisons see them), the rest in fields of its own
+        extra = obs.end(mark, res.results, res.warmup) if obs is not None else {}
+        rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)} | \
+            extra.pop("metrics", {})
+        rec |= extra
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["dataset"] |= cache_report(res.results, a.label(), warn=lambda m: print(m, flush=True))
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}

@@ -8,7 +8,11 @@ default does not fit:
   fabric, TP degree and model limits are not checked;
 - `check_available(spec, server)`: raise UsageError when the engine cannot start from here
   (`server`: its conf/server section as a dict, for engine-only keys);
-- `forwarded_overrides(overrides)`: command-line overrides the engine must see too.
+- `forwarded_overrides(overrides)`: command-line overrides the engine must see too;
+- `observer(spec, model)`: an object that reads what the engine says about itself beyond the
+  load generator's view (server=vllm-pd: its KV transfers): `.verify(fabric) -> dict | None`,
+  a verdict recorded beside the transport's (a `mismatch` stops the sweep as the transport's
+  does), `.begin() -> mark` before a point and `.end(mark, results, warmup) -> dict` of record fields.
 The orchestrator (orchestrator.py) starts, watches and stops every engine alike.
 """
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec
@@ -41,6 +45,7 @@ class Adapter:
     starts_process: bool = True
     check_available: Callable[[ServerSpec, dict], None] = _nothing
     forwarded_overrides: Callable[[list[str]], tuple[str, ...]] = _no_overrides
+    observer: Callable[..., Any] | None = None
 
 
 def builtin() -> list[str]:
@@ -61,4 +66,5 @@ def get_adapter(name: str) -> Adapter:
         raise UsageError(f"server adapter {name!r} is not a module with a command() function; use one of "
                          f"{', '.join(builtin())}, or a dotted module path (see workloads/inference/adapters/__init__.py)")
     return Adapter(name, mod.command, bool(getattr(mod, "STARTS_PROCESS", True)),
-                   getattr(mod, "check_available", _nothing), getattr(mod, "forwarded_overrides", _no_overrides))
+                   getattr(mod, "check_available", _nothing), getattr(mod, "forwarded_overrides", _no_overrides),
+                   getattr(mod, "observer", None))

@@ -42,6 +42,9 @@ class ServerSpec:
     # The sweep's run directory (set by the inference workload, not a config key): an engine
     # that writes files of its own (the reference engine's run folder) keeps them there.
     run_dir: str | None = None
+    # The engine's own keys of its conf/server/<name>.yaml, the ones above aside (server=vllm-pd:
+    # kv_connector, prefill_tp, ...): data for its adapter, which validates them.
+    options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ServerSpec:
@@ -55,6 +58,7 @@ class ServerSpec:
         kw["adapter"] = str(cfg.get("adapter") or cfg.get("name"))
         kw["extra_args"] = tuple(str(a) for a in (cfg.get("extra_args") or ()))
         kw["env"] = {str(k): str(v) for k, v in dict(cfg.get("env") or {}).items()}
+        kw["options"] = {str(k): v for k, v in cfg.items() if k not in known and k not in ("name", "launch")}
         for k in ("tp", "nnodes", "node_rank", "port"):
             if k in kw and kw[k] is not None:
                 kw[k] = int(kw[k])
@@ -113,3 +117,6 @@ class Launch:
     # The server listens in network namespaces of its own (launch/emulate.py): this host's
     # port table does not show it, and its port there is free by construction.
     own_network: bool = False
+    # The engine's own command where argv starts a wrapper around it (vllm-pd's serve.py): the
+    # record's engine versions come from this one's interpreter.
+    engine_argv: list[str] | None = None

@@ -1,0 +1,160 @@
+"""The readers of a P/D server's own output, against fixtures in upstream formats (their headers
+cite the source): UCX's transport lines and protocol tables (workloads/fabric/ucx_log.py) into
+the KV-path verdict (verify_kv.py), and vLLM's KV-transfer metrics (workloads/inference/pd/kvlog.py)
+against the model's KV size."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import REPO
+from workloads.fabric import ucx_log
+from workloads.fabric.profile import FabricProfile
+from workloads.fabric.verify_kv import kv_verdict
+from workloads.inference.pd import kvlog
+
+UCX = REPO / "tests" / "fixtures" / "ucx_logs"
+KV = REPO / "tests" / "fixtures" / "vllm_kv" / "nixl_kv_metrics_vllm_0.32.log"
+
+
+def _text(name: str) -> str:
+    return (UCX / name).read_text()
+
+
+def test_cma_on_one_host():
+    log = ucx_log.parse(_text("ucx_1.23_cma_loopback.log"))
+    (get,) = log.op_rows()
+    assert (get.scope, get.range, get.description, get.transports) == ("intra-node", "0..inf", "zero-copy", ["cma"])
+    assert log.transports() == ["cma"]
+    # active messages (NIXL's notifications) go over TCP on lo; only the GET carries the KV cache
+    assert {t for r in log.rows if "active message" in r.operation for t in r.transports} == {"tcp"}
+    (ep,) = log.endpoints
+    assert ep.scope == "intra-node" and ep.cfg == 1 and ep.features["am"] == ["tcp", "cma"]
+    assert ep.features["rma_am"] == ["tcp"]  # no one-sided RMA lane: UCX's rma emulated over AM
+
+
+def test_tcp_only_is_software_emulation():
+    (get,) = ucx_log.parse(_text("ucx_1.23_tcp_only.log")).op_rows()
+    assert get.description == "software emulation" and get.transports == ["tcp"]
+
+
+def test_interleaved_threads_and_rdma():
+    log = ucx_log.parse(_text("ucx_rdma_inter_node.log"))
+    assert log.transports() == ["rc_mlx5"]  # thread 1's AM table (tcp) is not the GET's
+    assert [r.scope for r in log.op_rows()] == ["inter-node"]
+    assert log.endpoints[0].features["ka"] == ["ud_mlx5"]
+
+
+def _profile(**expect) -> FabricProfile:
+    return FabricProfile.from_config({"name": "f", "backend": "gloo", "expect": expect, "verify": "fail"})
+
+
+@pytest.mark.parametrize("fixture,expect,verdict", [
+    ("ucx_1.23_cma_loopback.log", {"kv_transports": ["cma", "tcp"]}, "ok"),
+    ("ucx_1.23_tcp_only.log", {"kv_transports": ["tcp"]}, "ok"),
+    ("ucx_1.23_tcp_only.log", {"kv_transports": ["rc_mlx5", "rc_verbs"]}, "mismatch"),   # RDMA expected
+    ("ucx_1.23_tcp_only.log", {"forbid_kv_transports": ["tcp"]}, "mismatch"),
+    ("ucx_rdma_inter_node.log", {"kv_transports": ["rc_mlx5"], "forbid_kv_transports": ["tcp"]}, "ok"),
+    ("ucx_1.23_cma_loopback.log", {}, "ok"),
+])
+def test_kv_verdict(fixture, expect, verdict):
+    v = kv_verdict(_profile(**expect), _text(fixture))
+    assert v["verdict"] == verdict, v
+    assert (v["message"] is None) == (verdict == "ok")
+    if verdict == "mismatch":
+        assert "tcp" in v["message"] and v["summary"]["kv_transports"] == ["tcp"]
+
+
+def test_no_table_is_unverified():
+    v = kv_verdict(_profile(kv_transports=["tcp"]), "UCX  INFO  Version 1.23.0\n")
+    assert v["verdict"] == "unverified" and "UCX_PROTO_INFO" in v["message"]
+
+
+def test_kv_metrics_lines():
+    iv = kvlog.parse(KV.read_text())
+    assert [i.transfers for i in iv] == [1, 1, 2, 0] and iv[3].failed == 1
+    assert iv[0] == kvlog.KVInterval(1, 0.156, 0.156, 0.125, 0, 0)
+    s = kvlog.summarize(iv)
+    assert s["transfers"] == 4 and s["failed"] == 1
+    # (0.125 + 0.125 + 2 x 0.25) MiB / 4 transfers
+    assert s["bytes_per_transfer"] == round(0.1875 * 2**20)
+    assert s["xfer_ms_mean"] == pytest.approx((0.156 + 5.867 + 2 * 3.0) / 4)
+    assert s["xfer_ms_p90_max"] == 5.867
+    assert kvlog.summarize([])["bytes_per_transfer"] is None
+
+
+def test_kv_size_of_the_tiny_llama():
+    """llama-tiny (conf/model/llama-tiny.yaml): 2 layers, 2 KV heads, head_dim 128/4 = 32, fp32;
+    a 24-token prompt fills one of vLLM's 128-token CPU blocks: 2·2·2·32·4 B x 128 = 0.125 MiB,
+    what the decode instance logged for it."""
+    shape = kvlog.KVShape.from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                          "hidden_size": 128, "torch_dtype": "float32"})
+    assert shape.bytes_per_token() == 1024
+    assert shape.transfer_bytes(24, 128) == 0.125 * 2**20 == shape.transfer_bytes(128, 128)
+    assert shape.transfer_bytes(129, 128) == 2 * 0.125 * 2**20
+    assert kvlog.KVShape.from_hf_config({"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8},
+                                        "bfloat16").bytes_per_token() == 2 * 1 * 2 * 4 * 2
+    with pytest.raises(ValueError, match="unknown KV dtype"):
+        kvlog.KVShape.from_hf_config({"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8}, "int3")
+
+
+class _Observer:
+    """What server=vllm-pd's observer gives the sweep: the verdict from a UCX log (here a fixture)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def verify(self, fabric):
+        return {"kv_path": kv_verdict(fabric, self.text)}
+
+
+@pytest.mark.parametrize("mode", ["fail", "warn"])
+def test_a_kv_mismatch_stops_the_sweep_like_a_transport_one(mode, capsys):
+    """run.py's _verify_observed: the verdict goes beside the transport's in the record; under
+    fabric.verify=fail a mismatch raises TransportMismatch (exit 3), under warn it is printed."""
+    from workloads.core.errors import TransportMismatch
+    from workloads.inference.run import _verify_observed
+
+    profile = FabricProfile.from_config({"name": "ib", "backend": "nccl", "verify": mode,
+                                         "expect": {"forbid_kv_transports": ["tcp"]}})
+    base = {"fabric": {}}
+    obs = _Observer(_text("ucx_1.23_tcp_only.log"))
+    if mode == "fail":
+        with pytest.raises(TransportMismatch, match="fabric=ib but the KV cache was read over tcp"):
+            _verify_observed(profile, obs, base)
+    else:
+        _verify_observed(profile, obs, base)
+        assert "warning: fabric=ib but the KV cache was read over tcp" in capsys.readouterr().out
+    assert base["fabric"]["kv_path"]["verdict"] == "mismatch"
+
+
+# Two tables in UCX's format (as in the fixtures): a process's `self` endpoint (NIXL's loopback
+# notifications; no KV between instances) and an intra-node PUT (push mode's KV write).
+SELF_AND_PUT = """\
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.1] [vm:13945:0]   | d0c7 self cfg#0                    |
+[1795737172.1] [vm:13945:0]   | remote memory read by ucp_get*(multi) into host memory from host |
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.1] [vm:13945:0]   | Range  | Description |   Config    |
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.1] [vm:13945:0]   | 0..inf | zero-copy   | self/memory |
+[1795737172.1] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   | d0c7 intra-node cfg#1              |
+[1795737172.2] [vm:13945:0]   | remote memory write by ucp_put* from host memory to host |
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   | Range  | Description |   Config    |
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+[1795737172.2] [vm:13945:0]   | 0..inf | zero-copy   | cma/memory  |
+[1795737172.2] [vm:13945:0]   +--------+-------------+-------------+
+"""
+
+
+def test_self_endpoints_are_not_the_kv_path_and_push_mode_reads_puts():
+    log = ucx_log.parse(SELF_AND_PUT)
+    assert log.op_rows("get") == [] and log.transports("put") == ["cma"]
+    assert kv_verdict(_profile(kv_transports=["cma"]), SELF_AND_PUT)["verdict"] == "unverified"
+    v = kv_verdict(_profile(kv_transports=["cma"]), SELF_AND_PUT, op="put")
+    assert v["verdict"] == "ok" and v["summary"]["op"] == "remote memory write by ucp_put*"
+    bad = kv_verdict(_profile(kv_transports=["rc_mlx5"]), SELF_AND_PUT, op="put")
+    assert "the KV cache was written over cma" in bad["message"]

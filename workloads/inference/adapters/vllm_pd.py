@@ -1,0 +1,266 @@
+"""vLLM with disaggregated prefill and decode (P/D) over NIXL: `server=vllm-pd`.
+
+Two vLLM instances, each started by the vllm adapter's rule (vllm.py: .engines/vllm's
+interpreter here, `vllm serve` in the container), both with
+`--kv-transfer-config {"kv_connector": <server.kv_connector>, "kv_role": <server.kv_role>,
+"kv_buffer_device": cpu|cuda, "kv_connector_extra_config": {...}}`, and the proxy
+(workloads/inference/pd/proxy.py) on server.port, which the load generator talks to as to
+any server. What the orchestrator starts is workloads/inference/pd/serve.py, which starts
+both instances in its process group (so they stop with it), waits for both, sends one
+warm-up P/D request (retried once: NIXL's first handshake may time out) and then serves
+the proxy.
+
+Per instance, chosen here so nothing collides with concurrent runs (free ports below the
+kernel's ephemeral range: see quiet_ports): its HTTP port, its NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT: where the decode
+instance asks the prefill's agent for its memory descriptors) and its UCX TCP port range
+(UCX_TCP_PORT_RANGE; UCX_NET_DEVICES=lo when the instances listen on loopback). UCX prints
+its chosen transports (UCX_PROTO_INFO=y, UCX_LOG_LEVEL=info) for the KV-path verdict
+(workloads/fabric/ucx_log.py), and the decode instance logs vLLM's KV-transfer metrics every
+second (VLLM_LOG_STATS_INTERVAL=1) for the record (workloads/inference/pd/kvlog.py).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from workloads.core.errors import UsageError
+from workloads.inference.adapters import vllm
+from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+from workloads.inference.adapters.sglang import host_has_gpu
+
+ROLES = ("prefill", "decode")
+UCX_PORTS = 16   # UCX_TCP_PORT_RANGE width per instance: NIXL's UCX backend opens 4 listeners a worker
+FACTORY = "vllm/distributed/kv_transfer/kv_connector/factory.py"
+DEFAULTS = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "auto",
+            "kv_connector_extra_config": {}, "prefill_tp": None, "decode_tp": None, "warmup_timeout_s": 120,
+            "ucx_net_devices": None}
+
+
+def options(spec: ServerSpec) -> dict:
+    unknown = sorted(set(spec.options) - set(DEFAULTS))
+    if unknown:
+        raise UsageError(f"server=vllm-pd has no key {unknown[0]!r}; its keys: {', '.join(sorted(DEFAULTS))} "
+                         "(conf/server/vllm-pd.yaml)")
+    return DEFAULTS | {k: v for k, v in spec.options.items() if v is not None}
+
+
+def tps(spec: ServerSpec) -> tuple[int, int]:
+    o = options(spec)
+    p, d = int(o["prefill_tp"] or spec.tp), int(o["decode_tp"] or spec.tp)
+    if p != d or p != spec.tp:
+        raise UsageError(f"server=vllm-pd: prefill TP {p} and decode TP {d} must both equal server.tp={spec.tp}: "
+                         "this adapter runs P and D at one TP degree (the record keys every point by one tp); "
+                         "set server.prefill_tp and server.decode_tp equal, or leave them null")
+    return p, d
+
+
+def known_connectors(spec: ServerSpec) -> list[str] | None:
+    """The connector names the engine's vLLM registers (its factory.py), or None where that
+    vLLM is not on this host (the container's `vllm serve`: then vLLM itself refuses)."""
+    python = spec.python or (str(vllm.ENGINE_ENV / "bin" / "python") if (vllm.ENGINE_ENV / "bin").exists() else None)
+    if not python:
+        return None
+    for f in sorted(Path(python).parent.parent.glob(f"lib/python3*/site-packages/{FACTORY}")):
+        return re.findall(r'register_connector\(\s*"(\w+)"', f.read_text())
+    return None
+
+
+def check_available(spec: ServerSpec, server: dict) -> None:
+    o = options(spec)
+    tps(spec)
+    if spec.nnodes > 1:
+        raise UsageError("server=vllm-pd runs both instances on this node (server.nnodes=1); P and D on two nodes "
+                         "is not built yet (issue 24 part 2)")
+    names = known_connectors(spec)
+    if names is not None and o["kv_connector"] not in names:
+        raise UsageError(f"server.kv_connector={o['kv_connector']!r}: this vLLM has no such KV connector; it has "
+                         f"{', '.join(sorted(names))}")
+    if o["kv_role"] not in ("kv_both", "kv_producer_consumer"):
+        raise UsageError(f"server.kv_role={o['kv_role']!r}: both instances share one role here; use kv_both")
+    if spec.ready_timeout_s <= 10:
+        raise UsageError(f"server.ready_timeout_s={spec.ready_timeout_s:g} leaves no time to start two vLLM instances")
+
+
+def kv_transfer_config(o: dict) -> dict:
+    device = o["kv_buffer_device"]
+    if device == "auto":
+        device = "cuda" if host_has_gpu() else "cpu"
+    return {"kv_connector": o["kv_connector"], "kv_role": o["kv_role"], "kv_buffer_device": device,
+            "kv_connector_extra_config": dict(o["kv_connector_extra_config"] or {})}
+
+
+def _ephemeral_floor() -> int:
+    """The kernel gives outgoing connections (and port-0 binds, free_port's) ports from here up."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def quiet_ports(count: int, width: int = 1, rng: random.Random | None = None) -> list[int]:
+    """`count` bases of `width` consecutive ports, each free now and below the ephemeral range.
+    vLLM binds its NIXL side channel and UCX its listeners minutes after start (after the model
+    loads); a free_port() (ephemeral) number is by then often another process's outgoing
+    connection on a busy host (seen: ZMQError Address already in use, and the instance hung).
+    Below the ephemeral range only explicit binds compete."""
+    rng = rng or random.Random()
+    top, out, taken = _ephemeral_floor() - width, [], set()
+    for _ in range(2000):
+        base = rng.randrange(10000, top)
+        ports = set(range(base, base + width))
+        if ports & taken or not all(_bindable(p) for p in ports):
+            continue
+        out.append(base)
+        taken |= ports
+        if len(out) == count:
+            return out
+    raise UsageError(f"server=vllm-pd found no {count} free port(s) below {top + width} for its instances")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _log_dir(spec: ServerSpec) -> Path:
+    return Path(spec.run_dir or ".") / "server"
+
+
+def instance_logs(spec: ServerSpec) -> dict[str, Path]:
+    return {role: _log_dir(spec) / f"vllm-pd-{role}.log" for role in ROLES}
+
+
+def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:
+    o = options(spec)
+    path = model_path(spec, model)
+    name = spec.served_model_name or path
+    host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
+    kv = json.dumps(kv_transfer_config(o))
+    plan: dict = {"host": spec.host, "port": spec.port, "model_name": name, "ready_timeout_s": spec.ready_timeout_s * 0.95,
+                  "warmup_timeout_s": float(o["warmup_timeout_s"]),
+                  "warmup_path": str(_log_dir(spec) / "vllm-pd-warmup.json"),
+                  "timings_path": str(_log_dir(spec) / "vllm-pd-prefill-legs.jsonl")}
+    net = o["ucx_net_devices"] or ("lo" if host.startswith("127.") else None)
+    bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
+    for i, (role, log) in enumerate(instance_logs(spec).items()):
+        port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
+        argv = vllm._node_argv(replace(spec, host=host, port=port, served_model_name=name, extra_args=()), path)
+        argv += ["--kv-transfer-config", kv, *spec.extra_args]
+        env = {"SPT_NOENV": "1", "VLLM_HOST_IP": host, "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
+               "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side), "UCX_TCP_PORT_RANGE": f"{ucx}-{ucx + UCX_PORTS - 1}",
+               # UCX's own account of the transports it chose: the KV-path verdict reads it
+               "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info",
+               # the decode instance's KV-transfer metrics each second, so each point's are its own
+               "VLLM_LOG_STATS_INTERVAL": "1"} | ({"UCX_NET_DEVICES": net} if net else {}) | dict(spec.env)
+        plan[role] = {"host": host, "port": port, "argv": argv, "env": env, "log": str(log)}
+    return Launch([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], {"SPT_NOENV": "1"}, name,
+                  engine_argv=plan["decode"]["argv"])
+
+
+def _arg(argv: tuple[str, ...], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+# vLLM's KV block size where --block-size is not given (vllm/platforms/cpu.py: 128 on CPU;
+# 16 on CUDA): the unit a P/D transfer moves.
+DEFAULT_BLOCK = {"cpu": 128, "cuda": 16}
+SETTLE_S = 2.5   # > VLLM_LOG_STATS_INTERVAL (1 s): the point's last transfers reach the log
+
+
+class PDObserver:
+    """Reads the instances' logs: the KV-path verdict once, the KV metrics of each point."""
+
+    def __init__(self, spec: ServerSpec, model: dict):
+        self.spec, self.logs = spec, instance_logs(spec)
+        self.legs = _log_dir(spec) / "vllm-pd-prefill-legs.jsonl"
+        device = kv_transfer_config(options(spec))["kv_buffer_device"]
+        self.block_size = int(_arg(spec.extra_args, "--block-size") or DEFAULT_BLOCK.get(device, 16))
+        self.dtype = _arg(spec.extra_args, "--dtype")
+        self.model_dir = Path(model_path(spec, model))
+        self.push = "Push" in str(options(spec)["kv_connector"])
+        # vLLM's KV-transfer metrics come from the instance that moves the KV cache: the decode
+        # instance reads it (pull, NixlConnector), the prefill instance writes it (push)
+        self.stats_log = self.logs["prefill" if self.push else "decode"]
+
+    def verify(self, fabric) -> dict:
+        from workloads.fabric.verify_kv import kv_verdict
+
+        warm = _read_json(_log_dir(self.spec) / "vllm-pd-warmup.json")
+        # pull (NixlConnector = NixlPullConnector): the decode instance reads; push: the prefill writes
+        mover, op = ("prefill", "put") if self.push else ("decode", "get")
+        out = kv_verdict(fabric, self.logs[mover].read_text(errors="replace"),
+                         {r: str(p) for r, p in self.logs.items()}, op)
+        out["warmup"] = warm  # the one P/D request before measuring (first-handshake timeout: retried once)
+        return {"kv_path": out}
+
+    def begin(self) -> tuple[int, int]:
+        return _size(self.stats_log), _size(self.legs)
+
+    def end(self, mark: tuple[int, int], results, warmup) -> dict:
+        from workloads.inference.pd import kvlog
+
+        time.sleep(SETTLE_S)
+        stats = kvlog.summarize(kvlog.parse(_read_from(self.stats_log, mark[0])))
+        legs = [json.loads(x) for x in _read_from(self.legs, mark[1]).splitlines() if x.strip()]
+        prompts = [r.prompt_len for r in list(warmup) + list(results) if r.ok]
+        kv = {**stats, "block_size": self.block_size, "requests": len(prompts),
+              "prefill_leg_ms": [round(x["prefill_s"] * 1e3, 3) for x in legs],
+              "how": f"{self.stats_log.name}: vLLM's `KV Transfer metrics` lines logged during the point, warm-up "
+                     "requests included (docs/metrics.md)"}
+        try:
+            shape = kvlog.KVShape.from_hf_config(_read_json(self.model_dir / "config.json") or {}, self.dtype)
+        except (KeyError, ValueError) as e:
+            kv["expected_bytes_per_transfer"], kv["expected_error"] = None, str(e)
+        else:
+            want = sorted({shape.transfer_bytes(n, self.block_size) for n in prompts})
+            kv["bytes_per_token"] = shape.bytes_per_token()
+            kv["expected_bytes_per_transfer"] = want[0] if len(want) == 1 else sum(
+                shape.transfer_bytes(n, self.block_size) for n in prompts) / len(prompts)
+            got, exp = kv["bytes_per_transfer"], kv["expected_bytes_per_transfer"]
+            # the log rounds each interval's mean to 0.001 MiB (±524 B)
+            kv["matches_model"] = None if got is None else abs(got - exp) <= 0.0005 * kvlog.MIB + 1
+        return {"kv": kv, "metrics": {"kv_bytes_per_transfer": kv["bytes_per_transfer"],
+                                      "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"]}}
+
+
+def observer(spec: ServerSpec, model: dict) -> PDObserver:
+    return PDObserver(spec, model)
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(p: Path, offset: int) -> str:
+    try:
+        with open(p, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_json(p: Path):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,88 @@
+"""vLLM's KV-transfer metrics, from the decode instance's own log, and the KV size they should match.
+
+The decode (KV-reading) instance's API server logs, each VLLM_LOG_STATS_INTERVAL seconds in
+which a transfer happened, one line (vLLM 0.32.0, vllm/distributed/kv_transfer/kv_connector/
+v1/metrics.py KVConnectorLogging.log: `"KV Transfer metrics: %s"` with `", ".join(f"{k}={v}")`
+of NixlKVConnectorStats.reduce() in .../v1/nixl/stats.py):
+    KV Transfer metrics: Num successful transfers=1, Avg xfer time (ms)=0.129, P90 xfer time (ms)=0.129,
+    Avg post time (ms)=..., P90 post time (ms)=..., Avg MB per transfer=0.125, Throughput (MB/s)=968.992,
+    Avg number of descriptors=2.0, Num failed transfers=0, Num KV expired reqs=0, Num notifs after expiry=0
+"MB" there is MiB (bytes / 2**20), every figure rounded to 3 decimals, a transfer is one
+request's KV read; times are of successful transfers only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+_LINE = re.compile(r"KV Transfer metrics: (?P<body>Num successful transfers=.*\S)")
+_FIELD = re.compile(r"(?:^|, )(?P<key>[A-Za-z0-9 ()/]+?)=(?P<value>[-+0-9.eE]+|nan|inf)")
+MIB = 2**20
+# dtype names of --dtype / config.json torch_dtype -> bytes per element
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
+
+
+@dataclass(frozen=True)
+class KVInterval:
+    """One logged interval (NixlKVConnectorStats.reduce())."""
+
+    transfers: int
+    avg_xfer_ms: float
+    p90_xfer_ms: float
+    avg_mib: float
+    failed: int
+    expired: int
+
+
+def parse(text: str) -> list[KVInterval]:
+    out = []
+    for m in _LINE.finditer(text):
+        f = {x["key"].strip(): float(x["value"]) for x in _FIELD.finditer(m["body"])}
+        out.append(KVInterval(int(f.get("Num successful transfers", 0)), f.get("Avg xfer time (ms)", 0.0),
+                              f.get("P90 xfer time (ms)", 0.0), f.get("Avg MB per transfer", 0.0),
+                              int(f.get("Num failed transfers", 0)), int(f.get("Num KV expired reqs", 0))))
+    return out
+
+
+def summarize(intervals: list[KVInterval]) -> dict:
+    """Over every logged interval: transfers, KV bytes per transfer (a transfer-weighted mean of
+    the intervals' means; each mean is rounded to 0.001 MiB, so ±524 B), mean transfer time
+    (weighted likewise), the worst interval's p90, failures and expiries."""
+    n = sum(i.transfers for i in intervals)
+    total_ms = sum(i.transfers * i.avg_xfer_ms for i in intervals)
+    total_mib = sum(i.transfers * i.avg_mib for i in intervals)
+    return {"transfers": n, "failed": sum(i.failed for i in intervals), "expired": sum(i.expired for i in intervals),
+            "bytes_per_transfer": round(total_mib * MIB / n) if n else None,
+            "xfer_ms_mean": total_ms / n if n else None,
+            "xfer_ms_p90_max": max((i.p90_xfer_ms for i in intervals if i.transfers), default=None),
+            "throughput_MiBps": total_mib / (total_ms / 1e3) if total_ms else None, "intervals": len(intervals)}
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one token's KV cache is, as the engine stores it (the model's config.json)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, dtype: str | None = None) -> KVShape:
+        heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        dtype = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown KV dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+        return cls(int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or heads), head_dim,
+                   DTYPE_BYTES[dtype])
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes  # K and V
+
+    def transfer_bytes(self, prompt_tokens: int, block_size: int) -> int:
+        """The bytes a P/D transfer moves for a prompt: vLLM allocates KV in whole blocks and
+        the decode instance reads every block the prefill filled, the last one partly full."""
+        return self.bytes_per_token() * math.ceil(prompt_tokens / block_size) * block_size

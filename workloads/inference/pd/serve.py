@@ -1,0 +1,159 @@
+"""Start a prefill and a decode vLLM instance, wait for both, warm the KV path, then serve the proxy.
+
+    python -m workloads.inference.pd.serve '<json plan>'     (the vllm-pd adapter builds the plan)
+
+The orchestrator starts this in a session of its own, so both engines are in its process group
+and are stopped with it. Each instance's output goes to its own log (the plan's `log`), which
+the KV metrics and the KV-path verdict are read from. A decode (or prefill) instance that exits
+or does not answer /health within the plan's ready_timeout_s ends this process with one line
+naming it and its log, and exit code 3.
+
+Warm-up: the first P/D request after start-up may fail on NIXL's first handshake (the decode
+worker waits at most 5 s, hard-coded, for the prefill's side channel; ../shared/reviews/pd-cpu.md),
+so one P/D request goes through the proxy logic before the proxy listens, retried once; its
+outcome (attempts, errors, seconds) is written to the plan's `warmup_path` for the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from workloads.core.dist import free_port
+from workloads.inference.adapters.orchestrator import probe
+from workloads.inference.pd.proxy import Proxy
+
+NOT_READY = 3
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def start(role: str, inst: dict) -> subprocess.Popen:
+    log = open(inst["log"], "ab")
+    log.write(f"# {role}: {' '.join(inst['argv'])}\n".encode())
+    log.flush()
+    inst["offset"] = log.tell()  # what the instance writes from here is this start's
+    return subprocess.Popen(inst["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=os.environ | inst["env"])
+
+
+def wait_ready(procs: dict[str, subprocess.Popen], plan: dict) -> None:
+    deadline = time.monotonic() + float(plan["ready_timeout_s"])
+    waiting = set(procs)
+    while waiting:
+        for role in sorted(waiting):
+            inst, p = plan[role], procs[role]
+            if probe(f"http://{inst['host']}:{inst['port']}/health") == 200:
+                waiting.discard(role)
+                print(f"vllm-pd: {role} instance ready on port {inst['port']}", flush=True)
+            elif p.poll() is not None:
+                raise NotReady(f"the {role} instance exited with code {p.returncode} before it was ready", inst)
+            elif line := _fatal_line(inst["log"], inst.get("offset", 0)):
+                raise NotReady(f"the {role} instance cannot start: {line}", inst)
+        if waiting and time.monotonic() > deadline:
+            role = sorted(waiting)[0]
+            raise NotReady(f"the {role} instance did not answer /health within server.ready_timeout_s="
+                           f"{plan['ready_timeout_s']:g} s", plan[role])
+        time.sleep(0.5)
+
+
+# Start-up failures after which a vLLM instance hangs instead of exiting: the NIXL handshake
+# listener thread dies on a taken side-channel port and the engine waits for it for ever.
+FATAL = ("Address already in use",)
+
+
+def _fatal_line(log: str, offset: int = 0) -> str | None:
+    """The first fatal line the log got after `offset` (a resumed run appends to the same log)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return next((line.strip() for line in text.splitlines() if any(f in line for f in FATAL)), None)
+
+
+class NotReady(Exception):
+    def __init__(self, what: str, inst: dict):
+        super().__init__(what)
+        self.what, self.log = what, inst["log"]
+
+
+def stop(procs: dict[str, subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Both instances, whatever state they are in (the orchestrator also stops our whole group)."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    end = time.monotonic() + grace_s
+    for p in procs.values():
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+async def warm_up(proxy: Proxy, plan: dict) -> dict:
+    """One P/D request end to end through the proxy's own code, retried once."""
+    body = {"model": plan["model_name"], "prompt": "warm up the kv path", "max_tokens": 2, "temperature": 0,
+            "stream": True}
+    runner = web.AppRunner(proxy.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    tries: list[dict] = []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            try:
+                async with s.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                                  timeout=aiohttp.ClientTimeout(total=plan["warmup_timeout_s"])) as r:
+                    text = (await r.read()).decode(errors="replace")
+                ok = r.status == 200 and '"error"' not in text and "[DONE]" in text
+                tries.append({"ok": ok, "s": time.perf_counter() - t0, "error": None if ok else text[-300:]})
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                tries.append({"ok": False, "s": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e}"})
+            if tries[-1]["ok"]:
+                break
+    await runner.cleanup()
+    return {"attempts": len(tries), "ok": tries[-1]["ok"], "tries": tries}
+
+
+def main(argv: list[str]) -> int:
+    plan = json.loads(argv[0])
+    procs = {role: start(role, plan[role]) for role in ("prefill", "decode")}
+    try:
+        wait_ready(procs, plan)
+    except NotReady as e:
+        print(f"vllm-pd: {e.what}; the last lines of its log ({e.log}):\n{_tail(e.log)}", flush=True)
+        print(f"error: vllm-pd: {e.what} (its log: {e.log})", flush=True)
+        stop(procs)
+        return NOT_READY
+    pre, dec = (f"http://{plan[r]['host']}:{plan[r]['port']}" for r in ("prefill", "decode"))
+    proxy = Proxy(pre, dec, plan.get("timings_path"))
+    warm = asyncio.run(warm_up(Proxy(pre, dec), plan))
+    Path(plan["warmup_path"]).write_text(json.dumps(warm))
+    print(f"vllm-pd: warm-up P/D request: {'ok' if warm['ok'] else 'FAILED'} after {warm['attempts']} attempt(s) "
+          f"({', '.join(format(t['s'], '.2f') + ' s' for t in warm['tries'])})", flush=True)
+    if not warm["ok"]:
+        print(f"error: vllm-pd: the warm-up P/D request failed twice: {warm['tries'][-1]['error']}", flush=True)
+        stop(procs)
+        return NOT_READY
+    web.run_app(proxy.app(), host=plan["host"], port=int(plan["port"]), print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
