@@ -158,4 +158,6 @@ class Recorded:
             # A UsageError is the config's, seen by every rank; anything else may be the
             # writer's death reaching this rank (a peer-closed collective, torchrun's SIGTERM).
             inflight.after_writer_died(self.writer, self.info.rank, exc)
+        if getattr(exc, "agreed", False) and self.info is not None:  # every rank raised it: none leaves first
+            fdist.wait_for_writer(self.info)
         return False

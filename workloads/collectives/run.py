@@ -111,6 +111,7 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
             loggers.log_summary(record)
             loggers.close()
     if record["status"] != "ok":
+        fdist.wait_for_writer(info)  # the check and the rates are combined over ranks: all fail here together
         raise CollectivesFailed(record["error"])
     return recorded.path
 
@@ -272,9 +273,11 @@ def _judge(s: Settings, rows: list[Row], record: dict) -> None:
 
 
 class CollectivesFailed(UsageError):
-    """Measured, recorded, and wrong (bad elements or below min_busbw): exit 1."""
+    """Measured, recorded, and wrong (bad elements or below min_busbw): exit 1. Every rank raises
+    it with the same message (the rows are combined over ranks), so rank 0 alone says it."""
 
     exit_code = 1
+    agreed = True
 
 
 def metrics(rows: list[Row], op_names) -> dict:

@@ -204,6 +204,16 @@ def exit_process(code: int | str | None) -> None:
     os._exit(status & 0xFF)
 
 
+def wait_for_writer(info: DistInfo) -> None:
+    """Every rank of a failure the ranks agreed on waits here until rank 0 has written its record.
+    A rank that exited first made torchrun's agent stop rank 0 mid-write, and the launcher's
+    recovered record then said "rank 1 exited with code 1" instead of the failure (the corrupted-
+    element test, once under load). A peer already gone ends the wait: nothing to wait for."""
+    if info.world_size > 1 and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.barrier()
+
+
 def agree(value, info: DistInfo):
     """Rank 0's value, and the set of ranks whose own value differed."""
     if info.world_size == 1:
