@@ -41,7 +41,7 @@ from workloads.fabric import procnet
 from workloads.fabric.iperf3 import ToolFailed, load_iperf3, parse_iperf3
 
 KINDS = ("iperf3",)
-DIRECTIONS = ("forward", "reverse", "both")
+DIRECTIONS = ("forward", "reverse", "both", "incast")
 PORT = 5299              # not iperf3's default 5201: the link workload may run under this noise
 FLOWING_S = 15.0         # the noise must be seen moving bytes within this long
 FLOWING_BYTES = 256 * 1024  # ~20 ms of a 100 Mbit/s link: more than the handshake, less than a second of any link
@@ -64,7 +64,7 @@ class NoiseFailed(UsageError):
 class NoiseSpec:
     kind: str = "iperf3"
     streams: int = 1                 # iperf3 -P: parallel TCP streams per pair
-    direction: str = "forward"       # forward: node 0 -> node 1; reverse; both
+    direction: str = "forward"       # forward: node 0 -> node 1; reverse; both; incast: every other node -> node 0
     rate: str | None = None          # iperf3 -b per stream, e.g. 50M; None: unlimited
     port: int = PORT
 
@@ -93,8 +93,8 @@ class NoiseSpec:
             raise UsageError("fabric.emulate.noise.streams and .port must be integers") from None
         if not 1 <= streams <= 128:  # iperf3's own limit is 128 (MAX_STREAMS)
             raise UsageError(f"fabric.emulate.noise.streams={streams}; use 1 to 128")
-        if not 1024 <= port <= 65535:
-            raise UsageError(f"fabric.emulate.noise.port={port}; use 1024..65535")
+        if not 1024 <= port <= 65535 - 64:  # an incast's pairs take port, port + 1, ... (up to 63 senders)
+            raise UsageError(f"fabric.emulate.noise.port={port}; use 1024..{65535 - 64}")
         rate = b.get("rate")
         if rate is not None and not str(rate).rstrip("KMGkmg").replace(".", "", 1).isdigit():
             raise UsageError(f"fabric.emulate.noise.rate={rate!r}; use iperf3's -b form, e.g. 50M (bit/s per stream), "
@@ -106,28 +106,36 @@ class NoiseSpec:
             raise UsageError("fabric.emulate.noise needs iperf3, which is not installed (or not on PATH); "
                              "apt-get install iperf3, or drop the noise: block")
 
-    def pairs(self) -> list[tuple[int, int]]:
-        """(sending node, receiving node) per iperf3 client/server pair."""
+    def pairs(self, nodes: int = 2) -> list[tuple[int, int]]:
+        """(sending node, receiving node) per iperf3 client/server pair. incast: N-1 senders into
+        node 0, whose host link (and, on a leaf-spine, its leaf's uplinks) they share."""
+        if self.direction == "incast":
+            return [(i, 0) for i in range(1, nodes)]
         return {"forward": [(0, 1)], "reverse": [(1, 0)], "both": [(0, 1), (1, 0)]}[self.direction]
+
+    def port_of(self, pair: int) -> int:
+        """Pair n's server port: one per pair, since an incast's servers all listen on node 0."""
+        return self.port + pair
 
     def describe(self) -> str:
         rate = f" at {self.rate}bit/s each" if self.rate else ""
-        ways = {"forward": "node 0 -> node 1", "reverse": "node 1 -> node 0", "both": "both ways"}[self.direction]
+        ways = {"forward": "node 0 -> node 1", "reverse": "node 1 -> node 0", "both": "both ways",
+                "incast": "incast: every other node -> node 0"}[self.direction]
         return f"iperf3 TCP, {self.streams} stream(s){rate}, {ways}"
 
 
-def client_argv(spec: NoiseSpec, server: str, seconds: int) -> list[str]:
+def client_argv(spec: NoiseSpec, server: str, seconds: int, pair: int = 0) -> list[str]:
     # -t: long enough to outlast the run, short enough that a client whose launcher was
     # SIGKILLed ends by itself; --json: the summary written on SIGINT (see the docstring)
-    argv = ["iperf3", "-c", server, "-p", str(spec.port), "-t", str(seconds), "-P", str(spec.streams),
+    argv = ["iperf3", "-c", server, "-p", str(spec.port_of(pair)), "-t", str(seconds), "-P", str(spec.streams),
             "--json", "--connect-timeout", "5000"]
     return argv + (["-b", spec.rate] if spec.rate else [])
 
 
-def server_argv(spec: NoiseSpec, bind: str) -> list[str]:
+def server_argv(spec: NoiseSpec, bind: str, pair: int = 0) -> list[str]:
     # -1: one test, then exit (it ends when its client does); --idle-timeout as the link
     # workload's server: one that no client reaches exits by itself
-    return ["iperf3", "-s", "-1", "-B", bind, "-p", str(spec.port), "--json", "--idle-timeout", "60"]
+    return ["iperf3", "-s", "-1", "-B", bind, "-p", str(spec.port_of(pair)), "--json", "--idle-timeout", "60"]
 
 
 def received_bytes(pids: Sequence[int]) -> int | None:
@@ -206,16 +214,16 @@ def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], 
                                 start_new_session=True, preexec_fn=_default_sigint)
 
     try:
-        for n, (src, dst) in enumerate(spec.pairs()):
-            s = start(nodes[dst], server_argv(spec, addrs[dst]), out_dir / f"iperf3-{n}-server.json")
+        for n, (src, dst) in enumerate(spec.pairs(len(nodes))):
+            s = start(nodes[dst], server_argv(spec, addrs[dst], n), out_dir / f"iperf3-{n}-server.json")
             servers.append(s)
             deadline = time.monotonic() + FLOWING_S
-            while not _listening(s.pid, spec.port):
+            while not _listening(s.pid, spec.port_of(n)):
                 if s.poll() is not None or time.monotonic() > deadline:
                     raise NoiseFailed(f"noise: the iperf3 server in {nodes[dst]} did not listen on "
-                                      f"{addrs[dst]}:{spec.port} (see {out_dir / f'iperf3-{n}-server.json'})")
+                                      f"{addrs[dst]}:{spec.port_of(n)} (see {out_dir / f'iperf3-{n}-server.json'})")
                 time.sleep(0.05)
-            clients.append(start(nodes[src], client_argv(spec, addrs[dst], int(run_s) + 60),
+            clients.append(start(nodes[src], client_argv(spec, addrs[dst], int(run_s) + 60, n),
                                  out_dir / f"iperf3-{n}.json"))
         pids = [s.pid for s in servers]
         before = [received_bytes([pid]) for pid in pids]
