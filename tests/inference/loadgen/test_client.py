@@ -72,6 +72,11 @@ def _scripted_specs(tag, n):
     return specs
 
 
+# On the weighted worker (marker `timing`, tests/helpers/cpu_share.py): with three workers on two
+# cores, the 64-stream case's one event loop queued behind the other workers' launches, and the
+# client's p90 TTFT came out 2.05 ms from the server's stamps against a 2 ms margin, while the
+# waits for a core it measured (mean 0.097 ms) did not show that queueing.
+@pytest.mark.timing
 @pytest.mark.parametrize("concurrency", [1, 64])
 @pytest.mark.parametrize("backend", ["completions", "chat"])
 def test_timing_matches_scripted_truth(running, server, concurrency, backend):
