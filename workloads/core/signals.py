@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 from contextlib import contextmanager
@@ -102,3 +103,19 @@ def _unraisable(u) -> None:
         t.start()
         return
     _next_hook(u)
+
+
+def stop_group(p: subprocess.Popen, first: int = signal.SIGTERM, wait_s: float = 5.0, kill_wait_s: float = 5.0) -> None:
+    """Stop a child started in its own session, with everything in its process group: `first`
+    (SIGINT for a tool that writes its summary on it), then SIGKILL if it has not ended within
+    `wait_s`. A group already gone ends it."""
+    for sig, wait in ((first, wait_s), (signal.SIGKILL, kill_wait_s)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

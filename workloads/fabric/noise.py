@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from workloads.core.errors import UsageError
+from workloads.core.signals import stop_group
 from workloads.fabric import procnet
 from workloads.fabric.iperf3 import ToolFailed, load_iperf3, parse_iperf3
 
@@ -163,19 +164,9 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _stop(p: subprocess.Popen, first: int = signal.SIGINT) -> None:
+def _stop(p: subprocess.Popen) -> None:
     """SIGINT first (iperf3 then writes its JSON), SIGKILL if it does not end."""
-    for sig, wait in ((first, STOP_S), (signal.SIGKILL, 5.0)):
-        if p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            pass
+    stop_group(p, signal.SIGINT, STOP_S)
 
 
 def figures(path: Path) -> dict[str, Any]:

@@ -14,9 +14,7 @@ must end within its run time plus a margin, and the server must end soon after t
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -30,6 +28,7 @@ from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
+from workloads.core.signals import stop_group
 from workloads.fabric import leafspine, procnet
 from workloads.fabric.profile import FabricProfile
 from workloads.link.tools import TOOLS, Options, Tool, ToolFailed, rdma_devices
@@ -148,15 +147,7 @@ def _said(tool: Tool, out: str, err: str) -> str:
 
 def stop(p: subprocess.Popen) -> None:
     """Stop a server we started (its own session: the tool's children go with it)."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=5)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=5)
+    stop_group(p)
 
 
 def run_client(tool: Tool, o: Options, server: str) -> dict[str, Any]:

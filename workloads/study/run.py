@@ -40,6 +40,7 @@ from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
 from workloads.core.records import iter_records
 from workloads.core.rundir import derive_run_id
+from workloads.core.signals import stop_group
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
@@ -224,25 +225,12 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
         try:
             code = proc.wait(timeout=spec.timeout_s + 60)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_group(proc, wait_s=20)
             code = 124
         except BaseException:
-            _stop(proc)
+            stop_group(proc, wait_s=20)
             raise
     return code, t0, time.monotonic(), log
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _tail(path: Path, lines: int = 8) -> str:
