@@ -17,7 +17,7 @@ from typing import Iterable
 
 from analysis import guard, stats
 from analysis.compare import Point, Result
-from analysis.load import size_text
+from analysis.load import Run, size_text
 from workloads import catalog
 
 METRIC_NAMES = {"samples_per_sec": "samples/s", "request_throughput": "requests/s", "median_ttft_ms": "median TTFT",
@@ -120,9 +120,7 @@ def congestion_claim(p: Point, c: stats.Comparison) -> str | None:
     arm, base = p.by_fabric.get(c.fabric, []), p.by_fabric.get(c.baseline, [])
     if not arm or not base or not all(r.noise for r in arm) or any(r.noise for r in base):
         return None
-    rates = sorted(r.noise["during_point"]["throughput(Mbit/s)"] for r in arm if r.noise.get("during_point"))
-    under = f"under {arm[0].noise.get('description')}" + (f", median {rates[len(rates) // 2]:.1f} Mbit/s of it"
-                                                          if rates else "")
+    under = f"under {arm[0].noise.get('description')}{_noise_measured(arm)}"
     factor = f"congestion-impact factor {c.speedup:.3f} [{c.speedup_lo:.3f}, {c.speedup_hi:.3f}]"
     if c.outcome == "differs" and c.speedup < 1:
         # the factor's complement: how much of the quiet arm's figure the noise took away
@@ -131,6 +129,17 @@ def congestion_claim(p: Point, c: stats.Comparison) -> str | None:
         return (f"{metric_name(c.metric)}: {c.fabric} is {100 * (1 - c.speedup):.1f}% {worse} than {c.baseline} "
                 f"{ci} ({factor}; {under}).")
     return f"{claim(c).removesuffix('.')} ({factor}; {under})."
+
+
+def _noise_measured(arm: list[Run]) -> str:
+    """', median 48.9 Mbit/s of it' (iperf3) or ', median 1.92 cores busy' (a CPU hog): what the
+    noise really did while the arm's points were measured, from the records."""
+    during = [r.noise["during_point"] for r in arm if r.noise.get("during_point")]
+    for key, text in (("throughput(Mbit/s)", ", median {:.1f} Mbit/s of it"), ("cores_busy", ", median {:.2f} cores busy")):
+        values = sorted(d[key] for d in during if key in d)
+        if values:
+            return text.format(values[len(values) // 2])
+    return ""
 
 
 def relative(text: str, root: Path | None) -> str:

@@ -69,3 +69,17 @@ def test_busbw_charts_split_by_world_size_and_dtype_where_they_differ():
                                            coll("ib", 0, world=16, dtype="bfloat16", busbw=90.0)))
     labels = [label for label, _ in groups(t)]
     assert len(labels) == 3 and all("world.world_size=" in x or "datatype=" in x for x in labels), labels
+
+
+def test_the_congestion_headline_names_what_the_noise_measured():
+    """The median of what the noise did at each of the arm's points: iperf3's Mbit/s, or a CPU
+    hog's cores busy (three points: 0.8, 1.9, 1.2 cores -> median 1.20)."""
+    from types import SimpleNamespace
+
+    from analysis.summary import _noise_measured
+
+    hogs = [SimpleNamespace(noise={"during_point": {"cpu_s": c, "seconds": 1.0, "cores_busy": c}}) for c in (0.8, 1.9, 1.2)]
+    assert _noise_measured(hogs) == ", median 1.20 cores busy"
+    flows = [SimpleNamespace(noise={"during_point": {"bytes": 1, "seconds": 1.0, "throughput(Mbit/s)": m}}) for m in (48.9, 50.0)]
+    assert _noise_measured(flows) == ", median 50.0 Mbit/s of it"  # upper median of two, as before
+    assert _noise_measured([SimpleNamespace(noise={"during_point": None})]) == ""

@@ -655,7 +655,7 @@ def run(args, conf_dir: str | None = None) -> int:
         loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides,
                                                        catalog.for_script(args.entry)[0].config)
         if loud is not None:
-            loud.require()
+            loud.require(spec.nodes)
             if args.jobs != 1:
                 raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
                                  "noise: drop the noise block or --jobs")

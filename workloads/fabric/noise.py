@@ -19,8 +19,15 @@ own JSON (client and server side) is kept in `<run dir>/noise/`; stopped with SI
 iperf3 3.12 writes its summary with an "error" naming the interrupt, whose figures are the
 test's up to that moment.
 
-A noise that moved no bytes while the workload ran fails the run (exit 1, one line): a
-"noisy" arm that was quiet would be compared as if it were loaded.
+`kind: cpu` is the other neighbour: `threads` single-threaded GEMM loops (workloads/fabric/hog.py)
+started in node `node`'s namespace, as a training job's compute beside the measured one. On one
+machine every emulated node shares the host's cores, so the hog slows every node's ranks, not
+only its own: the record says so in its description. Its evidence is the kernel's CPU time for
+the hog processes (utime + stime of /proc/<pid>/stat) and each hog's own count of GEMMs, kept
+as hog-<n>.json.
+
+A noise that moved no bytes (or used no CPU) while the workload ran fails the run (exit 1, one
+line): a "noisy" arm that was quiet would be compared as if it were loaded.
 """
 
 from __future__ import annotations
@@ -30,24 +37,27 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from workloads.core.errors import UsageError
 from workloads.core.signals import stop_group
 from workloads.fabric import procnet
 from workloads.fabric.iperf3 import ToolFailed, load_iperf3, parse_iperf3
 
-KINDS = ("iperf3",)
+KINDS = ("iperf3", "cpu")
 DIRECTIONS = ("forward", "reverse", "both", "incast")
 PORT = 5299              # not iperf3's default 5201: the link workload may run under this noise
 FLOWING_S = 15.0         # the noise must be seen moving bytes within this long
 FLOWING_BYTES = 256 * 1024  # ~20 ms of a 100 Mbit/s link: more than the handshake, less than a second of any link
+BUSY_CPU_S = 0.2         # a hog is running once it has spent this much CPU past its start-up
+MAX_THREADS = 64
 STOP_S = 10.0            # how long iperf3 may take to write its summary after SIGINT
-# Set for the workload's ranks: the noise's state file (receivers' pids, its description).
+# Set for the workload's ranks: the noise's state file (the pids to count, its description).
 NOISE_ENV = "FABRICBENCH_NOISE"
 # What iperf3 3.12 puts in "error" when the test was stopped by a signal (src/iperf_api.c):
 # the figures beside it are those of the seconds it ran.
@@ -68,6 +78,11 @@ class NoiseSpec:
     direction: str = "forward"       # forward: node 0 -> node 1; reverse; both; incast: every other node -> node 0
     rate: str | None = None          # iperf3 -b per stream, e.g. 50M; None: unlimited
     port: int = PORT
+    threads: int = 1                 # kind cpu: GEMM loops (one core each)
+    node: int = 0                    # kind cpu: the namespace they run in
+
+    # The keys each kind reads; a key of the other kind is a mistake worth one line, not silence.
+    FIELDS = {"iperf3": ("kind", "streams", "direction", "rate", "port"), "cpu": ("kind", "threads", "node")}
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None) -> NoiseSpec | None:
@@ -85,6 +100,19 @@ class NoiseSpec:
         kind = str(b.get("kind", "iperf3"))
         if kind not in KINDS:
             raise UsageError(f"fabric.emulate.noise.kind={kind!r}; use {' or '.join(KINDS)}")
+        foreign = sorted(set(b) - set(cls.FIELDS[kind]))
+        if foreign:
+            raise UsageError(f"fabric.emulate.noise: kind {kind} does not take {foreign}; it takes "
+                             f"{list(cls.FIELDS[kind][1:])}")
+        if kind == "cpu":
+            try:
+                threads, node = int(b.get("threads", 1)), int(b.get("node", 0))
+            except (TypeError, ValueError):
+                raise UsageError("fabric.emulate.noise.threads and .node must be integers") from None
+            if not 1 <= threads <= MAX_THREADS or node < 0:
+                raise UsageError(f"fabric.emulate.noise: threads={threads}, node={node}; use threads 1 to "
+                                 f"{MAX_THREADS} and a node >= 0")
+            return cls(kind, threads=threads, node=node)
         direction = str(b.get("direction", "forward"))
         if direction not in DIRECTIONS:
             raise UsageError(f"fabric.emulate.noise.direction={direction!r}; use one of {', '.join(DIRECTIONS)}")
@@ -102,7 +130,16 @@ class NoiseSpec:
                              "or null for unlimited")
         return cls(kind, streams, direction, None if rate is None else str(rate), port)
 
-    def require(self) -> None:
+    def fields(self) -> dict[str, Any]:
+        """The spec as records carry it: only the keys of its kind."""
+        return {k: getattr(self, k) for k in self.FIELDS[self.kind]}
+
+    def require(self, nodes: int) -> None:
+        if self.kind == "cpu":
+            if self.node >= nodes:
+                raise UsageError(f"fabric.emulate.noise.node={self.node}, but the emulated fabric has {nodes} "
+                                 f"node(s) (0 to {nodes - 1})")
+            return
         if shutil.which("iperf3") is None:
             raise UsageError("fabric.emulate.noise needs iperf3, which is not installed (or not on PATH); "
                              "apt-get install iperf3, or drop the noise: block")
@@ -119,6 +156,8 @@ class NoiseSpec:
         return self.port + pair
 
     def describe(self) -> str:
+        if self.kind == "cpu":
+            return (f"CPU hog: {self.threads} GEMM loop(s) in node {self.node} (on one host: every node's cores)")
         rate = f" at {self.rate}bit/s each" if self.rate else ""
         ways = {"forward": "node 0 -> node 1", "reverse": "node 1 -> node 0", "both": "both ways",
                 "incast": "incast: every other node -> node 0"}[self.direction]
@@ -160,6 +199,15 @@ def _listening(pid: int, port: int) -> bool:
                for local, _, state, inode in procnet.tcp_sockets(proc))
 
 
+def _wait(ready: Callable[[], bool], procs: Sequence[subprocess.Popen], failure: Callable[[], str]) -> None:
+    """Poll until `ready()`; NoiseFailed(failure()) once one of `procs` has ended or FLOWING_S passed."""
+    deadline = time.monotonic() + FLOWING_S
+    while not ready():
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            raise NoiseFailed(failure())
+        time.sleep(0.05)
+
+
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -184,13 +232,27 @@ def figures(path: Path) -> dict[str, Any]:
 @contextmanager
 def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], out_dir: Path,
             run_s: float) -> Iterator[dict[str, str]]:
-    """Start the noise in the namespaces, wait until it flows, yield the environment the
-    workload's ranks need (NOISE_ENV), then stop it, keep iperf3's JSON in `out_dir` and check
-    it moved bytes while the workload ran. Every iperf3 is stopped on the way out, whatever happened."""
+    """Start the noise in the namespaces, wait until it runs, yield the environment the
+    workload's ranks need (NOISE_ENV), then stop it, keep its own output in `out_dir` and check
+    it ran while the workload did. Every noise process is stopped on the way out, whatever happened."""
     if spec is None:
         yield {}
         return
     out_dir.mkdir(parents=True, exist_ok=True)
+    with (_hogs if spec.kind == "cpu" else _iperf3)(spec, nodes, addrs, out_dir, run_s) as env:
+        yield env
+
+
+def _write_state(out_dir: Path, spec: NoiseSpec, pids: Sequence[int]) -> dict[str, str]:
+    state = out_dir / "state.json"
+    state.write_text(json.dumps({"spec": spec.fields(), "description": spec.describe(), "pids": list(pids),
+                                 "counter": "cpu" if spec.kind == "cpu" else "rchar"}))
+    return {NOISE_ENV: str(state)}
+
+
+@contextmanager
+def _iperf3(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir: Path,
+            run_s: float) -> Iterator[dict[str, str]]:
     servers: list[subprocess.Popen] = []
     clients: list[subprocess.Popen] = []
     files: list[Any] = []
@@ -208,30 +270,26 @@ def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], 
         for n, (src, dst) in enumerate(spec.pairs(len(nodes))):
             s = start(nodes[dst], server_argv(spec, addrs[dst], n), out_dir / f"iperf3-{n}-server.json")
             servers.append(s)
-            deadline = time.monotonic() + FLOWING_S
-            while not _listening(s.pid, spec.port_of(n)):
-                if s.poll() is not None or time.monotonic() > deadline:
-                    raise NoiseFailed(f"noise: the iperf3 server in {nodes[dst]} did not listen on "
-                                      f"{addrs[dst]}:{spec.port_of(n)} (see {out_dir / f'iperf3-{n}-server.json'})")
-                time.sleep(0.05)
+            _wait(lambda: _listening(s.pid, spec.port_of(n)), [s],
+                  lambda: f"noise: the iperf3 server in {nodes[dst]} did not listen on {addrs[dst]}:"
+                          f"{spec.port_of(n)} (see {out_dir / f'iperf3-{n}-server.json'})")
             clients.append(start(nodes[src], client_argv(spec, addrs[dst], int(run_s) + 60, n),
                                  out_dir / f"iperf3-{n}.json"))
         pids = [s.pid for s in servers]
         before = [received_bytes([pid]) for pid in pids]
-        deadline = time.monotonic() + FLOWING_S
-        while True:  # flowing: every server (each direction) has its client and has received data
-            moved = [(received_bytes([pid]) or 0) - (b or 0) for pid, b in zip(pids, before)]
-            if None not in before and min(moved) >= FLOWING_BYTES:
-                break
-            if any(p.poll() is not None for p in servers + clients) or time.monotonic() > deadline:
-                raise NoiseFailed(f"noise: iperf3 moved {min(moved)} bytes in its first {FLOWING_S:g} s (an iperf3 "
-                                  f"exited or the link carries nothing); its output is in {out_dir}")
-            time.sleep(0.05)
-        state = out_dir / "state.json"
-        state.write_text(json.dumps({"spec": asdict(spec), "description": spec.describe(), "receivers": pids}))
+        moved = [0]
+
+        def flowing() -> bool:  # every server (each direction) has its client and has received data
+            moved[:] = [(received_bytes([pid]) or 0) - (b or 0) for pid, b in zip(pids, before)]
+            return None not in before and min(moved) >= FLOWING_BYTES
+
+        _wait(flowing, servers + clients,
+              lambda: f"noise: iperf3 moved {min(moved)} bytes in its first {FLOWING_S:g} s (an iperf3 exited or "
+                      f"the link carries nothing); its output is in {out_dir}")
+        env = _write_state(out_dir, spec, pids)
         start_bytes, t0 = received_bytes(pids), time.monotonic()
         print(f"emulate: noise flowing: {spec.describe()}", flush=True)
-        yield {NOISE_ENV: str(state)}
+        yield env
         moved, seconds = (received_bytes(pids) or 0) - (start_bytes or 0), time.monotonic() - t0
         if any(p.poll() is not None for p in servers + clients):
             raise NoiseFailed(f"noise: an iperf3 ended while the workload ran; its output is in {out_dir}")
@@ -249,7 +307,7 @@ def running(spec: NoiseSpec | None, nodes: Sequence[str], addrs: Sequence[str], 
                 Path(f.name).unlink()  # kept only when iperf3 said something there
     if moved <= 0:
         raise NoiseFailed(f"noise: iperf3 moved no bytes during the workload's {seconds:.1f} s; the run was not noisy")
-    summary = {"spec": asdict(spec), "description": spec.describe(), "during_workload": _rate(moved, seconds),
+    summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": _rate(moved, seconds),
                "iperf3": [figures(out_dir / f"iperf3-{n}-server.json") for n in range(len(servers))]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"emulate: noise moved {moved} B in {seconds:.1f} s during the workload "
@@ -261,29 +319,92 @@ def _rate(moved: int, seconds: float) -> dict[str, float]:
     return {"bytes": moved, "seconds": seconds, "throughput(Mbit/s)": moved * 8 / seconds / 1e6 if seconds > 0 else 0.0}
 
 
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """CPU time the processes have used (utime + stime of /proc/<pid>/stat, summed, in s); None
+    when one is unreadable."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            # the fields after the command name, which may hold spaces and parentheses itself
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    return total / tick
+
+
+def _busy(cpu_s: float, seconds: float) -> dict[str, float]:
+    cpu_s = round(cpu_s, 3)  # clock ticks: the sum of two float divisions would carry binary noise
+    return {"cpu_s": cpu_s, "seconds": seconds, "cores_busy": cpu_s / seconds if seconds > 0 else 0.0}
+
+
+@contextmanager
+def _hogs(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir: Path,
+          run_s: float) -> Iterator[dict[str, str]]:
+    """`threads` GEMM loops in node `node`: started, seen busy, stopped with SIGINT (each then
+    writes hog-<n>.json), and their CPU time during the workload checked to be more than none."""
+    hogs: list[subprocess.Popen] = []
+    # one BLAS thread per loop: `threads` is then the cores the hog asks for
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    try:
+        for n in range(spec.threads):
+            argv = [sys.executable, "-m", "workloads.fabric.hog", "--out", str(out_dir / f"hog-{n}.json"),
+                    "--seconds", str(int(run_s) + 60)]
+            hogs.append(subprocess.Popen(["ip", "netns", "exec", nodes[spec.node], *argv], env=env,
+                                         cwd=Path(__file__).resolve().parents[2], start_new_session=True,
+                                         preexec_fn=_default_sigint))
+        pids = [p.pid for p in hogs]
+        def busy() -> bool:  # each loop past its import, spending CPU
+            used = [cpu_seconds([pid]) for pid in pids]
+            return None not in used and min(used) >= BUSY_CPU_S
+
+        _wait(busy, hogs, lambda: f"noise: a CPU hog did not start in {FLOWING_S:g} s (it exited or got no CPU)")
+        env_out = _write_state(out_dir, spec, pids)
+        start_cpu, t0 = cpu_seconds(pids), time.monotonic()
+        print(f"emulate: noise running: {spec.describe()}", flush=True)
+        yield env_out
+        used_cpu, seconds = (cpu_seconds(pids) or 0.0) - (start_cpu or 0.0), time.monotonic() - t0
+        if any(p.poll() is not None for p in hogs):
+            raise NoiseFailed(f"noise: a CPU hog ended while the workload ran; see {out_dir}")
+    finally:
+        for p in hogs:
+            _stop(p)
+    if used_cpu <= 0:
+        raise NoiseFailed(f"noise: the CPU hog used no CPU during the workload's {seconds:.1f} s; the run was not noisy")
+    summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": _busy(used_cpu, seconds),
+               "hogs": [json.loads((out_dir / f"hog-{n}.json").read_text()) for n in range(len(hogs))]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"emulate: noise used {used_cpu:.1f} CPU-s in {seconds:.1f} s during the workload "
+          f"({summary['during_workload']['cores_busy']:.2f} cores); its output is in {out_dir}", flush=True)
+
+
 class PointMeter:
-    """What a rank measures of the noise around one point (session.Recorded): the receivers'
-    bytes as it enters and as it leaves. Inactive when this run has no noise."""
+    """What a rank measures of the noise around one point (session.Recorded): the iperf3
+    receivers' bytes, or the hogs' CPU time, as it enters and as it leaves. Inactive when this
+    run has no noise."""
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         path = (os.environ if environ is None else environ).get(NOISE_ENV)
         self.state = json.loads(Path(path).read_text()) if path else None
         self.start = self._read()
 
-    def _read(self) -> tuple[int | None, float]:
-        return (received_bytes(self.state["receivers"]) if self.state else None), time.monotonic()
+    def _read(self) -> tuple[float | None, float]:
+        if self.state is None:
+            return None, time.monotonic()
+        count = cpu_seconds if self.state["counter"] == "cpu" else received_bytes
+        return count(self.state["pids"]), time.monotonic()
 
     def record(self) -> dict[str, Any] | None:
-        """`fabric.noise` of the record: the description and the noise's bytes during the point."""
+        """`fabric.noise` of the record: the description and what the noise did during the point."""
         if self.state is None:
             return None
         (b0, t0), (b1, t1) = self.start, self._read()
         out = {**self.state["spec"], "description": self.state["description"]}
         if b0 is None or b1 is None:
             out["during_point"] = None
-            out["unmeasured"] = "the iperf3 servers' /proc/<pid>/io could not be read (ended, or not root)"
+            out["unmeasured"] = "the noise processes' /proc/<pid> could not be read (ended, or not root)"
         else:
-            out["during_point"] = _rate(b1 - b0, t1 - t0)
+            out["during_point"] = (_busy if self.state["counter"] == "cpu" else _rate)(b1 - b0, t1 - t0)
         return out
 
 
