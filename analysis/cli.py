@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from workloads.core.errors import UsageError
 
@@ -59,13 +60,19 @@ def _load(args):
     return table, result
 
 
-def _print(result, verbose: bool = False) -> None:
+def _print(result, verbose: bool = False, dirs: Sequence[str] = ()) -> None:
     for line in result.control_lines() + result.floor_lines():  # first: whether any verdict below can be trusted
         print(line)
     if (excluded := result.excluded_summary()) is not None:
         print(excluded)
     for p, c in result.comparisons:
         print(f"{p.label} [{c.metric}]: {c.verdict}")
+    from analysis import topology
+
+    # emulate --jobs writes its summaries beside the run folders, under the folders given here
+    found = {s["_path"]: s for d in dirs for s in topology.jobs_summaries(Path(d))}
+    for line in topology.jct_verdicts(list(found.values()), result.baseline):
+        print(line)
     from analysis.summary import headlines
 
     for workload, claim, detail in headlines(result):  # last: what a study's console ends on
@@ -103,7 +110,7 @@ def _exports(args, result) -> bool:
 def cmd_compare(args) -> int:
     table, result = _load(args)
     if not _exports(args, result):
-        _print(result, getattr(args, "verbose", False))
+        _print(result, getattr(args, "verbose", False), args.dirs)
     if not result.comparisons:
         raise UsageError("no two fabrics share a point: " + (result.refusals[0].message() if result.refusals else
                          f"the records hold only fabric(s) {', '.join(table.fabrics)}" if len(table.fabrics) < 2 else
@@ -122,7 +129,7 @@ def cmd_report(args) -> int:
         raise UsageError(f"--slo-ttft-ms {slo:g}: give the TTFT bound as a positive number of milliseconds, e.g. 500")
     ext = external.load(args.external)  # a bad file is named before any work
     table, result = _load(args)
-    _print(result, getattr(args, "verbose", False))
+    _print(result, getattr(args, "verbose", False), args.dirs)
     rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms", external_runs=ext)
     print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\nmetrics: {rep.csv}\n"
           f"plots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")

@@ -121,3 +121,18 @@ def test_jct_verdicts_call_a_real_difference_and_not_an_aa_one():
     failed = _summary("z", 5.0)
     failed["jobs"][1]["exit_code"] = 1  # a run whose job failed has no makespan to compare
     assert topology.jct_verdicts([failed, _summary("x", 10.0)]) == []
+
+
+def test_compare_prints_the_jct_verdict_of_the_jobs_summaries_it_finds(tmp_path, capsys):
+    """`fabricbench compare <dir>` reads the emulator's jobs-*.json under the folders it is given
+    (beside the records of the same runs) and prints the JCT verdict after the metric verdicts."""
+    from analysis.cli import main as cli_main
+
+    root = _folder(tmp_path)
+    for k, (fabric, makespan) in enumerate([(f, v) for f, vs in (("emu-l3", (20.1, 19.6, 21.0, 20.4, 19.9)),
+                                                                  ("emu-l4", (10.2, 10.6, 9.9, 10.4, 10.1)))
+                                            for v in vs]):
+        (root / f"jobs-{100 + k}.json").write_text(json.dumps(_summary(fabric, makespan)))
+    assert cli_main(["compare", str(root), "--baseline", "emu-l3"]) == 0
+    out = capsys.readouterr().out
+    assert "JCT (the makespan of each run's jobs): emu-l4 is faster than emu-l3 by " in out, out
