@@ -11,6 +11,7 @@ number (missing, None, "<redacted>") becomes None rather than an error.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -345,3 +346,16 @@ def load_table(dirs: Iterable[str] = (), wandb_path: str | None = None, group: s
     if wandb_path:  # a run both on disk and in W&B is one trial (its record_id)
         recs = once(recs + load_wandb(wandb_path, group, tags, config, api))
     return Table(run_from_record(r) for r in recs)
+
+
+def records_root(table: Table) -> Path | None:
+    """The folder every local record lies under, so that names are short but unambiguous: every
+    run directory writes the same file names (pretrain-mb4.json in each). With one run
+    directory, its parent, to keep the run id in the name. W&B sources are unique already."""
+    local = {Path(r.source).parent for r in table if r.source and "://" not in r.source}
+    if not local:
+        return None
+    root = Path(os.path.commonpath([str(p) for p in local]))
+    if len(local) == 1:
+        root = root.parent.parent if root.name == "records" else root.parent
+    return root

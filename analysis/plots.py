@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from analysis import capacity, guard, stats, topology  # noqa: E402
-from analysis.load import Run, Table, cell_busbw, dig, is_served, is_training, size_text  # noqa: E402
+from analysis.load import Run, Table, cell_busbw, dig, is_served, is_training, records_root, size_text  # noqa: E402
 
 Chart = tuple[Path, str]
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
@@ -417,7 +417,8 @@ PLOTS: dict[str, Callable[[Table, Path, Ctx], list[Chart]]] = {
     "p2p_latency": p2p_latency,
     "inference": inference,
     "capacity": capacity_bars,
-    "topology": lambda table, out_dir, ctx: topology.diagrams(table, out_dir) + topology.path_shares(table, out_dir),
+    "topology": lambda table, out_dir, ctx: (topology.diagrams(table, out_dir) + topology.path_shares(table, out_dir)
+                                             + topology.jobs_chart(records_root(table), out_dir)),
 }
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis import capacity, export, external, plots, results_csv, summary, topology
 from analysis.compare import Result
-from analysis.load import Table
+from analysis.load import Table, records_root
 
 
 @dataclass
@@ -50,21 +49,8 @@ def _transport(r) -> str:
 NA = "—"  # a column that does not apply to the workload (collectives have no model or batch)
 
 
-def _root(table: Table) -> Path | None:
-    """The folder every local record lies under, so that names are short but unambiguous: every
-    run directory writes the same file names (pretrain-mb4.json in each). With one run
-    directory, its parent, to keep the run id in the name. W&B sources are unique already."""
-    local = {Path(r.source).parent for r in table if r.source and "://" not in r.source}
-    if not local:
-        return None
-    root = Path(os.path.commonpath([str(p) for p in local]))
-    if len(local) == 1:
-        root = root.parent.parent if root.name == "records" else root.parent
-    return root
-
-
 def _names(table: Table) -> dict[int, str]:
-    root = _root(table)
+    root = records_root(table)
     return {id(r): str(Path(r.source).relative_to(root)) if root is not None and r.source and "://" not in r.source
             else r.source or "?" for r in table}
 
@@ -186,7 +172,7 @@ def _tail(table: Table, result: Result, root: Path | None) -> list[Section]:
 def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_ms: float | None = None,
              slo_metric: str = "p90_ttft_ms") -> list[Section]:
     figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
-    root = _root(table)
+    root = records_root(table)
     return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root, result.baseline),
             *_details(table, result), *_tail(table, result, root)]
 

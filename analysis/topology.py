@@ -167,6 +167,42 @@ def jobs_summaries(root: Path | None) -> list[dict]:
     return out
 
 
+def jobs_chart(root: Path | None, out_dir: Path) -> list[Chart]:
+    """Per fabric, each concurrent run's jobs: their JCTs (dots; the run's makespan ringed) and
+    Jain's fairness over them (one dot per run). The same summaries as the Concurrent jobs table."""
+    by: dict[str, list[dict]] = defaultdict(list)
+    for s in jobs_summaries(root):
+        by[str(s.get("fabric_name") or "jobs")].append(s)
+    if not by:
+        return []
+    names = sorted(by)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 0.8 + 0.6 * len(names)), sharey=True,
+                                      gridspec_kw={"width_ratios": [3, 1]})
+    for y, name in enumerate(names):
+        for k, s in enumerate(by[name]):
+            dy = (k - (len(by[name]) - 1) / 2) * 0.3 / max(len(by[name]), 1)  # runs side by side, not on top
+            jcts = [float(j["jct_s"]) for j in s["jobs"] if j.get("jct_s") is not None]
+            left.scatter(jcts, [y + dy] * len(jcts), s=14, color="#0072B2")
+            if jcts:
+                left.scatter([max(jcts)], [y + dy], s=60, facecolors="none", edgecolors="#D55E00")
+            if s.get("jain_index") is not None:
+                right.scatter([float(s["jain_index"])], [y + dy], s=20, color="#009E73")
+    left.set_yticks(range(len(names)), names)
+    left.set_xlabel("JCT per job (s); ringed: the run's makespan")
+    left.set_xlim(left=0)
+    right.set_xlim(0, 1.05)
+    right.set_xlabel("Jain over jobs")
+    for ax in (left, right):
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suffix in (".png", ".svg"):
+        fig.savefig(out_dir / f"jobs{suffix}", dpi=100)
+    plt.close(fig)
+    return [(out_dir / "jobs.png", "Concurrent jobs (emulate --jobs): each job's completion time per run and fabric, "
+                                   "and Jain's fairness over each run's jobs (1: the fabric shared evenly).")]
+
+
 JOBS_HEAD = ["summary", "job", "nodes", "status", "JCT (s)", "metric", "value", "Jain over jobs"]
 
 

@@ -67,6 +67,7 @@ def test_report_draws_each_topology_and_the_shares_and_lists_the_jobs(tmp_path):
     rep = write_report(table, compare_table(table, baseline="emu-l3"), tmp_path / "out")
     names = sorted(p.name for p in rep.images)
     assert "path-shares.png" in names and names.count("topology-0.png") == 1 and "topology-1.png" in names
+    assert "jobs.png" in names  # the JCT and fairness chart beside the table
     md = rep.markdown.read_text()
     assert "Emulated fabric: leaf-spine: 4 hosts on 2 leaves, 2 spines; host links 100mbit, uplinks 100mbit, ECMP l3" in md
     assert "## Concurrent jobs" in md
