@@ -88,12 +88,7 @@ def diagram(block: dict, out_dir: Path, name: str) -> Chart:
         box(hx, 0.1, f"node {i}", "#E8F4EC")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for suffix in (".png", ".svg"):
-        fig.savefig(out_dir / f"{name}{suffix}", dpi=100)
-    plt.close(fig)
-    return out_dir / f"{name}.png", f"Emulated fabric: {describe(block)}."
+    return _save(fig, out_dir, name, f"Emulated fabric: {describe(block)}.")
 
 
 def diagrams(table: Table, out_dir: Path, ctx=None) -> list[Chart]:
@@ -143,13 +138,8 @@ def path_shares(table: Table, out_dir: Path, ctx=None) -> list[Chart]:
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the bytes the spines carried (%, median over records)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for suffix in (".png", ".svg"):
-        fig.savefig(out_dir / f"path-shares{suffix}", dpi=100)
-    plt.close(fig)
-    return [(out_dir / "path-shares.png", "ECMP: how the bytes between leaves spread over the spines, per arm "
-                                          "(each record's `paths`; an even spread is 1/n per spine).")]
+    return [_save(fig, out_dir, "path-shares", "ECMP: how the bytes between leaves spread over the spines, per arm "
+                                               "(each record's `paths`; an even spread is 1/n per spine).")]
 
 
 def jobs_summaries(root: Path | None) -> list[dict]:
@@ -194,13 +184,17 @@ def jobs_chart(root: Path | None, out_dir: Path) -> list[Chart]:
     right.set_xlabel("Jain over jobs")
     for ax in (left, right):
         ax.grid(True, axis="x", alpha=0.3)
+    return [_save(fig, out_dir, "jobs", "Concurrent jobs (emulate --jobs): each job's completion time per run and "
+                                        "fabric, and Jain's fairness over each run's jobs (1: the fabric shared evenly).")]
+
+
+def _save(fig, out_dir: Path, name: str, caption: str) -> Chart:
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     for suffix in (".png", ".svg"):
-        fig.savefig(out_dir / f"jobs{suffix}", dpi=100)
+        fig.savefig(out_dir / f"{name}{suffix}", dpi=100)
     plt.close(fig)
-    return [(out_dir / "jobs.png", "Concurrent jobs (emulate --jobs): each job's completion time per run and fabric, "
-                                   "and Jain's fairness over each run's jobs (1: the fabric shared evenly).")]
+    return out_dir / f"{name}.png", caption
 
 
 JOBS_HEAD = ["summary", "job", "nodes", "status", "JCT (s)", "metric", "value", "Jain over jobs"]
