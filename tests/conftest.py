@@ -92,7 +92,33 @@ def _namespaces_and_veths() -> set[str]:
     from workloads.fabric.emulate import leftovers
 
     links = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout
-    return set(leftovers("fb-")) | {f"root-namespace veth {w.rstrip(':')}" for w in links.split() if w.startswith("emu0")}
+    return {n for n in leftovers("fb-") if not _someone_elses(n)} | \
+        {f"root-namespace veth {w.rstrip(':')}" for w in links.split() if w.startswith("emu0")}
+
+
+def _someone_elses(name: str) -> bool:
+    """fb-<pid>-...: the emulator that made it is alive and is not a descendant of this test
+    process (another suite or a person's run on the same machine). A namespace whose emulator
+    has exited is a leftover, whoever ran it."""
+    import os
+
+    def parent(pid: int) -> int | None:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    try:
+        pid: int | None = int(name.split("-")[1])
+    except (IndexError, ValueError):
+        return False
+    if parent(pid) is None:
+        return False  # its emulator is gone
+    while pid is not None and pid > 1:
+        if pid == os.getpid():
+            return False
+        pid = parent(pid)
+    return True
 
 
 @pytest.fixture(scope="module", autouse=True)
