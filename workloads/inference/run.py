@@ -35,13 +35,14 @@ from workloads.fabric.emulate import emulated_nodes
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
-from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
+from workloads.inference.adapters.base import Launch, ServerSpec
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
 from workloads.inference.metrics import parse_slo, summarize
+from workloads.models.tp import check_tp_divides
 
 WORKLOAD = "inference"
 

@@ -20,7 +20,8 @@ from omegaconf import OmegaConf
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import compose_node, exec_with, node_env
 from workloads.inference.adapters import get_adapter
-from workloads.inference.adapters.base import ServerSpec, check_tp_divides
+from workloads.inference.adapters.base import ServerSpec
+from workloads.models.tp import check_tp_divides
 
 
 def worker_command(overrides: list[str]) -> tuple[list[str], dict[str, str | None]]:

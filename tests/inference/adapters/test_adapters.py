@@ -24,8 +24,9 @@ from workloads.core.dist import free_port
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import FabricProfile
 from workloads.inference.adapters import get_adapter
-from workloads.inference.adapters.base import Launch, ServerSpec, check_tp_divides
+from workloads.inference.adapters.base import Launch, ServerSpec
 from workloads.inference.adapters.orchestrator import ManagedServer
+from workloads.models.tp import check_tp_divides
 
 CONF = str(REPO / "conf")
 

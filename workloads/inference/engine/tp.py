@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.core.errors import UsageError
-from workloads.inference.adapters.base import check_tp_divides
 from workloads.models.hf import CheckpointWeights  # noqa: F401  (a weight source, as RandomWeights)
 from workloads.models.neox import MLP, Attention, GPTNeoX, NeoXConfig, apply_rotary, rotary_cos_sin
+from workloads.models.tp import check_tp_divides
 
 
 def check_tp(cfg: NeoXConfig, tp: int) -> None:
