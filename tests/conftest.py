@@ -89,7 +89,7 @@ def emu_ab(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def _namespaces_and_veths() -> set[str]:
     """Our namespaces (fb-<pid>-...) and any emu0 veth left in the root namespace (ours only
     ever live inside namespaces)."""
-    from workloads.fabric.emulate import leftovers
+    from workloads.fabric.netns import leftovers
 
     links = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout
     return {n for n in leftovers("fb-") if not _someone_elses(n)} | \

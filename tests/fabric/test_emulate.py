@@ -18,13 +18,8 @@ import pytest
 from helpers import REPO, child_env, records_in
 from helpers.tcp_probe import tcp_hello
 from workloads.core.errors import UsageError
-from workloads.fabric.emulate import (
-    EmuSpec,
-    Topology,
-    agent_argv,
-    leftovers,
-    rate_bits_per_s,
-)
+from workloads.fabric.emulate import agent_argv
+from workloads.fabric.netns import EmuSpec, Topology, leftovers, rate_bits_per_s
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 
@@ -90,11 +85,11 @@ def test_bad_input_is_one_message():
 
 
 def test_non_root_is_told_so(monkeypatch):
-    import workloads.fabric.emulate as emu
+    from workloads.fabric import netns
 
-    monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(UsageError, match="need root"):
-        emu.require_root()
+        netns.require_root()
 
 
 # --- real namespaces -------------------------------------------------------------------

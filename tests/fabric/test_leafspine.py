@@ -20,7 +20,7 @@ from helpers import REPO, child_env, records_in
 from helpers.tcp_probe import tcp_hello
 from workloads.core.errors import UsageError
 from workloads.fabric import leafspine
-from workloads.fabric.emulate import EmuSpec, Topology, leftovers
+from workloads.fabric.netns import EmuSpec, Topology, leftovers
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 

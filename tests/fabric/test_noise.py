@@ -23,7 +23,7 @@ import pytest
 from helpers import REPO, child_env, records_in
 from workloads.core.errors import UsageError
 from workloads.fabric import hog
-from workloads.fabric.emulate import leftovers
+from workloads.fabric.netns import leftovers
 from workloads.fabric.noise import PORT, NoiseSpec, client_argv, cpu_seconds
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]

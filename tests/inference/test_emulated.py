@@ -28,7 +28,7 @@ import pytest
 
 from analysis.stats import hodges_lehmann, permutation_p
 from helpers import REPO, child_env, cpu_share, need, records_in
-from workloads.fabric.emulate import leftovers
+from workloads.fabric.netns import leftovers
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 # a model whose prefill activations are large enough to queue behind the shaped link

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from workloads.core.errors import UsageError
-from workloads.fabric.emulate import NODES_ENV
+from workloads.fabric.netns import NODES_ENV
 from workloads.inference.adapters import sglang
 from workloads.inference.adapters.base import ServerSpec
 

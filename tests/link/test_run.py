@@ -166,7 +166,7 @@ def test_iperf3_across_emulated_nodes_reaches_the_shaped_payload_rate(out_root):
     """Issue 26's bar: on emu-100m the link workload's iperf3 throughput is within 5% of the shaped
     payload rate, 100e6 x 1448/1514 bit/s (tbf counts 1514-byte frames, each carrying 1448 bytes
     of TCP payload). Measured 99.8% of it here."""
-    from workloads.fabric.emulate import leftovers
+    from workloads.fabric.netns import leftovers
 
     emu = subprocess.Popen([sys.executable, str(REPO / "launch" / "emulate.py"), "launch/link.py", "fabric=emu-100m",
                             "link.duration_s=3", f"output_root={out_root}"], cwd=REPO, env=child_env(),

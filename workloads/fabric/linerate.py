@@ -91,7 +91,7 @@ def rail_rate(rail: str, root=None) -> float | None:
 def node_line_rate(rails: list[str], emulate: dict | None = None, root=None) -> dict:
     """This node's line rate over `rails`. Pure sysfs reads (or the profile's emulate block)."""
     if emulate is not None:
-        from workloads.fabric.emulate import rate_bits_per_s
+        from workloads.fabric.netns import rate_bits_per_s
 
         rate = emulate.get("rate")
         bits = rate_bits_per_s(str(rate)) if rate else None

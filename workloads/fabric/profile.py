@@ -48,7 +48,7 @@ class FabricProfile:
     env: dict[str, str | None] = field(default_factory=dict)
     expect: dict[str, Any] = field(default_factory=dict)
     verify: str = "fail"
-    emulate: dict[str, Any] | None = None  # set for emulated fabrics (workloads/fabric/emulate.py builds them)
+    emulate: dict[str, Any] | None = None  # set for emulated fabrics (workloads/fabric/netns.py builds them)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FabricProfile:

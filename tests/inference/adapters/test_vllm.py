@@ -26,7 +26,7 @@ from helpers import REPO, child_env, records_in, run_entry
 from helpers.hf_tiny import model_dir
 from helpers.serving_checks import check_gloo_ranks_on_lo, check_metrics_match_the_samples
 from workloads.core.dist import free_port
-from workloads.fabric.emulate import leftovers
+from workloads.fabric.netns import leftovers
 
 # A server start takes 1–2 min on an idle 2-core machine, far longer on a loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

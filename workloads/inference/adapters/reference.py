@@ -9,7 +9,7 @@ from pathlib import Path
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
-from workloads.fabric.emulate import emulated_nodes
+from workloads.fabric.netns import emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec
 
 # server.* keys that belong to the orchestrator, not to the reference engine's own config.

