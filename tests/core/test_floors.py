@@ -95,3 +95,15 @@ def test_no_import_circles():
         if start not in done:
             walk(start, [start])
     assert not circles, "\n".join(circles)
+
+
+def test_inside_inference_the_engine_stands_below_the_adapters():
+    """The reference engine (torch, the GPU-side server) never imports the serving side's
+    adapters; what both need (the identity token, what the engine can serve) is in
+    inference/protocol.py. The emulator's command half is imported by no one but the commands."""
+    edges = graph()
+    up = [f"{m} imports {t}" for m, ts in sorted(edges.items()) if m.startswith("workloads.inference.engine")
+          for t in sorted(ts) if t.startswith("workloads.inference.adapters")]
+    up += [f"{m} imports {t}" for m, ts in sorted(edges.items()) if room(m) not in ("core", "study", "fabric")
+           for t in ts if t == "workloads.fabric.emulate"]
+    assert not up, "\n".join(up)

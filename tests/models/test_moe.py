@@ -163,7 +163,7 @@ def test_expert_parallel_sends_the_real_skewed_counts(parity):
 
 
 def test_the_reference_inference_engine_refuses_an_moe_model_in_one_line():
-    from workloads.inference.adapters.reference import dense_only
+    from workloads.inference.protocol import dense_only
 
     with pytest.raises(UsageError, match="model=neox-moe-tiny is a mixture of experts"):
         dense_only({"name": "neox-moe-tiny", "moe": {"num_experts": 4}})

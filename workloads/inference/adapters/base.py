@@ -12,10 +12,6 @@ from typing import Any, Mapping
 
 from workloads.core.errors import UsageError
 
-# A per-run token the orchestrator gives the engine it starts; the reference engine
-# echoes it in /v1/models, so a server left on the port by someone else is not measured.
-IDENTITY_ENV = "FABRICBENCH_SERVER_IDENTITY"
-
 
 @dataclass(frozen=True)
 class ServerSpec:

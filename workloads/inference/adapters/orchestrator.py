@@ -36,8 +36,9 @@ from workloads.core import signals
 from workloads.core.errors import UsageError
 from workloads.core.records import redact_argv
 from workloads.fabric.procnet import listeners, process_cmdline
-from workloads.inference.adapters.base import IDENTITY_ENV, Launch, ServerSpec
+from workloads.inference.adapters.base import Launch, ServerSpec
 from workloads.inference.adapters.watchdog import family, signal_all
+from workloads.inference.protocol import IDENTITY_ENV
 
 
 def log_tail(path: Path | None, lines: int = 40) -> str:

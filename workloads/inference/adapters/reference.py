@@ -11,6 +11,7 @@ from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
 from workloads.fabric.netns import emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec
+from workloads.inference.protocol import dense_only
 
 # server.* keys that belong to the orchestrator, not to the reference engine's own config.
 _ORCHESTRATOR_KEYS = {"adapter", "host", "port", "nnodes", "node_rank", "dist_init_addr", "model_path", "extra_args",
@@ -54,13 +55,6 @@ def forwarded_overrides(overrides: list[str]) -> tuple[str, ...]:
         elif key.startswith("server.") and key.split(".")[1] not in _ORCHESTRATOR_KEYS:
             keep.append(o)
     return tuple(keep)
-
-
-def dense_only(model: dict) -> None:
-    """The engine's tensor parallelism splits GPT-NeoX's dense MLP; it has no expert layer."""
-    if model.get("moe"):
-        raise UsageError(f"model={model.get('name')} is a mixture of experts; the reference engine serves dense "
-                         "GPT-NeoX only: train it with launch/train.py, or serve MoE models with server=vllm/sglang")
 
 
 def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides: tuple[str, ...] = ()) -> Launch:

@@ -66,7 +66,7 @@ def validate(cfg: DictConfig, world: int) -> ServePlan:
         if eos is None:
             eos = json.loads((ckpt / "config.json").read_text()).get("eos_token_id")
     else:
-        from workloads.inference.adapters.reference import dense_only
+        from workloads.inference.protocol import dense_only
 
         dense_only(OmegaConf.to_container(cfg.model, resolve=True))
         model = NeoXConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))

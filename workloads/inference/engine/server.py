@@ -28,8 +28,8 @@ from typing import Any
 from aiohttp import web
 
 from workloads.core.errors import UsageError
-from workloads.inference.adapters.base import IDENTITY_ENV
 from workloads.inference.engine.engine import Engine, RequestError, SamplingParams
+from workloads.inference.protocol import IDENTITY_ENV
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, also vLLM's
 
