@@ -4,7 +4,7 @@
     fabricbench report results/ --out report/ --slo-ttft-ms 500
     fabricbench report --wandb my-team/fabricbench --group pretrain-neox-1.3b-zero1-ws16 --out report/
 
-workloads/core/cli.py registers them through analysis/cli_compare.py and analysis/cli_report.py
+workloads/commands/cli.py registers them through analysis/cli_compare.py and analysis/cli_report.py
 (its module protocol); `main()` here runs them standalone (`python -m analysis.cli ...`).
 """
 

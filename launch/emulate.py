@@ -5,7 +5,7 @@
     sudo python launch/emulate.py --rate none launch/train.py fabric=emu-100m   # unshaped veth, named emu-veth
 
 One torchrun agent per namespace, Gloo over the veth (`emu0`); the shaping is the fabric
-profile's `emulate:` block. The work lives in workloads/fabric/emulate.py.
+profile's `emulate:` block. The work lives in workloads/commands/emulate.py.
 """
 
 import sys
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workloads.fabric.emulate import main  # noqa: E402
+from workloads.commands.emulate import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

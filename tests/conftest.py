@@ -80,7 +80,7 @@ def emu_ab(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     spec = tmp / "emu-ab.yaml"
     spec.write_text((REPO / "conf" / "study" / "emu-ab.yaml").read_text() + "detect: 50%\n")
     out = tmp / "results"
-    r = subprocess.run([sys.executable, "-m", "workloads.core.cli", "study", str(spec), "--output-root", str(out)],
+    r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "study", str(spec), "--output-root", str(out)],
                        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     return out, r

@@ -77,7 +77,7 @@ def test_real_aa_study_speaks_in_intervals_and_calls_nothing(tmp_path):
 
 
 def compare(out, dest, *extra) -> tuple[dict, str]:
-    cmd = [sys.executable, "-m", "workloads.core.cli", "compare", str(out), "--json", str(dest), *extra]
+    cmd = [sys.executable, "-m", "workloads.commands.cli", "compare", str(out), "--json", str(dest), *extra]
     res = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(dest.read_text()), res.stdout

@@ -35,7 +35,7 @@ def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     results = build(root, wandb_dir=root / "wandb")
     out = root / "report"
-    cmd = [sys.executable, "-m", "workloads.core.cli", "report", str(results), "--baseline", "loopback", "--out", str(out),
+    cmd = [sys.executable, "-m", "workloads.commands.cli", "report", str(results), "--baseline", "loopback", "--out", str(out),
            "--slo-ttft-ms", "12", "--allow", "fingerprint.git", "--external", str(FIXTURE)]  # the tree's commit moves while tests run
     res = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

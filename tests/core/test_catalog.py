@@ -77,7 +77,7 @@ def test_a_registered_workload_reaches_a_study(echo, tmp_path):
 
 
 def test_a_registered_workload_reaches_the_emulator(echo, tmp_path):
-    from workloads.fabric.emulate import _check_entry
+    from workloads.commands.emulate import _check_entry
 
     entry = tmp_path / "echo.py"
     entry.write_text("")

@@ -40,7 +40,7 @@ def _infer(*a):
 
 
 def _cli(*a):
-    return ["-m", "workloads.core.cli", *a]
+    return ["-m", "workloads.commands.cli", *a]
 
 
 # Files a user hands in, made in the case's folder ({d} in an argument).
@@ -279,7 +279,7 @@ def test_emulate_agent_names_the_failed_rank(tmp_path):
     failures are keyed by global rank; the failure object itself has no `rank`)."""
     script = tmp_path / "fails.py"
     script.write_text("import sys; sys.exit(3)\n")
-    r = subprocess.run([sys.executable, "-m", "workloads.fabric.emulate", "--agent", "--standalone",
+    r = subprocess.run([sys.executable, "-m", "workloads.commands.emulate", "--agent", "--standalone",
                         "--nproc_per_node=1", str(script)], cwd=REPO, env=child_env(), capture_output=True, text=True,
                        timeout=180)
     assert r.returncode == 3, r.stderr[-2000:]

@@ -17,8 +17,8 @@ import pytest
 
 from helpers import REPO, child_env, records_in
 from helpers.tcp_probe import tcp_hello
+from workloads.commands.emulate import agent_argv
 from workloads.core.errors import UsageError
-from workloads.fabric.emulate import agent_argv
 from workloads.fabric.netns import EmuSpec, Topology, leftovers, rate_bits_per_s
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
@@ -59,7 +59,7 @@ def test_spec_from_profile_block_and_its_errors():
 def test_agents_use_static_rendezvous_on_node0_veth():
     spec = EmuSpec(nodes=3, rate="1gbit")
     argv = agent_argv("py", spec, 2, 4, "launch/train.py", ["fabric=emu-1g", "a=b c"])
-    assert argv[:4] == ["py", "-m", "workloads.fabric.emulate", "--agent"]
+    assert argv[:4] == ["py", "-m", "workloads.commands.emulate", "--agent"]
     assert "--nnodes=3" in argv and "--node_rank=2" in argv and "--nproc_per_node=4" in argv
     assert "--master_addr=10.77.0.1" in argv and "--local_addr=10.77.0.3" in argv
     assert argv[-3:] == ["launch/train.py", "fabric=emu-1g", "a=b c"]  # one word each, never a shell
@@ -79,7 +79,7 @@ def test_bad_input_is_one_message():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "2 different emulated fabrics" in p.stderr, p.stderr
     # The same command through the `fabricbench` registry.
-    p = subprocess.run([sys.executable, "-m", "workloads.core.cli", "emulate", "--nodes", "1", "launch/train.py",
+    p = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "emulate", "--nodes", "1", "launch/train.py",
                         "fabric=emu-100m"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "emulate.nodes=1; use 2 to 64" in p.stderr and "Traceback" not in p.stderr
 

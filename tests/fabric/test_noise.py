@@ -27,7 +27,7 @@ from workloads.fabric.netns import leftovers
 from workloads.fabric.noise import PORT, NoiseSpec, client_argv, cpu_seconds
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
-STUDY = [sys.executable, "-m", "workloads.core.cli", "study"]
+STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
 
 
 def our_iperf3() -> list[str]:

@@ -92,7 +92,7 @@ def test_engine_ranks_span_both_namespaces_on_emu0(served):
     for r in recs:
         assert r["server"]["nnodes"] == 2 and r["server"]["tp"] == 2
         assert r["server"]["url"].startswith("http://10.78.")  # the unshaped host link into node 0
-        assert r["server"]["argv"][1:4] == ["-m", "workloads.fabric.emulate", "--serve"]
+        assert r["server"]["argv"][1:4] == ["-m", "workloads.commands.emulate", "--serve"]
         t = r["fabric"]["transport"]
         assert t["verdict"] == "ok" and t["summary"]["interfaces"] == ["emu0"], t
         ranks = t["summary"]["ranks"]

@@ -148,7 +148,7 @@ def test_sglang_tp2_ranks_span_both_namespaces_on_emu0(across_nodes):
     for rec in recs.values():
         assert rec["status"] == "ok" and rec["metrics"]["completed"] == EMU_REQUESTS
         assert rec["server"]["nnodes"] == 2 and rec["server"]["url"].startswith("http://10.78.")
-        assert rec["server"]["argv"][1:4] == ["-m", "workloads.fabric.emulate", "--serve-nodes"]
+        assert rec["server"]["argv"][1:4] == ["-m", "workloads.commands.emulate", "--serve-nodes"]
         t = rec["fabric"]["transport"]
         assert t["verdict"] == "ok", t
         ranks = t["summary"]["ranks"]

@@ -69,7 +69,7 @@ def test_emulated_nodes_each_get_their_own_command(monkeypatch):
     monkeypatch.setattr(sglang.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     spec = _spec(tp=2, nnodes=2, dist_init_addr="10.77.0.1:29500", host="10.78.0.2", device="cpu")
     launch = sglang.command(spec, LLAMA)
-    assert launch.own_network and launch.argv[1:4] == ["-m", "workloads.fabric.emulate", "--serve-nodes"]
+    assert launch.own_network and launch.argv[1:4] == ["-m", "workloads.commands.emulate", "--serve-nodes"]
     nodes = json.loads(launch.argv[4])
     for i, node in enumerate(nodes):
         argv = node["argv"]

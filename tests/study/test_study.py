@@ -25,7 +25,7 @@ from workloads.study.run import Job, cell_argv, plan, study_field, study_overrid
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import load_spec
 
-STUDY = [sys.executable, "-m", "workloads.core.cli", "study"]
+STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
 
 
 def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
@@ -366,7 +366,7 @@ def test_study_in_a_slurm_allocation_runs_steps_on_its_nodes(tmp_path):
     out = tmp_path / "results"
     with SlurmCluster(tmp_path, nodes=2) as c:
         r = subprocess.run(["sbatch", "--parsable", "--wait", "--nodes=2", "--time=15", f"--output={tmp_path}/job.out",
-                            "--wrap", f"{sys.executable} -m workloads.core.cli study {spec} --output-root {out}"],
+                            "--wrap", f"{sys.executable} -m workloads.commands.cli study {spec} --output-root {out}"],
                            cwd=REPO, env=c.env(child_env()), capture_output=True, text=True, timeout=900)
         log = (tmp_path / "job.out").read_text(errors="replace") if (tmp_path / "job.out").exists() else ""
         assert r.returncode == 0, r.stderr + log[-4000:]

@@ -1,5 +1,5 @@
 """The emulated fabric itself: network namespaces as nodes, veths, bridges, routers and shaped
-links (needs root). The command that runs workloads on it is workloads/fabric/emulate.py;
+links (needs root). The command that runs workloads on it is workloads/commands/emulate.py;
 adapters, the line-rate code and the study read only this half (a rate, a spec, the nodes).
 
 N namespaces ("nodes") joined by veth pairs — directly for N = 2, through a bridge in its own

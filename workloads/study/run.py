@@ -119,7 +119,7 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
         # run at, so a bad cell is one line now, not a failure in every cell later; inside a
         # Slurm allocation the world is the allocation's, known only to the step
         if arm.emulated:
-            from workloads.fabric.emulate import spec_from_overrides
+            from workloads.fabric.emuplan import spec_from_overrides
 
             spec_from_overrides(CONF_DIR, overrides)
         elif not os.environ.get("SLURM_JOB_ID"):
@@ -312,7 +312,7 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
     if not refresh and out_txt.is_file() and report_dir.is_dir():
         say(out_txt.read_text().rstrip())
         return 0
-    base = [sys.executable, "-m", "workloads.core.cli"]
+    base = [sys.executable, "-m", "workloads.commands.cli"]
     cmp = subprocess.run([*base, "compare", str(spec.dir), "--baseline", spec.baseline.label], cwd=str(REPO_ROOT),
                          capture_output=True, text=True)
     text = (cmp.stdout + cmp.stderr).rstrip()

@@ -134,7 +134,7 @@ def test_vllm_tp2_across_emulated_nodes(vllm_env, tmp_path_factory):
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     (rec,) = records_in(out)
     assert rec["status"] == "ok" and rec["metrics"]["completed"] == REQUESTS
-    assert rec["server"]["nnodes"] == 2 and rec["server"]["argv"][1:4] == ["-m", "workloads.fabric.emulate",
+    assert rec["server"]["nnodes"] == 2 and rec["server"]["argv"][1:4] == ["-m", "workloads.commands.emulate",
                                                                              "--serve-nodes"]
     t = rec["fabric"]["transport"]
     assert t["verdict"] == "ok", t

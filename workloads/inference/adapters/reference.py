@@ -66,7 +66,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         # launch/emulate.py's namespaces (check_available refuses nnodes > 1 elsewhere): one
         # torchrun agent in each, rendezvous on node 0's emu0 address, rank 0's HTTP on the
         # host link (server.host, which emulate sets).
-        argv = [sys.executable, "-m", "workloads.fabric.emulate", "--serve", str(spec.tp // spec.nnodes), serve]
+        argv = [sys.executable, "-m", "workloads.commands.emulate", "--serve", str(spec.tp // spec.nnodes), serve]
     argv.append(f"model={model.get('name')}")
     if fabric:
         argv.append(f"fabric={fabric}")

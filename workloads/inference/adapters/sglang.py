@@ -166,5 +166,5 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         node = replace(spec, node_rank=i, host=spec.host if i == 0 else EmuSpec(nodes=len(nodes)).addr(i))
         per_node.append({"argv": _node_argv(node, python, path, cpu),
                          "env": apart | (_cpu_env(spec, spec.tp, i * local) if cpu else {})})
-    return Launch([sys.executable, "-m", "workloads.fabric.emulate", "--serve-nodes", json.dumps(per_node)],
+    return Launch([sys.executable, "-m", "workloads.commands.emulate", "--serve-nodes", json.dumps(per_node)],
                   env | dict(spec.env), name, own_network=True)

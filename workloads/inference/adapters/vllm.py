@@ -83,5 +83,5 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     exe = per_node[0]["argv"][0]
     if shutil.which(exe) is None:
         raise UsageError(f"cannot start server=vllm: {exe!r} is not installed on this machine (make engines)")
-    return Launch([sys.executable, "-m", "workloads.fabric.emulate", "--serve-nodes", json.dumps(per_node)], env, name,
+    return Launch([sys.executable, "-m", "workloads.commands.emulate", "--serve-nodes", json.dumps(per_node)], env, name,
                   own_network=True)

@@ -28,11 +28,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from workloads import CONF_DIR, catalog
 from workloads.core.errors import UsageError
 from workloads.fabric import noise
+from workloads.fabric.emuplan import spec_from_overrides
 from workloads.fabric.netns import (
     IFNAME,
     NODES_ENV,
@@ -52,7 +53,7 @@ def agent_argv(python: str, spec: EmuSpec, node: int, nproc: int, entry: str, ov
     agent_main below: torchrun's own machinery, a failed rank reported in one line). `job`: the
     nodes of this node's job when several share the fabric (their first node hosts its rendezvous)."""
     job = list(range(spec.nodes)) if job is None else list(job)
-    return [python, "-m", "workloads.fabric.emulate", "--agent", f"--nnodes={len(job)}",
+    return [python, "-m", "workloads.commands.emulate", "--agent", f"--nnodes={len(job)}",
             f"--node_rank={job.index(node)}", f"--nproc_per_node={nproc}", f"--master_addr={spec.addr(job[0])}",
             f"--master_port={MASTER_PORT}", f"--local_addr={spec.addr(node)}", "--max_restarts=0", entry, *overrides]
 
@@ -188,69 +189,8 @@ def _killpg(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-LOOPBACK = "lo"
-
-
 def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
     raise KeyboardInterrupt
-
-
-def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
-                        config_name: str = "config", jobs: int = 1, **cli: Any) -> tuple[EmuSpec, str]:
-    """Compose the Hydra config the entry will see (every point, for a -m sweep such as
-    trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
-    from workloads.core.launcher import compose, expand_sweep, validate_job
-
-    plain = [o for o in overrides if o not in ("-m", "--multirun")]
-    points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]
-    found = set()
-    for point in points:
-        cfg = compose(conf_dir, point, config_name)
-        spec = _spec_of(cfg, cli)
-        found.add(spec)
-        if any(w.served and w.config == config_name for w in catalog.CATALOG.values()):
-            _check_served(cfg, spec[0])
-            continue  # the load generator checks the rest itself, before it starts the server
-        # The whole config, for the world it will run at, before any namespace exists (whose
-        # interface does not exist yet either: lo stands in for it in the host checks).
-        validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
-                     spec[0].nodes // max(jobs, 1) * nproc_per_node)
-    if len(found) > 1:
-        raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
-                         "builds one topology: sweep fabrics as separate emulate runs")
-    return found.pop()
-
-
-def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
-    from omegaconf import OmegaConf
-
-    block = OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate")
-    if isinstance(block, dict):  # background traffic is the noise module's (checked there, not a link setting)
-        noise.NoiseSpec.from_config(block.pop("noise", None))
-    if block is None:
-        raise UsageError(f"fabric={cfg.fabric.name} has no emulate: block; use fabric=emu-100m or fabric=emu-1g "
-                         "(or add an emulate: block to your fabric profile)")
-    if str(cfg.fabric.get("env", {}).get("GLOO_SOCKET_IFNAME")) != IFNAME:
-        raise UsageError(f"fabric={cfg.fabric.name} must set env.GLOO_SOCKET_IFNAME: {IFNAME} (the emulated link's name)")
-    return EmuSpec.from_config(block, **cli), str(cfg.fabric.name)
-
-
-def _check_served(cfg, spec: EmuSpec) -> None:
-    """Served inference across the namespaces: an engine that can span nodes here (the reference
-    engine, one torchrun agent per namespace; vLLM and SGLang, their multi-node modes), TP split evenly."""
-    if spec.leaf_spine:
-        raise UsageError("served inference does not run on an emulated leaf-spine yet (its engines' nodes are "
-                         "addressed on one flat link); use fabric.emulate.topology=null, or a training, "
-                         "collectives or link run on the leaf-spine")
-    adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
-    if adapter not in ("reference", "vllm", "sglang"):
-        raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference, "
-                         "server=vllm or server=sglang")
-    tp = cfg.server.get("tp")
-    if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
-        shown = "null" if tp is None else tp
-        raise UsageError(f"server.tp={shown} cannot span {spec.nodes} emulated nodes evenly; use "
-                         f"server.tp={spec.nodes} (or a multiple of {spec.nodes})")
 
 
 def add_arguments(ap) -> None:
@@ -394,7 +334,7 @@ def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], tim
 
 
 def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:
-    """`python -m workloads.fabric.emulate --serve <nproc> <entry> <overrides>`: one torchrun
+    """`python -m workloads.commands.emulate --serve <nproc> <entry> <overrides>`: one torchrun
     agent per namespace named in NODES_ENV (the reference engine), for as long as it serves."""
     nodes = emulated_nodes() or []
     spec = EmuSpec(nodes=max(2, len(nodes)))
@@ -403,14 +343,14 @@ def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:
 
 
 def agent_main(torchrun_args: Sequence[str]) -> int:
-    """`python -m workloads.fabric.emulate --agent <torchrun args>`: torchrun in this namespace."""
+    """`python -m workloads.commands.emulate --agent <torchrun args>`: torchrun in this namespace."""
     from workloads.core.launcher import torchrun
 
     return torchrun(list(torchrun_args))
 
 
 def serve_nodes(per_node_json: str) -> int:
-    """`python -m workloads.fabric.emulate --serve-nodes '[{"argv": [...], "env": {...}}, ...]'`:
+    """`python -m workloads.commands.emulate --serve-nodes '[{"argv": [...], "env": {...}}, ...]'`:
     an engine that starts each node itself (vLLM: node 0's API server, headless workers on the
     others; SGLang: node 0's API server and schedulers, schedulers only on the others), entry i
     in the i-th namespace of NODES_ENV, for as long as the server runs."""

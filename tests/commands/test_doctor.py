@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import FIXTURES, REPO
-from workloads.core import cli
+from workloads.commands import cli
 
 SYSFS = FIXTURES / "sysfs"
 
@@ -65,7 +65,7 @@ def test_nccl_profile_without_a_gpu_is_not_ready():
     """doctor says whether a profile can run here: NCCL needs a GPU, and this machine may have none."""
     import torch
 
-    from workloads.fabric.doctor import check_profile
+    from workloads.commands.doctor import check_profile
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

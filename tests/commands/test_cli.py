@@ -2,7 +2,7 @@
 
 import pytest
 
-from workloads.core.cli import COMMANDS, main
+from workloads.commands.cli import COMMANDS, main
 
 
 def test_help_lists_every_command_with_its_purpose(capsys):

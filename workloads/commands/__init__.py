@@ -1,0 +1,3 @@
+"""The top floor: the commands a person runs that are not torchrun mains — `fabricbench`'s
+dispatcher (cli), the machine's fabric inventory (doctor) and the emulator's command (emulate).
+Nothing below imports from here; they import what they need from every floor beneath."""
