@@ -131,8 +131,8 @@ class Recorded:
 
     def __exit__(self, etype, exc, tb) -> bool:
         rec = self.record
-        if self.noise is not None and (loud := self.noise.record()) is not None and isinstance(rec.get("fabric"), dict):
-            rec["fabric"]["noise"] = loud  # the noise this point ran under, and its bytes meanwhile (fabric/noise.py)
+        if self.noise is not None:
+            self.noise.stamp(rec)
         if exc is None:
             if rec.get("status") == "running":
                 rec["status"] = "ok"

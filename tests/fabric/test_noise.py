@@ -151,6 +151,24 @@ def test_a_cpu_hog_runs_beside_the_workload_and_is_counted(tmp_path):
     assert not [c for c in Path("/proc").glob("[0-9]*/cmdline") if b"workloads.fabric.hog" in _read(c)]
 
 
+@pytest.mark.requires("root", "iperf3")
+@pytest.mark.slow
+def test_served_inference_records_the_noise_it_ran_under(tmp_path):
+    """The load generator runs on the host, outside the namespaces; its point records carry the
+    noise as a rank's records do (the reference engine at tp=2 across the two nodes, one paced
+    stream beside its all_reduces: it moved ~50 Mbit/s while the point ran, measured here 49.96)."""
+    p = subprocess.run(EMULATE + ["launch/infer.py", "fabric=emu-100m", "server.tp=2", "model.hidden_size=512",
+                                  "model.num_attention_heads=8", "load.dataset.input_len=128",
+                                  "load.dataset.output_len=8", "load.points=[1]", "load.num_requests=8",
+                                  f"output_root={tmp_path}", "+fabric.emulate.noise={streams: 1, rate: 50M}"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (rec,) = records_in(tmp_path)
+    during = rec["fabric"]["noise"]["during_point"]
+    assert rec["status"] == "ok" and 20 <= during["throughput(Mbit/s)"] <= 60, rec["fabric"]["noise"]
+    assert our_iperf3() == []
+
+
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()

@@ -407,6 +407,11 @@ class PointMeter:
             out["during_point"] = (_busy if self.state["counter"] == "cpu" else _rate)(b1 - b0, t1 - t0)
         return out
 
+    def stamp(self, rec: dict[str, Any]) -> None:
+        """Put `fabric.noise` in the record: the noise this point ran under, and what it did meanwhile."""
+        if (loud := self.record()) is not None and isinstance(rec.get("fabric"), dict):
+            rec["fabric"]["noise"] = loud
+
 
 
 def from_overrides(conf_dir: str, overrides: Sequence[str], config_name: str) -> tuple[NoiseSpec | None, Path, str]:

@@ -32,6 +32,7 @@ from workloads.core.errors import TransportMismatch, UsageError
 from workloads.core.loggers import build_loggers
 from workloads.core.records import flatten, iter_records, json_safe, write_record
 from workloads.fabric.netns import emulated_nodes
+from workloads.fabric.noise import PointMeter
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
@@ -357,9 +358,11 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
                  "max_concurrency": a.max_concurrency},
         dataset=prompts.info | {"cache_flushed": bool(flush)}, fingerprint=fp, metrics={}, samples={})
     point = plan.load.point(srv.base_url, plan.backend, plan.launch.model_name, prompts, a)
+    noise = PointMeter()  # an emulated run's background traffic (fabric/noise.py), counted around the point
     try:
         mark = obs.begin() if obs is not None else None
         res = run_point(point, warn=lambda m: print(m, flush=True))
+        noise.stamp(rec)
         m = summarize(res.results, res.duration_s, plan.slo)
         # the engine's own account of the point (vllm-pd: its KV transfers), its headline figures
         # among the metrics (so comparisons see them), the rest in fields of its own
