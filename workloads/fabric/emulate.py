@@ -14,7 +14,9 @@ Served inference is the one entry point that does not run in the namespaces: its
 generator runs on this host, and the engine it starts puts its TP ranks in the namespaces —
 the reference engine one torchrun agent per namespace (`--serve`), vLLM's and SGLang's node i's
 own command in namespace i (`--serve-nodes`); the API server answers on an unshaped veth from this host
-into node 0, so only the engine's all_reduces cross the shaped link.
+into node 0, so only the engine's all_reduces cross the shaped link. server=vllm-pd puts its
+prefill instance (and its proxy) in node 0 and its decode instance in node 1, so what crosses
+the shaped link is each request's KV cache (workloads/inference/adapters/vllm_pd.py).
 
 The shaping comes from the fabric profile's `emulate:` block (conf/fabric/emu-*.yaml):
 
@@ -584,9 +586,16 @@ def _check_served(cfg, spec: EmuSpec) -> None:
                          "addressed on one flat link); use fabric.emulate.topology=null, or a training, "
                          "collectives or link run on the leaf-spine")
     adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
+    if adapter == "vllm_pd":
+        # disaggregated serving: the prefill instance in node 0, the decode instance in node 1, each at
+        # server.tp on its own node, so the KV cache (not TP all_reduces) crosses the shaped link
+        if spec.nodes != 2:
+            raise UsageError(f"server=vllm-pd runs its prefill instance in node 0 and its decode instance in node 1; "
+                             f"use 2 emulated nodes, not {spec.nodes} (fabric.emulate.nodes=2 or --nodes 2)")
+        return
     if adapter not in ("reference", "vllm", "sglang"):
         raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference, "
-                         "server=vllm or server=sglang")
+                         "server=vllm, server=sglang or server=vllm-pd")
     tp = cfg.server.get("tp")
     if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
         shown = "null" if tp is None else tp
