@@ -39,6 +39,8 @@ DIRECTIONS: list[tuple[str, bool, str]] = [  # (fnmatch pattern, higher is bette
     ("*_throughput", True, "faster"), ("request_goodput", True, "faster"), ("tflops_per_gpu", True, "faster"),
     ("mfu", True, "better"), ("completed", True, "better"),
     ("comm_share", False, "better"), ("final_loss", False, "better"), ("loss", False, "better"),
+    ("kv_xfer_ms_*", False, "faster"),   # server=vllm-pd: NIXL's KV transfer time (mean, worst p90)
+    ("kv_ttft_share", False, "better"),  # server=vllm-pd: the KV transfer's part of TTFT
     ("alltoall_share", False, "better"), ("dispatch_share", False, "better"), ("combine_share", False, "better"),
     ("routing_skew*", False, "better"), ("dropped_fraction", False, "better"),
     ("failed", False, "better"), ("warmup_failed", False, "better"),

@@ -15,7 +15,9 @@ Served inference is the one entry point that does not run in the namespaces: its
 generator runs on this host, and the engine it starts puts its TP ranks in the namespaces —
 the reference engine one torchrun agent per namespace (`--serve`), vLLM's and SGLang's node i's
 own command in namespace i (`--serve-nodes`); the API server answers on an unshaped veth from this host
-into node 0, so only the engine's all_reduces cross the shaped link.
+into node 0, so only the engine's all_reduces cross the shaped link. server=vllm-pd puts its
+prefill instance (and its proxy) in node 0 and its decode instance in node 1, so what crosses
+the shaped link is each request's KV cache (workloads/inference/adapters/vllm_pd.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from workloads.fabric.netns import (
     emulated_nodes,
     require_root,
 )
+from workloads.inference.adapters import check_emulated
 
 MASTER_PORT = 29500      # free by construction: node 0's namespace is new
 
@@ -228,7 +231,7 @@ def run(args, conf_dir: str | None = None) -> int:
         config_name = catalog.for_script(args.entry)[0].config
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
                                            nproc_per_node=args.nproc_per_node, config_name=config_name,
-                                           jobs=args.jobs)
+                                           jobs=args.jobs, check_served=check_emulated)
         output_root = None
         if args.jobs != 1:
             from workloads.core.launcher import compose

@@ -6,7 +6,7 @@ needs root for this part."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from workloads import catalog
 from workloads.core.errors import UsageError
@@ -18,7 +18,9 @@ LOOPBACK = "lo"
 
 
 def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
-                        config_name: str = "config", jobs: int = 1, **cli: Any) -> tuple[EmuSpec, str]:
+                        config_name: str = "config", jobs: int = 1,
+                        check_served: Callable[[Mapping[str, Any], int], None] | None = None,
+                        **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
     trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
     from workloads.core.launcher import compose, expand_sweep, validate_job
@@ -31,7 +33,7 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
         spec = _spec_of(cfg, cli)
         found.add(spec)
         if any(w.served and w.config == config_name for w in catalog.CATALOG.values()):
-            _check_served(cfg, spec[0])
+            _check_served(cfg, spec[0], check_served)
             continue  # the load generator checks the rest itself, before it starts the server
         # The whole config, for the world it will run at, before any namespace exists (whose
         # interface does not exist yet either: lo stands in for it in the host checks).
@@ -57,19 +59,15 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
     return EmuSpec.from_config(block, **cli), str(cfg.fabric.name)
 
 
-def _check_served(cfg, spec: EmuSpec) -> None:
-    """Served inference across the namespaces: an engine that can span nodes here (the reference
-    engine, one torchrun agent per namespace; vLLM and SGLang, their multi-node modes), TP split evenly."""
+def _check_served(cfg, spec: EmuSpec, check_served: Callable[[Mapping[str, Any], int], None] | None) -> None:
+    """Served inference across the namespaces: not on a leaf-spine (its engines' nodes are
+    addressed on one flat link), and an engine that can span this many nodes (its adapter says:
+    inference/adapters' check_emulated, handed in by the command or the study that plans)."""
     if spec.leaf_spine:
         raise UsageError("served inference does not run on an emulated leaf-spine yet (its engines' nodes are "
                          "addressed on one flat link); use fabric.emulate.topology=null, or a training, "
                          "collectives or link run on the leaf-spine")
-    adapter = str(cfg.server.get("adapter") or cfg.server.get("name"))
-    if adapter not in ("reference", "vllm", "sglang"):
-        raise UsageError(f"server={adapter} does not run across emulated nodes here; use server=reference, "
-                         "server=vllm or server=sglang")
-    tp = cfg.server.get("tp")
-    if tp is None or int(tp) % spec.nodes or int(tp) < spec.nodes:
-        shown = "null" if tp is None else tp
-        raise UsageError(f"server.tp={shown} cannot span {spec.nodes} emulated nodes evenly; use "
-                         f"server.tp={spec.nodes} (or a multiple of {spec.nodes})")
+    if check_served is not None:
+        from omegaconf import OmegaConf
+
+        check_served(OmegaConf.to_container(cfg.server, resolve=True), spec.nodes)

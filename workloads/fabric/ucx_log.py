@@ -41,6 +41,11 @@ def _tls(resources: str) -> list[str]:
     return [r.split("/", 1)[0] for r in resources.split() if "/" in r]
 
 
+def _devices(resources: str) -> list[str]:
+    """'tcp/emu0 cma/memory' -> ['emu0', 'memory']: the device of each <tl>/<device>."""
+    return [r.split("/", 1)[1] for r in resources.split() if "/" in r]
+
+
 @dataclass(frozen=True)
 class EndpointConfig:
     scope: str                         # self | intra-node | inter-node
@@ -55,6 +60,7 @@ class ProtoRow:
     range: str          # message sizes, e.g. "0..inf"
     description: str    # zero-copy | software emulation | ...
     transports: list[str]
+    devices: list[str] = field(default_factory=list)  # the <device> of each <tl>/<device>: lo, emu0, memory, mlx5_0:1
 
 
 @dataclass
@@ -69,6 +75,9 @@ class UcxLog:
 
     def transports(self, op: str = "get") -> list[str]:
         return sorted({t for r in self.op_rows(op) for t in r.transports})
+
+    def devices(self, op: str = "get") -> list[str]:
+        return sorted({d for r in self.op_rows(op) for d in r.devices})
 
 
 def parse(text: str) -> UcxLog:
@@ -100,5 +109,5 @@ def _line(out: UcxLog, line: str, titles: list[str], body: bool) -> tuple[list[s
         return titles, True
     if body and len(titles) >= 2 and len(cells) >= 3:
         scope = next((s for s in ("self", "intra-node", "inter-node") if s in titles[0]), "?")
-        out.rows.append(ProtoRow(scope, titles[1], cells[-3], cells[-2], _tls(cells[-1])))
+        out.rows.append(ProtoRow(scope, titles[1], cells[-3], cells[-2], _tls(cells[-1]), _devices(cells[-1])))
     return titles, body

@@ -5,6 +5,8 @@ the fabric profile's expectations, beside the NCCL/Gloo transport verdict (verif
   kv_transports         [tl, ...]   every transport of the KV read must be one of these
                                     (UCX names: cma, tcp, rc_verbs, rc_mlx5, dc_mlx5, cuda_ipc, ...)
   forbid_kv_transports  [tl, ...]   none of these may carry it (tcp on an RDMA fabric)
+  kv_devices            [dev, ...]  every device of those transports must be one of these (emu0 on
+                                    emu-*: tcp over lo or eth0 would not cross the emulated link)
 
 Evidence: the moving instance's UCX log (ucx_log.py): the transports of its `remote memory
 read by ucp_get*` protocol rows (pull mode: the decode instance reads), or `remote memory write
@@ -20,7 +22,7 @@ from typing import Any, Mapping
 from workloads.fabric import ucx_log
 from workloads.fabric.verify import Problem, mismatch, unverified, verdict
 
-KEYS = ("kv_transports", "forbid_kv_transports")
+KEYS = ("kv_transports", "forbid_kv_transports", "kv_devices")
 
 
 def kv_problems(expect: Mapping[str, Any], log: ucx_log.UcxLog, op: str = "get") -> list[Problem]:
@@ -35,6 +37,12 @@ def kv_problems(expect: Mapping[str, Any], log: ucx_log.UcxLog, op: str = "get")
         if bad:
             out.append(mismatch(f"the KV cache was {_moved(op)} over {', '.join(bad)} (UCX), not one of kv_transports="
                                 f"{list(allowed)}"))
+    devices = expect.get("kv_devices")
+    if devices:
+        off = [d for d in log.devices(op) if d not in devices]
+        if off:
+            out.append(mismatch(f"the KV cache was {_moved(op)} through {', '.join(off)} (UCX), not one of kv_devices="
+                                f"{list(devices)}"))
     forbidden = [t for t in used if t in (expect.get("forbid_kv_transports") or ())]
     if forbidden:
         out.append(mismatch(f"the KV cache was {_moved(op)} over {', '.join(forbidden)} (UCX), which this fabric "
@@ -51,9 +59,9 @@ def kv_verdict(profile, mover_log: str, logs: Mapping[str, str] | None = None, o
     the decode instance, "put": the prefill); `logs` (role -> path) are named in it."""
     log = ucx_log.parse(mover_log)
     rows = log.op_rows(op)
-    summary = {"kv_transports": log.transports(op), "op": ucx_log.KV_OPS[op] + "*",
+    summary = {"kv_transports": log.transports(op), "kv_devices": log.devices(op), "op": ucx_log.KV_OPS[op] + "*",
                "kv_protocols": [{"scope": r.scope, "range": r.range, "description": r.description,
-                                 "transports": r.transports} for r in rows],
+                                 "transports": r.transports, "devices": r.devices} for r in rows],
                "endpoints": [{"scope": e.scope, "cfg": e.cfg, "features": e.features} for e in log.endpoints],
                "how": "UCX's own protocol table (UCX_PROTO_INFO=y) in the KV-moving instance's log", "logs": dict(logs or {})}
     out = verdict(profile, kv_problems(profile.expect or {}, log, op), [], summary)

@@ -9,6 +9,7 @@ becomes ready.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -357,3 +358,22 @@ def test_engine_versions_come_from_the_engines_interpreter(tmp_path):
     assert engine_versions([str(cli), "serve", "m"])["torch"] == torch.__version__
     assert engine_versions(None) is None  # an external server: nothing started, nothing to ask
     assert "cannot tell" in engine_versions([str(tmp_path / "missing")])["error"]
+
+
+def test_which_engines_span_emulated_nodes_is_each_adapters_own_say():
+    """launch/emulate.py asks the adapter (spans_emulated_nodes): TP engines split their degree
+    evenly over the nodes, P/D puts one instance per node, an external server spans nothing."""
+    from workloads.inference.adapters import check_emulated
+
+    for name in ("reference", "vllm", "sglang"):
+        check_emulated({"adapter": name, "tp": 4}, 2)
+        with pytest.raises(UsageError, match=re.escape("server.tp=3 cannot span 2 emulated nodes evenly; use server.tp=2")):
+            check_emulated({"adapter": name, "tp": 3}, 2)
+    with pytest.raises(UsageError, match="server.tp=null cannot span"):
+        check_emulated({"adapter": "vllm", "tp": None}, 2)
+    check_emulated({"adapter": "vllm_pd", "tp": 1}, 2)
+    with pytest.raises(UsageError, match="use 2 emulated nodes, not 3"):
+        check_emulated({"adapter": "vllm_pd", "tp": 1}, 3)
+    with pytest.raises(UsageError, match=re.escape("server=external does not run across emulated nodes here; use "
+                                                   "server=reference or server=sglang or server=vllm or server=vllm-pd")):
+        check_emulated({"adapter": "external"}, 2)

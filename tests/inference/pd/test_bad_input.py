@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import child_env, records_in, run_entry
 from workloads.core.dist import free_port
 
@@ -23,11 +25,23 @@ HEALTHY = ("import http.server, sys\n"
            "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
 
 
-def test_mismatched_tp_is_refused(tmp_path):
-    r = run_entry("infer.py", "server=vllm-pd", "model=llama-tiny", "server.model_path=/nonexistent",
-                  "+server.prefill_tp=1", "+server.decode_tp=2", f"output_root={tmp_path}", timeout=120)
+@pytest.mark.parametrize("script,args,message", [
+    ("infer.py", ["+server.prefill_tp=1", "+server.decode_tp=2"],
+     "prefill TP 1 and decode TP 2 must both equal server.tp=1"),
+    # P and D on two nodes: only the emulator's two namespaces
+    ("infer.py", ["server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"],
+     "P and D on two real nodes is not built yet"),
+    # refused from the composed config, before any namespace exists (no root needed to be told)
+    ("emulate.py", ["--nodes", "3", "launch/infer.py", "fabric=emu-100m"],
+     "server=vllm-pd runs its prefill instance in node 0 and its decode instance in node 1; use 2 emulated nodes, "
+     "not 3"),
+])
+def test_refused_before_anything_starts(tmp_path, script, args, message):
+    head = args[:args.index("launch/infer.py") + 1] if "launch/infer.py" in args else []
+    r = run_entry(script, *head, "server=vllm-pd", "model=llama-tiny", "server.model_path=/nonexistent",
+                  *args[len(head):], f"output_root={tmp_path}", timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "prefill TP 1 and decode TP 2 must both equal server.tp=1" in r.stderr and "Traceback" not in r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
     assert records_in(tmp_path) == []
 
 

@@ -158,3 +158,36 @@ def test_self_endpoints_are_not_the_kv_path_and_push_mode_reads_puts():
     assert v["verdict"] == "ok" and v["summary"]["op"] == "remote memory write by ucp_put*"
     bad = kv_verdict(_profile(kv_transports=["rc_mlx5"]), SELF_AND_PUT, op="put")
     assert "the KV cache was written over cma" in bad["message"]
+
+
+def test_kv_devices_name_the_link():
+    """emu-* expects tcp on emu0: the tcp-only fixture's GET went over tcp/lo, which is the right
+    transport on the wrong interface (it would not cross an emulated link)."""
+    log = ucx_log.parse(_text("ucx_1.23_tcp_only.log"))
+    assert log.devices() == ["lo"] and log.op_rows()[0].devices == ["lo"]
+    assert ucx_log.parse(_text("ucx_1.23_cma_loopback.log")).devices() == ["memory"]  # cma/memory
+    on_lo = kv_verdict(_profile(kv_transports=["tcp"], kv_devices=["emu0"]), _text("ucx_1.23_tcp_only.log"))
+    assert on_lo["verdict"] == "mismatch" and "through lo (UCX), not one of kv_devices=['emu0']" in on_lo["message"]
+    assert on_lo["summary"]["kv_devices"] == ["lo"] and on_lo["expect"]["kv_devices"] == ["emu0"]
+    emu = _text("ucx_1.23_tcp_only.log").replace("tcp/lo", "tcp/emu0")
+    assert kv_verdict(_profile(kv_transports=["tcp"], kv_devices=["emu0"]), emu)["verdict"] == "ok"
+    cma = kv_verdict(_profile(kv_transports=["tcp"], kv_devices=["emu0"]), _text("ucx_1.23_cma_loopback.log"))
+    assert cma["verdict"] == "mismatch" and "read over cma" in cma["message"]
+
+
+def test_link_crossing_worked_values():
+    # 5 requests of one 128-token block of llama-tiny's 1 KiB a token: 655360 B of KV cache
+    kv = 5 * 128 * 1024
+    ok = kvlog.link_crossing("emu0", (1000, 500), (1000 + 700000, 500 + 40000), kv)
+    assert (ok["tx_bytes"], ok["rx_bytes"], ok["verdict"], ok["message"]) == (700000, 40000, "ok", None)
+    assert ok["ratio"] == pytest.approx(700000 / 655360)
+    # CMA between the namespaces' processes: only the notifications and HTTP crossed
+    gone = kvlog.link_crossing("emu0", (0, 0), (30000, 20000), kv)
+    assert gone["verdict"] == "not_crossed" and "did not cross the emulated link" in gone["message"]
+    assert kvlog.link_crossing("emu0", (0, 0), (500000, 0), kv)["verdict"] == "short"  # 0.76 of it
+    assert kvlog.link_crossing("emu0", (0, 0), (10, 0), 0)["verdict"] == "unverified"
+
+
+def test_predicted_transfer_time_worked_value():
+    # 131072 B at 100 Mbit/s with 1448 B of TCP payload per 1514 B frame: 131072 / 11955085.9 B/s = 10.964 ms
+    assert kvlog.predicted_xfer_ms(131072, 1e8, 1448 / 1514) == pytest.approx(10.9638, abs=1e-3)

@@ -18,34 +18,19 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-import yaml
 
-from helpers import REPO, records_in, run_entry
-from helpers.hf_tiny import model_dir
+from helpers import records_in, run_entry
 from helpers.serving_checks import check_metrics_match_the_samples
 from workloads.core.dist import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-VLLM = REPO / ".engines" / "vllm"
 REQUESTS, OUT_LEN, IN_LEN = 4, 8, 24
 
 
 @pytest.fixture(scope="module")
-def vllm_python():
-    """The engine venv with nixl; `make engines` only when nixl is missing (a no-op when current)."""
-    python = VLLM / "bin" / "python"
-    have = python.exists() and subprocess.run([str(python), "-c", "import nixl._api"], capture_output=True).returncode == 0
-    if not have:
-        r = subprocess.run(["make", "engines"], cwd=REPO, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"make engines failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
-    return python
-
-
-@pytest.fixture(scope="module")
-def sweep(vllm_python, tmp_path_factory):
-    shape = yaml.safe_load((REPO / "conf" / "model" / "llama-tiny.yaml").read_text())
-    path = model_dir(tmp_path_factory.mktemp("llama-tiny"), "llama", shape)
+def sweep(vllm_python, tiny_llama, tmp_path_factory):
+    path = tiny_llama
     out = tmp_path_factory.mktemp("results")
     r = run_entry("infer.py", "server=vllm-pd", "model=llama-tiny", f"server.model_path={path}",
                   f"server.port={free_port()}", "server.served_model_name=tiny",
@@ -57,14 +42,14 @@ def sweep(vllm_python, tmp_path_factory):
     return records_in(out), out, r, path
 
 
-def test_pd_sweep_runs(sweep):
+def test_pd_sweep_runs(sweep, vllm_python):
     recs, _, r, _ = sweep
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     (rec,) = recs
     assert rec["status"] == "ok" and rec["server"]["adapter"] == "vllm_pd" and rec["point"] == "c1"
     # the engine's versions are the vLLM venv's (its torch), not those of the wrapper serve.py runs in
     engine = rec["fingerprint"]["engine"]
-    assert engine["python"] == str(VLLM / "bin" / "python") and engine["torch"].startswith("2.13"), engine
+    assert engine["python"] == str(vllm_python) and engine["torch"].startswith("2.13"), engine
 
 
 def test_metrics_match_the_samples(sweep):

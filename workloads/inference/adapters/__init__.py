@@ -12,7 +12,9 @@ default does not fit:
 - `observer(spec, model)`: an object that reads what the engine says about itself beyond the
   load generator's view (server=vllm-pd: its KV transfers): `.verify(fabric) -> dict | None`,
   a verdict recorded beside the transport's (a `mismatch` stops the sweep as the transport's
-  does), `.begin() -> mark` before a point and `.end(mark, results, warmup) -> dict` of record fields.
+  does), `.begin() -> mark` before a point and `.end(mark, results, warmup) -> dict` of record fields;
+- `spans_emulated_nodes(server, nodes)`: the engine can run across launch/emulate.py's nodes;
+  raise UsageError when not with this many (absent: it does not run across emulated nodes).
 The orchestrator (orchestrator.py) starts, watches and stops every engine alike.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec
@@ -46,6 +48,7 @@ class Adapter:
     check_available: Callable[[ServerSpec, dict], None] = _nothing
     forwarded_overrides: Callable[[list[str]], tuple[str, ...]] = _no_overrides
     observer: Callable[..., Any] | None = None
+    spans_emulated_nodes: Callable[[dict, int], None] | None = None
 
 
 def builtin() -> list[str]:
@@ -67,4 +70,15 @@ def get_adapter(name: str) -> Adapter:
                          f"{', '.join(builtin())}, or a dotted module path (see workloads/inference/adapters/__init__.py)")
     return Adapter(name, mod.command, bool(getattr(mod, "STARTS_PROCESS", True)),
                    getattr(mod, "check_available", _nothing), getattr(mod, "forwarded_overrides", _no_overrides),
-                   getattr(mod, "observer", None))
+                   getattr(mod, "observer", None), getattr(mod, "spans_emulated_nodes", None))
+
+
+def check_emulated(server: Mapping[str, Any], nodes: int) -> None:
+    """The served engine of `server` (a conf/server section) can run across `nodes` emulated nodes."""
+    name = str(server.get("adapter") or server.get("name"))
+    spans = get_adapter(name).spans_emulated_nodes
+    if spans is None:
+        able = [a.replace("_", "-") for a in builtin() if get_adapter(a).spans_emulated_nodes is not None]
+        raise UsageError(f"server={name} does not run across emulated nodes here; use "
+                         f"{' or '.join(f'server={a}' for a in able)}")
+    spans(dict(server), nodes)

@@ -96,3 +96,13 @@ class Launch:
     # The engine's own command where argv starts a wrapper around it (vllm-pd's serve.py): the
     # record's engine versions come from this one's interpreter.
     engine_argv: list[str] | None = None
+
+
+def tp_spans_nodes(server: Mapping[str, Any], nodes: int) -> None:
+    """An engine whose TP ranks span the emulated nodes (the reference engine's agents, vLLM's and
+    SGLang's multi-node modes): the degree splits evenly over them."""
+    tp = server.get("tp")
+    if tp is None or int(tp) % nodes or int(tp) < nodes:
+        shown = "null" if tp is None else tp
+        raise UsageError(f"server.tp={shown} cannot span {nodes} emulated nodes evenly; use "
+                         f"server.tp={nodes} (or a multiple of {nodes})")

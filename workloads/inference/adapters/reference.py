@@ -10,13 +10,16 @@ from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.core.launcher import hydra_value
 from workloads.fabric.netns import emulated_nodes
-from workloads.inference.adapters.base import Launch, ServerSpec
+from workloads.inference.adapters.base import Launch, ServerSpec, tp_spans_nodes
 from workloads.inference.protocol import dense_only
 
 # server.* keys that belong to the orchestrator, not to the reference engine's own config.
 _ORCHESTRATOR_KEYS = {"adapter", "host", "port", "nnodes", "node_rank", "dist_init_addr", "model_path", "extra_args",
                       "env", "url", "health_path", "ready_timeout_s", "stop_timeout_s", "tp"}
 
+
+# Its TP ranks span the emulated nodes (launch/emulate.py checks this before building them).
+spans_emulated_nodes = tp_spans_nodes
 
 def check_available(spec: ServerSpec, server: dict) -> None:
     """A broken checkpoint is one line here, not the server's traceback in its log."""

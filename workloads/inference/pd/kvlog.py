@@ -86,3 +86,41 @@ class KVShape:
         """The bytes a P/D transfer moves for a prompt: vLLM allocates KV in whole blocks and
         the decode instance reads every block the prefill filled, the last one partly full."""
         return self.bytes_per_token() * math.ceil(prompt_tokens / block_size) * block_size
+
+
+# The emulated link must carry at least every KV byte the point's requests moved (TCP/IP and
+# Ethernet headers come on top); below this share, most of the KV cache went some other way
+# (CMA between the two processes, never on the wire).
+CROSSED_MIN = 1.0
+NOT_CROSSED_BELOW = 0.5
+
+
+def link_crossing(iface: str, before: tuple[int, int], after: tuple[int, int], kv_bytes: int | None) -> dict:
+    """What the prefill node's end of the emulated link carried during a point, beside the KV
+    bytes its requests should have moved across it. (tx, rx) byte counters of `iface` in the
+    prefill's namespace: tx is prefill -> decode, the KV cache's direction in pull and push mode
+    alike (pull: the decode's GET is answered with the blocks; push: the prefill PUTs them)."""
+    tx, rx = after[0] - before[0], after[1] - before[1]
+    out = {"interface": iface, "node": 0, "tx_bytes": tx, "rx_bytes": rx, "kv_bytes": kv_bytes,
+           "ratio": tx / kv_bytes if kv_bytes else None}
+    if not kv_bytes:
+        out["verdict"], out["message"] = "unverified", "no KV bytes expected in this point (no request completed)"
+    elif out["ratio"] >= CROSSED_MIN:
+        out["verdict"], out["message"] = "ok", None
+    elif out["ratio"] < NOT_CROSSED_BELOW:
+        out["verdict"] = "not_crossed"
+        out["message"] = (f"{iface} carried {tx} B from the prefill node, far below the {kv_bytes} B of KV cache its "
+                          "requests moved: the KV cache did not cross the emulated link (CMA between the processes?)")
+    else:
+        out["verdict"] = "short"
+        out["message"] = f"{iface} carried {tx} B from the prefill node, less than the {kv_bytes} B of KV cache expected"
+    return out
+
+
+def predicted_xfer_ms(nbytes: int, rate_bits_per_s: float, payload_fraction: float, burst_bytes: int = 0) -> float:
+    """The time one KV transfer needs at the link's TCP payload rate: bytes / (rate / 8 × the
+    payload share of a frame, 1448/1514 at MTU 1500), with no protocol round trips. With
+    `burst_bytes` (tbf's bucket, full when the link was idle) that many frame bytes pass at once:
+    (bytes / payload share − burst) / (rate / 8), at least 0."""
+    frames = nbytes / payload_fraction
+    return max(0.0, frames - burst_bytes) / (rate_bits_per_s / 8) * 1e3

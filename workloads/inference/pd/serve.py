@@ -46,7 +46,10 @@ def start(role: str, inst: dict) -> subprocess.Popen:
     log.write(f"# {role}: {' '.join(inst['argv'])}\n".encode())
     log.flush()
     inst["offset"] = log.tell()  # what the instance writes from here is this start's
-    return subprocess.Popen(inst["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    # an emulated node's instance runs in that node's network namespace (`ip netns exec` execs the
+    # engine in place: the Popen's pid is the engine's, in our process group, stopped with it)
+    where = ["ip", "netns", "exec", inst["netns"]] if inst.get("netns") else []
+    return subprocess.Popen(where + inst["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=os.environ | inst["env"])
 
 
@@ -134,6 +137,8 @@ async def warm_up(proxy: Proxy, plan: dict) -> dict:
 def main(argv: list[str]) -> int:
     plan = json.loads(argv[0])
     procs = {role: start(role, plan[role]) for role in ("prefill", "decode")}
+    if plan.get("pids_path"):  # where the observer reads each node's link counters (its namespace's /proc/<pid>/net)
+        Path(plan["pids_path"]).write_text(json.dumps({"proxy": os.getpid()} | {r: p.pid for r, p in procs.items()}))
     try:
         wait_ready(procs, plan)
     except NotReady as e:
