@@ -183,6 +183,16 @@ def test_record_blocks_and_table_header_are_pinned(out_root):
         ("test_hooks", {"corrupt": None, "slow_rank": [1, 0.0]}), ("ops", ["all_reduce", "broadcast"]),
         ("pattern", "all"), ("ranks_per_node", 2), ("datatype", "float"), ("op", "sum"), ("root", 0), ("iters", 2),
         ("warmup_iters", 1), ("average", "mean"), ("check", True), ("min_busbw", 1e-06), ("groups", [[0, 1]])]
+    assert list(rec) == [
+        "schema", "workload", "status", "error", "created", "run_id", "overrides", "config", "fabric", "study", "world",
+        "collectives", "fingerprint", "metrics", "rows", "p2p", "external", "line_rate", "nic", "ceiling", "record_id"]
+    config = rec["config"]
+    assert list(config) == ["fabric", "model", "parallel", "workload", "collectives", "logger", "run_id",
+                            "output_root", "seed", "trial", "study", "dist", "metrics", "launcher"]
+    assert {k: config[k] for k in ("workload", "logger", "run_id", "seed", "trial", "study", "dist", "launcher")} == {
+        "workload": {"name": "collectives"}, "logger": {"name": "none"}, "run_id": None, "seed": 1234, "trial": 0,
+        "study": None, "dist": {"timeout_s": 300}, "launcher": {"nproc_per_node": 2}}
+    assert config["output_root"] == str(out_root) and rec["study"] is None
     assert rec["config"]["collectives"] == {
         "ops": ["all_reduce", "broadcast"], "minbytes": "1K", "maxbytes": "4K", "stepfactor": 2, "stepbytes": None,
         "iters": 2, "warmup_iters": 1, "datatype": "float", "op": "sum", "root": 0, "out_of_place": True,

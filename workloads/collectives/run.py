@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +29,18 @@ from workloads.core.records import fingerprint
 from workloads.fabric.profile import FabricProfile
 
 
-def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
+@dataclass(frozen=True)
+class CollectivesPlan:
+    """One collectives point, checked once before any rank starts: the collectives: section
+    (settings.py), the fabric, and the run's context (session.RunContext). Everything below
+    the entry function reads this, never the Hydra config."""
+
+    settings: Settings
+    fabric: FabricProfile
+    run: session.RunContext
+
+
+def validate(cfg: DictConfig, world: int) -> CollectivesPlan:
     """Everything checkable before a process group exists. Raises UsageError."""
     fabric = session.prepare(cfg)
     if "collectives" not in cfg:
@@ -41,7 +53,7 @@ def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if (room := hostmem.headroom(shared_by=ranks_here)) is not None:
             check_fits(s, world, room.bytes, f"host memory ({room.where})")
-    return s, fabric
+    return CollectivesPlan(s, fabric, session.context(cfg))
 
 
 def peak_bytes(sweep: Sweep, checks: Checks, world: int) -> tuple[int, str, int]:
@@ -78,13 +90,14 @@ def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
 def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one sweep. Returns the record path on rank 0, None elsewhere."""
     _, world, _, _ = fdist.launch_env()
-    s, fabric = validate(cfg, world)
-    info, run_dir, applied_env = session.start(cfg, fabric)
+    plan = validate(cfg, world)
+    s, fabric = plan.settings, plan.fabric
+    info, run_dir, applied_env = session.start(plan.run, fabric)
     say = (lambda line: print(line, flush=True)) if info.is_main else None
     rpn = s.grouping.ranks_per_node or info.local_world_size
 
     record = session.base_record(
-        "collectives", cfg, fabric, applied_env, run_dir.name, overrides,
+        "collectives", plan.run, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         collectives=s.record_block(rpn),
         fingerprint=fingerprint(),
@@ -103,7 +116,7 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
-            loggers = build_loggers(cfg, info)  # after the local record is safely written
+            loggers = build_loggers(plan.run.tracking, info)  # after the local record is safely written
             loggers.log_summary(record)
             loggers.close()
     if record["status"] != "ok":

@@ -189,11 +189,12 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
     o, fabric, tool = validate(cfg, world)
     # Gloo whatever the fabric's backend: the process group carries a few small objects, never
     # the measured bytes, and NCCL would need (and occupy) a GPU per rank for them
-    info, run_dir, applied_env = session.start(cfg, dataclasses.replace(fabric, backend="gloo"))
+    run = session.context(cfg)
+    info, run_dir, applied_env = session.start(run, dataclasses.replace(fabric, backend="gloo"))
     iface = interface(fabric, cfg)
     mine = {"addr": ipv4_of(iface), "rate": linerate.node_line_rate([f"net:{iface}"], fabric.emulate)}
     record = session.base_record(
-        "link", cfg, fabric, applied_env, run_dir.name, overrides,
+        "link", run, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         link=dataclasses.asdict(o) | {"interface": iface, "coordination": "gloo"},
         fingerprint=fingerprint(),
@@ -240,7 +241,7 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
         if info.is_main and recorded.path is not None:
             print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
                   flush=True)
-            loggers = build_loggers(cfg, info)
+            loggers = build_loggers(run.tracking, info)
             loggers.log_summary(record)
             loggers.close()
     return recorded.path

@@ -105,7 +105,7 @@ def run_server(cfg: DictConfig) -> int:
     if eos is None and tokenizer is not None:
         eos = tokenizer.eos_token_id
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
-    info, run_dir, _ = session.start(cfg, plan.fabric)
+    info, run_dir, _ = session.start(session.context(cfg), plan.fabric)
     engine = build_engine(plan.model, plan.settings, info.rank, info.world_size, info.device, int(cfg.seed),
                           plan.checkpoint, eos)
     # Every rank, before serving: which wire the TP all_reduces use (a mismatch under
