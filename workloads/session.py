@@ -4,7 +4,9 @@ Context (`context`): what a run needs of its Hydra config besides its own plan, 
 at the entry, so nothing below it (start, base_record, the loggers) reads a DictConfig.
 Opening (`start`): export the fabric's environment, create the process group once, and
 agree on one run directory across ranks. Closing (`Recorded`): whatever happens inside,
-the record says so, and the writing rank puts it on disk.
+the record says so, and the writing rank puts it on disk. `run_point` is the sequence every
+distributed workload runs a point in: measure inside `Recorded`, then on rank 0 the summary
+and the trackers, in that order.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
-from workloads.core.loggers import Tracking
+from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.noise import PointMeter
 from workloads.fabric.preflight import preflight
@@ -187,3 +189,32 @@ class Recorded:
         if getattr(exc, "agreed", False) and self.info is not None:  # every rank raised it: none leaves first
             fdist.wait_for_writer(self.info)
         return False
+
+
+def say_record(record: dict[str, Any], path: Path) -> None:
+    """The one line a point ends with when its workload prints no summary of its own."""
+    print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"), flush=True)
+
+
+def run_point(record: dict[str, Any], directory: Path, stem: str, info: fdist.DistInfo,
+              measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
+              summarize: Callable[[dict[str, Any], Path], None] = say_record) -> Path | None:
+    """Measure one point and close it the same way in every workload: `measure()` runs inside
+    `Recorded` (the status, the error, rank 0's write, a trial already held skipped); then, on
+    rank 0 and once the record is on disk, `summarize(record, path)` and the trackers get the
+    record. `loggers`: trackers the workload opened before measuring (training logs its
+    steps); without them they are built here, after the write, so a slow tracker never
+    delays the record. Returns the record's path on rank 0 (None elsewhere, or when an ok
+    record already held this trial); the measurement's exception, if any, propagates."""
+    recorded = Recorded(record, directory, stem, write=info.is_main, info=info)
+    try:
+        with recorded:
+            measure()
+    finally:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
+            summarize(record, recorded.path)
+            loggers = loggers if loggers is not None else build_loggers(tracking, info)
+            loggers.log_summary(record)
+        if loggers is not None:
+            loggers.close()
+    return recorded.path

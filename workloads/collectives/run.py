@@ -24,7 +24,6 @@ from workloads.collectives.settings import Checks, Settings, Sweep, pattern_grou
 from workloads.core import dist as fdist
 from workloads.core import hostmem
 from workloads.core.errors import UsageError
-from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
 from workloads.fabric.profile import FabricProfile
 
@@ -107,22 +106,14 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
         external=None,
     )
     stem = f"collectives-{fabric.name}-{s.grouping.pattern}-n{info.world_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
-    try:
-        with recorded:
-            rows = _measure(s, fabric, info, run_dir, record, rpn, say)
-            _judge(s, rows, record)
-    finally:
-        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
-            print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
-                  flush=True)
-            loggers = build_loggers(plan.run.tracking, info)  # after the local record is safely written
-            loggers.log_summary(record)
-            loggers.close()
+    def measure() -> None:
+        _judge(s, _measure(s, fabric, info, run_dir, record, rpn, say), record)
+
+    path = session.run_point(record, run_dir / "records", stem, info, measure, plan.run.tracking)
     if record["status"] != "ok":
         fdist.wait_for_writer(info)  # the check and the rates are combined over ranks: all fail here together
         raise CollectivesFailed(record["error"])
-    return recorded.path
+    return path
 
 
 def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: Path, record: dict, rpn: int,

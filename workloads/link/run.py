@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
 from workloads.core.signals import stop_group
 from workloads.fabric import leafspine, procnet
@@ -201,10 +200,11 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
         metrics={},
     )
     stem = f"link-{tool.name}-{fabric.name}-{o.direction}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
-    server = None
-    try:
-        with recorded:
+    server_timeout_s = float(cfg.link.server_timeout_s)
+
+    def measure() -> None:
+        server = None
+        try:
             nodes = _all(mine)
             for r, n in enumerate(nodes):
                 if n["addr"] is None:
@@ -215,7 +215,7 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
             failed = None
             if info.is_main:
                 try:
-                    server = start_server(tool, o, addr, float(cfg.link.server_timeout_s))
+                    server = start_server(tool, o, addr, server_timeout_s)
                 except ToolFailed as e:
                     failed = str(e)
             failed, _ = fdist.agree(failed, info)
@@ -235,16 +235,11 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
                 raise LinkFailed(client["error"])
             if info.is_main:
                 _measured(record, tool, tool.parse(client["stdout"]), [n["rate"] for n in nodes], info)
-    finally:
-        if server is not None:
-            stop(server)
-        if info.is_main and recorded.path is not None:
-            print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
-                  flush=True)
-            loggers = build_loggers(run.tracking, info)
-            loggers.log_summary(record)
-            loggers.close()
-    return recorded.path
+        finally:
+            if server is not None:  # whatever happened; its output is already kept (finish_server)
+                stop(server)
+
+    return session.run_point(record, run_dir / "records", stem, info, measure, run.tracking)
 
 
 def _all(value):

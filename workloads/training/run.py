@@ -267,19 +267,15 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         metrics={},
         samples={},
     )
-    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main, info=info)
-    try:
-        with recorded:
-            _measure(plan, info, run_dir, record, loggers)
-    finally:
-        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
-            if record["status"] == "ok":
-                _print_summary(record, info, plan, recorded.path)
-            else:
-                print(f"run {record['status']}; record with the error: {recorded.path}", flush=True)
-            loggers.log_summary(record)  # after the local record is safely written
-        loggers.close()
-    return recorded.path
+    def summarize(record: dict, path: Path) -> None:
+        if record["status"] == "ok":
+            _print_summary(record, info, plan, path)
+        else:
+            print(f"run {record['status']}; record with the error: {path}", flush=True)
+
+    return session.run_point(record, run_dir / "records", plan.stem, info,
+                             lambda: _measure(plan, info, run_dir, record, loggers), plan.run.tracking, loggers,
+                             summarize)
 
 
 def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
