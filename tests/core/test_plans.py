@@ -22,6 +22,9 @@ ENTRIES = {
     # validate's helpers read the sections they check; run_training only hands cfg to validate
     "workloads/training/run.py": {"validate", "model_config", "model_label", "_expert_layout", "run_training"},
     **{f"workloads/training/{m}.py": set() for m in ("engines", "data", "metrics", "commtimer", "expected")},
+    "workloads/link/run.py": {"validate", "settings", "run_link"},
+    "workloads/link/tools.py": set(),
+    "workloads/inference/engine/run.py": {"validate", "run_server"},
 }
 
 

@@ -60,7 +60,20 @@ def settings(cfg: DictConfig) -> Options:
     return o
 
 
-def validate(cfg: DictConfig, world: int) -> tuple[Options, FabricProfile, Tool]:
+@dataclasses.dataclass(frozen=True)
+class LinkPlan:
+    """One link test, checked once before any rank starts; everything below the entry
+    function reads this, never the Hydra config."""
+
+    options: Options
+    fabric: FabricProfile
+    tool: Tool
+    interface: str            # the interface the test runs over (interface())
+    server_timeout_s: float   # link.server_timeout_s: the server must listen within this
+    run: session.RunContext
+
+
+def validate(cfg: DictConfig, world: int) -> LinkPlan:
     """Everything checkable before a process group exists. Raises UsageError. The fabric's
     backend is not checked: the tools carry the traffic, and the ranks coordinate over Gloo
     (run_link), so a GPU fabric's profile runs on hosts without a GPU free, or without one at all."""
@@ -82,13 +95,13 @@ def validate(cfg: DictConfig, world: int) -> tuple[Options, FabricProfile, Tool]
         raise UsageError(f"a {tool.run_s(o):g} s link test needs dist.timeout_s above {run_s:g} (the other rank waits "
                          f"in a collective meanwhile), but it is {cfg.dist.timeout_s}; raise dist.timeout_s or shorten "
                          "link.duration_s")
-    interface(fabric, cfg)
-    return o, fabric, tool
+    return LinkPlan(o, fabric, tool, interface(fabric, cfg.link.get("interface")), float(cfg.link.server_timeout_s),
+                    session.context(cfg))
 
 
-def interface(fabric: FabricProfile, cfg: DictConfig) -> str:
-    """The interface the test runs over: link.interface, else the one the fabric's sockets use."""
-    name = cfg.link.get("interface") or fabric.env.get("GLOO_SOCKET_IFNAME") or fabric.env.get("NCCL_SOCKET_IFNAME")
+def interface(fabric: FabricProfile, chosen: str | None) -> str:
+    """The interface the test runs over: `chosen` (link.interface), else the one the fabric's sockets use."""
+    name = chosen or fabric.env.get("GLOO_SOCKET_IFNAME") or fabric.env.get("NCCL_SOCKET_IFNAME")
     if not name or "," in str(name) or str(name).startswith(("^", "=")):
         raise UsageError(f"fabric={fabric.name} names no single socket interface (GLOO_SOCKET_IFNAME/"
                          f"NCCL_SOCKET_IFNAME is {name!r}); set link.interface=<iface> on both nodes")
@@ -185,12 +198,11 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
     from workloads.fabric import linerate
 
     _, world, _, _ = fdist.launch_env()
-    o, fabric, tool = validate(cfg, world)
+    plan = validate(cfg, world)
+    o, fabric, tool, iface, run = plan.options, plan.fabric, plan.tool, plan.interface, plan.run
     # Gloo whatever the fabric's backend: the process group carries a few small objects, never
     # the measured bytes, and NCCL would need (and occupy) a GPU per rank for them
-    run = session.context(cfg)
     info, run_dir, applied_env = session.start(run, dataclasses.replace(fabric, backend="gloo"))
-    iface = interface(fabric, cfg)
     mine = {"addr": ipv4_of(iface), "rate": linerate.node_line_rate([f"net:{iface}"], fabric.emulate)}
     record = session.base_record(
         "link", run, fabric, applied_env, run_dir.name, overrides,
@@ -200,7 +212,6 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
         metrics={},
     )
     stem = f"link-{tool.name}-{fabric.name}-{o.direction}"
-    server_timeout_s = float(cfg.link.server_timeout_s)
 
     def measure() -> None:
         server = None
@@ -215,7 +226,7 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
             failed = None
             if info.is_main:
                 try:
-                    server = start_server(tool, o, addr, server_timeout_s)
+                    server = start_server(tool, o, addr, plan.server_timeout_s)
                 except ToolFailed as e:
                     failed = str(e)
             failed, _ = fdist.agree(failed, info)
