@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 
 from workloads.collectives import ops  # noqa: E402
 from workloads.collectives.harness import Harness  # noqa: E402
-from workloads.collectives.settings import Settings  # noqa: E402
+from workloads.collectives.settings import Checks, Sweep, Timing  # noqa: E402
 from workloads.core.dist import end_group_and_exit  # noqa: E402
 
 
@@ -64,13 +64,11 @@ def main() -> None:
     while s <= a.max_mib << 20:
         sizes.append(s)
         s *= 2
-    settings = Settings(ops=("all_reduce",), sizes=tuple(sizes), iters=a.iters, warmup_iters=5, datatype="float",
-                        redop="sum", root=0, out_of_place=False, in_place=True, check=False, average="mean",
-                        min_busbw=None, pattern="all", ranks_per_node=None, p2p=(), p2p_ranks=None, p2p_sizes=(),
-                        p2p_iters=0, p2p_warmup=0, p2p_window=0, external="off", external_binary="",
-                        external_prefix=(), external_timeout_s=0, corrupt=None)
+    sweep = Sweep(ops=("all_reduce",), sizes=tuple(sizes), datatype="float", redop="sum", root=0, out_of_place=False,
+                  in_place=True)
     comm = ops.Comm(group=None, rank=rank, size=n, global_ranks=tuple(range(n)))
-    harness = Harness(settings, comm, device, a.backend, rank)
+    harness = Harness(sweep, Timing(iters=a.iters, warmup_iters=5, average="mean"), Checks(elements=False), comm,
+                      device, a.backend, rank)
     op = ops.get("all_reduce")
     harness.warmup(op)  # burn-in
     if rank == 0:

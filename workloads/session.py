@@ -1,22 +1,29 @@
 """The opening and closing every distributed workload shares.
 
+Context (`context`): what a run needs of its Hydra config besides its own plan, taken once
+at the entry, so nothing below it (start, base_record, the loggers) reads a DictConfig.
 Opening (`start`): export the fabric's environment, create the process group once, and
 agree on one run directory across ranks. Closing (`Recorded`): whatever happens inside,
-the record says so, and the writing rank puts it on disk.
+the record says so, and the writing rank puts it on disk. `run_point` is the sequence every
+distributed workload runs a point in: measure inside `Recorded`, then on rank 0 the summary
+and the trackers, in that order.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
+from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.noise import PointMeter
 from workloads.fabric.preflight import preflight
@@ -39,12 +46,34 @@ def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> Fabric
     return fabric
 
 
-def start(cfg: DictConfig, fabric: FabricProfile) -> tuple[fdist.DistInfo, Path, dict[str, str]]:
+@dataclass(frozen=True)
+class RunContext:
+    """A run's context beside its workload's plan: where its records go, how long the process
+    group waits, the resolved config and study cell its record carries, and what its trackers
+    are named from (core/loggers.Tracking)."""
+
+    output_root: str
+    run_id: str | None        # run_id= as given (None: derived, rundir.py)
+    timeout_s: float | None   # dist.timeout_s; None: a root without dist: (the inference sweep has no process group)
+    config: dict[str, Any]    # the resolved config, as the record's `config`
+    study: dict[str, Any] | None  # the study cell (arm, block, position) when a study launched this run
+    tracking: Tracking | None  # None: a root without workload: (the reference server keeps no record, no tracker)
+
+
+def context(cfg: DictConfig) -> RunContext:
+    """The run context, read once from the composed config (after `prepare` checked its types)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    return RunContext(output_root=str(cfg.output_root), run_id=cfg.get("run_id"),
+                      timeout_s=float(cfg.dist.timeout_s) if "dist" in cfg else None, config=config,
+                      study=config.get("study"), tracking=Tracking.from_config(config) if "workload" in config else None)
+
+
+def start(run: RunContext, fabric: FabricProfile) -> tuple[fdist.DistInfo, Path, dict[str, str]]:
     """Apply the fabric before init (NCCL reads its environment then), init once per
     process, and return (info, the run directory every rank uses, the env applied)."""
-    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
+    run_dir = Path(rundir.run_dir(run.output_root, run.run_id))
     applied_env = fabric.apply(run_dir)
-    info = fdist.init_once(fabric.backend, fabric.name, float(cfg.dist.timeout_s))
+    info = fdist.init_once(fabric.backend, fabric.name, run.timeout_s)
     if info.local_rank == 0 and (why := affinity_warning(cpu_affinity(), info.local_world_size)):
         print(f"warning: {why}", flush=True)
     agreed, disagreeing = fdist.agree(str(run_dir), info)
@@ -65,20 +94,19 @@ def affinity_warning(cpus: int | None, local_ranks: int) -> str | None:
             "launch/slurm/*.sbatch do) or the figures measure CPU contention")
 
 
-def base_record(workload: str, cfg: DictConfig, fabric: FabricProfile, applied_env: dict[str, str],
+def base_record(workload: str, run: RunContext, fabric: FabricProfile, applied_env: dict[str, str],
                 run_id: str, overrides: list[str] | None, **fields: Any) -> dict[str, Any]:
     """The fields every workload's record shares: identity, config, the fabric as applied,
     and the study cell (arm, block, position) when a study launched this run, so analysis
-    can tell the design from the record alone."""
-    study = cfg.get("study")
+    can tell the design from the record alone. `run_id` is the run directory's name."""
     return new_record(
         workload,
         run_id=run_id,
         overrides=list(overrides or []),
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=copy.deepcopy(run.config),  # the record's own: a record is filled in place, the context never
         fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect,
                 "verify": fabric.verify},
-        study=OmegaConf.to_container(study, resolve=True) if study is not None else None,
+        study=copy.deepcopy(run.study),
         **fields,
     )
 
@@ -161,3 +189,32 @@ class Recorded:
         if getattr(exc, "agreed", False) and self.info is not None:  # every rank raised it: none leaves first
             fdist.wait_for_writer(self.info)
         return False
+
+
+def say_record(record: dict[str, Any], path: Path) -> None:
+    """The one line a point ends with when its workload prints no summary of its own."""
+    print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"), flush=True)
+
+
+def run_point(record: dict[str, Any], directory: Path, stem: str, info: fdist.DistInfo,
+              measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
+              summarize: Callable[[dict[str, Any], Path], None] = say_record) -> Path | None:
+    """Measure one point and close it the same way in every workload: `measure()` runs inside
+    `Recorded` (the status, the error, rank 0's write, a trial already held skipped); then, on
+    rank 0 and once the record is on disk, `summarize(record, path)` and the trackers get the
+    record. `loggers`: trackers the workload opened before measuring (training logs its
+    steps); without them they are built here, after the write, so a slow tracker never
+    delays the record. Returns the record's path on rank 0 (None elsewhere, or when an ok
+    record already held this trial); the measurement's exception, if any, propagates."""
+    recorded = Recorded(record, directory, stem, write=info.is_main, info=info)
+    try:
+        with recorded:
+            measure()
+    finally:
+        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
+            summarize(record, recorded.path)
+            loggers = loggers if loggers is not None else build_loggers(tracking, info)
+            loggers.log_summary(record)
+        if loggers is not None:
+            loggers.close()
+    return recorded.path

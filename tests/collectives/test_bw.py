@@ -113,7 +113,7 @@ def test_traffic_patterns_split_like_nccl_tests():
 
 def test_settings_from_the_real_yaml_and_bad_input():
     s = _settings("collectives.ops=all", "collectives.maxbytes=1M")
-    assert s.ops == tuple(ops.REGISTRY) and max(s.sizes) == 1 << 20 and s.average == "mean"
+    assert s.sweep.ops == tuple(ops.REGISTRY) and max(s.sweep.sizes) == 1 << 20 and s.timing.average == "mean"
     for bad, msg in [("collectives.datatype=float8", "datatype='float8' is unknown"),
                      ("collectives.op=mean", "op='mean' is unknown"),
                      ("collectives.ops=[all_reduce,gossip]", "unknown op 'gossip'"),
@@ -171,14 +171,14 @@ def test_count0_rows_are_reported_at_busbw_0_and_averaged_as_nccl_tests():
 
     s = _settings("collectives.ops=[all_gather]", "collectives.minbytes=8", "collectives.maxbytes=32M",
                   "collectives.warmup_iters=0", world=8)
-    assert len(s.sizes) == 23
+    assert len(s.sweep.sizes) == 23
     comm = ops.Comm(group=None, rank=0, size=8, global_ranks=tuple(range(8)))
     lines: list[str] = []
-    h = Harness(s, comm, torch.device("cpu"), "gloo", 0, lines.append)
+    h = Harness(s.sweep, s.timing, s.checks, comm, torch.device("cpu"), "gloo", 0, lines.append)
     measured = []
     h.measure = lambda op, lay, place: measured.append(lay.size) or Cell(2.0, 1.0, 1.0, 0)
     rows = h.run_op(ops.get("all_gather"))
-    assert [r.requested for r in rows] == list(s.sizes)  # no size skipped
+    assert [r.requested for r in rows] == list(s.sweep.sizes)  # no size skipped
     zero = [r for r in rows if r.count == 0]
     assert [r.requested for r in zero] == [8, 16, 32, 64] and all(r.size == 0 for r in zero)
     assert all(c.busbw == 0.0 and c.algbw == 0.0 and c.time_us is None and c.wrong == 0

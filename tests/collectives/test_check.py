@@ -54,7 +54,7 @@ def test_check_never_materialises_full_size_tensors(monkeypatch):
     for name in ("all_reduce", "reduce_scatter", "all_gather", "alltoall"):
         op = ops.get(name)
         comm = ops.Comm(None, 0, n, tuple(range(n)))
-        h = harness.Harness(s, comm, torch.device("cpu"), "gloo", 0)
+        h = harness.Harness(s.sweep, s.timing, s.checks, comm, torch.device("cpu"), "gloo", 0)
         lay = op.layout(64 * 1024, 4, n)
         b = op.buffers(lay, comm, 0, torch.int32, "cpu", op.placements[0])
         b.checked.copy_(_naive(op, lay, comm, 0, "sum", torch.int32))  # what a correct collective leaves

@@ -111,14 +111,14 @@ def test_build_command_maps_the_sweep_to_nccl_tests_flags(tmp_path):
 
     s = _settings("collectives.minbytes=1M", "collectives.maxbytes=8M", "collectives.datatype=bfloat16",
                   "collectives.average=max", "collectives.iters=50")
-    cmd = nccltests.build_command("all_reduce_perf", s, 8, tmp_path / "r.json")
+    cmd = nccltests.build_command("all_reduce_perf", s.sweep, s.timing, s.checks, 8, tmp_path / "r.json")
     assert cmd[:7] == ["all_reduce_perf", "-b", "1048576", "-e", "8388608", "-f", "2"]
     flags = dict(zip(cmd[7::2], cmd[8::2]))
     assert flags == {"-n": "50", "-w": "5", "-d": "bfloat16", "-o": "sum", "-r": "0", "-c": "1", "-a": "3",
                      "-g": "8", "-J": str(tmp_path / "r.json")}
     fixed = _settings("collectives.minbytes=1K", "collectives.maxbytes=4K", "collectives.stepfactor=null",
                       "collectives.stepbytes=1K")
-    assert nccltests.build_command("x", fixed, 1, None)[5:9] == ["-f", "1", "-i", "1024"]
+    assert nccltests.build_command("x", fixed.sweep, fixed.timing, fixed.checks, 1, None)[5:9] == ["-f", "1", "-i", "1024"]
 
 
 def test_run_external_prefers_the_json_report(tmp_path, monkeypatch):

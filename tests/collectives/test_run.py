@@ -163,3 +163,53 @@ def test_collectives_read_their_transport_only_after_real_collectives(tmp_path, 
     finally:
         dist.destroy_process_group()
     assert seen_at_check == [[1, 1 << 20]]
+
+
+def test_record_blocks_and_table_header_are_pinned(out_root):
+    """The plan that carries the collectives: section (settings.py) may be regrouped, but what a
+    record and its table say may not change: analysis and every stored record read these keys,
+    values and their order. Pinned from a real 2-rank Gloo run with both test hooks' shapes."""
+    from workloads.collectives.settings import SLOW_RANK_ENV
+
+    r = run_entry("collectives.py", f"output_root={out_root}", "launcher.nproc_per_node=2",
+                  "collectives.ops=[all_reduce,broadcast]", "collectives.minbytes=1K", "collectives.maxbytes=4K",
+                  "collectives.iters=2", "collectives.warmup_iters=1", "collectives.sample_iters=2",
+                  "collectives.min_busbw=0.000001", "collectives.p2p=[latency]", "collectives.p2p_maxbytes=2",
+                  "collectives.p2p_iters=2", "collectives.p2p_warmup=1", "collectives.external=off",
+                  env=child_env(**{SLOW_RANK_ENV: "1:0"}), timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (rec,) = records_in(out_root)
+    assert list(rec["collectives"].items()) == [
+        ("test_hooks", {"corrupt": None, "slow_rank": [1, 0.0]}), ("ops", ["all_reduce", "broadcast"]),
+        ("pattern", "all"), ("ranks_per_node", 2), ("datatype", "float"), ("op", "sum"), ("root", 0), ("iters", 2),
+        ("warmup_iters", 1), ("average", "mean"), ("check", True), ("min_busbw", 1e-06), ("groups", [[0, 1]])]
+    assert list(rec) == [
+        "schema", "workload", "status", "error", "created", "run_id", "overrides", "config", "fabric", "study", "world",
+        "collectives", "fingerprint", "metrics", "rows", "p2p", "external", "line_rate", "nic", "ceiling", "record_id"]
+    config = rec["config"]
+    assert list(config) == ["fabric", "model", "parallel", "workload", "collectives", "logger", "run_id",
+                            "output_root", "seed", "trial", "study", "dist", "metrics", "launcher"]
+    assert {k: config[k] for k in ("workload", "logger", "run_id", "seed", "trial", "study", "dist", "launcher")} == {
+        "workload": {"name": "collectives"}, "logger": {"name": "none"}, "run_id": None, "seed": 1234, "trial": 0,
+        "study": None, "dist": {"timeout_s": 300}, "launcher": {"nproc_per_node": 2}}
+    assert config["output_root"] == str(out_root) and rec["study"] is None
+    assert rec["config"]["collectives"] == {
+        "ops": ["all_reduce", "broadcast"], "minbytes": "1K", "maxbytes": "4K", "stepfactor": 2, "stepbytes": None,
+        "iters": 2, "warmup_iters": 1, "datatype": "float", "op": "sum", "root": 0, "out_of_place": True,
+        "in_place": True, "check": True, "average": "mean", "min_busbw": 1e-06, "pattern": "all",
+        "ranks_per_node": None, "p2p": ["latency"], "p2p_ranks": None, "p2p_minbytes": 1, "p2p_maxbytes": 2,
+        "p2p_iters": 2, "p2p_warmup": 1, "p2p_window": 64, "external": "off", "external_binary": "all_reduce_perf",
+        "external_prefix": [], "external_timeout_s": 1800, "sample_iters": 2}
+    assert [(row["op"], row["size"], row["requested"], row["count"], row["type"], row["redop"], row["root"],
+             row["group_size"]) for row in rec["rows"]] == [
+        ("all_reduce", 1024, 1024, 256, "float", "sum", -1, 2), ("all_reduce", 2048, 2048, 512, "float", "sum", -1, 2),
+        ("all_reduce", 4096, 4096, 1024, "float", "sum", -1, 2), ("broadcast", 1024, 1024, 256, "float", "none", 0, 2),
+        ("broadcast", 2048, 2048, 512, "float", "none", 0, 2), ("broadcast", 4096, 4096, 1024, "float", "none", 0, 2)]
+    assert [(p["test"], p["size"]) for p in rec["p2p"]] == [("latency", 1), ("latency", 2)]
+    assert rec["external"] is None and rec["status"] == "ok"
+    for op in ("all_reduce", "broadcast"):
+        assert (f"# Collective test starting: {op} (fabricbench, gloo, 2 ranks per communicator, pattern all)\n"
+                "# minBytes 1024 maxBytes 4096 warmup iters: 1 iters: 2 validation: 1 average: mean\n") in r.stdout
+    assert r.stdout.count("and 2 calls per size timed one by one after the block") == 2
+    assert "ranks 0 <-> 1, 2 iters, 1 warm-up" in r.stdout
+    assert re.findall(r"# Avg bus bandwidth    : \S+ (OK|FAILED)$", r.stdout, re.M) == ["OK", "OK"]

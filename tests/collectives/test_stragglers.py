@@ -52,8 +52,8 @@ def test_lateness_is_taken_within_each_communicator():
 
 def test_settings_of_the_sampling_and_its_hook():
     s = _settings()
-    assert s.sample_iters == 10 and s.slow_rank is None
-    assert _settings(env={SLOW_RANK_ENV: "1:5"}).slow_rank == (1, 0.005)
+    assert s.timing.sample_iters == 10 and s.faults.slow_rank is None
+    assert _settings(env={SLOW_RANK_ENV: "1:5"}).faults.slow_rank == (1, 0.005)
     for bad in ("2:5", "1", "x:y", "1:-3"):
         with pytest.raises(UsageError, match=SLOW_RANK_ENV):
             _settings(env={SLOW_RANK_ENV: bad})

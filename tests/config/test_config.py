@@ -190,15 +190,16 @@ def _build(root: str, group: str, cfg, tmp_path, monkeypatch):
     if group == "workload":
         from workloads.collectives.run import validate as validate_collectives
 
-        return validate_collectives(cfg, 2)[0]
+        return validate_collectives(cfg, 2).settings
     if group == "logger":
         from types import SimpleNamespace
 
-        from workloads.core.loggers import build_loggers
+        from workloads.core.loggers import Tracking, build_loggers
 
         monkeypatch.setenv("WANDB_MODE", "disabled")
         monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-        loggers = build_loggers(cfg, SimpleNamespace(is_main=True, world_size=1, nodes=1))
+        tracking = Tracking.from_config(OmegaConf.to_container(cfg, resolve=True))
+        loggers = build_loggers(tracking, SimpleNamespace(is_main=True, world_size=1, nodes=1))
         loggers.close()
         return loggers if cfg.logger.name == "none" else loggers[0]
     if root == "serve":

@@ -51,14 +51,14 @@ def echo(tmp_path, monkeypatch):
 
 def test_a_registered_workload_reaches_the_launcher_and_the_logger(echo):
     from workloads.core.launcher import validate_job
-    from workloads.core.loggers import _default_group
+    from workloads.core.loggers import Tracking, _default_group
 
     cfg = OmegaConf.create({"workload": {"name": "echo"}, "model": {"name": "neox-tiny"},
-                            "parallel": {"name": "ddp"}})
+                            "parallel": {"name": "ddp"}, "fabric": {"name": "loopback"}})
     validate_job(cfg, 2)
     with pytest.raises(UsageError, match="at most 2 ranks, not 4"):
         validate_job(cfg, 4)
-    assert _default_group(cfg, 2) == "echo-neox-tiny-ws2"
+    assert _default_group(Tracking.from_config(OmegaConf.to_container(cfg)), 2) == "echo-neox-tiny-ws2"
 
 
 def test_a_registered_workload_reaches_a_study(echo, tmp_path):

@@ -18,6 +18,7 @@ from analysis.load import load_table, wandb_filters
 from helpers.records import synthetic
 from helpers.wandb_fake import FakeApi, FakeRun
 from workloads.core.loggers import (
+    Tracking,
     WandbLogger,
     build_loggers,
     flatten,
@@ -120,13 +121,14 @@ def test_build_loggers_rank0_only(rank, expect, monkeypatch):
                             "fabric": {"name": "roce"}, "model": {"name": "neox-tiny"}, "parallel": {"name": "ddp"},
                             "train": {"micro_batch_size": 4}, "run_id": "r1"})
     info = SimpleNamespace(is_main=rank == 0, world_size=8, nodes=1)
-    lgs = build_loggers(cfg, info)
+    lgs = build_loggers(Tracking.from_config(OmegaConf.to_container(cfg)), info)
     assert len(lgs) == expect
     if expect:
         lg = lgs[0]
         assert lg.group == "pretrain-neox-tiny-ddp-ws8" and lg.name == "roce-neox-tiny-ddp-mb4-r1"
         assert lg.tags == ["fabric:roce", "model:neox-tiny", "parallel:ddp"] and lg.mode() in ("offline", "online")
-    assert len(build_loggers(OmegaConf.merge(cfg, {"logger": {"name": "none"}}), info)) == 0
+    off = OmegaConf.to_container(OmegaConf.merge(cfg, {"logger": {"name": "none"}}))
+    assert len(build_loggers(Tracking.from_config(off), info)) == 0
 
 
 def test_collectives_and_inference_records_round_trip_through_the_wandb_layout():

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.collectives import ops, stability
-from workloads.collectives.settings import Settings, float_str
+from workloads.collectives.settings import Checks, Faults, Sweep, Timing, float_str
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 
@@ -124,14 +124,20 @@ def count_wrong(got: torch.Tensor | None, want: torch.Tensor | None) -> int:
 
 
 class Harness:
-    def __init__(self, s: Settings, comm: ops.Comm, device: torch.device, backend: str, world_rank: int,
-                 printer: Callable[[str], None] | None = None, groups: list[list[int]] | None = None,
-                 ranks_per_node: int = 1):
-        self.s, self.comm, self.device, self.backend, self.world_rank = s, comm, device, backend, world_rank
+    """Times and checks one sweep (settings.py's Sweep, Timing, Checks) on one communicator.
+    `pattern` only labels the header; `faults` are the test hooks (none in a measurement)."""
+
+    def __init__(self, sweep: Sweep, timing: Timing, checks: Checks, comm: ops.Comm, device: torch.device,
+                 backend: str, world_rank: int, printer: Callable[[str], None] | None = None,
+                 groups: list[list[int]] | None = None, ranks_per_node: int = 1, pattern: str = "all",
+                 faults: Faults = Faults()):
+        self.sweep, self.timing, self.checks, self.faults = sweep, timing, checks, faults
+        self.comm, self.device, self.backend, self.world_rank = comm, device, backend, world_rank
+        self.pattern = pattern
         self.groups = groups or [list(comm.global_ranks)]  # every communicator, for lateness within each
         self.ranks_per_node = ranks_per_node
         self.line_rate: float | None = None  # per-rank GB/s (run.py sets it on multi-node runs); None: no %
-        self.dtype = ops.DTYPES[s.datatype]
+        self.dtype = ops.DTYPES[sweep.datatype]
         self.type_size = torch.empty((), dtype=self.dtype).element_size()
         self.print = printer or (lambda line: None)
 
@@ -156,11 +162,11 @@ class Harness:
 
     # ---- one op ----
     def placements(self, op: ops.Collective) -> list[str]:
-        wanted = [p for p, on in ((ops.OUT_OF_PLACE, self.s.out_of_place), (ops.IN_PLACE, self.s.in_place)) if on]
+        wanted = [p for p, on in ((ops.OUT_OF_PLACE, self.sweep.out_of_place), (ops.IN_PLACE, self.sweep.in_place)) if on]
         return [p for p in wanted if p in op.placements]
 
     def _call(self, op: ops.Collective, b: ops.Buffers) -> Callable[[], None]:
-        comm, redop, root = self.comm, self.s.redop, self.s.root
+        comm, redop, root = self.comm, self.sweep.redop, self.sweep.root
         return lambda: op.run(b, comm, redop, root)
 
     def _first_call(self, op: ops.Collective, run: Callable[[], None]) -> None:
@@ -170,40 +176,40 @@ class Harness:
             run()
         except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
             raise UsageError(
-                f"{op.name} with datatype {self.s.datatype} and op {self.s.redop} is not supported by the "
+                f"{op.name} with datatype {self.sweep.datatype} and op {self.sweep.redop} is not supported by the "
                 f"{self.backend} backend of torch {torch.__version__}: {str(e).splitlines()[0]}. Remove it from "
                 "collectives.ops or change collectives.datatype / collectives.op."
             ) from None
 
     def warmup(self, op: ops.Collective) -> None:
         places = self.placements(op)
-        if not places or self.s.warmup_iters == 0:
+        if not places or self.timing.warmup_iters == 0:
             return
-        for nbytes in {max(self.s.sizes), min(self.s.sizes)}:
+        for nbytes in {max(self.sweep.sizes), min(self.sweep.sizes)}:
             lay = op.layout(nbytes, self.type_size, self.comm.size)
             if lay.count == 0:
                 continue
-            b = op.buffers(lay, self.comm, self.s.root, self.dtype, self.device, places[0])
+            b = op.buffers(lay, self.comm, self.sweep.root, self.dtype, self.device, places[0])
             run = self._call(op, b)
             self._first_call(op, run)
-            for _ in range(self.s.warmup_iters - 1):
+            for _ in range(self.timing.warmup_iters - 1):
                 run()
         fdist.synchronize(self.device)
 
     def measure(self, op: ops.Collective, lay: ops.Layout, placement: str) -> Cell:
-        s, comm = self.s, self.comm
-        b = op.buffers(lay, comm, s.root, self.dtype, self.device, placement)
+        root, comm, timing = self.sweep.root, self.comm, self.timing
+        b = op.buffers(lay, comm, root, self.dtype, self.device, placement)
         run = self._call(op, b)
         self._first_call(op, run)
         self.barrier()
-        seconds = self._world_reduce(time_block(run, s.iters, self.device), s.average)
+        seconds = self._world_reduce(time_block(run, timing.iters, self.device), timing.average)
         algbw, busbw = op.bandwidth(lay.size, seconds, comm.size)
         wrong = None
-        if s.check:
-            b = op.buffers(lay, comm, s.root, self.dtype, self.device, placement)
+        if self.checks.elements:
+            b = op.buffers(lay, comm, root, self.dtype, self.device, placement)
             self._call(op, b)()
             fdist.synchronize(self.device)
-            if s.corrupt == (self.world_rank, op.name) and b.checked is not None and b.checked.numel():
+            if self.faults.corrupt == (self.world_rank, op.name) and b.checked is not None and b.checked.numel():
                 b.checked.view(-1)[0] += 1  # test hook (FABRICBENCH_TEST_CORRUPT): one bad element
             wrong = int(self._world_reduce(float(self.count_wrong_in(op, lay, b)), "sum"))
         from workloads.fabric.linerate import pct
@@ -219,12 +225,12 @@ class Harness:
         got, wrong = b.checked.view(-1), 0
         for lo in range(0, got.numel(), CHECK_CHUNK):
             hi = min(got.numel(), lo + CHECK_CHUNK)
-            want = op.expected_slice(lay, self.comm, self.s.root, self.s.redop, self.dtype, self.device, lo, hi)
+            want = op.expected_slice(lay, self.comm, self.sweep.root, self.sweep.redop, self.dtype, self.device, lo, hi)
             wrong += count_wrong(got[lo:hi], want)
         return wrong
 
     def run_op(self, op: ops.Collective) -> list[Row]:
-        s = self.s
+        s = self.sweep
         if s.root >= self.comm.size and op.uses_root:
             raise UsageError(f"collectives.root={s.root} is not a rank of a {self.comm.size}-rank communicator")
         self.print_header(op)
@@ -233,7 +239,7 @@ class Harness:
         for nbytes in s.sizes:
             lay = op.layout(nbytes, self.type_size, self.comm.size)
             if lay.count == 0:  # reported with busbw 0 and averaged, as nccl-tests does (module docstring)
-                cells = {p: zero_cell(s.check) for p in self.placements(op)}
+                cells = {p: zero_cell(self.checks.elements) for p in self.placements(op)}
             else:
                 cells = {p: self.measure(op, lay, p) for p in self.placements(op)}
             row = Row(op=op.name, size=lay.size, requested=nbytes, count=lay.count, type=s.datatype,
@@ -252,14 +258,14 @@ class Harness:
     def sample(self, op: ops.Collective, lay: ops.Layout) -> dict | None:
         """`sample_iters` calls timed one by one on every rank, gathered to rank 0 (one
         all_gather per size); rank 0 returns the size's spread and straggler figures."""
-        s, places = self.s, self.placements(op)
-        if s.sample_iters <= 0 or lay.count == 0 or not places or not dist.is_initialized():
+        places, slow = self.placements(op), self.faults.slow_rank
+        if self.timing.sample_iters <= 0 or lay.count == 0 or not places or not dist.is_initialized():
             return None  # (no process group: a harness driven by a unit test, nothing to call)
-        b = op.buffers(lay, self.comm, s.root, self.dtype, self.device, places[0])
+        b = op.buffers(lay, self.comm, self.sweep.root, self.dtype, self.device, places[0])
         run = self._call(op, b)
-        delay = s.slow_rank[1] if s.slow_rank and s.slow_rank[0] == self.world_rank else 0.0
+        delay = slow[1] if slow and slow[0] == self.world_rank else 0.0
         self.barrier()
-        mine = time_each(run, s.sample_iters, self.device, delay)
+        mine = time_each(run, self.timing.sample_iters, self.device, delay)
         times = {self.world_rank: mine}
         if dist.get_world_size() > 1:
             t = torch.tensor(mine, dtype=torch.float64, device=self.device)
@@ -272,11 +278,11 @@ class Harness:
 
     # ---- printing (rank 0 passes a real printer) ----
     def print_header(self, op: ops.Collective) -> None:
-        s = self.s
+        s, t = self.sweep, self.timing
         self.print(f"# Collective test starting: {op.name} (fabricbench, {self.backend}, "
-                   f"{self.comm.size} ranks per communicator, pattern {s.pattern})")
-        self.print(f"# minBytes {min(s.sizes)} maxBytes {max(s.sizes)} warmup iters: {s.warmup_iters} "
-                   f"iters: {s.iters} validation: {int(s.check)} average: {s.average}")
+                   f"{self.comm.size} ranks per communicator, pattern {self.pattern})")
+        self.print(f"# minBytes {min(s.sizes)} maxBytes {max(s.sizes)} warmup iters: {t.warmup_iters} "
+                   f"iters: {t.iters} validation: {int(self.checks.elements)} average: {t.average}")
         missing = [p for p in (ops.OUT_OF_PLACE, ops.IN_PLACE) if p not in op.placements]
         if missing:
             self.print(f"# {op.name}: torch.distributed has no {missing[0].replace('_', '-')} form; "
@@ -298,7 +304,7 @@ class Harness:
         summary = summarize(rows)
         bad = summary["rows_with_wrong"]
         self.print(f"# {'Out of bounds values':<20} : {bad} {'FAILED' if bad else 'OK'}")
-        self.print(f"# {'Avg bus bandwidth':<20} : {summary['avg_busbw']:g} {min_bw_verdict(summary['avg_busbw'], self.s.min_busbw)}")
+        self.print(f"# {'Avg bus bandwidth':<20} : {summary['avg_busbw']:g} {min_bw_verdict(summary['avg_busbw'], self.checks.min_busbw)}")
         self.print("#")
 
 
@@ -309,7 +315,7 @@ class Harness:
             return
         self.print(f"# {rows[0].op if rows else ''}: % of line rate"
                    + (f" ({self.line_rate:g} GB/s per rank)" if self.line_rate else " (n/a)")
-                   + f" and {self.s.sample_iters} calls per size timed one by one after the block "
+                   + f" and {self.timing.sample_iters} calls per size timed one by one after the block "
                    "(p50/p95/p99 of the slowest rank's time, CV, the latest rank)")
         self.print(f"# {'size':>10}  {'busbw':>7}  {'%line':>6}  {'p50(us)':>9}  {'p95(us)':>9}  {'p99(us)':>9}  "
                    f"{'cv':>5}  verdict")

@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from workloads.collectives.settings import Settings, launch_prefix
+from workloads.collectives.settings import Checks, Settings, Sweep, Timing, launch_prefix
 
 AVERAGE_FLAG = {"rank0": "0", "mean": "1", "min": "2", "max": "3"}
 _AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+|nan|inf)", re.I)
@@ -119,7 +119,7 @@ def device_groups(text: str) -> list[list[int]]:
     return [sorted(groups[g]) for g in sorted(groups)]
 
 
-def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None,
+def build_command(binary: str, s: Sweep, timing: Timing, checks: Checks, gpus: int, json_path: Path | None,
                   prefix: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The same sweep in nccl-tests' flags, after the (filled-in) launcher prefix."""
     cmd = [*prefix, binary, "-b", str(min(s.sizes)), "-e", str(max(s.sizes))]
@@ -128,8 +128,9 @@ def build_command(binary: str, s: Settings, gpus: int, json_path: Path | None,
         cmd += ["-f", str(s.sizes[1] // s.sizes[0])]
     elif len(s.sizes) > 1:
         cmd += ["-f", "1", "-i", str(s.sizes[1] - s.sizes[0])]
-    cmd += ["-n", str(s.iters), "-w", str(s.warmup_iters), "-d", s.datatype, "-o", s.redop, "-r", str(s.root),
-            "-c", "1" if s.check else "0", "-a", AVERAGE_FLAG[s.average], "-g", str(gpus)]
+    cmd += ["-n", str(timing.iters), "-w", str(timing.warmup_iters), "-d", s.datatype, "-o", s.redop,
+            "-r", str(s.root), "-c", "1" if checks.elements else "0", "-a", AVERAGE_FLAG[timing.average],
+            "-g", str(gpus)]
     if json_path is not None:
         cmd += ["-J", str(json_path)]
     return cmd
@@ -176,12 +177,12 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
     is -g; `nodes` the job's node count, for the block's `scope`; `env` extra variables for
     the binary (NCCL_TESTS_SPLIT from split_env); `prefix` the filled-in launcher;
     `expect_groups` our communicators, which the binary's own device lines must match."""
-    binary = shutil.which(s.external_binary)
+    binary = shutil.which(s.external.binary)
     if binary is None:
-        return {"status": "skipped", "reason": f"{s.external_binary} is not on PATH"}
+        return {"status": "skipped", "reason": f"{s.external.binary} is not on PATH"}
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{Path(binary).name}.json" if supports_json(binary) else None
-    cmd = build_command(binary, s, gpus, json_path, prefix)
+    cmd = build_command(binary, s.sweep, s.timing, s.checks, gpus, json_path, prefix)
     block: dict[str, Any] = {"binary": binary, "command": cmd, "scope": external_scope(prefix, nodes),
                              "nodes": nodes, "gpus": gpus, "env": dict(env or {})}
     run_env = {**os.environ, **(env or {})}
@@ -191,9 +192,9 @@ def run_external(s: Settings, out_dir: Path, gpus: int, nodes: int = 1,
         run_env["NCCL_DEBUG_FILE"] = str(out_dir / "nccl.%h.%p.log")
         block["nccl_log"] = run_env["NCCL_DEBUG_FILE"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external_timeout_s, env=run_env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.external.timeout_s, env=run_env)
     except subprocess.TimeoutExpired:
-        return block | {"status": "failed", "reason": f"timed out after {s.external_timeout_s:g}s"}
+        return block | {"status": "failed", "reason": f"timed out after {s.external.timeout_s:g}s"}
     except OSError as e:
         return block | {"status": "failed", "reason": str(e)}
     (out_dir / f"{Path(binary).name}.out").write_text(proc.stdout + proc.stderr)
@@ -241,11 +242,11 @@ def run_external_alone(s: Settings, out_dir: Path, info, ranks_per_node: int) ->
     the next point: nothing of ours time-shares the GPUs with it. Rank 0 gets the block."""
     from workloads.core import dist as fdist
 
-    fdist.host_barrier(s.external_timeout_s + 60)
+    fdist.host_barrier(s.external.timeout_s + 60)
     block = None
     if info.is_main:
         block = run_planned(s, out_dir, info, ranks_per_node)
-    fdist.host_barrier(s.external_timeout_s + 60)
+    fdist.host_barrier(s.external.timeout_s + 60)
     return block
 
 
@@ -255,14 +256,15 @@ def run_planned(s: Settings, out_dir: Path, info, ranks_per_node: int) -> dict[s
     local GPUs (-g <local ranks>), where a split pattern cannot be reproduced at all."""
     from workloads.collectives.settings import pattern_groups
 
-    env = split_env(s.pattern, info.world_size, ranks_per_node)
-    prefix = launch_prefix(s.external_prefix, info.world_size, info.nodes, ranks_per_node)
+    pattern = s.grouping.pattern
+    env = split_env(pattern, info.world_size, ranks_per_node)
+    prefix = launch_prefix(s.external.prefix, info.world_size, info.nodes, ranks_per_node)
     if env and not prefix:
         return {"status": "skipped", "env": env,
-                "reason": f"pattern={s.pattern} needs collectives.external_prefix: NCCL_TESTS_SPLIT colours MPI "
+                "reason": f"pattern={pattern} needs collectives.external_prefix: NCCL_TESTS_SPLIT colours MPI "
                           "processes (nccl-tests src/common.cu run()), and without a launcher there is one process, "
                           "so the split would be ignored; give e.g. [mpirun, -np, '{world}', -N, '{ranks_per_node}']"}
     scope = external_scope(prefix, info.nodes)
-    expect = pattern_groups(s.pattern, info.world_size, ranks_per_node) if scope == "job" else None
+    expect = pattern_groups(pattern, info.world_size, ranks_per_node) if scope == "job" else None
     return run_external(s, out_dir, 1 if prefix else info.local_world_size, info.nodes, env=env, prefix=prefix,
                         expect_groups=expect)

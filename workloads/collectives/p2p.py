@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from workloads.collectives.settings import P2P
 from workloads.core import dist as fdist
 
 
@@ -88,19 +89,19 @@ def _bw(me: int, peer: int, first: bool, sbuf, rbuf, iters: int, warmup: int, wi
     return _timed(window_of_messages, iters, warmup, device)
 
 
-def run_p2p(tests, sizes, ranks: tuple[int, int], iters: int, warmup: int, window: int, rank: int,
-            device: torch.device, printer=None) -> list[P2PRow]:
-    """Run every test over every size; all ranks call this (the others only synchronise).
-    Returns the rows on every rank."""
+def run_p2p(p: P2P, ranks: tuple[int, int], rank: int, device: torch.device, printer=None) -> list[P2PRow]:
+    """Run every test of `p` over its sizes between `ranks` (p.ranks, or the pair run.py chose);
+    all ranks call this (the others only synchronise). Returns the rows on every rank."""
     say = printer or (lambda line: None)
     a, b = ranks
+    iters, warmup, window = p.iters, p.warmup, p.window
     rows: list[P2PRow] = []
-    for test in tests:
+    for test in p.tests:
         unit = "us" if test == "latency" else "MB/s"
         say(f"# fabricbench point-to-point {test} (osu_{test} style), ranks {a} <-> {b}, "
             f"{iters} iters, {warmup} warm-up" + ("" if test == "latency" else f", window {window}"))
         say(f"# {'Size':<10}{'Avg Latency(us)' if test == 'latency' else 'Bandwidth (MB/s)':>18}")
-        for size in sizes:
+        for size in p.sizes:
             value = 0.0
             if rank in (a, b):
                 peer, first = (b, True) if rank == a else (a, False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,46 +20,56 @@ from omegaconf import DictConfig, OmegaConf
 from workloads import session
 from workloads.collectives import ops
 from workloads.collectives.harness import Harness, Row, min_bw_verdict, summarize
-from workloads.collectives.settings import Settings, pattern_groups
+from workloads.collectives.settings import Checks, Settings, Sweep, pattern_groups
 from workloads.core import dist as fdist
 from workloads.core import hostmem
 from workloads.core.errors import UsageError
-from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
 from workloads.fabric.profile import FabricProfile
 
 
-def validate(cfg: DictConfig, world: int) -> tuple[Settings, FabricProfile]:
+@dataclass(frozen=True)
+class CollectivesPlan:
+    """One collectives point, checked once before any rank starts: the collectives: section
+    (settings.py), the fabric, and the run's context (session.RunContext). Everything below
+    the entry function reads this, never the Hydra config."""
+
+    settings: Settings
+    fabric: FabricProfile
+    run: session.RunContext
+
+
+def validate(cfg: DictConfig, world: int) -> CollectivesPlan:
     """Everything checkable before a process group exists. Raises UsageError."""
     fabric = session.prepare(cfg)
     if "collectives" not in cfg:
         raise UsageError("no collectives: section in the config; select it with workload=collectives")
     s = Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)
-    if s.external == "on" and shutil.which(s.external_binary) is None:
-        raise UsageError(f"collectives.external=on but {s.external_binary} is not on PATH; install nccl-tests "
+    if s.external.mode == "on" and shutil.which(s.external.binary) is None:
+        raise UsageError(f"collectives.external=on but {s.external.binary} is not on PATH; install nccl-tests "
                          "(or rccl-tests) or set collectives.external=auto")
     if fabric.backend == "gloo":  # host memory, shared by this node's ranks; GPUs are checked in the rank
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         if (room := hostmem.headroom(shared_by=ranks_here)) is not None:
             check_fits(s, world, room.bytes, f"host memory ({room.where})")
-    return s, fabric
+    return CollectivesPlan(s, fabric, session.context(cfg))
 
 
-def peak_bytes(s: Settings, world: int) -> tuple[int, str, int]:
+def peak_bytes(sweep: Sweep, checks: Checks, world: int) -> tuple[int, str, int]:
     """(bytes one rank holds at once, op, size) for the sweep's largest buffers: send, receive
     and, when checking, the expected values."""
-    type_size = ops.DTYPES[s.datatype].itemsize
+    type_size = ops.DTYPES[sweep.datatype].itemsize
     best = (0, "", 0)
-    for name in s.ops:
-        lay = ops.get(name).layout(max(s.sizes), type_size, world)
-        need = (lay.send_numel + lay.recv_numel * (2 if s.check else 1)) * type_size
-        best = max(best, (need, name, max(s.sizes)))
+    for name in sweep.ops:
+        lay = ops.get(name).layout(max(sweep.sizes), type_size, world)
+        need = (lay.send_numel + lay.recv_numel * (2 if checks.elements else 1)) * type_size
+        best = max(best, (need, name, max(sweep.sizes)))
     return best
 
 
 def check_fits(s: Settings, world: int, free: int | None, where: str) -> None:
     """A size that cannot be allocated is found before any timing, in one line."""
-    need, op, size = peak_bytes(s, world)
+    need, op, size = peak_bytes(s.sweep, s.checks, world)
     if free is not None and need > free:
         raise UsageError(f"collectives.maxbytes={size} B ({size / 2**30:g} GiB): {op} needs {need / 2**30:.2f} GiB of buffers per rank but "
                          f"{free / 2**30:.2f} GiB of {where} are free; lower collectives.maxbytes")
@@ -78,42 +89,31 @@ def make_comm(groups: list[list[int]], rank: int) -> ops.Comm:
 def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None:
     """Run one sweep. Returns the record path on rank 0, None elsewhere."""
     _, world, _, _ = fdist.launch_env()
-    s, fabric = validate(cfg, world)
-    info, run_dir, applied_env = session.start(cfg, fabric)
+    plan = validate(cfg, world)
+    s, fabric = plan.settings, plan.fabric
+    info, run_dir, applied_env = session.start(plan.run, fabric)
     say = (lambda line: print(line, flush=True)) if info.is_main else None
-    rpn = s.ranks_per_node or info.local_world_size
+    rpn = s.grouping.ranks_per_node or info.local_world_size
 
     record = session.base_record(
-        "collectives", cfg, fabric, applied_env, run_dir.name, overrides,
+        "collectives", plan.run, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
-        collectives={**({"test_hooks": {"corrupt": s.corrupt, "slow_rank": s.slow_rank}} if s.corrupt or s.slow_rank
-                        else {}),
-                     "ops": list(s.ops), "pattern": s.pattern, "ranks_per_node": rpn, "datatype": s.datatype,
-                     "op": s.redop, "root": s.root, "iters": s.iters, "warmup_iters": s.warmup_iters,
-                     "average": s.average, "check": s.check, "min_busbw": s.min_busbw},
+        collectives=s.record_block(rpn),
         fingerprint=fingerprint(),
         metrics={},
         rows=[],
         p2p=[],
         external=None,
     )
-    stem = f"collectives-{fabric.name}-{s.pattern}-n{info.world_size}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
-    try:
-        with recorded:
-            rows = _measure(s, fabric, info, run_dir, record, rpn, say)
-            _judge(s, rows, record)
-    finally:
-        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
-            print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
-                  flush=True)
-            loggers = build_loggers(cfg, info)  # after the local record is safely written
-            loggers.log_summary(record)
-            loggers.close()
+    stem = f"collectives-{fabric.name}-{s.grouping.pattern}-n{info.world_size}"
+    def measure() -> None:
+        _judge(s, _measure(s, fabric, info, run_dir, record, rpn, say), record)
+
+    path = session.run_point(record, run_dir / "records", stem, info, measure, plan.run.tracking)
     if record["status"] != "ok":
         fdist.wait_for_writer(info)  # the check and the rates are combined over ranks: all fail here together
         raise CollectivesFailed(record["error"])
-    return recorded.path
+    return path
 
 
 def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: Path, record: dict, rpn: int,
@@ -124,12 +124,13 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     from workloads.fabric import leafspine, linerate, nic
     from workloads.fabric.verify import check_transport
 
-    groups = pattern_groups(s.pattern, info.world_size, rpn)
+    groups = pattern_groups(s.grouping.pattern, info.world_size, rpn)
     record["collectives"]["groups"] = groups
     comm = make_comm(groups, info.rank)
     if info.device.type == "cuda":  # before any timing: one line naming the size and the free memory
         check_fits(s, info.world_size, torch.cuda.mem_get_info(info.device)[0], f"{info.device} memory")
-    harness = Harness(s, comm, info.device, fabric.backend, info.rank, say, groups=groups, ranks_per_node=rpn)
+    harness = Harness(s.sweep, s.timing, s.checks, comm, info.device, fabric.backend, info.rank, say, groups=groups,
+                      ranks_per_node=rpn, pattern=s.grouping.pattern, faults=s.faults)
     # Transport verification (workloads/fabric/verify.py): after real collectives of a small and a
     # large size on the measured communicator (NCCL >= 2.22 connects channels at first use).
     fdist.warmup_collectives(info.device, comm.group)
@@ -142,7 +143,8 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     spines = leafspine.read_paths() if info.is_main else None  # an emulated leaf-spine's ECMP paths
     sampler.begin_step()
     rows: list[Row] = []
-    for name in s.ops:
+    op_names = s.sweep.ops
+    for name in op_names:
         rows += harness.run_op(ops.get(name))
         record["rows"] = [r.as_dict() for r in rows]
     sampler.end_step()
@@ -154,16 +156,15 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     if info.is_main:
         _flag_above_line_rate(record, harness.line_rate, info.nodes, run_dir, say)
     p2p = []
-    if s.p2p:
-        pair = s.p2p_ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
-        p2p = run_p2p(s.p2p, s.p2p_sizes, pair, s.p2p_iters, s.p2p_warmup, s.p2p_window, info.rank,
-                      info.device, say)
+    if s.p2p.tests:
+        pair = s.p2p.ranks or ((0, info.local_world_size) if info.nodes > 1 else (0, 1))
+        p2p = run_p2p(s.p2p, pair, info.rank, info.device, say)
         record["p2p"] = [r.as_dict() for r in p2p]
-    record["metrics"] = metrics(rows, s.ops) | p2p_metrics(p2p, s.p2p) | line_rate_metrics(rows, s.ops,
-                                                                                            harness.line_rate)
-    if say and len(s.ops) > 1 and rows:
+    record["metrics"] = metrics(rows, op_names) | p2p_metrics(p2p, s.p2p.tests) | line_rate_metrics(
+        rows, op_names, harness.line_rate)
+    if say and len(op_names) > 1 and rows:
         say(f"# {'Avg bus bandwidth':<20} : {record['metrics']['avg_busbw(GB/s)']:g} over every row of all "
-            f"{len(s.ops)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
+            f"{len(op_names)} ops (fabricbench's avg_busbw(GB/s); nccl-tests reports one per op, above)")
     if info.is_main:
         _ceiling(record, say)
     _external(s, fabric, info, run_dir, record, rpn, say)
@@ -175,11 +176,12 @@ def _external(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir:
     """nccl-tests' own binary on the same sweep, with every other rank idle meanwhile."""
     from workloads.collectives.nccltests import run_external_alone, summary_line
 
-    if s.external != "off" and (s.external == "on" or fabric.backend == "nccl"):
+    mode = s.external.mode
+    if mode != "off" and (mode == "on" or fabric.backend == "nccl"):
         record["external"] = run_external_alone(s, run_dir / "external", info, rpn)
         if say and (line := summary_line(record["external"])):
             say(line)
-    elif info.is_main and s.external != "off":
+    elif info.is_main and mode != "off":
         record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
 
 
@@ -259,14 +261,14 @@ def p2p_metrics(p2p: list, tests) -> dict:
 def _judge(s: Settings, rows: list[Row], record: dict) -> None:
     """A run is ok only when every element was right and every op met min_busbw."""
     m = record["metrics"]
-    slow = below_min_busbw(rows, s.ops, s.min_busbw)
+    slow = below_min_busbw(rows, s.sweep.ops, s.checks.min_busbw)
     if rows and m["wrong_elements"]:
         record["status"] = "failed"
         record["error"] = f"{m['wrong_elements']} wrong elements in {m['rows_with_wrong']} measurements"
     elif slow:
         record["status"] = "failed"
         record["error"] = ("avg bus bandwidth below 0.9 x collectives.min_busbw="
-                           f"{s.min_busbw:g} GB/s (the NCCL_TESTS_MIN_BW rule, per op as each footer "
+                           f"{s.checks.min_busbw:g} GB/s (the NCCL_TESTS_MIN_BW rule, per op as each footer "
                            "says) for " + ", ".join(f"{op} ({bw:g} GB/s)" for op, bw in slow))
     else:
         record["status"] = "ok"

@@ -1,6 +1,9 @@
-"""Pure pieces of a collective sweep: sizes, settings, traffic patterns, formatting.
+"""Pure pieces of a collective sweep: the checked settings, sizes, traffic patterns, formatting.
 
-No process group here, so everything is checkable before one exists (and unit-tested).
+`Settings.from_config` checks the collectives: section once and returns one frozen plan,
+nested by reader (Sweep, Timing, Checks, Grouping, P2P, External, Faults), so each module
+receives the parts it uses. No process group here, so everything is checkable before one
+exists (and unit-tested).
 Option names and meanings follow nccl-tests' flags (-b -e -i -f -n -w -d -o -r -c -a).
 """
 
@@ -55,37 +58,88 @@ def sweep_sizes(minbytes: int, maxbytes: int, stepbytes: int | None, stepfactor:
 
 
 @dataclass(frozen=True)
-class Settings:
+class Sweep:
+    """What each op is called with, at which sizes (nccl-tests' -b -e -i -f -d -o -r): the
+    harness and the external binary run this same sweep."""
     ops: tuple[str, ...]
-    sizes: tuple[int, ...]
-    iters: int
-    warmup_iters: int
+    sizes: tuple[int, ...]  # bytes, as asked (the harness rounds per op)
     datatype: str  # nccl-tests type name
     redop: str
     root: int
     out_of_place: bool
     in_place: bool
-    check: bool
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How each cell is timed: `warmup_iters` calls, then `iters` calls timed as one block,
+    the ranks' times combined by `average` (nccl-tests' -w -n -a); after every headline row,
+    `sample_iters` calls per size timed one by one (stability.py; 0 = none)."""
+    iters: int
+    warmup_iters: int
     average: str
-    min_busbw: float | None
+    sample_iters: int = 0
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What makes a measured run fail: a wrong element (nccl-tests' -c, counted when
+    `elements`) or an op's average busbw below 0.9 x `min_busbw` GB/s (NCCL_TESTS_MIN_BW)."""
+    elements: bool
+    min_busbw: float | None = None
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Which ranks share a communicator (pattern_groups); `ranks_per_node` None = torchrun's."""
     pattern: str
     ranks_per_node: int | None
-    p2p: tuple[str, ...]
-    p2p_ranks: tuple[int, int] | None
-    p2p_sizes: tuple[int, ...]
-    p2p_iters: int
-    p2p_warmup: int
-    p2p_window: int
-    external: str  # auto | on | off
-    external_binary: str
-    external_prefix: tuple[str, ...]
-    external_timeout_s: float
-    corrupt: tuple[int, str] | None  # test hook: (world rank, op)
-    sample_iters: int = 0  # calls per size timed one by one after the block (stability.py); 0 = none
-    slow_rank: tuple[int, float] | None = None  # test hook: (world rank, seconds slept before each sampled call)
+
+
+@dataclass(frozen=True)
+class P2P:
+    """The osu-style point-to-point tests (p2p.py), between `ranks` (None = auto)."""
+    tests: tuple[str, ...]
+    ranks: tuple[int, int] | None
+    sizes: tuple[int, ...]
+    iters: int
+    warmup: int
+    window: int
+
+
+@dataclass(frozen=True)
+class External:
+    """nccl-tests' own binary on the same sweep (nccltests.py)."""
+    mode: str  # auto | on | off
+    binary: str
+    prefix: tuple[str, ...]  # a launcher, its placeholders unfilled (launch_prefix)
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The test hooks (environment only, see CORRUPT_ENV below); none in a real measurement."""
+    corrupt: tuple[int, str] | None = None  # (world rank, op): one output element made wrong there
+    slow_rank: tuple[int, float] | None = None  # (world rank, seconds slept before each sampled call)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The collectives: section, checked once (from_config) and grouped by what reads it: the
+    harness gets sweep, timing, checks and faults; p2p.py its P2P; nccltests.py the sweep,
+    timing, checks, grouping and External it reproduces."""
+    sweep: Sweep
+    timing: Timing
+    checks: Checks
+    grouping: Grouping
+    p2p: P2P
+    external: External
+    faults: Faults
 
     @classmethod
     def from_config(cls, c: Mapping[str, Any], world: int, env: Mapping[str, str] | None = None) -> Settings:
+        # The checks run in this order (the first bad value is the one named); the messages
+        # are pinned word for word (tests/collectives/test_settings.py).
         names = [c["ops"]] if isinstance(c["ops"], str) else list(c["ops"] or [])
         if names == ["all"]:
             names = list(ops.REGISTRY)
@@ -128,17 +182,31 @@ class Settings:
         if sample_iters < 0:
             raise UsageError(f"collectives.sample_iters must be >= 0, got {sample_iters}")
         return cls(
-            ops=op_names, sizes=tuple(sizes), iters=int(c["iters"]), warmup_iters=int(c["warmup_iters"]),
-            datatype=dtype, redop=redop, root=int(c["root"]), out_of_place=bool(c["out_of_place"]),
-            in_place=bool(c["in_place"]), check=bool(c["check"]), average=average,
-            min_busbw=None if c.get("min_busbw") is None else float(c["min_busbw"]), pattern=pattern,
-            ranks_per_node=None if rpn is None else int(rpn), p2p=p2p, p2p_ranks=p2p_ranks, p2p_sizes=p2p_sizes,
-            p2p_iters=int(c["p2p_iters"]), p2p_warmup=int(c["p2p_warmup"]), p2p_window=int(c["p2p_window"]),
-            external=ext, external_binary=str(c["external_binary"]),
-            external_prefix=_checked_prefix(c.get("external_prefix")),
-            external_timeout_s=float(c["external_timeout_s"]), corrupt=corrupt,
-            sample_iters=sample_iters, slow_rank=_slow_rank(env.get(SLOW_RANK_ENV), world),
+            sweep=Sweep(ops=op_names, sizes=tuple(sizes), datatype=dtype, redop=redop, root=int(c["root"]),
+                        out_of_place=bool(c["out_of_place"]), in_place=bool(c["in_place"])),
+            timing=Timing(iters=int(c["iters"]), warmup_iters=int(c["warmup_iters"]), average=average,
+                          sample_iters=sample_iters),
+            checks=Checks(elements=bool(c["check"]),
+                          min_busbw=None if c.get("min_busbw") is None else float(c["min_busbw"])),
+            grouping=Grouping(pattern=pattern, ranks_per_node=None if rpn is None else int(rpn)),
+            p2p=P2P(tests=p2p, ranks=p2p_ranks, sizes=p2p_sizes, iters=int(c["p2p_iters"]),
+                    warmup=int(c["p2p_warmup"]), window=int(c["p2p_window"])),
+            external=External(mode=ext, binary=str(c["external_binary"]),
+                              prefix=_checked_prefix(c.get("external_prefix")),
+                              timeout_s=float(c["external_timeout_s"])),
+            faults=Faults(corrupt=corrupt, slow_rank=_slow_rank(env.get(SLOW_RANK_ENV), world)),
         )
+
+    def record_block(self, ranks_per_node: int) -> dict[str, Any]:
+        """The record's `collectives` block (before the measured `groups` join it), keys in the
+        order every stored record has them: analysis reads these names."""
+        sw, t, f = self.sweep, self.timing, self.faults
+        return {**({"test_hooks": {"corrupt": f.corrupt, "slow_rank": f.slow_rank}} if f.corrupt or f.slow_rank
+                   else {}),
+                "ops": list(sw.ops), "pattern": self.grouping.pattern, "ranks_per_node": ranks_per_node,
+                "datatype": sw.datatype, "op": sw.redop, "root": sw.root, "iters": t.iters,
+                "warmup_iters": t.warmup_iters, "average": t.average, "check": self.checks.elements,
+                "min_busbw": self.checks.min_busbw}
 
 
 def _checked_prefix(value: Any) -> tuple[str, ...]:

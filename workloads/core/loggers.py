@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from workloads import catalog
@@ -184,51 +185,74 @@ class WandbLogger(Logger):
             self._guard("finish", lambda: run.finish(exit_code=0))
 
 
-def _default_group(cfg: Any, world: int) -> str:
+@dataclass(frozen=True)
+class Tracking:
+    """What the trackers need of a run, taken once from its resolved config at the entry
+    (`from_config`), so no logger reads a Hydra config: which tracker and its settings, the
+    names a W&B run, group and tags are made of, and the config W&B is started with."""
+
+    logger: str                      # logger.name: a key of LOGGERS
+    settings: Mapping[str, Any]      # the logger: section (conf/logger/*.yaml)
+    workload: str
+    fabric: str
+    model: str | None                # None: the config has no model: section
+    parallel: str                    # "none" without a parallel: section
+    server: str                      # "none" without a server: section
+    micro_batch: int | None          # train.micro_batch_size, in a training run's W&B name
+    run_id: str | None
+    config: Mapping[str, Any]        # the whole resolved config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Tracking:
+        """From the resolved config as a plain dict (OmegaConf.to_container(cfg, resolve=True))."""
+        logger = config.get("logger")
+        train = config.get("train")
+        return cls(
+            logger=str(logger["name"]) if logger is not None and "name" in logger else "none",
+            settings=dict(logger or {}), workload=str(config["workload"]["name"]),
+            fabric=str(config["fabric"]["name"]),
+            model=str(config["model"]["name"]) if "model" in config else None,
+            parallel=str(config["parallel"]["name"]) if "parallel" in config else "none",
+            server=str(config["server"]["name"]) if "server" in config else "none",
+            micro_batch=train.get("micro_batch_size") if train is not None else None,
+            run_id=os.path.basename(str(config.get("run_id") or "")) or None, config=config)
+
+
+def _default_group(t: Tracking, world: int) -> str:
     """Runs of one comparison share everything but the fabric: group them by that."""
-    workload = str(cfg.workload.name)
-    pattern = catalog.field(workload, "group", catalog.Workload.group)
-    server = cfg.server.name if "server" in cfg else "none"
-    parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
-    return pattern.format(workload=workload, model=cfg.model.name if "model" in cfg else "none", server=server, parallel=parallel, world=world)
+    pattern = catalog.field(t.workload, "group", catalog.Workload.group)
+    return pattern.format(workload=t.workload, model=t.model or "none", server=t.server, parallel=t.parallel,
+                          world=world)
 
 
-def _wandb_logger(cfg: Any, info: Any, label: str | None = None) -> Logger:
-    from omegaconf import OmegaConf
-
-    settings = OmegaConf.to_container(cfg.logger, resolve=True) if hasattr(cfg, "logger") else {}
-    workload = str(cfg.workload.name)
-    fabric = str(cfg.fabric.name)
-    model = str(cfg.model.name)
-    parallel = str(cfg.parallel.name) if "parallel" in cfg else "none"
+def _wandb_logger(t: Tracking, info: Any, label: str | None = None) -> Logger:
     world = int(info.world_size)
-    group = settings.get("group") or _default_group(cfg, world)
-    mb = cfg.get("train", {}).get("micro_batch_size") if "train" in cfg else None
-    run_id = os.path.basename(str(cfg.get("run_id") or "")) or None
-    name = "-".join(str(p) for p in (fabric, model, parallel, f"mb{mb}" if mb is not None else None, label, run_id)
-                    if p)
-    tags = [_tag(t) for t in (f"fabric:{fabric}", f"model:{model}", f"parallel:{parallel}", *(settings.get("tags") or []))]
-    init_config = flatten(redact({"workload": workload, "config": OmegaConf.to_container(cfg, resolve=True),
+    group = t.settings.get("group") or _default_group(t, world)
+    name = "-".join(str(p) for p in (t.fabric, t.model, t.parallel, f"mb{t.micro_batch}" if t.micro_batch is not None
+                                     else None, label, t.run_id) if p)
+    tags = [_tag(x) for x in (f"fabric:{t.fabric}", f"model:{t.model}", f"parallel:{t.parallel}",
+                              *(t.settings.get("tags") or []))]
+    init_config = flatten(redact({"workload": t.workload, "config": t.config,
                                   "world": {"world_size": world, "nodes": info.nodes}}))
-    return WandbLogger(settings, init_config, name, group, workload, tags)
+    return WandbLogger(t.settings, init_config, name, group, t.workload, tags)
 
 
 LOGGERS: dict[str, Callable[..., Logger | None]] = {
-    "none": lambda cfg, info, label=None: None,
+    "none": lambda tracking, info, label=None: None,
     "wandb": _wandb_logger,
 }
 
 
-def build_loggers(cfg: Any, info: Any, label: str | None = None) -> Loggers:
-    """The trackers `cfg.logger.name` selects, on rank 0 only (other ranks: none).
+def build_loggers(tracking: Tracking, info: Any, label: str | None = None) -> Loggers:
+    """The trackers `tracking.logger` (logger.name) selects, on rank 0 only (other ranks: none).
     `info` needs is_main, world_size and nodes; `label` names a sweep point in the run name."""
-    name = str(cfg.logger.name) if "logger" in cfg and cfg.logger is not None else "none"
+    name = tracking.logger
     if name not in LOGGERS:
         raise UsageError(f"logger.name={name!r}; use one of {', '.join(LOGGERS)} (logger=<name>)")
     if not info.is_main:
         return Loggers()
     try:
-        lg = LOGGERS[name](cfg, info, label)
+        lg = LOGGERS[name](tracking, info, label)
     except Exception as e:  # a tracker must never take the workload down
         print(f"warning: logger {name} not started ({type(e).__name__}: {e}); the local record is unaffected",
               file=sys.stderr, flush=True)

@@ -232,11 +232,12 @@ def _chosen(group: str, default: str) -> str:
 _RESUMABLE = ("load.points", "load.max_failed_fraction", "trial", "logger", "run_id", "output_root")
 
 
-def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
+def _done_points(records_dir: Path, config: dict) -> set[str]:
     """Points this run directory already measured for this trial. A record measured with
     another configuration (other than the sweep's point list) is an error, not a resume:
-    reusing it would silently mix two experiments under one run_id."""
-    mine = flatten(json_safe(OmegaConf.to_container(cfg, resolve=True)), sep=".")  # as records store it
+    reusing it would silently mix two experiments under one run_id. `config` is the resolved
+    config (session.RunContext.config)."""
+    mine = flatten(json_safe(config), sep=".")  # as records store it
     done = set()
     for p, rec in iter_records(records_dir):
         if rec.get("workload") != WORKLOAD:
@@ -257,9 +258,10 @@ def _done_points(records_dir: Path, cfg: DictConfig) -> set[str]:
 def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     overrides = list(overrides or [])
     plan = validate(cfg, overrides)
-    run_dir = Path(rundir.run_dir(cfg.output_root, cfg.get("run_id")))
+    run = session.context(cfg)
+    run_dir = Path(rundir.run_dir(run.output_root, run.run_id))
     records = run_dir / "records"
-    done = _done_points(records, cfg)
+    done = _done_points(records, run.config)
     for a in plan.points:
         if a.label() in done:
             print(f"point {a.label()}: already recorded in {records}, skipped", flush=True)
@@ -272,7 +274,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     env[TRANSPORT_FILE_ENV] = str(reported)  # the reference engine writes its own verdict here
     spec, launch = plan.spec, plan.launch
     base = session.base_record(
-        WORKLOAD, cfg, plan.fabric, applied, run_dir.name, overrides,
+        WORKLOAD, run, plan.fabric, applied, run_dir.name, overrides,
         model=OmegaConf.to_container(cfg.model, resolve=True),
         server={"adapter": spec.adapter, "tp": spec.tp, "nnodes": spec.nnodes, "url": spec.base_url,
                 "argv": launch.argv, "env": launch.env,  # what the adapter added (SGLang's CPU recipe)
@@ -280,7 +282,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
 
     def loggers(label: str):  # one W&B run per point, as one record per point
         info = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
-        return build_loggers(cfg, info, label=label)
+        return build_loggers(run.tracking, info, label=label)
 
     from workloads.core.records import fingerprint
     from workloads.inference.engine_info import engine_versions

@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.core.loggers import build_loggers
 from workloads.core.records import fingerprint
 from workloads.core.signals import stop_group
 from workloads.fabric import leafspine, procnet
@@ -61,7 +60,20 @@ def settings(cfg: DictConfig) -> Options:
     return o
 
 
-def validate(cfg: DictConfig, world: int) -> tuple[Options, FabricProfile, Tool]:
+@dataclasses.dataclass(frozen=True)
+class LinkPlan:
+    """One link test, checked once before any rank starts; everything below the entry
+    function reads this, never the Hydra config."""
+
+    options: Options
+    fabric: FabricProfile
+    tool: Tool
+    interface: str            # the interface the test runs over (interface())
+    server_timeout_s: float   # link.server_timeout_s: the server must listen within this
+    run: session.RunContext
+
+
+def validate(cfg: DictConfig, world: int) -> LinkPlan:
     """Everything checkable before a process group exists. Raises UsageError. The fabric's
     backend is not checked: the tools carry the traffic, and the ranks coordinate over Gloo
     (run_link), so a GPU fabric's profile runs on hosts without a GPU free, or without one at all."""
@@ -83,13 +95,13 @@ def validate(cfg: DictConfig, world: int) -> tuple[Options, FabricProfile, Tool]
         raise UsageError(f"a {tool.run_s(o):g} s link test needs dist.timeout_s above {run_s:g} (the other rank waits "
                          f"in a collective meanwhile), but it is {cfg.dist.timeout_s}; raise dist.timeout_s or shorten "
                          "link.duration_s")
-    interface(fabric, cfg)
-    return o, fabric, tool
+    return LinkPlan(o, fabric, tool, interface(fabric, cfg.link.get("interface")), float(cfg.link.server_timeout_s),
+                    session.context(cfg))
 
 
-def interface(fabric: FabricProfile, cfg: DictConfig) -> str:
-    """The interface the test runs over: link.interface, else the one the fabric's sockets use."""
-    name = cfg.link.get("interface") or fabric.env.get("GLOO_SOCKET_IFNAME") or fabric.env.get("NCCL_SOCKET_IFNAME")
+def interface(fabric: FabricProfile, chosen: str | None) -> str:
+    """The interface the test runs over: `chosen` (link.interface), else the one the fabric's sockets use."""
+    name = chosen or fabric.env.get("GLOO_SOCKET_IFNAME") or fabric.env.get("NCCL_SOCKET_IFNAME")
     if not name or "," in str(name) or str(name).startswith(("^", "=")):
         raise UsageError(f"fabric={fabric.name} names no single socket interface (GLOO_SOCKET_IFNAME/"
                          f"NCCL_SOCKET_IFNAME is {name!r}); set link.interface=<iface> on both nodes")
@@ -186,24 +198,24 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
     from workloads.fabric import linerate
 
     _, world, _, _ = fdist.launch_env()
-    o, fabric, tool = validate(cfg, world)
+    plan = validate(cfg, world)
+    o, fabric, tool, iface, run = plan.options, plan.fabric, plan.tool, plan.interface, plan.run
     # Gloo whatever the fabric's backend: the process group carries a few small objects, never
     # the measured bytes, and NCCL would need (and occupy) a GPU per rank for them
-    info, run_dir, applied_env = session.start(cfg, dataclasses.replace(fabric, backend="gloo"))
-    iface = interface(fabric, cfg)
+    info, run_dir, applied_env = session.start(run, dataclasses.replace(fabric, backend="gloo"))
     mine = {"addr": ipv4_of(iface), "rate": linerate.node_line_rate([f"net:{iface}"], fabric.emulate)}
     record = session.base_record(
-        "link", cfg, fabric, applied_env, run_dir.name, overrides,
+        "link", run, fabric, applied_env, run_dir.name, overrides,
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         link=dataclasses.asdict(o) | {"interface": iface, "coordination": "gloo"},
         fingerprint=fingerprint(),
         metrics={},
     )
     stem = f"link-{tool.name}-{fabric.name}-{o.direction}"
-    recorded = session.Recorded(record, run_dir / "records", stem, write=info.is_main, info=info)
-    server = None
-    try:
-        with recorded:
+
+    def measure() -> None:
+        server = None
+        try:
             nodes = _all(mine)
             for r, n in enumerate(nodes):
                 if n["addr"] is None:
@@ -214,7 +226,7 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
             failed = None
             if info.is_main:
                 try:
-                    server = start_server(tool, o, addr, float(cfg.link.server_timeout_s))
+                    server = start_server(tool, o, addr, plan.server_timeout_s)
                 except ToolFailed as e:
                     failed = str(e)
             failed, _ = fdist.agree(failed, info)
@@ -234,16 +246,11 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
                 raise LinkFailed(client["error"])
             if info.is_main:
                 _measured(record, tool, tool.parse(client["stdout"]), [n["rate"] for n in nodes], info)
-    finally:
-        if server is not None:
-            stop(server)
-        if info.is_main and recorded.path is not None:
-            print(f"record: {recorded.path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"),
-                  flush=True)
-            loggers = build_loggers(cfg, info)
-            loggers.log_summary(record)
-            loggers.close()
-    return recorded.path
+        finally:
+            if server is not None:  # whatever happened; its output is already kept (finish_server)
+                stop(server)
+
+    return session.run_point(record, run_dir / "records", stem, info, measure, run.tracking)
 
 
 def _all(value):

@@ -110,6 +110,7 @@ class TrainPlan:
     data: dict               # kind (synthetic | tokens), path, dtype
     parallel: dict           # conf/parallel/*.yaml as a plain dict (name, engine, ZeRO stage ...)
     peak_tflops: float | None
+    run: session.RunContext  # output root, run id, timeout, the config the record carries, the trackers' names
     experts: moe.ExpertLayout | None = None  # an MoE model's EP x TP x DP layout; None: dense
 
     @property
@@ -174,7 +175,7 @@ def validate(cfg: DictConfig, world: int) -> TrainPlan:
         checkpoint=cfg.init.get("checkpoint") or None,
         data={"kind": str(cfg.data.kind), "path": cfg.data.get("path"), "dtype": cfg.data.get("dtype")},
         parallel=OmegaConf.to_container(cfg.parallel, resolve=True), peak_tflops=None if peak is None else float(peak),
-        experts=experts)
+        run=session.context(cfg), experts=experts)
 
 
 def _expert_layout(cfg: DictConfig, mcfg: NeoXConfig, world: int) -> moe.ExpertLayout | None:
@@ -253,11 +254,11 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
     """Run one measured point. Returns the record path on rank 0, None elsewhere."""
     _, world, _, _ = fdist.launch_env()
     plan = validate(cfg, world)
-    info, run_dir, applied_env = session.start(cfg, plan.fabric)
-    loggers = build_loggers(cfg, info)  # rank 0's trackers (W&B); a no-op list elsewhere
+    info, run_dir, applied_env = session.start(plan.run, plan.fabric)
+    loggers = build_loggers(plan.run.tracking, info)  # rank 0's trackers (W&B); a no-op list elsewhere
     layout, mcfg = plan.layout, plan.model
     record = session.base_record(
-        plan.workload, cfg, plan.fabric, applied_env, run_dir.name, overrides,
+        plan.workload, plan.run, plan.fabric, applied_env, run_dir.name, overrides,
         model=mcfg.to_dict() | {"padded_vocab": mcfg.padded_vocab, "name": plan.model_name},
         world={"world_size": info.world_size, "nodes": info.nodes, "local_world_size": info.local_world_size},
         batch={"micro_batch_size": layout.micro_batch_size, "grad_accum_steps": layout.grad_accum_steps,
@@ -266,19 +267,15 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         metrics={},
         samples={},
     )
-    recorded = session.Recorded(record, run_dir / "records", plan.stem, write=info.is_main, info=info)
-    try:
-        with recorded:
-            _measure(plan, info, run_dir, record, loggers)
-    finally:
-        if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
-            if record["status"] == "ok":
-                _print_summary(record, info, plan, recorded.path)
-            else:
-                print(f"run {record['status']}; record with the error: {recorded.path}", flush=True)
-            loggers.log_summary(record)  # after the local record is safely written
-        loggers.close()
-    return recorded.path
+    def summarize(record: dict, path: Path) -> None:
+        if record["status"] == "ok":
+            _print_summary(record, info, plan, path)
+        else:
+            print(f"run {record['status']}; record with the error: {path}", flush=True)
+
+    return session.run_point(record, run_dir / "records", plan.stem, info,
+                             lambda: _measure(plan, info, run_dir, record, loggers), plan.run.tracking, loggers,
+                             summarize)
 
 
 def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:

@@ -32,6 +32,9 @@ from workloads.models.neox import NeoXConfig
 
 @dataclass(frozen=True)
 class ServePlan:
+    """The reference server, checked once before any rank starts; everything below the entry
+    function reads this, never the Hydra config."""
+
     model: NeoXConfig
     model_name: str
     settings: EngineSettings
@@ -39,6 +42,11 @@ class ServePlan:
     checkpoint: str | None
     tokenizer: str | None
     eos_token_id: int | None
+    host: str
+    port: int
+    seed: int                 # the same random weights on every rank (no checkpoint)
+    shutdown_grace_s: float   # a follower's wait for the leader's stop before it exits by itself
+    run: session.RunContext
 
 
 def _has_tokenizer(p: Path) -> bool:
@@ -88,7 +96,9 @@ def validate(cfg: DictConfig, world: int) -> ServePlan:
     settings = EngineSettings(max_batch_size=int(s.max_batch_size), max_kv_tokens=int(s.max_kv_tokens),
                               kv_block_size=int(s.kv_block_size), max_queue=int(s.max_queue),
                               heartbeat_s=float(s.heartbeat_s), dtype=str(s.dtype))
-    return ServePlan(model, name, settings, fabric, checkpoint, tokenizer, None if eos is None else int(eos))
+    return ServePlan(model, name, settings, fabric, checkpoint, tokenizer, None if eos is None else int(eos),
+                     host=str(s.host), port=port, seed=int(cfg.seed), shutdown_grace_s=float(s.shutdown_grace_s),
+                     run=session.context(cfg))
 
 
 def run_server(cfg: DictConfig) -> int:
@@ -105,8 +115,8 @@ def run_server(cfg: DictConfig) -> int:
     if eos is None and tokenizer is not None:
         eos = tokenizer.eos_token_id
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
-    info, run_dir, _ = session.start(cfg, plan.fabric)
-    engine = build_engine(plan.model, plan.settings, info.rank, info.world_size, info.device, int(cfg.seed),
+    info, run_dir, _ = session.start(plan.run, plan.fabric)
+    engine = build_engine(plan.model, plan.settings, info.rank, info.world_size, info.device, plan.seed,
                           plan.checkpoint, eos)
     # Every rank, before serving: which wire the TP all_reduces use (a mismatch under
     # fabric.verify=fail stops the server here, with one message in its log). NCCL >= 2.22
@@ -117,7 +127,7 @@ def run_server(cfg: DictConfig) -> int:
         report_transport(transport)
 
     if not info.is_main:
-        grace = float(cfg.server.shutdown_grace_s)
+        grace = plan.shutdown_grace_s
 
         def on_term(*_):  # the leader normally broadcasts `stop` within a heartbeat
             t = threading.Timer(grace, os._exit, (0,))
@@ -140,7 +150,7 @@ def run_server(cfg: DictConfig) -> int:
     print(f"engine ready: tp={info.world_size} ({plan.fabric.name}/{info.backend}), model {plan.model_name}, "
           f"max_batch_size={plan.settings.max_batch_size}, KV cache {plan.settings.max_kv_tokens} tokens "
           f"({engine.kv_bytes_per_rank() / 2**20:.1f} MiB per rank)", flush=True)
-    return asyncio.run(_lead(engine, server, str(cfg.server.host), int(cfg.server.port)))
+    return asyncio.run(_lead(engine, server, plan.host, plan.port))
 
 
 def _warmup_params():
