@@ -25,6 +25,8 @@ ENTRIES = {
     "workloads/link/run.py": {"validate", "settings", "run_link"},
     "workloads/link/tools.py": set(),
     "workloads/inference/engine/run.py": {"validate", "run_server"},
+    # arrivals and _load_settings are validate's, reading the load: section they check
+    "workloads/inference/run.py": {"validate", "arrivals", "_load_settings", "run_sweep"},
 }
 
 

@@ -86,6 +86,8 @@ class SweepPlan:
     prompts: PromptPlan       # per-point prompts, never reused within the sweep
     load: LoadSettings
     model_name: str           # the config's model label (records and file names)
+    model: dict               # the model: section, resolved (the record's `model`, an adapter's observer)
+    run: session.RunContext
 
     def stem(self, a: Arrival) -> str:
         return f"{WORKLOAD}-{self.fabric.name}-{self.model_name}-{self.spec.adapter}-tp{self.spec.tp}-{a.label()}"
@@ -214,7 +216,8 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
                       warn=lambda m: print(m, flush=True),
                       salt=run_salt(Path(spec.run_dir).name, int(cfg.get("trial") or 0)))
     _check_prompts(plan, model, adapter, backend)
-    return SweepPlan(fabric, spec, adapter, launch, backend, tuple(points), slo, plan, settings, str(cfg.model.name))
+    return SweepPlan(fabric, spec, adapter, launch, backend, tuple(points), slo, plan, settings, str(cfg.model.name),
+                     model, session.context(cfg))
 
 
 def _chosen(group: str, default: str) -> str:
@@ -258,7 +261,7 @@ def _done_points(records_dir: Path, config: dict) -> set[str]:
 def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     overrides = list(overrides or [])
     plan = validate(cfg, overrides)
-    run = session.context(cfg)
+    run = plan.run
     run_dir = Path(rundir.run_dir(run.output_root, run.run_id))
     records = run_dir / "records"
     done = _done_points(records, run.config)
@@ -275,7 +278,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     spec, launch = plan.spec, plan.launch
     base = session.base_record(
         WORKLOAD, run, plan.fabric, applied, run_dir.name, overrides,
-        model=OmegaConf.to_container(cfg.model, resolve=True),
+        model=copy.deepcopy(plan.model),  # the record's own; the plan's stays as validated
         server={"adapter": spec.adapter, "tp": spec.tp, "nnodes": spec.nnodes, "url": spec.base_url,
                 "argv": launch.argv, "env": launch.env,  # what the adapter added (SGLang's CPU recipe)
                 "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
@@ -291,7 +294,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     fp = {**fingerprint(), "engine": engine_versions(launch.engine_argv or launch.argv)}
     failed = 0
     started = time.time()  # logs older than this are an earlier server's (a resumed run id)
-    obs = plan.adapter.observer(spec, OmegaConf.to_container(cfg.model, resolve=True)) if plan.adapter.observer \
+    obs = plan.adapter.observer(spec, copy.deepcopy(plan.model)) if plan.adapter.observer \
         else None
     with ManagedServer(spec, launch, run_dir, env) as srv:
         _verify_server(plan.fabric, run_dir, reported, base, plan.spec.tp, started, srv.pids())
