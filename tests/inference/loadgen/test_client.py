@@ -93,6 +93,12 @@ def test_timing_matches_scripted_truth(running, server, concurrency, backend):
     # worker) and mean waits of 0.1 ms; alone on a quiet machine 0.2-0.4 ms.
     floor = TOL if concurrency == 1 else 2 * TOL
     tol, mean_tol, sample_tol = (max(f, k * jitter.mean_wait_s) for f, k in ((floor, 8), (TAIL_TOL, 16), (SAMPLE_TOL, 80)))
+    # A median or p90 of a few samples moves by one sample's error when that sample sits at its
+    # rank, and one sample's error is at most the waits for a core during the point (CI once:
+    # median TTFT of 6 off by 1.70 ms, one late request, 14.8 ms waited in all, a mean wait of
+    # only 0.151 ms since the many short runs dilute it). So those two are held to the waits
+    # measured, never tighter than the floor: a clock or parsing error is still far outside.
+    tol = max(tol, jitter.waited_s)
     trace = _trace(server)
     assert [r.error for r in res.results] == [None] * n
     by_prompt = {r: res.results[i] for i, r in enumerate(range(n))}
