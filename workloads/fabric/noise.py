@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from workloads import REPO_ROOT
 from workloads.core.errors import UsageError
 from workloads.core.signals import stop_group
 from workloads.fabric import procnet
@@ -351,7 +352,7 @@ def _hogs(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir: 
             argv = [sys.executable, "-m", "workloads.fabric.hog", "--out", str(out_dir / f"hog-{n}.json"),
                     "--seconds", str(int(run_s) + 60)]
             hogs.append(subprocess.Popen(["ip", "netns", "exec", nodes[spec.node], *argv], env=env,
-                                         cwd=Path(__file__).resolve().parents[2], start_new_session=True,
+                                         cwd=REPO_ROOT, start_new_session=True,
                                          preexec_fn=_default_sigint))
         pids = [p.pid for p in hogs]
         def busy() -> bool:  # each loop past its import, spending CPU
