@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.cli import main as cli_main
 from analysis.compare import compare_table, direction, headline
 from analysis.load import Table, run_from_record
 from analysis.plots import groups
 from helpers.records import coll, train
+from workloads.commands.cli import main as cli_main
 from workloads.core.errors import UsageError
 from workloads.core.records import write_record
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from analysis import guard, stats
-from analysis.cli import main as cli_main
 from analysis.compare import blocked, compare_table
 from analysis.load import Table, run_from_record
 from helpers.records import train_record
+from workloads.commands.cli import main as cli_main
 from workloads.core.records import write_record
 
 ALPHA = 0.05

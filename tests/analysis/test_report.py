@@ -9,11 +9,11 @@ import re
 import pytest
 
 from analysis import stats
-from analysis.cli import main as cli_main
 from analysis.compare import compare_table
 from analysis.load import load_table
 from analysis.report import write_report
 from helpers.records import UPGRADE, coll, sweep, train_record
+from workloads.commands.cli import main as cli_main
 from workloads.core.records import write_record
 
 

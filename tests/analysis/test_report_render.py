@@ -180,7 +180,7 @@ def test_only_refused_pairs_still_make_a_report_that_says_so(tmp_path):
 
 
 def test_cli_bad_external_file_is_one_line_exit_2(tmp_path, capsys):
-    from analysis.cli import main
+    from workloads.commands.cli import main
 
     sweep(tmp_path / "results")
     rc = main(["report", str(tmp_path / "results"), "--baseline", "emu-veth", "--out", str(tmp_path / "rep"),

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from analysis import guard, stats
-from analysis.cli import main as cli_main
 from analysis.compare import compare_table
 from analysis.load import Table, load_table, run_from_record
 from helpers.records import synthetic, train_record
+from workloads.commands.cli import main as cli_main
 from workloads.core.records import write_record
 
 

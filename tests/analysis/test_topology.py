@@ -127,7 +127,7 @@ def test_jct_verdicts_call_a_real_difference_and_not_an_aa_one():
 def test_compare_prints_the_jct_verdict_of_the_jobs_summaries_it_finds(tmp_path, capsys):
     """`fabricbench compare <dir>` reads the emulator's jobs-*.json under the folders it is given
     (beside the records of the same runs) and prints the JCT verdict after the metric verdicts."""
-    from analysis.cli import main as cli_main
+    from workloads.commands.cli import main as cli_main
 
     root = _folder(tmp_path)
     for k, (fabric, makespan) in enumerate([(f, v) for f, vs in (("emu-l3", (20.1, 19.6, 21.0, 20.4, 19.9)),

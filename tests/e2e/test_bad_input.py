@@ -291,8 +291,8 @@ def test_a_copied_run_folder_is_not_more_trials(tmp_path, capsys):
     """`cp -r results/tr results/tr-backup` (or a .bak of one record) adds no trial: records are
     identified by content (their record_id, else a digest), not by path, and each copy is named.
     Both kinds: records written now (with a record_id) and ones written before it existed."""
-    from analysis.cli import main as cli_main
     from helpers.records import train
+    from workloads.commands.cli import main as cli_main
     from workloads.core.records import write_record
 
     speed = {"ib": [100.0, 104.0, 98.0, 101.0], "roce": [90.0, 97.0, 99.0, 92.0]}

@@ -30,8 +30,8 @@ REPO = HERE.parents[2]
 # is the whole saving (torch alone is ~4 s of CPU per process on this machine).
 PRELOAD = ("torch", "hydra", "omegaconf", "workloads.core.launcher", "workloads.commands.cli", "workloads.session",
            "workloads.training.run", "workloads.collectives.run", "workloads.inference.run", "workloads.commands.emulate",
-           "workloads.commands.doctor", "analysis.cli", "analysis.report", "analysis.compare", "transformers",
-           "tokenizers")
+           "workloads.commands.doctor", "workloads.commands.compare", "workloads.commands.report", "analysis.report",
+           "analysis.compare", "transformers", "tokenizers")
 
 
 @dataclass

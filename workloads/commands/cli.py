@@ -15,8 +15,8 @@ from workloads.core.errors import UsageError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("workloads.commands.doctor", "fabric inventory of this machine, and a profile checked against it"),
-    "compare": ("analysis.cli_compare", "fabrics point by point: verdicts with 95% intervals"),
-    "report": ("analysis.cli_report", "Markdown + self-contained HTML: verdicts, capacity, plots"),
+    "compare": ("workloads.commands.compare", "fabrics point by point: verdicts with 95% intervals"),
+    "report": ("workloads.commands.report", "Markdown + self-contained HTML: verdicts, capacity, plots"),
     "emulate": ("workloads.commands.emulate", "a workload across emulated nodes: namespaces, shaped links, a leaf-spine, noise (root)"),
     "study": ("workloads.study.run", "arms x workloads x trials, interleaved; then compare and report"),
 }

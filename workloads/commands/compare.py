@@ -1,11 +1,11 @@
-"""`fabricbench compare` and `fabricbench report`.
+"""Compare fabrics point by point: verdicts with 95% intervals, refused pairs named.
 
     fabricbench compare results/run-a results/run-b --baseline loopback
-    fabricbench report results/ --out report/ --slo-ttft-ms 500
-    fabricbench report --wandb my-team/fabricbench --group pretrain-neox-1.3b-zero1-ws16 --out report/
+    fabricbench compare --wandb my-team/fabricbench --group pretrain-neox-1.3b-zero1-ws16 --json verdicts.json
 
-workloads/commands/cli.py registers them through analysis/cli_compare.py and analysis/cli_report.py
-(its module protocol); `main()` here runs them standalone (`python -m analysis.cli ...`).
+`fabricbench compare DIR... [--wandb entity/project] [--baseline ARM] [--allow KEY]
+[--correction holm|bh|none] [--json [FILE]] [--csv [FILE]]`. What it reads and prints (the
+loading, the verdict lines, the exports) is `fabricbench report`'s too (commands/report.py).
 """
 
 from __future__ import annotations
@@ -119,46 +119,6 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_report(args) -> int:
-    from analysis import external
-    from analysis.report import write_report
-
-    _check_out(args.out)
-    slo = args.slo_ttft_ms
-    if slo is not None and not (0 < slo < float("inf")):  # a negative bound would mark every point as missing it
-        raise UsageError(f"--slo-ttft-ms {slo:g}: give the TTFT bound as a positive number of milliseconds, e.g. 500")
-    ext = external.load(args.external)  # a bad file is named before any work
-    table, result = _load(args)
-    _print(result, getattr(args, "verbose", False), args.dirs)
-    rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms", external_runs=ext)
-    print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\nmetrics: {rep.csv}\n"
-          f"plots: {len(rep.images)} PNG (+SVG) in {rep.markdown.parent / 'plots'}")
-    return 0
-
-
-def _check_out(out: str) -> None:
-    from pathlib import Path
-
-    p = Path(out)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"--out {out} is a file; give a directory for the report (it is created if missing)")
-    from workloads.core.records import not_writable
-
-    if (why := not_writable(p)) is not None:
-        raise UsageError(f"--out {out} is not writable ({why}); give a directory you can write")
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="compare fabrics: verdicts with 95%% intervals")
-    _common(p)
-    _export_arguments(p)
-    p.set_defaults(func=cmd_compare)
-    p = subparsers.add_parser("report", help="Markdown + self-contained HTML report with plots")
-    _common(p)
-    _report_arguments(p)
-    p.set_defaults(func=cmd_report)
-
-
 def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write every verdict as JSON to FILE (no FILE: to stdout, instead of the text)")
@@ -167,25 +127,10 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                         "p_corrected, n, design, ...) to FILE (no FILE: to stdout, instead of the text)")
 
 
-def _report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="report", help="output directory (default: report)")
-    p.add_argument("--slo-ttft-ms", type=float, default=None, help="inference capacity: TTFT bound in ms")
-    p.add_argument("--external", action="append", default=[], metavar="FILE",
-                   help="nccl-tests -J or rccl-tests -Z json results to draw beside the busbw curves (repeatable; "
-                        "for reference: never compared)")
-    p.add_argument("--slo-percentile", default="p90", choices=["median", "p90", "p95", "p99"], help="TTFT statistic (default p90)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    _export_arguments(parser)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fabricbench")
-    register(ap.add_subparsers(dest="command", required=True))
-    args = ap.parse_args(argv)
-    try:
-        return args.func(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(args) -> int:
+    return cmd_compare(args)
