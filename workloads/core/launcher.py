@@ -365,6 +365,44 @@ def end(code: int | str | None) -> NoReturn:
     sys.exit(code)
 
 
+def root_groups(config_name: str) -> set[str]:
+    """The config groups the root `config_name` composes (its defaults list), named as a user
+    passes them (`workload`, which also holds workload/init). conf/study/ is not among them:
+    it holds `fabricbench study`'s specs, which no entry point takes as study=<name>."""
+    import yaml
+
+    entries = yaml.safe_load((Path(CONF_DIR) / f"{config_name}.yaml").read_text()).get("defaults") or []
+    names = {key.split()[-1].split("/")[0] for e in entries if isinstance(e, dict) for key in e}
+    return {n for n in names if n != "hydra" and (Path(CONF_DIR) / n).is_dir()}
+
+
+def only_root_groups(help_text: str, groups: set[str]) -> str:
+    """Hydra's --help lists every folder of conf/ as a group, whichever root composes it (and
+    conf/study/, which is no group at all): keep the lines of the groups in `groups`."""
+    out, listing = [], False
+    for line in help_text.splitlines(keepends=True):
+        if line.startswith("== "):
+            listing = line.startswith("== Configuration groups")
+        elif listing and ": " in line and not line[0].isspace() and line.split(":", 1)[0].split("/")[0] not in groups:
+            continue
+        out.append(line)
+    return "".join(out)
+
+
+@contextlib.contextmanager
+def _help_of_root(config_name: str):
+    """Around Hydra's --help: what it prints, with only the groups this entry point's root composes."""
+    import io
+
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        sys.stdout.write(only_root_groups(buf.getvalue(), root_groups(config_name)))
+        sys.stdout.flush()
+
+
 def hydra_entry(
     script: str,
     run: Callable[..., int | None],
@@ -419,11 +457,14 @@ def hydra_entry(
     die_with_launcher()
     try:
         try:
-            if distributed and not launched():
+            # --help is this process's to print: self-launched, every local rank printed it
+            asks_help = bool({"--help", "-h"} & set(sys.argv[1:]))
+            if distributed and not launched() and not asks_help:
                 code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
                 if code is not None:
                     sys.exit(code)
-            main()
+            with _help_of_root(config_name) if asks_help else contextlib.nullcontext():
+                main()
         except KeyboardInterrupt as e:
             if speaks:
                 print("interrupted: measured points are kept", file=sys.stderr, flush=True)
