@@ -45,7 +45,7 @@ bench: sync
 # The GPU acceptance check (docs/gpu.md): NCCL training, collectives, the reference
 # engine and transport verdicts on this machine's 1-8 GPUs, one table, non-zero on a mismatch.
 gpu-check: sync
-	$(UV) run --frozen python launch/gpu_check.py $(ARGS)
+	$(UV) run --frozen fabricbench gpu-check $(ARGS)
 
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see

@@ -1,6 +1,6 @@
 """What a healthy GPU run's training figures must be, with where each bound comes from, so
-that an acceptance check (launch/gpu_check.py) compares every figure with a value or a band,
-never with "> 0". Pure functions over a training record.
+that an acceptance check (`fabricbench gpu-check`, workloads/commands/gpu_check.py) compares
+every figure with a value or a band, never with "> 0". Pure functions over a training record.
 
 - TFLOPS/GPU is recomputed from the record's own raw data (the FLOPs formula of docs/metrics.md
   with the recorded shape and batch, the mean of the timed step times, the world size): a

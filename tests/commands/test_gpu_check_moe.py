@@ -1,15 +1,10 @@
 """gpu-check's MoE row without a GPU: what a healthy and a wrong MoE training record print,
-in the style of tests/launch/test_gpu_check.py (records in, rows out), and that the step composes."""
+in the style of tests/commands/test_gpu_check.py (records in, rows out), and that the step composes."""
 
-import sys
 
 import pytest
 
-from helpers import REPO
-
-sys.path.insert(0, str(REPO / "launch"))
-
-import gpu_check  # noqa: E402
+from workloads.commands import gpu_check
 
 MOE = {"num_experts": 8, "top_k": 2, "capacity_factor": 1.25, "aux_loss_coef": 0.01, "expert_ffn_size": None,
        "activation": "gelu"}

@@ -1,4 +1,4 @@
-"""GPU acceptance check: `make gpu-check` (or python launch/gpu_check.py [--fabric F] [--out DIR]).
+"""GPU acceptance check: `make gpu-check` (or fabricbench gpu-check [--fabric F] [--out DIR]).
 
 On one CUDA machine with 1-8 GPUs, in under 10 minutes, it runs the real workloads on NCCL
 and checks what they report:
@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the expected bands live in workloads/, as for every entry point
+from workloads import REPO_ROOT as REPO  # the steps run launch/*.py from the checkout
+
 EXTERNAL_MIN_RATIO = 0.75  # ours vs all_reduce_perf at the largest size: below this is a mismatch
 # NCCL's SHM transport and the CUDA-IPC handles live in /dev/shm; Docker's default 64 MB makes
 # NCCL segfault in ncclShmOpen (pytorch/tutorials 0ba3e39 added --shm-size=2gb for exactly
@@ -288,16 +288,22 @@ def steps(n: int, fabric: str, out: Path) -> list[tuple[str, list[str], float]]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _positive(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {x:g}")
+    return x
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fabric", default="intranode", help="fabric profile (conf/fabric/); default intranode")
     p.add_argument("--out", default=str(REPO / "results" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"))
     # the limits fit a warm node; a cold one (torch and DeepSpeed imported by 8 ranks from a
     # shared filesystem) may need more, and a killed step would read as a timeout row
-    p.add_argument("--limits-x", type=float, default=1.0, help="multiply every step's time limit (default 1)")
-    a = p.parse_args(argv)
-    if a.limits_x <= 0:
-        p.error(f"--limits-x must be positive, got {a.limits_x:g}")
+    p.add_argument("--limits-x", type=_positive, default=1.0, help="multiply every step's time limit (default 1)")
+
+
+def run(a: argparse.Namespace) -> int:
     n, machine = gpus()
     if n == 0:
         print(f"gpu-check: {machine}", file=sys.stderr)
@@ -317,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
             + serve_rows(serve, records(out, "gpu-check-serve"), *done[serve]))
     print(render(rows, f"{machine}, fabric={a.fabric}"))
     return exit_code(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`fabricbench gpu-check ARGS`, also as `python -m workloads.commands.gpu_check ARGS`."""
+    from workloads.commands.cli import main as fabricbench
+
+    return fabricbench(["gpu-check", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""launch/gpu_check.py without a GPU: the table it prints, the exit code on a mismatch, what
+"""`fabricbench gpu-check` (workloads/commands/gpu_check.py) without a GPU: the table it prints, the exit code on a mismatch, what
 each step's records must say, and that every step's command line composes with the real
 configs. The steps themselves need CUDA GPUs (docs/gpu.md says they have not run on one)."""
 
@@ -8,10 +8,7 @@ import sys
 import pytest
 
 from helpers import REPO
-
-sys.path.insert(0, str(REPO / "launch"))
-
-import gpu_check  # noqa: E402
+from workloads.commands import gpu_check
 
 H100 = "NVIDIA H100 80GB HBM3"
 SHAPE = {"name": "neox-125m", "num_layers": 12, "hidden_size": 768, "padded_vocab": 50304}
@@ -159,7 +156,7 @@ def test_every_step_composes_with_the_real_configs(tmp_path):
 
 
 def test_without_a_gpu_it_says_so_in_one_line():
-    r = subprocess.run([sys.executable, str(REPO / "launch" / "gpu_check.py")], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "gpu-check"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("gpu-check: no GPU here") and len(r.stderr.strip().splitlines()) == 1
@@ -181,7 +178,7 @@ def test_an_old_driver_is_named_not_taken_for_no_gpu(tmp_path, driver, says):
         smi.write_text(f"#!/bin/sh\necho {driver}\n")
         smi.chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    r = subprocess.run([sys.executable, str(REPO / "launch" / "gpu_check.py")], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "gpu-check"], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     if driver and torch.version.cuda and torch.version.cuda.startswith("13"):
