@@ -46,3 +46,34 @@ def config_takers(path) -> set[str]:
 def test_only_entries_and_validators_take_the_raw_config():
     extra = {m: sorted(config_takers(REPO / m) - allowed) for m, allowed in ENTRIES.items()}
     assert {m: f for m, f in extra.items() if f} == {}
+
+
+# Where else the raw config may be read, each because it is a command's or a validator's own
+# reading, above or at the point where a plan is made: nothing below a plan.
+BOUNDARY = {
+    "workloads/core/launcher.py": {"validate_job", "main"},  # the launcher: find the workload's validator; Hydra's main
+    "workloads/core/schema.py": {"check", "_get", "_value"},  # types of every value, the first thing prepare() checks
+    "workloads/fabric/emuplan.py": {"_spec_of", "_check_served"},  # a config -> the emulated topology it asks for
+    "workloads/fabric/profile.py": {"node_env"},  # a served node composes its own config (its entry)
+}
+
+
+def test_no_module_anywhere_takes_the_raw_config_below_its_entry():
+    """Every module of workloads/ and analysis/, not only the converted workloads': a new
+    function that takes a DictConfig (or an untyped `cfg`) is either an entry or validator
+    named above, or a second reader of the raw config."""
+    allowed = {**ENTRIES, **BOUNDARY}
+    found = {}
+    for top in ("workloads", "analysis"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                args = node.args
+                for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                    note = ast.unparse(a.annotation) if a.annotation is not None else None
+                    raw = "DictConfig" in (note or "") or (a.arg == "cfg" and note in (None, "Any"))
+                    if raw and node.name not in allowed.get(rel, set()):
+                        found.setdefault(rel, []).append(node.name)
+    assert found == {}
