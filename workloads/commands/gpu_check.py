@@ -26,7 +26,6 @@ processes (one torchrun each), with a time limit each.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workloads import REPO_ROOT as REPO  # the steps run launch/*.py from the checkout
+from workloads.core.records import iter_records
 
 EXTERNAL_MIN_RATIO = 0.75  # ours vs all_reduce_perf at the largest size: below this is a mismatch
 # NCCL's SHM transport and the CUDA-IPC handles live in /dev/shm; Docker's default 64 MB makes
@@ -251,7 +251,8 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
 
 
 def records(out: Path, run_id: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((out / run_id / "records").glob("*.json"))]
+    """The step's records, read the one way every reader meets them (core/records.iter_records)."""
+    return [rec for _, rec in iter_records(out / run_id / "records")]
 
 
 def run_step(name: str, argv: list[str], out: Path, timeout_s: float) -> int:
