@@ -191,3 +191,17 @@ def test_link_crossing_worked_values():
 def test_predicted_transfer_time_worked_value():
     # 131072 B at 100 Mbit/s with 1448 B of TCP payload per 1514 B frame: 131072 / 11955085.9 B/s = 10.964 ms
     assert kvlog.predicted_xfer_ms(131072, 1e8, 1448 / 1514) == pytest.approx(10.9638, abs=1e-3)
+
+
+def test_ttft_split_worked_values():
+    """Two measured requests: prefill legs 300 and 500 ms, decode legs to the first chunk 150 and
+    250 ms, client TTFTs 0.5 and 0.8 s; vLLM's mean KV transfer 120 ms. Means: TTFT 650, prefill
+    400, decode 200, outside 650 - 400 - 200 = 50; the decode leg's rest 200 - 120 = 80."""
+    legs = [{"prefill_s": 0.3, "decode_first_s": 0.15}, {"prefill_s": 0.5, "decode_first_s": 0.25}]
+    assert kvlog.ttft_split(legs, [0.5, 0.8], 120.0) == {
+        "requests": 2, "ttft": 650.0, "prefill_leg": 400.0, "decode_to_first_chunk": 200.0, "outside_legs": 50.0,
+        "kv_xfer": 120.0, "decode_first_step_and_wait": 80.0}
+    assert "kv_xfer" not in kvlog.ttft_split(legs, [0.5, 0.8], None)
+    # legs that do not pair one to one with the completed requests, or a decode leg never answered
+    assert kvlog.ttft_split(legs, [0.5], 120.0) is None
+    assert kvlog.ttft_split([legs[0], {"prefill_s": 0.5, "decode_first_s": None}], [0.5, 0.8], 120.0) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -96,7 +97,9 @@ BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 8, "stream": True, "st
 
 def test_prefill_then_decode_with_the_kv_params(tmp_path):
     inst = Instances()
+    t0 = time.perf_counter()
     status, ctype, raw = asyncio.run(_exchange(inst, BODY, tmp_path))
+    elapsed = time.perf_counter() - t0
     assert status == 200 and ctype == "text/event-stream"
     assert raw == b"".join(SSE)  # relayed byte for byte
     (ph, pb), = inst.seen["prefill"]
@@ -109,6 +112,9 @@ def test_prefill_then_decode_with_the_kv_params(tmp_path):
     assert ph["X-Request-Id"] == dh["X-Request-Id"]  # one id for both legs
     (leg,) = [json.loads(x) for x in (tmp_path / "legs.jsonl").read_text().splitlines()]
     assert leg["remote_blocks"] == 2 and leg["remote_num_tokens"] == 130 and leg["prefill_s"] > 0
+    # the decode leg to its first chunk: the stand-in sleeps 50 ms after each of its 3 chunks, so
+    # the first byte comes at least 100 ms before the exchange ends
+    assert 0 < leg["decode_first_s"] <= elapsed - 0.1, (leg, elapsed)
 
 
 def test_max_completion_tokens_is_capped_too(tmp_path):

@@ -70,6 +70,16 @@ def test_kv_bytes_match_the_model(sweep):
     assert (m["kv_bytes_per_transfer"], m["kv_xfer_ms_mean"]) == (kv["bytes_per_transfer"], kv["xfer_ms_mean"])
     # the proxy timed every request's prefill leg: warm-up + measured
     assert len(kv["prefill_leg_ms"]) == REQUESTS + 1 and all(x > 0 for x in kv["prefill_leg_ms"])
+    assert len(kv["decode_first_ms"]) == REQUESTS + 1 and all(x > 0 for x in kv["decode_first_ms"])
+    # TTFT split over the measured requests: the legs' means, measured by the proxy, sum with what
+    # lies outside them to the client's mean TTFT (from the samples), and the decode leg holds the
+    # engine's KV transfer
+    split = kv["ttft_split_ms"]
+    assert split["requests"] == REQUESTS and split["ttft"] == pytest.approx(rec["metrics"]["mean_ttft_ms"], abs=1e-3)
+    assert split["prefill_leg"] == pytest.approx(sum(kv["prefill_leg_ms"][1:]) / REQUESTS, abs=2e-3)
+    assert split["decode_to_first_chunk"] == pytest.approx(sum(kv["decode_first_ms"][1:]) / REQUESTS, abs=2e-3)
+    assert split["prefill_leg"] + split["decode_to_first_chunk"] + split["outside_legs"] == pytest.approx(split["ttft"], abs=2e-3)
+    assert split["outside_legs"] > 0 and split["kv_xfer"] == kv["xfer_ms_mean"], split
 
 
 def test_kv_path_verdict(sweep):

@@ -283,6 +283,8 @@ class PDObserver:
         prompts = [r.prompt_len for r in list(warmup) + list(results) if r.ok]
         kv = {**stats, "block_size": self.block_size, "requests": len(prompts),
               "prefill_leg_ms": [round(x["prefill_s"] * 1e3, 3) for x in legs],
+              "decode_first_ms": [None if x.get("decode_first_s") is None else round(x["decode_first_s"] * 1e3, 3)
+                                  for x in legs],
               "how": f"{self.stats_log.name}: vLLM's `KV Transfer metrics` lines logged during the point, warm-up "
                      "requests included (docs/metrics.md)"}
         try:
@@ -300,6 +302,10 @@ class PDObserver:
             self._link(kv, mark[2], sum(shape.transfer_bytes(n, self.block_size) for n in prompts))
         # the KV transfer's share of TTFT: how much of the first token's wait the link's part is
         ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
+        # the warm-up requests ran (and their legs were logged) before the measured ones
+        warm = sum(1 for r in warmup if r.ok)
+        kv["ttft_split_ms"] = kvlog.ttft_split(legs[warm:] if len(legs) == len(prompts) else [], ttfts,
+                                               kv["xfer_ms_mean"])
         share = kv["xfer_ms_mean"] / (1e3 * sum(ttfts) / len(ttfts)) if ttfts and kv["xfer_ms_mean"] else None
         return {"kv": kv, "metrics": {"kv_bytes_per_transfer": kv["bytes_per_transfer"],
                                       "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"],

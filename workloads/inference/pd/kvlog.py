@@ -124,3 +124,23 @@ def predicted_xfer_ms(nbytes: int, rate_bits_per_s: float, payload_fraction: flo
     (bytes / payload share − burst) / (rate / 8), at least 0."""
     frames = nbytes / payload_fraction
     return max(0.0, frames - burst_bytes) / (rate_bits_per_s / 8) * 1e3
+
+
+def ttft_split(legs: list[dict], ttft_s: list[float], xfer_ms_mean: float | None) -> dict | None:
+    """The measured requests' mean TTFT in parts that add up (means add; medians do not): the
+    prefill leg (the proxy's post to the prefill instance's answer: its queue and the prompt's
+    forward pass), the decode leg to its first chunk (the KV transfer, the decode instance's queue
+    and first step), and what lies outside both legs (client <-> proxy, the proxy's own work).
+    With vLLM's mean KV transfer time (measured in the engine, inside the decode leg) the decode
+    leg splits further into the transfer and the rest. `legs`: the proxy's rows of the measured
+    requests; None when they do not pair one to one with the completed requests' TTFTs."""
+    firsts = [x.get("decode_first_s") for x in legs]
+    if not ttft_s or len(legs) != len(ttft_s) or any(f is None for f in firsts):
+        return None
+    n = len(ttft_s)
+    ttft, pre, dec = (1e3 * sum(v) / n for v in (ttft_s, [x["prefill_s"] for x in legs], firsts))
+    out = {"requests": n, "ttft": ttft, "prefill_leg": pre, "decode_to_first_chunk": dec,
+           "outside_legs": ttft - pre - dec}
+    if xfer_ms_mean is not None:
+        out |= {"kv_xfer": xfer_ms_mean, "decode_first_step_and_wait": dec - xfer_ms_mean}
+    return {k: v if k == "requests" else round(v, 3) for k, v in out.items()}

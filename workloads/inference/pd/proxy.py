@@ -11,8 +11,10 @@ Protocol (vLLM 0.32's NixlConnector, as its examples' toy_proxy_server.py and
    the blocks (NIXL over UCX) instead of recomputing the prompt, and its SSE stream is
    relayed byte for byte, so the load generator times TTFT/ITL as against any server.
 
-Each request's prefill leg is timed here (the part of TTFT spent before decode starts) and
-appended, one JSON line, to `timings_path`.
+Each request's legs are timed here and appended, one JSON line, to `timings_path` once its
+decode stream ends: the prefill leg (post to answer: the part of TTFT spent before decode starts)
+and the decode leg up to its first chunk (post to first byte: the KV transfer, the decode
+instance's first step and its queue), the two parts of TTFT the proxy can see.
 """
 
 from __future__ import annotations
@@ -94,29 +96,34 @@ class Proxy:
             raw = await r.read()
             if r.status != 200:  # the prefill instance's own error, as it gave it
                 return web.Response(status=r.status, body=raw, content_type=r.content_type)
-        prefill_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
         params = json.loads(raw).get("kv_transfer_params")
-        self._note(rid, prefill_s, params)
+        first: float | None = None
         resp = web.StreamResponse()
-        async with self.session.post(self.decode_url + request.path, json=decode_body(body, params),
-                                     headers=headers) as r:
-            resp.set_status(r.status)
-            resp.content_type = r.content_type
-            await resp.prepare(request)
-            try:
-                async for chunk in r.content.iter_any():
-                    await resp.write(chunk)
-                await resp.write_eof()
-            except ConnectionResetError:
-                # the client left (a load generator may close once it has read [DONE]); leaving
-                # this block closes the decode stream too, which ends the request there
-                pass
+        try:
+            async with self.session.post(self.decode_url + request.path, json=decode_body(body, params),
+                                         headers=headers) as r:
+                resp.set_status(r.status)
+                resp.content_type = r.content_type
+                await resp.prepare(request)
+                try:
+                    async for chunk in r.content.iter_any():
+                        if first is None:
+                            first = time.perf_counter() - t1
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                except ConnectionResetError:
+                    # the client left (a load generator may close once it has read [DONE]); leaving
+                    # this block closes the decode stream too, which ends the request there
+                    pass
+        finally:
+            self._note(rid, t1 - t0, first, params)
         return resp
 
-    def _note(self, rid: str, prefill_s: float, params: dict | None) -> None:
+    def _note(self, rid: str, prefill_s: float, decode_first_s: float | None, params: dict | None) -> None:
         if not self.timings_path:
             return
-        row = {"request_id": rid, "prefill_s": prefill_s, "t": time.time(),
+        row = {"request_id": rid, "prefill_s": prefill_s, "decode_first_s": decode_first_s, "t": time.time(),
                "remote_num_tokens": (params or {}).get("remote_num_tokens"),
                "remote_blocks": _count((params or {}).get("remote_block_ids"))}
         with open(self.timings_path, "a") as f:
