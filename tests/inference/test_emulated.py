@@ -21,6 +21,7 @@ CPU time: two unshaped servers run one after the other, and under CI's load the 
 were 34 ms [20, 42] above the first's, more than a quarter of the 77 ms a 100 Mbit/s link can
 add; at 20 Mbit/s a quarter of LINK_S is 96 ms."""
 
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,7 @@ def _added(x: list[float], y: list[float]) -> tuple[float, float, float]:
     return hodges_lehmann(x, y)
 
 
+@pytest.mark.timing  # TTFT added by the link, an A/A control
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_ttft_rises_significantly_at_20mbit_and_an_aa_control_stays_quiet(served):
@@ -85,6 +87,7 @@ def test_ttft_rises_significantly_at_20mbit_and_an_aa_control_stays_quiet(served
     assert abs(aa) < LINK_S / 4 and not (permutation_p(a2, a) < 0.01 and aa_lo > LINK_S / 4), (aa, aa_lo, aa_hi, cpu_share.state())
 
 
+@pytest.mark.timing  # shares `served` with the TTFT test
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_engine_ranks_span_both_namespaces_on_emu0(served):
@@ -101,6 +104,8 @@ def test_engine_ranks_span_both_namespaces_on_emu0(served):
         assert all(x["peer_connections"] >= 1 for x in ranks)
     assert r["config"]["fabric"]["emulate"]["rate"] in ("20mbit", None)
     assert "clients reach node 0 at 10.78." in runs["20m"]
-    assert leftovers() == []
+    # this module's namespaces are gone (another worker's emulations may be running beside it)
+    tags = {t for out in runs.values() for t in re.findall(r"namespaces \((fb-\d+)-0, ", out)}
+    assert tags and not [n for n in leftovers() if n.startswith(tuple(f"{t}-" for t in tags))], runs
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    assert "fbh-" not in links  # the host end went with node 0's namespace
+    assert not [t for t in tags if f" fbh-{t[3:]}@" in links]  # the host end went with node 0's namespace
