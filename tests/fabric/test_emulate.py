@@ -204,6 +204,7 @@ def _study_records(out) -> list[dict]:
     return records_in(out / "emu-ab")
 
 
+@pytest.mark.timing  # a study's verdict
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
@@ -222,6 +223,7 @@ def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
     assert sps["emu-100m"][-1] < 0.8 * sps["emu-veth"][0], sps
 
 
+@pytest.mark.timing  # a measured rate against the line rate
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_all_reduce_busbw_matches_100mbit_link(emu_ab):
