@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -59,6 +60,17 @@ def started_here(pid: int | str) -> bool:
     except OSError:
         return False
     return f"{OWNER_ENV}={os.getpid()}".encode() in env
+
+
+def emulations_left(*stdouts: str) -> list[str]:
+    """Namespaces still present of the emulations whose output is given (each prints
+    "emulate: N namespaces (fb-<pid>-0, ..."): another worker's, running beside them, are not
+    theirs. Raises when an output names no emulation."""
+    from workloads.fabric.netns import leftovers
+
+    tags = [m for out in stdouts for m in re.findall(r"namespaces \((fb-\d+)-0, ", out)]
+    assert tags, "no `emulate: N namespaces (...)` line in the output"
+    return [n for n in leftovers() if n.startswith(tuple(f"{t}-" for t in tags))]
 
 
 def alive(pid: int) -> bool:

@@ -28,8 +28,7 @@ import sys
 import pytest
 
 from analysis.stats import hodges_lehmann, permutation_p
-from helpers import REPO, child_env, cpu_share, need, records_in
-from workloads.fabric.netns import leftovers
+from helpers import REPO, child_env, cpu_share, emulations_left, need, records_in
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 # a model whose prefill activations are large enough to queue behind the shaped link
@@ -104,8 +103,7 @@ def test_engine_ranks_span_both_namespaces_on_emu0(served):
         assert all(x["peer_connections"] >= 1 for x in ranks)
     assert r["config"]["fabric"]["emulate"]["rate"] in ("20mbit", None)
     assert "clients reach node 0 at 10.78." in runs["20m"]
-    # this module's namespaces are gone (another worker's emulations may be running beside it)
-    tags = {t for out in runs.values() for t in re.findall(r"namespaces \((fb-\d+)-0, ", out)}
-    assert tags and not [n for n in leftovers() if n.startswith(tuple(f"{t}-" for t in tags))], runs
+    assert emulations_left(*runs.values()) == []  # another worker's emulations may be running beside it
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    assert not [t for t in tags if f" fbh-{t[3:]}@" in links]  # the host end went with node 0's namespace
+    pids = [t for out in runs.values() for t in re.findall(r"namespaces \(fb-(\d+)-0, ", out)]
+    assert not [p for p in pids if f" fbh-{p}@" in links]  # the host end went with node 0's namespace
