@@ -30,7 +30,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(2400))  # whichever runs first pays for the study's 12 runs
     # The longest work first, so that no worker starts a long group when the others are nearly
     # done: the timed group, then the namespace and Slurm groups, then modules with slow tests,
-    # then the rest.
+    # then the rest. xdist's --loadscope-reorder (on by default) then sorts the groups by their
+    # number of tests, keeping this order only among groups of equal size (docs/tests.md).
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     rank = {"timed": 0, "ns": 1, "slurm": 1}
     items.sort(key=lambda item: rank.get(_group(item), 2 if item.module.__name__ in slow else 3))
