@@ -23,8 +23,8 @@ train: sync
 # Three workers (pytest-xdist) on two cores: tests spend much of their time waiting (a shaped
 # link, a server's start, a rank's rendezvous, Slurm), and a third worker fills that wait. The
 # same tree here: 22.4 min with two workers, 17.9 min with three (vmstat: 0.3% idle with three).
-# Each module stays on one worker, every test that needs root on one, Slurm's on another
-# (tests/conftest.py says why). TEST_WORKERS=0 runs in-process.
+# Each module stays on one worker; the timing tests share one, the other root tests another,
+# Slurm's a third (tests/conftest.py says why). TEST_WORKERS=0 runs in-process.
 TEST_WORKERS ?= 3
 test: sync
 	$(UV) run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)

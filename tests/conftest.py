@@ -15,20 +15,25 @@ from helpers import REPO, child_env, cpu_share, need
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the group marks into the groups it schedules
 def pytest_collection_modifyitems(config, items):
     """Under xdist (`make test` runs three workers), a module's tests stay on one worker, so a
-    module's shared launch (a server, a study) starts once. Every test that needs root for
-    namespaces shares one worker: two emulations at a time could pick the same host-link subnet,
-    the leftover check after each module would see the other's namespaces, and the emulated
-    study (emu_ab) runs once per session. The tests marked `timing` (real A/A studies: they
-    compare runs made minutes apart) join them, because that worker runs with a larger CPU
-    weight (helpers/cpu_share.py). The Slurm tests (their private cluster) share another."""
+    module's shared launch (a server, a study) starts once. The tests marked `timing` (real A/A
+    studies, verdicts, rates, TTFT ratios: they compare runs made minutes apart) share the
+    `timed` worker, which runs with a larger CPU weight (helpers/cpu_share.py); a namespace test
+    whose assertion depends on measured speed carries `timing` too, and so does one that shares
+    a launch with such a test (emu_ab runs once per worker). The other tests that need root
+    (namespaces, tc) share the `ns` group: it runs beside `timed` at the default weight, since
+    two emulations at a time are safe (each host link's /30 is chosen under a lock,
+    netns.HOST_LINK_LOCK; the leftover check below tells this worker's namespaces from
+    another's). The Slurm tests (their private cluster) share another."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
         if "emu_ab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(2400))  # whichever runs first pays for the study's 12 runs
-    # The longest work first, so that no worker starts a long group when the other is nearly
-    # done: the timed group, then Slurm's, then modules with slow tests, then the rest.
+    # The longest work first, so that no worker starts a long group when the others are nearly
+    # done: the timed group, then the namespace and Slurm groups, then modules with slow tests,
+    # then the rest. xdist's --loadscope-reorder (on by default) then sorts the groups by their
+    # number of tests, keeping this order only among groups of equal size (docs/tests.md).
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    rank = {"timed": 0, "slurm": 1}
+    rank = {"timed": 0, "ns": 1, "slurm": 1}
     items.sort(key=lambda item: rank.get(_group(item), 2 if item.module.__name__ in slow else 3))
 
 
@@ -40,8 +45,10 @@ def _group(item) -> str:
     needs = _needs(item)
     if "slurm" in needs:
         return "slurm"
-    if "root" in needs or item.get_closest_marker("timing"):
+    if item.get_closest_marker("timing"):
         return "timed"
+    if "root" in needs:
+        return "ns"
     return item.nodeid.split("::")[0].split("@")[0]
 
 
@@ -53,7 +60,7 @@ def pytest_runtest_setup(item):
     for mark in item.iter_markers("requires"):
         need(*mark.args)
     group = _group(item)
-    if group == "timed" and "root" in _needs(item):
+    if "root" in _needs(item):
         _NETNS_MODULES.add(item.module.__name__)
     if _root():
         cpu_share.prefer(group == "timed")  # helpers/cpu_share.py: the rig's own load must not decide timings
@@ -97,10 +104,12 @@ def _namespaces_and_veths() -> set[str]:
 
 
 def _someone_elses(name: str) -> bool:
-    """fb-<pid>-...: the emulator that made it is alive and is not a descendant of this test
-    process (another suite or a person's run on the same machine). A namespace whose emulator
-    has exited is a leftover, whoever ran it."""
+    """fb-<pid>[suffix]-...: the process that made it (an emulator, or a test process that
+    builds a Topology itself and tags it <its pid><suffix>) is alive and is neither this test
+    process nor a descendant of it (another xdist worker, another suite, a person's run on the
+    same machine). A namespace whose maker has exited is a leftover, whoever ran it."""
     import os
+    import re
 
     def parent(pid: int) -> int | None:
         try:
@@ -108,10 +117,10 @@ def _someone_elses(name: str) -> bool:
         except (OSError, IndexError, ValueError):
             return None
 
-    try:
-        pid: int | None = int(name.split("-")[1])
-    except (IndexError, ValueError):
+    m = re.match(r"fb-(\d+)", name)
+    if not m:
         return False
+    pid: int | None = int(m.group(1))
     if parent(pid) is None:
         return False  # its emulator is gone
     while pid is not None and pid > 1:
@@ -125,8 +134,9 @@ def _someone_elses(name: str) -> bool:
 def nothing_of_ours_remains(request):
     """After every module whose namespace tests ran here: each namespace and veth they made is
     gone, also when a test failed (deleting a namespace deletes its veths and their qdiscs).
-    Only this process's namespace tests make them (they all run in one xdist worker), so the
-    difference from before the module is theirs."""
+    Two workers (groups `timed` and `ns`) build namespaces at once: the other's, while its
+    maker lives, are someone else's (_someone_elses) on both sides of the difference, so what
+    is new since before the module is this process's."""
     before = _namespaces_and_veths() if _root() else set()
     yield
     if request.module.__name__ in _NETNS_MODULES:

@@ -115,6 +115,51 @@ def test_topology_shapes_and_is_removed(tmp_path):
     assert our_namespaces(tag) == []
 
 
+# One emulation's side of test_concurrent_host_links_get_distinct_subnets: its namespaces built,
+# it takes its host link when `go` appears and keeps it until `done` does.
+_HOST_LINKER = """
+import sys, time
+from pathlib import Path
+from workloads.fabric.netns import EmuSpec, Topology
+tag, go, done = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+with Topology(EmuSpec(nodes=2), tag=tag) as topo:
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.001)
+    try:
+        topo._link_host()
+        print(topo.host_addr, flush=True)
+    except Exception as e:
+        print(f"failed: {e}", flush=True)
+    while not done.exists():
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.requires("root")
+def test_concurrent_host_links_get_distinct_subnets(tmp_path):
+    """Six emulations take their host links at the same moment (as two test workers, or two
+    users, may): each gets a /30 of its own, because the choice and the address are made under
+    one flock (netns.HOST_LINK_LOCK). Without the lock (measured here, three tries) the six took
+    one, two and two /30s between them."""
+    go, done = tmp_path / "go", tmp_path / "done"
+    tags = [f"{os.getpid()}lk{i}" for i in range(6)]
+    procs = [subprocess.Popen([sys.executable, "-c", _HOST_LINKER, tag, str(go), str(done)], cwd=REPO,
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for tag in tags]
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ready"] * len(procs), [p.stderr.read() for p in procs]
+        go.touch()
+        got = [p.stdout.readline().strip() for p in procs]
+    finally:
+        done.touch()
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert all(a.startswith("10.78.") and a.endswith(".2") for a in got), (got, errs)
+    assert len({a.rsplit(".", 1)[0] for a in got}) == len(procs), got
+    assert all(p.returncode == 0 for p in procs), errs
+    assert not [n for tag in tags for n in our_namespaces(tag)]
+
+
 @pytest.mark.requires("root")
 @pytest.mark.slow
 @pytest.mark.parametrize("args,spaces", [(["fabric=emu-100m"], 2),
@@ -159,6 +204,7 @@ def _study_records(out) -> list[dict]:
     return records_in(out / "emu-ab")
 
 
+@pytest.mark.timing  # a study's verdict
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
@@ -177,6 +223,7 @@ def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
     assert sps["emu-100m"][-1] < 0.8 * sps["emu-veth"][0], sps
 
 
+@pytest.mark.timing  # a measured rate against the line rate
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_all_reduce_busbw_matches_100mbit_link(emu_ab):

@@ -36,6 +36,7 @@ def emu_collectives(emu_ab):
     return _shaped(emu_ab, "collectives")
 
 
+@pytest.mark.timing  # a measured rate against the line rate
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_percent_of_line_rate_is_the_shaped_payload_rate(emu_ab, emu_collectives):
@@ -59,6 +60,7 @@ def test_percent_of_line_rate_is_the_shaped_payload_rate(emu_ab, emu_collectives
     assert "%line" in out and row["stability"]["samples"] == rec["config"]["collectives"]["sample_iters"]
 
 
+@pytest.mark.timing  # shares emu_collectives with the line-rate test
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_both_namespaces_counters_are_gathered(emu_collectives):
@@ -76,6 +78,7 @@ def test_both_namespaces_counters_are_gathered(emu_collectives):
     assert "NIC node 1" in out and "over 2 rail(s) of 2 node(s)" in out
 
 
+@pytest.mark.timing  # shares emu_ab (one study per worker)
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_training_gathers_both_namespaces_and_its_comm_window_rate(emu_ab):

@@ -157,6 +157,7 @@ def test_jobs_split_interleaves_nodes_and_refuses_what_does_not_divide():
     assert s["jct_s"] == {"max": 12.0, "min": 10.0} and s["metric"] == "m"
 
 
+@pytest.mark.timing  # busbw and fairness measured
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_two_concurrent_jobs_sharing_a_spine_report_jct_and_fairness(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, child_env, records_in
+from helpers import REPO, child_env, records_in, started_here
 from workloads.core.errors import UsageError
 from workloads.fabric import hog
 from workloads.fabric.netns import leftovers
@@ -31,8 +31,8 @@ STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
 
 
 def our_iperf3() -> list[str]:
-    """Command lines of live iperf3 processes on the noise's port (another test's iperf3, on
-    the link workload's port, is not ours)."""
+    """Command lines of live iperf3 processes on the noise's port that this test process
+    launched (another test's iperf3, on the link workload's port or another worker's, is not ours)."""
     out = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -40,7 +40,7 @@ def our_iperf3() -> list[str]:
         except OSError:
             continue
         ports = {str(PORT + k).encode() for k in range(64)}  # an incast's pairs take PORT, PORT + 1, ...
-        if argv and argv[0].endswith(b"iperf3") and ports & set(argv):
+        if argv and argv[0].endswith(b"iperf3") and ports & set(argv) and started_here(cmdline.parent.name):
             out.append(b" ".join(argv).decode())
     return out
 
@@ -148,9 +148,11 @@ def test_a_cpu_hog_runs_beside_the_workload_and_is_counted(tmp_path):
     assert len(summary["hogs"]) == 2 and all(h["gemms"] > 0 and h["gflop/s"] > 0 for h in summary["hogs"]), summary
     assert summary["during_workload"]["cpu_s"] >= noise["during_point"]["cpu_s"]
     assert re.search(r"emulate: noise used [\d.]+ CPU-s in [\d.]+ s during the workload", p.stdout), p.stdout[-2000:]
-    assert not [c for c in Path("/proc").glob("[0-9]*/cmdline") if b"workloads.fabric.hog" in _read(c)]
+    assert not [c for c in Path("/proc").glob("[0-9]*/cmdline")
+                if b"workloads.fabric.hog" in _read(c) and started_here(c.parent.name)]
 
 
+@pytest.mark.timing  # the noise's measured Mbit/s
 @pytest.mark.requires("root", "iperf3")
 @pytest.mark.slow
 def test_served_inference_records_the_noise_it_ran_under(tmp_path):
@@ -193,6 +195,7 @@ def _study(tmp_path_factory, name: str) -> tuple[Path, subprocess.CompletedProce
     return out / name, r
 
 
+@pytest.mark.timing  # a study's verdict
 @pytest.mark.requires("root", "iperf3")
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
@@ -215,6 +218,7 @@ def _congestion_headline(out: str, arm: str, noise: str) -> tuple[float, float]:
     return slower, noise_mbit
 
 
+@pytest.mark.timing  # shares emu_noise; the noise's measured Mbit/s
 @pytest.mark.requires("root", "iperf3")
 @pytest.mark.slow
 def test_records_carry_the_noise_and_iperf3s_figures_lie_beside(emu_noise):
@@ -280,6 +284,7 @@ def emu_incast(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return _study(tmp_path_factory, "emu-incast")
 
 
+@pytest.mark.timing  # a study's verdict
 @pytest.mark.requires("root", "iperf3")
 @pytest.mark.slow
 @pytest.mark.timeout(1500)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,10 +21,17 @@ HELPERS = REPO / "tests" / "helpers"
 SLURM_DIR = REPO / "launch" / "slurm"
 
 
+# child_env() marks every launch with the test process's pid, and what it starts inherits the
+# mark (an emulator's iperf3s and hogs too), so `started_here` tells this xdist worker's
+# processes from another's, also after their parent has exited.
+OWNER_ENV = "FB_TEST_PROCESS"
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """Environment for launched ranks: one thread each (2 cores), no W&B network."""
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"})
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0",
+                OWNER_ENV: str(os.getpid())})
     env.pop("LOCAL_RANK", None)
     env.update(extra)
     return env
@@ -42,6 +50,27 @@ def run_entry(script: str, *overrides: str, torchrun: int | None = None, timeout
 
 def records_in(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(root).rglob("records/*.json"))]
+
+
+def started_here(pid: int | str) -> bool:
+    """Process `pid` descends from a launch of this test process (child_env's mark is in its
+    environment): two workers run emulations at once, and each checks only its own."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{OWNER_ENV}={os.getpid()}".encode() in env
+
+
+def emulations_left(*stdouts: str) -> list[str]:
+    """Namespaces still present of the emulations whose output is given (each prints
+    "emulate: N namespaces (fb-<pid>-0, ..."): another worker's, running beside them, are not
+    theirs. Raises when an output names no emulation."""
+    from workloads.fabric.netns import leftovers
+
+    tags = [m for out in stdouts for m in re.findall(r"namespaces \((fb-\d+)-0, ", out)]
+    assert tags, "no `emulate: N namespaces (...)` line in the output"
+    return [n for n in leftovers() if n.startswith(tuple(f"{t}-" for t in tags))]
 
 
 def alive(pid: int) -> bool:

@@ -1,6 +1,6 @@
-"""A larger CPU share for the worker that runs the timed group (the namespace tests and those
-marked `timing`, tests/conftest.py), so that the other xdist worker's launches do not decide
-what they measure.
+"""A larger CPU share for the worker that runs the timed group (the tests marked `timing`, among
+them every namespace test whose assertion depends on measured speed; tests/conftest.py), so
+that the other xdist workers' launches do not decide what they measure.
 
 The namespace tests time work on shaped links and compare it with unshaped runs: a study that
 must call a 100 Mbit/s link slower, a percent-of-line-rate bound, TTFT added by the link. Their

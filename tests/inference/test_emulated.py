@@ -21,14 +21,14 @@ CPU time: two unshaped servers run one after the other, and under CI's load the 
 were 34 ms [20, 42] above the first's, more than a quarter of the 77 ms a 100 Mbit/s link can
 add; at 20 Mbit/s a quarter of LINK_S is 96 ms."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 
 from analysis.stats import hodges_lehmann, permutation_p
-from helpers import REPO, child_env, cpu_share, need, records_in
-from workloads.fabric.netns import leftovers
+from helpers import REPO, child_env, cpu_share, emulations_left, need, records_in
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 # a model whose prefill activations are large enough to queue behind the shaped link
@@ -69,6 +69,7 @@ def _added(x: list[float], y: list[float]) -> tuple[float, float, float]:
     return hodges_lehmann(x, y)
 
 
+@pytest.mark.timing  # TTFT added by the link, an A/A control
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_ttft_rises_significantly_at_20mbit_and_an_aa_control_stays_quiet(served):
@@ -85,6 +86,7 @@ def test_ttft_rises_significantly_at_20mbit_and_an_aa_control_stays_quiet(served
     assert abs(aa) < LINK_S / 4 and not (permutation_p(a2, a) < 0.01 and aa_lo > LINK_S / 4), (aa, aa_lo, aa_hi, cpu_share.state())
 
 
+@pytest.mark.timing  # shares `served` with the TTFT test
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_engine_ranks_span_both_namespaces_on_emu0(served):
@@ -101,6 +103,7 @@ def test_engine_ranks_span_both_namespaces_on_emu0(served):
         assert all(x["peer_connections"] >= 1 for x in ranks)
     assert r["config"]["fabric"]["emulate"]["rate"] in ("20mbit", None)
     assert "clients reach node 0 at 10.78." in runs["20m"]
-    assert leftovers() == []
+    assert emulations_left(*runs.values()) == []  # another worker's emulations may be running beside it
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    assert "fbh-" not in links  # the host end went with node 0's namespace
+    pids = [t for out in runs.values() for t in re.findall(r"namespaces \(fb-(\d+)-0, ", out)]
+    assert not [p for p in pids if f" fbh-{p}@" in links]  # the host end went with node 0's namespace

@@ -141,6 +141,7 @@ def across_nodes(sglang_env, tmp_path_factory):
     return {r["fabric"]["name"]: r for r in records_in(out)}, out, runs
 
 
+@pytest.mark.timing  # shares across_nodes with the TTFT test
 @pytest.mark.requires("root")
 def test_sglang_tp2_ranks_span_both_namespaces_on_emu0(across_nodes):
     recs, out, runs = across_nodes
@@ -165,6 +166,7 @@ def test_sglang_tp2_ranks_span_both_namespaces_on_emu0(across_nodes):
     assert len(ours) == 4 and not set(ours) & set(leftovers()), (ours, leftovers())
 
 
+@pytest.mark.timing  # a TTFT ratio
 @pytest.mark.requires("root")
 def test_sglang_ttft_rises_at_100mbit(across_nodes):
     """The per-request TTFTs of one point each (requests are not trials; this checks the link

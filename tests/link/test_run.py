@@ -160,6 +160,7 @@ def test_a_server_that_exits_first_is_reported_in_its_own_words():
         start_server(_Never(["sh", "-c", "echo no such HCA >&2; exit 3"]), o, "127.0.0.1", 10)
 
 
+@pytest.mark.timing  # a measured rate within 5% of the payload rate
 @pytest.mark.requires("root", "iperf3")
 @pytest.mark.slow
 def test_iperf3_across_emulated_nodes_reaches_the_shaped_payload_rate(out_root):

@@ -325,6 +325,7 @@ def test_sequential_study_stops_at_the_first_look_that_decides(tmp_path):
     assert f"(measured over {len(recs)} earlier runs)" in r.stdout and "wall time: about " in r.stdout, r.stdout
 
 
+@pytest.mark.timing  # a study's verdict
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_ab_study_on_emulated_links_calls_100mbit_slower(emu_ab):

@@ -48,6 +48,7 @@ def test_two_ranks_with_ep2_train_and_record_the_moe_figures(out_root):
     assert len(moe_steps) == STEPS and all(s["bytes"] > 0 for s in moe_steps)
 
 
+@pytest.mark.timing  # a study's verdict
 @pytest.mark.requires("root")
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # 6 emulated runs: 4 min on a shared 2-core machine

@@ -15,6 +15,8 @@ by `Topology.__exit__` — also after a failure — which removes their veths an
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shlex
@@ -35,6 +37,11 @@ HOST_SUBNET = "10.78"    # a /30 of it per run, for that link
 # Set for the load generator of an emulated inference run: the namespaces (comma-separated)
 # that the server's ranks must run in, one torchrun agent each (see serve_agents).
 NODES_ENV = "FABRICBENCH_EMULATED_NODES"
+# Held (flock) from looking for a free /30 of HOST_SUBNET until ours is on our host end: two
+# emulations starting at once (two test workers, two users) would otherwise both see the same
+# /30 free and both take it. Everything else an emulation names is its own: namespaces carry
+# the emulator's pid, node addresses live inside them, the host end is fbh-<tag>.
+HOST_LINK_LOCK = Path("/run/lock/fabricbench-host-link.lock")
 NETNS_ETC = Path("/etc/netns")  # per-namespace files that `ip netns exec` mounts over /etc (ip-netns(8))
 # tc's rate syntax: a number and a unit (bit/s or bytes/s); see tc(8) "PARAMETERS".
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
@@ -188,6 +195,23 @@ def netem_available() -> bool:
         _run(["ip", "netns", "del", ns], check=False)
 
 
+@contextlib.contextmanager
+def _host_link_lock(path: Path = HOST_LINK_LOCK):
+    """An exclusive lock across processes (flock(2), released when the file closes, also when
+    the process dies), on HOST_LINK_LOCK or, where /run/lock is missing or read-only, the same
+    name in the temp folder."""
+    for where in (path, Path("/tmp") / path.name):
+        try:
+            f = open(where, "a")
+        except OSError:
+            continue
+        with f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+        return
+    raise UsageError(f"cannot open {path} or /tmp/{path.name} for the host link's lock; make /run/lock writable")
+
+
 class Topology:
     """The namespaces, veths and qdiscs of one emulated cluster; a context manager that
     always tears them down."""
@@ -273,16 +297,17 @@ class Topology:
         """A veth from this host's namespace into node 0 (HOST_IFNAME there), on a /30 of
         HOST_SUBNET that no interface here uses yet. Unshaped: it carries the clients'
         requests, not the fabric's traffic. Deleting node 0 deletes it."""
-        used = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
-        third = next((k for k in range(256) if f" {HOST_SUBNET}.{k}." not in used), None)
-        if third is None:
-            raise UsageError(f"every {HOST_SUBNET}.0.0/16 subnet is in use on this host; remove stale fb- veths "
-                             "(ip link show | grep fbh-)")
-        here, there = f"{HOST_SUBNET}.{third}.1", f"{HOST_SUBNET}.{third}.2"
         host_end = f"fbh-{self.tag}"[:15]  # IFNAMSIZ
         _run(["ip", "link", "add", "name", host_end, "type", "veth", "peer", "name", HOST_IFNAME,
               "netns", self.nodes[0]])
-        _run(["ip", "addr", "add", f"{here}/30", "dev", host_end])
+        with _host_link_lock():  # from looking until the /30 we chose is visibly ours
+            used = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+            third = next((k for k in range(256) if f" {HOST_SUBNET}.{k}." not in used), None)
+            if third is None:
+                raise UsageError(f"every {HOST_SUBNET}.0.0/16 subnet is in use on this host; remove stale fb- veths "
+                                 "(ip link show | grep fbh-)")
+            here, there = f"{HOST_SUBNET}.{third}.1", f"{HOST_SUBNET}.{third}.2"
+            _run(["ip", "addr", "add", f"{here}/30", "dev", host_end])
         _run(["ip", "link", "set", host_end, "up"])
         _run(["ip", "-n", self.nodes[0], "addr", "add", f"{there}/30", "dev", HOST_IFNAME])
         _run(["ip", "-n", self.nodes[0], "link", "set", HOST_IFNAME, "up"])

@@ -14,15 +14,13 @@ requests needed (llama-tiny: 1 KiB a token, one 128-token block = 131072 B a req
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers import REPO, child_env, records_in
+from helpers import REPO, child_env, emulations_left, records_in
 from workloads.core.dist import free_port
-from workloads.fabric.netns import leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires("root"), pytest.mark.timeout(1500)]
 
@@ -64,7 +62,5 @@ def test_pd_across_emulated_nodes_moves_the_kv_cache_over_the_link(run):
     assert link["tx_bytes"] >= link["kv_bytes"] and link["verdict"] == "ok", link
     # the arithmetic beside the measurement: 131072 B at 100 Mbit/s' TCP payload rate
     assert link["rate"] == "100mbit" and link["predicted_xfer_ms"] == pytest.approx(10.964, abs=1e-3)
-    # this run's namespaces are gone (others' may exist on a shared machine)
-    ours = re.search(r"emulate: 2 namespaces \((fb-\d+)-0, ", r.stdout)
-    assert ours and not [n for n in leftovers() if n.startswith(ours[1] + "-")]
+    assert emulations_left(r.stdout) == []  # others' may exist on a shared machine
     assert subprocess.run(["pgrep", "-f", str(model)], capture_output=True, text=True).stdout.split() == []
