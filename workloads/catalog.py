@@ -122,7 +122,9 @@ register(Workload("collectives", "Collectives", "launch/collectives.py", overrid
 # the served model applies; the training parallel strategy does not
 register(Workload("inference", "Inference", "launch/infer.py", config="infer", primary=named("request_throughput"),
                   primary_text="request_throughput at the heaviest load point",
-                  headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms"), not_applicable=("parallel",),
+                  # server=vllm-pd adds the KV transfer's time and its share of TTFT (absent elsewhere)
+                  headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms", "kv_xfer_ms_mean", "kv_ttft_share"),
+                  not_applicable=("parallel",),
                   group="inference-{model}-{server}-tp{world}", served=True, study_entry="infer"))
 # what the wire gives before any framework: one server and one client, no model or parallel layout;
 # iperf3 on a quiet link repeats to ~1-2%

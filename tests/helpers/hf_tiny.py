@@ -41,7 +41,9 @@ def model_dir(path: Path, arch: str, shape: Mapping[str, Any], vocab_size: int =
                             use_parallel_residual=bool(shape.get("gpt_j_residual", True)))
         cls = GPTNeoXForCausalLM
     elif arch == "llama":
-        cfg = LlamaConfig(**common, num_key_value_heads=int(shape.get("num_key_value_heads") or heads))
+        # head_dim may exceed hidden/heads: more KV bytes a token for the same compute
+        cfg = LlamaConfig(**common, num_key_value_heads=int(shape.get("num_key_value_heads") or heads),
+                          head_dim=int(shape.get("head_dim") or h // heads))
         cls = LlamaForCausalLM
     else:
         raise ValueError(f"arch {arch!r}: gpt_neox or llama")

@@ -302,7 +302,33 @@ def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
     widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
     line = "  ".join("{:<%d}" % w for w in widths)
     bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
-    return "\n".join([f"{' Study ' + spec.id + ' ':=^{len(bar)}}", line.format(*head), *(line.format(*r) for r in body), bar])
+    return "\n".join([f"{' Study ' + spec.id + ' ':=^{len(bar)}}", line.format(*head), *(line.format(*r) for r in body),
+                      *kv_lines(spec, jobs), bar])
+
+
+def kv_lines(spec: StudySpec, jobs: list[Job]) -> list[str]:
+    """Disaggregated serving (records with a `kv` block, server=vllm-pd): per arm, the KV
+    transfer's mean time and its share of TTFT, beside the time the link's rate predicts for the
+    bytes one transfer moved (docs/metrics.md), so what the TTFT verdict is made of is in view."""
+    by: dict[tuple, list[dict]] = {}
+    for job in jobs:
+        for rec in job_records(spec, job):
+            if rec.get("status") == "ok" and (rec.get("kv") or {}).get("xfer_ms_mean") is not None:
+                by.setdefault((job.workload.name, rec.get("point") or "-", job.arm.label), []).append(rec)
+    out = []
+    for (workload, point, arm), recs in sorted(by.items()):
+        kv, link = recs[0]["kv"], recs[0]["kv"].get("link") or {}
+        shares = [r["metrics"]["kv_ttft_share"] for r in recs if r["metrics"].get("kv_ttft_share") is not None]
+        text = (f"KV transfer, {workload} {point} {arm}: {median(r['kv']['xfer_ms_mean'] for r in recs):.4g} ms "
+                f"(median over {len(recs)} runs of each run's mean)")
+        if shares:
+            text += f", {100 * median(shares):.0f}% of mean TTFT"
+        if link.get("predicted_xfer_ms") is not None:
+            text += (f"; the link's arithmetic: {kv['expected_bytes_per_transfer']:.0f} B at {link['rate']}'s TCP "
+                     f"payload rate = {link['predicted_xfer_ms']:.4g} ms, {link['predicted_xfer_ms_after_burst']:.4g} "
+                     "after tbf's burst")
+        out.append(text)
+    return out
 
 
 def analyse(spec: StudySpec, refresh: bool, say=print) -> int:

@@ -1,5 +1,5 @@
 """What the real-vLLM P/D tests share: the engine venv with nixl (tests/inference/pd/test_vllm_pd.py,
-test_emulated_pd.py) and the tiny Llama built here (random weights, local tokenizer)."""
+test_emulated_pd.py) and the tiny Llamas built here (random weights, local tokenizer)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,10 @@ def tiny_llama(tmp_path_factory):
     """conf/model/llama-tiny.yaml as a Hugging Face directory: 2 layers, 2 KV heads of 32, 1 KiB of fp32 KV a token."""
     shape = yaml.safe_load((REPO / "conf" / "model" / "llama-tiny.yaml").read_text())
     return model_dir(tmp_path_factory.mktemp("llama-tiny"), "llama", shape)
+
+
+@pytest.fixture(scope="module")
+def kv_llama(tmp_path_factory):
+    """conf/model/llama-kv.yaml as a Hugging Face directory: 4 layers, 16 KV heads of 256, 128 KiB of fp32 KV a token."""
+    shape = yaml.safe_load((REPO / "conf" / "model" / "llama-kv.yaml").read_text())
+    return model_dir(tmp_path_factory.mktemp("llama-kv"), "llama", shape)
