@@ -24,15 +24,18 @@ train: sync
 # link, a server's start, a rank's rendezvous, Slurm), and a third worker fills that wait. The
 # same tree here: 22.4 min with two workers, 17.9 min with three (vmstat: 0.3% idle with three).
 # Each module stays on one worker; the timing tests share one, the other root tests another,
-# Slurm's a third (tests/conftest.py says why). TEST_WORKERS=0 runs in-process.
+# Slurm's a third (tests/conftest.py says why), and they start first: --no-loadscope-reorder
+# keeps the conftest's order (xdist would otherwise queue groups by their number of tests, and
+# the long timed chain behind six bigger modules). TEST_WORKERS=0 runs in-process.
 TEST_WORKERS ?= 3
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: sync
-	$(UV) run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(UV) run --frozen pytest $(XDIST) $(PYTEST_ARGS)
 
 # The fast lane: units, parsers, statistics, config composition and the bad-input corpus
 # (one fork server), nothing that starts ranks, servers or namespaces. Minutes, not a quarter hour.
 check: sync
-	$(UV) run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(UV) run --frozen pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # Syntax errors, pyflakes (unused or undefined names) and import order ([tool.ruff] in
 # pyproject.toml says which rules and why). `ruff check --fix` repairs the import order.
