@@ -79,7 +79,7 @@ def test_kv_bytes_match_the_model(sweep):
     assert split["prefill_leg"] == pytest.approx(sum(kv["prefill_leg_ms"][1:]) / REQUESTS, abs=2e-3)
     assert split["decode_to_first_chunk"] == pytest.approx(sum(kv["decode_first_ms"][1:]) / REQUESTS, abs=2e-3)
     assert split["prefill_leg"] + split["decode_to_first_chunk"] + split["outside_legs"] == pytest.approx(split["ttft"], abs=2e-3)
-    assert split["outside_legs"] > 0 and split["kv_xfer"] == kv["xfer_ms_mean"], split
+    assert split["outside_legs"] > 0 and split["kv_xfer"] == pytest.approx(kv["xfer_ms_mean"], abs=5e-4), split
 
 
 def test_kv_path_verdict(sweep):
