@@ -12,6 +12,8 @@ read -r -a addrs <<<"$FB_NODE_ADDRS"
 server=("server=$FB_ENGINE" "server.tp=$FB_TP" "server.nnodes=$SLURM_JOB_NUM_NODES" "server.node_rank=$rank"
         "server.dist_init_addr=$FB_DIST_ADDR" "server.host=${addrs[$rank]}" "server.port=$FB_SERVE_PORT"
         "server.model_path=$FB_MODEL_PATH")
+# vllm-pd: node 0's proxy finds node 1's decode instance there
+[ "$FB_ENGINE" = vllm-pd ] && server+=("server.decode_host=${addrs[1]}")
 # FB_PYTHON: fabricbench's interpreter (lib.sh; in a container launch/slurm/python.sh, which
 # picks the image's fabricbench venv, never the engine's python3)
 if [ "$rank" = 0 ]; then

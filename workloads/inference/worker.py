@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from omegaconf import OmegaConf
 
+from workloads.core import rundir
 from workloads.core.errors import UsageError
 from workloads.fabric.profile import compose_node, exec_with, node_env
 from workloads.inference.adapters import get_adapter
@@ -27,7 +29,10 @@ from workloads.models.tp import check_tp_divides
 def worker_command(overrides: list[str]) -> tuple[list[str], dict[str, str | None]]:
     """(argv, environment to apply on top of this one) for this node's engine worker."""
     cfg = compose_node(overrides)
-    spec = ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True))
+    # the run directory node 0 writes too (FABRICBENCH_RUN_ID, shared by the job's nodes): an
+    # adapter that keeps logs there (vllm-pd's decode instance) keeps them where node 0 reads them
+    spec = replace(ServerSpec.from_config(OmegaConf.to_container(cfg.server, resolve=True)),
+                   run_dir=str(rundir.run_dir(cfg.output_root, cfg.get("run_id"))))
     if spec.node_rank == 0:
         raise UsageError("server.node_rank=0 is the head node: run launch/infer.py there, this only starts workers")
     adapter = get_adapter(spec.adapter)

@@ -28,9 +28,11 @@ HEALTHY = ("import http.server, sys\n"
 @pytest.mark.parametrize("script,args,message", [
     ("infer.py", ["+server.prefill_tp=1", "+server.decode_tp=2"],
      "prefill TP 1 and decode TP 2 must both equal server.tp=1"),
-    # P and D on two nodes: only the emulator's two namespaces
+    # P and D on two real nodes: node 0 must be told where node 1's decode instance listens
     ("infer.py", ["server.nnodes=2", "server.dist_init_addr=10.0.0.1:29500"],
-     "P and D on two real nodes is not built yet"),
+     "server=vllm-pd on two real nodes needs server.decode_host=<node 1's address>"),
+    ("infer.py", ["server.nnodes=3", "server.dist_init_addr=10.0.0.1:29500"],
+     "server=vllm-pd runs its prefill instance on node 0 and its decode instance on node 1: server.nnodes=2, not 3"),
     # refused from the composed config, before any namespace exists (no root needed to be told)
     ("emulate.py", ["--nodes", "3", "launch/infer.py", "fabric=emu-100m"],
      "server=vllm-pd runs its prefill instance in node 0 and its decode instance in node 1; use 2 emulated nodes, "
@@ -92,3 +94,102 @@ def test_decode_never_ready(tmp_path):
     assert "prefill instance ready" in out
     # both instances were stopped by serve.py itself, not left to the orchestrator
     assert subprocess.run(["pgrep", "-s", str(pid)], capture_output=True).stdout.strip() == b""
+
+
+def test_two_real_nodes_split_the_plan(monkeypatch, tmp_path):
+    """On two real nodes node 0's serve.py starts the prefill and waits for the decode at
+    decode_host:port+1; node 1's starts only the decode, on that port, and serves no proxy."""
+    from workloads.inference.adapters import vllm_pd
+    from workloads.inference.adapters.base import ServerSpec
+
+    monkeypatch.delenv("FABRICBENCH_EMULATED_NODES", raising=False)
+    model = {"name": "llama-tiny", "path": "/models/tiny"}
+    plans = {}
+    for rank, host in ((0, "10.0.0.1"), (1, "10.0.0.2")):
+        spec = ServerSpec(adapter="vllm_pd", host=host, port=18000, nnodes=2, node_rank=rank,
+                          dist_init_addr="10.0.0.1:29500", run_dir=str(tmp_path),
+                          options={"decode_host": "10.0.0.2"})
+        plans[rank] = json.loads(vllm_pd.command(spec, model).argv[-1])
+    zero, one = plans[0], plans[1]
+    assert zero["proxy"] is True and (zero["host"], zero["port"]) == ("10.0.0.1", 18000)
+    assert zero["decode"] == {"host": "10.0.0.2", "port": 18001, "log": str(tmp_path / "server" / "vllm-pd-decode.log"),
+                              "remote": True}
+    assert zero["prefill"]["host"] == "10.0.0.1" and "--host" in zero["prefill"]["argv"]
+    assert one["proxy"] is False and "prefill" not in one and one["watch"] == "http://10.0.0.1:18000/health"
+    assert (one["decode"]["host"], one["decode"]["port"]) == ("10.0.0.2", 18001)
+    argv = one["decode"]["argv"]
+    assert argv[argv.index("--port") + 1] == "18001" and argv[argv.index("--host") + 1] == "10.0.0.2"
+    assert one["decode"]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.2"
+
+
+def test_another_nodes_decode_that_never_answers(tmp_path):
+    """Node 0 of two real nodes: its prefill comes up, node 1's decode instance never answers
+    (its worker never started): one line naming the address and what to check, exit 3, and the
+    local prefill stopped."""
+    ports = {"prefill": free_port(), "decode": free_port()}
+    plan = {"host": "127.0.0.1", "port": free_port(), "model_name": "m", "ready_timeout_s": 4, "warmup_timeout_s": 5,
+            "warmup_path": str(tmp_path / "w.json"), "timings_path": str(tmp_path / "t.jsonl"), "proxy": True,
+            "prefill": {"host": "127.0.0.1", "port": ports["prefill"], "argv": [sys.executable, "-c", HEALTHY,
+                                                                                str(ports["prefill"])],
+                        "env": {}, "log": str(tmp_path / "prefill.log")},
+            "decode": {"host": "127.0.0.1", "port": ports["decode"], "log": str(tmp_path / "decode.log"), "remote": True}}
+    rc, out, pid = _serve(plan)
+    assert rc == 3, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: vllm-pd: the decode instance at 127.0.0.1:{ports['decode']} (another node's; is its worker "
+                      f"running?) did not answer /health within server.ready_timeout_s=4 s (its log: "
+                      f"{tmp_path / 'decode.log'})"], out
+    assert "prefill instance ready" in out
+    assert subprocess.run(["pgrep", "-s", str(pid)], capture_output=True).stdout.strip() == b""
+
+
+def test_a_node_without_the_proxy_keeps_its_instance_until_it_exits(tmp_path):
+    """Node 1 of two real nodes: it starts its decode instance, waits for it, then serves no proxy
+    and ends with the instance (here a stand-in that answers /health for 2 s, then exits 7)."""
+    port = free_port()
+    brief = HEALTHY.replace("http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n",
+                            "import time\ns = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)\n"
+                            "s.timeout = 0.2\nend = time.time() + 2\n"
+                            "while time.time() < end: s.handle_request()\nsys.exit(7)\n")
+    assert brief != HEALTHY
+    plan = {"host": "127.0.0.1", "port": free_port(), "model_name": "m", "ready_timeout_s": 20, "warmup_timeout_s": 5,
+            "warmup_path": str(tmp_path / "w.json"), "timings_path": str(tmp_path / "t.jsonl"), "proxy": False,
+            "decode": {"host": "127.0.0.1", "port": port, "argv": [sys.executable, "-c", brief, str(port)], "env": {},
+                       "log": str(tmp_path / "server" / "decode.log")}}
+    rc, out, _ = _serve(plan)
+    assert rc == 7, out
+    assert f"vllm-pd: decode instance ready on port {port}" in out and "the decode instance exited with code 7" in out
+    assert not (tmp_path / "w.json").exists()  # no proxy, no warm-up on this node
+
+
+def test_a_node_without_the_proxy_ends_when_node_0s_proxy_goes(tmp_path):
+    """Node 1 of two real nodes watches node 0's proxy: once seen up, 5 missed probes in a row
+    mean node 0's sweep is over, and node 1 stops its instance and exits 0 (the job's normal end)."""
+    port, proxy_port = free_port(), free_port()
+    probed = tmp_path / "probed"
+    # node 0's proxy stand-in notes each probe, so the test ends it only once serve.py has seen it up
+    counting = HEALTHY.replace("self.send_response(200)", f"open({str(probed)!r}, 'a').write('.'); self.send_response(200)")
+    assert counting != HEALTHY
+    proxy = subprocess.Popen([sys.executable, "-c", counting, str(proxy_port)])
+    plan = {"host": "127.0.0.1", "port": free_port(), "model_name": "m", "ready_timeout_s": 20, "warmup_timeout_s": 5,
+            "warmup_path": str(tmp_path / "w.json"), "timings_path": str(tmp_path / "t.jsonl"), "proxy": False,
+            "watch": f"http://127.0.0.1:{proxy_port}/health",
+            "decode": {"host": "127.0.0.1", "port": port, "argv": [sys.executable, "-c", HEALTHY, str(port)], "env": {},
+                       "log": str(tmp_path / "decode.log")}}
+    p = subprocess.Popen([sys.executable, "-m", "workloads.inference.pd.serve", json.dumps(plan)], env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not probed.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        assert probed.exists() and p.poll() is None
+        proxy.kill()
+        proxy.wait()
+        out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        proxy.kill()
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, out
+    assert f"node 0's proxy (http://127.0.0.1:{proxy_port}/health) stopped answering" in out, out
+    assert subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True).stdout.strip() == b""

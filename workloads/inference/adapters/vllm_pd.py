@@ -47,7 +47,10 @@ UCX_PORTS = 16   # UCX_TCP_PORT_RANGE width per instance: NIXL's UCX backend ope
 FACTORY = "vllm/distributed/kv_transfer/kv_connector/factory.py"
 DEFAULTS = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "auto",
             "kv_connector_extra_config": {}, "prefill_tp": None, "decode_tp": None, "warmup_timeout_s": 120,
-            "ucx_net_devices": None}
+            "ucx_net_devices": None, "decode_host": None}
+# Two real nodes: node 0's proxy must find the decode instance that node 1 starts on its own, so
+# its HTTP port is agreed from the config both nodes compose, not chosen free on one of them.
+DECODE_PORT_OFFSET = 1
 
 
 def options(spec: ServerSpec) -> dict:
@@ -90,10 +93,13 @@ def spans_emulated_nodes(server: dict, nodes: int) -> None:
 def check_available(spec: ServerSpec, server: dict) -> None:
     o = options(spec)
     tps(spec)
-    if spec.nnodes > 1 and (emulated_nodes() is None or spec.nnodes != 2):
-        raise UsageError("server=vllm-pd runs both instances on this node (server.nnodes=1), or its prefill and "
-                         "decode instances in two emulated nodes (launch/emulate.py launch/infer.py fabric=emu-100m "
-                         "server=vllm-pd); P and D on two real nodes is not built yet")
+    if spec.nnodes > 2:
+        raise UsageError(f"server=vllm-pd runs its prefill instance on node 0 and its decode instance on node 1: "
+                         f"server.nnodes=2, not {spec.nnodes} (or 1: both on this node)")
+    if two_real_nodes(spec) and not o["decode_host"]:
+        raise UsageError("server=vllm-pd on two real nodes needs server.decode_host=<node 1's address>, where node "
+                         "0's proxy finds the decode instance (launch/slurm/inference.sbatch with FB_ENGINE=vllm-pd "
+                         "sets it)")
     names = known_connectors(spec)
     if names is not None and o["kv_connector"] not in names:
         raise UsageError(f"server.kv_connector={o['kv_connector']!r}: this vLLM has no such KV connector; it has "
@@ -102,6 +108,11 @@ def check_available(spec: ServerSpec, server: dict) -> None:
         raise UsageError(f"server.kv_role={o['kv_role']!r}: both instances share one role here; use kv_both")
     if spec.ready_timeout_s <= 10:
         raise UsageError(f"server.ready_timeout_s={spec.ready_timeout_s:g} leaves no time to start two vLLM instances")
+
+
+def two_real_nodes(spec: ServerSpec) -> bool:
+    """Prefill on node 0 and decode on node 1 of a real cluster (not the emulator's namespaces)."""
+    return spec.nnodes == 2 and emulated_nodes() is None
 
 
 def kv_transfer_config(o: dict) -> dict:
@@ -174,11 +185,26 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     plan: dict = {"host": spec.host, "port": spec.port, "model_name": name, "ready_timeout_s": spec.ready_timeout_s * 0.95,
                   "warmup_timeout_s": float(o["warmup_timeout_s"]),
                   "warmup_path": str(_log_dir(spec) / "vllm-pd-warmup.json"),
-                  "timings_path": str(_log_dir(spec) / "vllm-pd-prefill-legs.jsonl"),
-                  "pids_path": str(pids_path(spec))}
+                  "timings_path": str(_log_dir(spec) / "vllm-pd-prefill-legs.jsonl")}
+    if nodes:  # emulated nodes only: where the observer finds a process in node 0's namespace
+        plan["pids_path"] = str(pids_path(spec))
+    real = two_real_nodes(spec)
+    if real:
+        # node 0 runs serve.py with its prefill instance and the proxy, and waits for node 1's decode
+        # instance at decode_host; node 1 (workloads.inference.worker) runs serve.py with the decode only
+        plan["proxy"] = spec.node_rank == 0
+        if spec.node_rank == 1:  # node 0's proxy, on server.port at node 0's address: up while its sweep runs
+            plan["watch"] = f"http://{spec.dist_init_addr.rsplit(':', 1)[0]}:{spec.port}{spec.health_path}"
     bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
     for i, (role, log) in enumerate(instance_logs(spec).items()):
         port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
+        if real and role == "decode":
+            port = spec.port + DECODE_PORT_OFFSET
+            if spec.node_rank == 0:  # node 1's: waited for, not started
+                plan[role] = {"host": o["decode_host"], "port": port, "log": str(log), "remote": True}
+                continue
+        elif real and spec.node_rank == 1:
+            continue  # node 0's prefill
         mine = EmuSpec(nodes=len(nodes)).addr(i) if nodes else host
         argv = vllm._node_argv(replace(spec, host=mine, port=port, served_model_name=name, extra_args=(), nnodes=1,
                                        node_rank=0), path)
@@ -198,7 +224,8 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         # answers the load generator on node 0's unshaped host link (server.host)
         return Launch(["ip", "netns", "exec", nodes[0], *serve], {"SPT_NOENV": "1"}, name,
                       engine_argv=plan["decode"]["argv"], own_network=True)
-    return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=plan["decode"]["argv"])
+    local = next(plan[r]["argv"] for r in ("decode", "prefill") if r in plan and "argv" in plan[r])
+    return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=local)
 
 
 def _ucx_net(o: dict, host: str, nodes: list[str] | None) -> dict[str, str]:
@@ -242,7 +269,7 @@ class PDObserver:
         # vLLM's KV-transfer metrics come from the instance that moves the KV cache: the decode
         # instance reads it (pull, NixlConnector), the prefill instance writes it (push)
         self.stats_log = self.logs["prefill" if self.push else "decode"]
-        self.pids = pids_path(spec) if spec.nnodes > 1 else None  # emulated nodes: the link's counters
+        self.pids = pids_path(spec) if spec.nnodes > 1 and not two_real_nodes(spec) else None  # emulated: the link's counters
         self.emulate: dict | None = None
 
     def link_counters(self) -> tuple[int, int] | None:

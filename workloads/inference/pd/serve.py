@@ -8,6 +8,11 @@ the KV metrics and the KV-path verdict are read from. A decode (or prefill) inst
 or does not answer /health within the plan's ready_timeout_s ends this process with one line
 naming it and its log, and exit code 3.
 
+On two real nodes (server=vllm-pd with server.nnodes=2 outside the emulator) each node runs this:
+node 0 with its prefill instance and the proxy, waiting for node 1's decode instance at the plan's
+`remote` address; node 1 with its decode instance only (`"proxy": false`), which it then keeps
+until node 0's proxy (the plan's `watch`) stops answering, or the instance exits.
+
 Warm-up: the first P/D request after start-up may fail on NIXL's first handshake (the decode
 worker waits at most 5 s, hard-coded, for the prefill's side channel; ../shared/reviews/pd-cpu.md),
 so one P/D request goes through the proxy logic before the proxy listens, retried once; its
@@ -32,6 +37,7 @@ from workloads.inference.adapters.orchestrator import probe
 from workloads.inference.pd.proxy import Proxy
 
 NOT_READY = 3
+ROLES = ("prefill", "decode")
 
 
 def _tail(path: str, n: int = 15) -> str:
@@ -42,6 +48,7 @@ def _tail(path: str, n: int = 15) -> str:
 
 
 def start(role: str, inst: dict) -> subprocess.Popen:
+    Path(inst["log"]).parent.mkdir(parents=True, exist_ok=True)  # node 1 may start before node 0 made it
     log = open(inst["log"], "ab")
     log.write(f"# {role}: {' '.join(inst['argv'])}\n".encode())
     log.flush()
@@ -54,22 +61,26 @@ def start(role: str, inst: dict) -> subprocess.Popen:
 
 
 def wait_ready(procs: dict[str, subprocess.Popen], plan: dict) -> None:
+    """Every instance of the plan: this node's (`procs`) and another node's (`remote`, probed only)."""
     deadline = time.monotonic() + float(plan["ready_timeout_s"])
-    waiting = set(procs)
+    waiting = {role for role in ROLES if role in plan}
     while waiting:
         for role in sorted(waiting):
-            inst, p = plan[role], procs[role]
+            inst, p = plan[role], procs.get(role)
+            where = f"{inst['host']}:{inst['port']}" if inst.get("remote") else f"port {inst['port']}"
             if probe(f"http://{inst['host']}:{inst['port']}/health") == 200:
                 waiting.discard(role)
-                print(f"vllm-pd: {role} instance ready on port {inst['port']}", flush=True)
-            elif p.poll() is not None:
+                print(f"vllm-pd: {role} instance ready on {where}", flush=True)
+            elif p is not None and p.poll() is not None:
                 raise NotReady(f"the {role} instance exited with code {p.returncode} before it was ready", inst)
             elif line := _fatal_line(inst["log"], inst.get("offset", 0)):
                 raise NotReady(f"the {role} instance cannot start: {line}", inst)
         if waiting and time.monotonic() > deadline:
             role = sorted(waiting)[0]
-            raise NotReady(f"the {role} instance did not answer /health within server.ready_timeout_s="
-                           f"{plan['ready_timeout_s']:g} s", plan[role])
+            inst = plan[role]
+            where = f" at {inst['host']}:{inst['port']} (another node's; is its worker running?)" if inst.get("remote") else ""
+            raise NotReady(f"the {role} instance{where} did not answer /health within server.ready_timeout_s="
+                           f"{plan['ready_timeout_s']:g} s", inst)
         time.sleep(0.5)
 
 
@@ -108,6 +119,31 @@ def stop(procs: dict[str, subprocess.Popen], grace_s: float = 10.0) -> None:
             p.kill()
 
 
+def keep(procs: dict[str, subprocess.Popen], watch: str | None = None, misses: int = 5) -> int:
+    """A node without the proxy serves its instance until the instance exits (its code), or until
+    node 0's proxy (`watch`, its /health), once seen up, stops answering `misses` times in a row:
+    node 0's sweep is over, and this node stops its instance and exits 0, so that the job ends as
+    its sweep did. (srun's --wait, which would end it otherwise, kills the task: a failed job.)"""
+    seen, missed = False, 0
+    while True:
+        for role, p in procs.items():
+            if p.poll() is not None:
+                print(f"vllm-pd: the {role} instance exited with code {p.returncode}", flush=True)
+                stop(procs)
+                return p.returncode or 0
+        if watch:
+            if probe(watch) == 200:
+                seen, missed = True, 0
+            elif seen:
+                missed += 1
+                if missed >= misses:
+                    print(f"vllm-pd: node 0's proxy ({watch}) stopped answering: its sweep is over; stopping this "
+                          "node's instance", flush=True)
+                    stop(procs)
+                    return 0
+        time.sleep(1)
+
+
 async def warm_up(proxy: Proxy, plan: dict) -> dict:
     """One P/D request end to end through the proxy's own code, retried once."""
     body = {"model": plan["model_name"], "prompt": "warm up the kv path", "max_tokens": 2, "temperature": 0,
@@ -136,7 +172,7 @@ async def warm_up(proxy: Proxy, plan: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     plan = json.loads(argv[0])
-    procs = {role: start(role, plan[role]) for role in ("prefill", "decode")}
+    procs = {role: start(role, plan[role]) for role in ROLES if role in plan and not plan[role].get("remote")}
     if plan.get("pids_path"):  # where the observer reads each node's link counters (its namespace's /proc/<pid>/net)
         Path(plan["pids_path"]).write_text(json.dumps({"proxy": os.getpid()} | {r: p.pid for r, p in procs.items()}))
     try:
@@ -146,7 +182,9 @@ def main(argv: list[str]) -> int:
         print(f"error: vllm-pd: {e.what} (its log: {e.log})", flush=True)
         stop(procs)
         return NOT_READY
-    pre, dec = (f"http://{plan[r]['host']}:{plan[r]['port']}" for r in ("prefill", "decode"))
+    if not plan.get("proxy", True):
+        return keep(procs, plan.get("watch"))
+    pre, dec = (f"http://{plan[r]['host']}:{plan[r]['port']}" for r in ROLES)
     proxy = Proxy(pre, dec, plan.get("timings_path"))
     warm = asyncio.run(warm_up(Proxy(pre, dec), plan))
     Path(plan["warmup_path"]).write_text(json.dumps(warm))
