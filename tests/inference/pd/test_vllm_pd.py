@@ -34,9 +34,10 @@ def sweep(vllm_python, tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     r = run_entry("infer.py", "server=vllm-pd", "model=llama-tiny", f"server.model_path={path}",
                   f"server.port={free_port()}", "server.served_model_name=tiny",
-                  # eager: torch.compile's CPU kernels take minutes on 2 cores, and are not the KV path
-                  "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager]",
-                  "+server.env.VLLM_CPU_KVCACHE_SPACE=1", "server.ready_timeout_s=900", f"output_root={out}",
+                  # eager: torch.compile's CPU kernels take minutes on 2 cores, and are not the KV path;
+                  # uni: each engine in its API server's process (one import of vLLM, not three)
+                  "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager,--distributed-executor-backend,uni]",
+                  "+server.env.VLLM_CPU_KVCACHE_SPACE=1", "+server.env.VLLM_ENABLE_V1_MULTIPROCESSING=0", "server.ready_timeout_s=900", f"output_root={out}",
                   "run_id=pd", "load.points=[1]", f"load.num_requests={REQUESTS}", "load.warmup_requests=1",
                   f"load.dataset.input_len={IN_LEN}", f"load.dataset.output_len={OUT_LEN}", timeout=1500)
     return records_in(out), out, r, path
