@@ -265,8 +265,16 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
         # node 1 runs the worker, which validates as node 0 does, then starts the engine
         r = _submit(tmp_path, words, 1, {"FB_ENGINE_PYTHON": engine, "FB_ENGINE_VLLM": engine,
                                          "FB_CLIENT_PYTHON": sys.executable})
+        argv = json.loads(seen.read_text())["argv"] if seen.exists() else []
+        if "FB_ENGINE=vllm-pd" in words:
+            # node 1 starts the decode instance (the stand-in, which exits: serve.py then says so,
+            # exit 3) at each node's TP (8 GPUs) on FB_SERVE_PORT + 1, no TP group across the nodes
+            assert r.returncode == 3 and "the decode instance exited" in r.stdout + r.stderr, f"{where}: {r.stderr[-1500:]}"
+            assert argv[argv.index("--tensor-parallel-size") + 1] == "8" and argv[argv.index("--port") + 1] == "8001"
+            assert "--node-rank" not in argv
+            _srun_gets_whole_nodes(tmp_path, words, wait=True)
+            return
         assert r.returncode == 0, f"{where}: {r.stderr[-1500:]}"
-        argv = json.loads(seen.read_text())["argv"]
         tp = argv[argv.index("--tp-size" if "--tp-size" in argv else "--tensor-parallel-size") + 1]
         assert tp == "16" and argv[argv.index("--node-rank") + 1] == "1"
         _srun_gets_whole_nodes(tmp_path, words, wait=True)
@@ -286,3 +294,70 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
     workload = [] if script.endswith("train.py") else ["workload=collectives"]
     cfg = launcher.compose(launcher.CONF_DIR, [*workload, *overrides, f"output_root={tmp_path / 'results'}"])
     launcher.validate_job(cfg, nproc * nnodes)
+
+
+_HEAD = ("import http.server, sys\n"
+         "class H(http.server.BaseHTTPRequestHandler):\n"
+         "    def do_GET(self):\n"
+         "        open(sys.argv[2], 'a').write('.'); self.send_response(200); self.end_headers()\n"
+         "    def log_message(self, *a): pass\n"
+         "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+
+
+@pytest.mark.parametrize("engine_exits", [False, True])
+def test_a_worker_ends_with_node_0s_server(tmp_path, engine_exits):
+    """A worker node's engine runs until node 0's server, once seen up, is gone: the worker then
+    stops it (or it has ended by itself, as a TP worker whose head left does) and exits 0, so the
+    job ends COMPLETED rather than SIGKILLed by srun --wait (exit 137). Real processes: node 0's
+    server is a stand-in HTTP server, the engine a stand-in that sleeps (or exits 3 once the
+    head is gone)."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from workloads.core.dist import free_port
+    from workloads.inference.worker import run_watched
+
+    port, probed = free_port(), tmp_path / "probed"
+    head = subprocess.Popen([sys.executable, "-c", _HEAD, str(port), str(probed)])
+    watch = f"http://127.0.0.1:{port}/health"
+    # the exiting engine checks its head by connecting (no GET: the head counts only the worker's probes)
+    engine = ("import socket, sys, time\n"
+              "while True:\n"
+              "    time.sleep(0.5)\n"
+              f"    try: socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
+              "    except OSError: sys.exit(3)\n") if engine_exits else "import time; time.sleep(600)"
+    pid = tmp_path / "engine.pid"
+    command = [sys.executable, "-c", f"import os; open({str(pid)!r}, 'w').write(str(os.getpid()))\n" + engine, watch]
+
+    def end_head():
+        deadline = time.monotonic() + 60
+        while not probed.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        head.kill()
+
+    threading.Thread(target=end_head, daemon=True).start()
+    try:
+        assert run_watched({}, command, watch, misses=3) == 0
+    finally:
+        head.kill()
+    engine_pid = int(pid.read_text())
+    assert not Path(f"/proc/{engine_pid}").exists() or "zombie" in Path(f"/proc/{engine_pid}/status").read_text()
+
+
+def test_a_worker_whose_engine_fails_while_node_0_serves_gives_its_code(tmp_path):
+    import subprocess
+    import sys
+
+    from workloads.core.dist import free_port
+    from workloads.inference.worker import run_watched
+
+    port = free_port()
+    head = subprocess.Popen([sys.executable, "-c", _HEAD, str(port), str(tmp_path / "probed")])
+    try:
+        code = run_watched({}, [sys.executable, "-c", "import time, sys; time.sleep(2); sys.exit(5)"],
+                           f"http://127.0.0.1:{port}/health")
+    finally:
+        head.kill()
+    assert code == 5
