@@ -5,8 +5,9 @@ at the entry, so nothing below it (start, base_record, the loggers) reads a Dict
 Opening (`start`): export the fabric's environment, create the process group once, and
 agree on one run directory across ranks. Closing (`Recorded`): whatever happens inside,
 the record says so, and the writing rank puts it on disk. `run_point` is the sequence every
-distributed workload runs a point in: measure inside `Recorded`, then on rank 0 the summary
-and the trackers, in that order.
+workload runs a point in: measure inside `Recorded`, then on rank 0 the summary and the
+trackers, in that order. The inference sweep runs its points in it too, as one process
+beside its server rather than a rank of a group (`group=False`).
 """
 
 from __future__ import annotations
@@ -111,11 +112,30 @@ def base_record(workload: str, run: RunContext, fabric: FabricProfile, applied_e
     )
 
 
+def traced(exc: BaseException, tb) -> tuple[str, str]:
+    """A record's error and traceback for an exception nobody foresaw: its type, its message,
+    and where it came from."""
+    return f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def failure(exc: BaseException, tb) -> tuple[str, str | None]:
+    """A failed point's (error, traceback or None) in a rank's record: a UsageError's message
+    alone (the config's fault, which the user fixes from that line), "interrupted (Ctrl-C or
+    SIGTERM)" for a stop or whatever followed one (signals.py), else `traced`."""
+    if isinstance(exc, UsageError):
+        return str(exc), None
+    if isinstance(exc, KeyboardInterrupt) or signals.received():  # or what stopping did (signals.py)
+        return "interrupted (Ctrl-C or SIGTERM)", None
+    return traced(exc, tb)
+
+
 class Recorded:
     """`with Recorded(record, dir, stem, write=info.is_main):` runs a measurement; on the
-    way out the record's status is "ok", or "failed" with the error (and the traceback of
-    anything that is not a UsageError), and it is written when `write` is true. The
-    exception, if any, still propagates.
+    way out the record's status is "ok" (unless the body set its own), or "failed" with
+    `describe(exc, tb)`'s error and traceback (`failure`: the traceback of anything that is
+    not a UsageError), and it is written when `write` is true. The exception, if any, still
+    propagates. `noise`: count the emulated run's background traffic from entering to
+    leaving; false where the body counts its own, narrower window.
 
     With `info` (the process group), entering first skips a trial that an ok record in
     `directory` already holds (AlreadyRecorded on every rank, nothing measured or written;
@@ -123,11 +143,14 @@ class Recorded:
     it would be counted as a second trial. The same
     one collective tells the other ranks where the writer will keep its in-flight copy (written
     once they all know it), so a rank on its host writes the failed record if the writer dies
-    mid-point (inflight.py)."""
+    mid-point (inflight.py). Without a group there is no in-flight copy: no other rank could
+    finish it, and no launcher waits to (the inference sweep checks its resume itself)."""
 
     def __init__(self, record: dict[str, Any], directory: Path, stem: str, write: bool,
-                 info: fdist.DistInfo | None = None):
+                 info: fdist.DistInfo | None = None,
+                 describe: Callable[[BaseException, Any], tuple[str, str | None]] = failure, noise: bool = True):
         self.record, self.directory, self.stem, self.write, self.info = record, directory, stem, write, info
+        self.describe, self.count_noise = describe, noise
         self.path: Path | None = None
         self.inflight: Path | None = None
         self.writer: dict[str, Any] | None = None  # on the other ranks: the writer, while it measures
@@ -136,7 +159,8 @@ class Recorded:
     def __enter__(self) -> dict[str, Any]:
         main = self.info is None or self.info.is_main
         held = same_trial(self.directory, self.record) if self.info is not None and main else None
-        copy = inflight.planned(self.directory, self.stem) if self.write and held is None else None
+        copy = inflight.planned(self.directory, self.stem) \
+            if self.write and held is None and self.info is not None else None
         if self.info is not None:
             mine = {"held": None if held is None else str(held), "writer": inflight.writer(copy)}
             shared, _ = fdist.agree(mine if main else None, self.info)  # rank 0 decides for all
@@ -153,7 +177,7 @@ class Recorded:
             except OSError as e:  # a safety net only: the point is measured and recorded without it
                 print(f"warning: no in-flight copy of this point in {copy.parent} ({e.strerror}); should this rank "
                       "die mid-point, the point leaves no record", file=sys.stderr, flush=True)
-        if self.write:
+        if self.write and self.count_noise:
             self.noise = PointMeter()
         return self.record
 
@@ -164,13 +188,11 @@ class Recorded:
         if exc is None:
             if rec.get("status") == "running":
                 rec["status"] = "ok"
-        elif isinstance(exc, UsageError):
-            rec["status"], rec["error"] = "failed", str(exc)
-        elif isinstance(exc, KeyboardInterrupt) or signals.received():  # or what stopping did (signals.py)
-            rec["status"], rec["error"] = "failed", "interrupted (Ctrl-C or SIGTERM)"
         else:
-            rec["status"], rec["error"] = "failed", f"{type(exc).__name__}: {exc}"
-            rec["traceback"] = "".join(traceback.format_exception(etype, exc, tb))
+            error, trace = self.describe(exc, tb)
+            rec["status"], rec["error"] = "failed", error
+            if trace is not None:
+                rec["traceback"] = trace
         if self.write:
             try:
                 self.path = write_record(self.directory, rec, self.stem)
@@ -196,24 +218,33 @@ def say_record(record: dict[str, Any], path: Path) -> None:
     print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"), flush=True)
 
 
-def run_point(record: dict[str, Any], directory: Path, stem: str, info: fdist.DistInfo,
+def run_point(record: dict[str, Any], directory: Path, stem: str, info: Any,
               measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
-              summarize: Callable[[dict[str, Any], Path], None] = say_record) -> Path | None:
+              summarize: Callable[[dict[str, Any], Path], None] = say_record, *, group: bool = True,
+              label: str | None = None, describe: Callable[[BaseException, Any], tuple[str, str | None]] = failure,
+              noise: bool = True) -> Path | None:
     """Measure one point and close it the same way in every workload: `measure()` runs inside
     `Recorded` (the status, the error, rank 0's write, a trial already held skipped); then, on
     rank 0 and once the record is on disk, `summarize(record, path)` and the trackers get the
     record. `loggers`: trackers the workload opened before measuring (training logs its
     steps); without them they are built here, after the write, so a slow tracker never
     delays the record. Returns the record's path on rank 0 (None elsewhere, or when an ok
-    record already held this trial); the measurement's exception, if any, propagates."""
-    recorded = Recorded(record, directory, stem, write=info.is_main, info=info)
+    record already held this trial); the measurement's exception, if any, propagates.
+
+    `info`: this rank's DistInfo. `group=False`: no process group holds this point (the
+    inference sweep, one process beside its server): `info` is then whatever the trackers are
+    told (is_main, world_size, nodes), and Recorded neither checks for a held trial nor keeps
+    an in-flight copy. `label`: the point's name in its tracker's run (one run per point);
+    `describe`, `noise`: Recorded's."""
+    recorded = Recorded(record, directory, stem, write=info.is_main, info=info if group else None,
+                        describe=describe, noise=noise)
     try:
         with recorded:
             measure()
     finally:
         if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             summarize(record, recorded.path)
-            loggers = loggers if loggers is not None else build_loggers(tracking, info)
+            loggers = loggers if loggers is not None else build_loggers(tracking, info, label=label)
             loggers.log_summary(record)
         if loggers is not None:
             loggers.close()

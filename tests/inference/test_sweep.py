@@ -241,3 +241,40 @@ def test_unreachable_wandb_costs_one_timeout_per_run(tmp_path):
     assert len(warnings) == 1, r.stderr
     assert [x["status"] for x in _records(tmp_path / "res")] == ["ok"] * 3
     assert "x" * 40 not in r.stdout + r.stderr
+
+
+def test_a_sweep_point_goes_through_run_point_with_the_sweeps_own_words(tmp_path, monkeypatch):
+    """The sweep's points close in session.run_point as every workload's do, with its options:
+    no process group, so no in-flight copy (nothing could finish it); the tracker run named
+    after the point; and the errors sweeps have always recorded ("interrupted"; a UsageError
+    raised inside a point with its type and traceback, it being the server's doing there)."""
+    from types import SimpleNamespace
+
+    from workloads import session
+    from workloads.core import inflight
+    from workloads.core.errors import UsageError
+    from workloads.core.loggers import Loggers
+    from workloads.core.records import new_record
+    from workloads.inference.run import _point_failure
+
+    monkeypatch.delenv(inflight.INFLIGHT_ENV, raising=False)
+    labels, copies = [], []
+    monkeypatch.setattr(session, "build_loggers", lambda tracking, info, label=None: labels.append(label) or Loggers())
+    server = SimpleNamespace(is_main=True, world_size=2, nodes=1)  # what the trackers are told
+    for k, (exc, error) in enumerate([(KeyboardInterrupt(), "interrupted"),
+                                      (UsageError("load.slo is bad"), "UsageError: load.slo is bad")]):
+        rec = new_record("inference", config={"trial": 0}, run_id="r", point=f"c{k}")
+
+        def measure(exc=exc):
+            copies.extend(tmp_path.rglob(f"*{inflight.SUFFIX}"))
+            raise exc
+
+        with pytest.raises(type(exc)):
+            session.run_point(rec, tmp_path / "records", f"c{k}", server, measure, None,
+                              summarize=lambda r, p: None, group=False, label=f"c{k}", describe=_point_failure,
+                              noise=False)
+        (written,) = (tmp_path / "records").glob(f"c{k}*.json")
+        on_disk = json.loads(written.read_text())
+        assert (on_disk["status"], on_disk["error"]) == ("failed", error)
+        assert ("traceback" in on_disk) == (k == 1)
+    assert labels == ["c0", "c1"] and copies == []

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import time
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,9 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads import session
 from workloads.core import hostmem, rundir
-from workloads.core.errors import TransportMismatch, UsageError
-from workloads.core.loggers import build_loggers
-from workloads.core.records import flatten, iter_records, json_safe, write_record
+from workloads.core.errors import RecordNotWritten, TransportMismatch, UsageError
+from workloads.core.records import flatten, iter_records, json_safe
 from workloads.fabric.netns import emulated_nodes
 from workloads.fabric.noise import PointMeter
 from workloads.fabric.profile import FabricProfile
@@ -283,9 +281,9 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
                 "argv": launch.argv, "env": launch.env,  # what the adapter added (SGLang's CPU recipe)
                 "log": str(run_dir / "server" / f"{spec.adapter}.log") if launch.argv else None})
 
-    def loggers(label: str):  # one W&B run per point, as one record per point
-        info = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
-        return build_loggers(run.tracking, info, label=label)
+    # what each point's tracker run is told (one run per point, as one record per point): the
+    # server's ranks, since this process is the one writer and in no process group
+    trackers = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
 
     from workloads.core.records import fingerprint
     from workloads.inference.engine_info import engine_versions
@@ -303,7 +301,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         for k, a in enumerate(plan.points):
             if a.label() in done:
                 continue
-            failed += not _run_one(plan, k, srv, base, fp, records, loggers, obs)
+            failed += not _run_one(plan, k, srv, base, fp, records, trackers, obs)
             plan.prompts.release(k)
             if not srv.alive():
                 raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; {_log_reason(srv.log_path)}")
@@ -351,8 +349,11 @@ def flush_cache(base_url: str, path: str, timeout_s: float = 60.0) -> None:
                          "(SGLang: /flush_cache) or null") from None
 
 
-def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
-             loggers: Callable[[str], Any], obs=None) -> bool:
+def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, trackers: Any,
+             obs=None) -> bool:
+    """Measure point `k` in session.run_point, as every workload measures a point: its record
+    written however it ends, then its line, then its tracker run. A point that fails is
+    recorded and the sweep goes on; a stop, or a record the filesystem refused, ends it."""
     a, prompts, flush = plan.points[k], plan.prompts.point(k), plan.load.flush_cache_path
     if flush:
         flush_cache(srv.base_url, flush, plan.load.timeout_s)
@@ -363,8 +364,11 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
                  "max_concurrency": a.max_concurrency},
         dataset=prompts.info | {"cache_flushed": bool(flush)}, fingerprint=fp, metrics={}, samples={})
     point = plan.load.point(srv.base_url, plan.backend, plan.launch.model_name, prompts, a)
-    noise = PointMeter()  # an emulated run's background traffic (fabric/noise.py), counted around the point
-    try:
+
+    def measure() -> None:
+        # An emulated run's background traffic (fabric/noise.py), counted around the load alone:
+        # not the summary and sample rows built after it, which would dilute its rate.
+        noise = PointMeter()
         mark = obs.begin() if obs is not None else None
         res = run_point(point, warn=lambda m: print(m, flush=True))
         noise.stamp(rec)
@@ -374,7 +378,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
         extra = obs.end(mark, res.results, res.warmup) if obs is not None else {}
         rec["metrics"] = m | res.lag_stats() | {"warmup_failed": sum(not r.ok for r in res.warmup)} | \
             extra.pop("metrics", {})
-        rec |= extra
+        rec.update(extra)
         rec["dataset"]["repeats_within_point"] = res.prompt_repeats
         rec["dataset"] |= cache_report(res.results, a.label(), warn=lambda m: print(m, flush=True))
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
@@ -386,19 +390,24 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path,
                 f"{plan.load.duration_s:g}: the most whose samples fit in memory; lower load.duration_s")
         if srv.died(within_s=2.0 if m["failed"] else 0.0):
             rec["status"], rec["error"] = "failed", _server_death(srv, a)
-    except KeyboardInterrupt:
-        rec["status"], rec["error"] = "failed", "interrupted"
-        raise
-    except Exception as e:
-        rec["status"], rec["error"] = "failed", f"{type(e).__name__}: {e}"
-        rec["traceback"] = traceback.format_exc()
-    finally:
-        path = write_record(records, rec, plan.stem(a))
-        log = loggers(a.label())  # after the record is on disk
-        log.log_summary(rec)
-        log.close()
-    _print_point(rec, path)
+
+    try:
+        session.run_point(rec, records, plan.stem(a), trackers, measure, plan.run.tracking, summarize=_print_point,
+                          group=False, label=a.label(), describe=_point_failure, noise=False)
+    except RecordNotWritten:
+        raise  # the filesystem refused the record: its one line says where it is kept
+    except Exception:  # noqa: BLE001 - recorded (error and traceback); the next point may well run
+        pass
     return rec["status"] == "ok"
+
+
+def _point_failure(exc: BaseException, tb) -> tuple[str, str | None]:
+    """A point's error as sweeps record it (session.Recorded's `describe`): "interrupted" for
+    Ctrl-C or SIGTERM; anything else, a UsageError included, with its type and traceback, since
+    inside a point it is the server's or the client's doing, not a config line to fix."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", None
+    return session.traced(exc, tb)
 
 
 def cache_report(results, label: str, warn: Callable[[str], None] = print) -> dict[str, Any]:
