@@ -63,6 +63,13 @@ class SlurmCluster:
     # --- configuration -------------------------------------------------------------
     def _write_conf(self) -> None:
         r = self.root
+        # slurmd makes one Unix socket per job step under its spool directory (<spool>/<node>/
+        # <node>_<job>.<step>, the batch step 4294967291); past 108 bytes with its NUL it cannot
+        # launch the job, and Slurm requeues it for ever: `sbatch --wait` would hang, not fail
+        longest = len(str(r / "spool" / self.node_names[-1] / f"{self.node_names[-1]}_99.4294967291"))
+        if longest > 107:
+            raise ValueError(f"SlurmCluster root {r} is too long for slurmd's step sockets ({longest} > 107 bytes); "
+                             "use a shorter one (tmp_path_factory.mktemp('s'))")
         for d in ("state", "spool", "log", "munge"):
             (r / d).mkdir(parents=True, exist_ok=True)
         (r / "munge").chmod(0o700)

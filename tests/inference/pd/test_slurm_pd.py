@@ -82,9 +82,13 @@ def test_no_engine_is_left(job):
     assert subprocess.run(["pgrep", "-f", str(job[6])], capture_output=True, text=True).stdout.split() == []
 
 
-def test_one_node_is_refused_in_one_line(tmp_path):
-    """vllm-pd needs exactly two nodes; the batch file says so before anything starts."""
-    with SlurmCluster(tmp_path / "slurm", nodes=1) as c:
+def test_one_node_is_refused_in_one_line(tmp_path_factory):
+    """vllm-pd needs exactly two nodes; the batch file says so before anything starts. (A short
+    root: slurmd's step sockets live under it, and a Unix socket path has at most 108 bytes; under
+    xdist this test's own tmp_path made one of 110, slurmd could not start the job, and Slurm
+    requeued it for ever.)"""
+    tmp_path = tmp_path_factory.mktemp("pd1")
+    with SlurmCluster(tmp_path, nodes=1) as c:
         env = c.env(child_env(FB_ENGINE="vllm-pd", FB_MODEL_PATH="/models/m"))
         r = subprocess.run(["sbatch", "--wait", "--nodes=1", f"--output={tmp_path}/bad-%j.out", "--time=2",
                             "launch/slurm/inference.sbatch", "fabric=loopback"],
