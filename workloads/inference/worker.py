@@ -68,7 +68,7 @@ def run_watched(env: dict[str, str | None], command: list[str], watch: str, miss
     import subprocess
     import time
 
-    from workloads.inference.adapters.orchestrator import probe
+    from workloads.inference.adapters.orchestrator import HeadWatch, probe
 
     full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     try:
@@ -76,30 +76,26 @@ def run_watched(env: dict[str, str | None], command: list[str], watch: str, miss
     except OSError as e:
         print(f"error: cannot run {command[0]}: {e.strerror}", file=sys.stderr)
         return 2
-    seen, missed = False, 0
+    head = HeadWatch(watch, misses)
     try:
         while True:
             code = child.poll()
             if code is not None:
-                if seen and all(probe(watch) != 200 for _ in range(2)):
+                if head.seen and all(probe(watch) != 200 for _ in range(2)):
                     print(f"fabricbench worker: node 0's server ({watch}) has ended and this node's engine with it "
                           f"(exit code {code})", flush=True)
                     return 0
                 return code
-            if probe(watch) == 200:
-                seen, missed = True, 0
-            elif seen:
-                missed += 1
-                if missed >= misses:
-                    print(f"fabricbench worker: node 0's server ({watch}) stopped answering: its sweep is over; "
-                          "stopping this node's engine", flush=True)
-                    child.terminate()
-                    try:
-                        child.wait(5)
-                    except subprocess.TimeoutExpired:
-                        child.kill()
-                        child.wait()
-                    return 0
+            if head.gone():
+                print(f"fabricbench worker: node 0's server ({watch}) stopped answering: its sweep is over; "
+                      "stopping this node's engine", flush=True)
+                child.terminate()
+                try:
+                    child.wait(5)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+                return 0
             time.sleep(1)
     finally:
         if child.poll() is None:

@@ -60,6 +60,22 @@ def probe(url: str, timeout_s: float = 2.0) -> int | None:
         return None
 
 
+class HeadWatch:
+    """Node 0's server as a worker node watches it: `gone()` probes once and says whether the
+    server, once seen up, has now missed `misses` probes in a row (its sweep is over). Before it
+    was ever seen up it is never gone: node 0 may still be starting."""
+
+    def __init__(self, url: str, misses: int = 5):
+        self.url, self.misses, self.seen, self.missed = url, misses, False, 0
+
+    def gone(self) -> bool:
+        if probe(self.url) == 200:
+            self.seen, self.missed = True, 0
+        elif self.seen:
+            self.missed += 1
+        return self.seen and self.missed >= self.misses
+
+
 class ManagedServer:
     """`with ManagedServer(spec, launch, run_dir, env) as srv:` srv.base_url answers /health."""
 

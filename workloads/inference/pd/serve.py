@@ -33,7 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from workloads.core.dist import free_port
-from workloads.inference.adapters.orchestrator import probe
+from workloads.inference.adapters.orchestrator import HeadWatch, probe
 from workloads.inference.pd.proxy import Proxy
 
 NOT_READY = 3
@@ -124,23 +124,18 @@ def keep(procs: dict[str, subprocess.Popen], watch: str | None = None, misses: i
     node 0's proxy (`watch`, its /health), once seen up, stops answering `misses` times in a row:
     node 0's sweep is over, and this node stops its instance and exits 0, so that the job ends as
     its sweep did. (srun's --wait, which would end it otherwise, kills the task: a failed job.)"""
-    seen, missed = False, 0
+    head = HeadWatch(watch, misses) if watch else None
     while True:
         for role, p in procs.items():
             if p.poll() is not None:
                 print(f"vllm-pd: the {role} instance exited with code {p.returncode}", flush=True)
                 stop(procs)
                 return p.returncode or 0
-        if watch:
-            if probe(watch) == 200:
-                seen, missed = True, 0
-            elif seen:
-                missed += 1
-                if missed >= misses:
-                    print(f"vllm-pd: node 0's proxy ({watch}) stopped answering: its sweep is over; stopping this "
-                          "node's instance", flush=True)
-                    stop(procs)
-                    return 0
+        if head and head.gone():
+            print(f"vllm-pd: node 0's proxy ({watch}) stopped answering: its sweep is over; stopping this "
+                  "node's instance", flush=True)
+            stop(procs)
+            return 0
         time.sleep(1)
 
 
