@@ -33,6 +33,8 @@ HEALTHY = ("import http.server, sys\n"
      "server=vllm-pd on two real nodes needs server.decode_host=<node 1's address>"),
     ("infer.py", ["server.nnodes=3", "server.dist_init_addr=10.0.0.1:29500"],
      "server=vllm-pd runs its prefill instance on node 0 and its decode instance on node 1: server.nnodes=2, not 3"),
+    ("infer.py", ["server.nixl_pthr_delay_us=-5"],
+     "server.nixl_pthr_delay_us=-5: a whole number of microseconds >= 0"),
     # refused from the composed config, before any namespace exists (no root needed to be told)
     ("emulate.py", ["--nodes", "3", "launch/infer.py", "fabric=emu-100m"],
      "server=vllm-pd runs its prefill instance in node 0 and its decode instance in node 1; use 2 emulated nodes, "

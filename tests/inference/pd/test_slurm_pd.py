@@ -39,7 +39,7 @@ def job(vllm_python, tiny_llama, tmp_path_factory):
              "server.kv_connector=NixlPushConnector",
              "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager,--distributed-executor-backend,uni]",
              "+server.env.VLLM_CPU_KVCACHE_SPACE=1", "+server.env.VLLM_ENABLE_V1_MULTIPROCESSING=0",
-             "server.ready_timeout_s=900", f"output_root={out}", "load.points=[1]", f"load.num_requests={REQUESTS}",
+             "server.ready_timeout_s=900", "server.nixl_pthr_delay_us=1000", f"output_root={out}", "load.points=[1]", f"load.num_requests={REQUESTS}",
              "load.warmup_requests=1", "load.dataset.input_len=24", "load.dataset.output_len=4"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=1400)
         job_id = r.stdout.strip().split(";")[0]

@@ -10,6 +10,8 @@ ONE sweep (one P/D pair, ~2.5 min on an idle 2-core machine: two vLLM start-ups)
 - the KV-path verdict, from UCX's own protocol table in the decode instance's log, is ok against
   fabric=loopback's kv_transports [cma, tcp], and names what carried the read;
 - no vLLM process of the sweep is left.
+The sweep runs NIXL's progress thread with a 1 ms poll timeout (server.nixl_pthr_delay_us), as the
+emu-pd study does, and the record says each instance used it (test_nixl_shim.py: what it changes).
 A connector the engine lacks is refused from the engine's own registry before anything starts.
 """
 
@@ -37,7 +39,7 @@ def sweep(vllm_python, tiny_llama, tmp_path_factory):
                   # eager: torch.compile's CPU kernels take minutes on 2 cores, and are not the KV path;
                   # uni: each engine in its API server's process (one import of vLLM, not three)
                   "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager,--distributed-executor-backend,uni]",
-                  "+server.env.VLLM_CPU_KVCACHE_SPACE=1", "+server.env.VLLM_ENABLE_V1_MULTIPROCESSING=0", "server.ready_timeout_s=900", f"output_root={out}",
+                  "+server.env.VLLM_CPU_KVCACHE_SPACE=1", "+server.env.VLLM_ENABLE_V1_MULTIPROCESSING=0", "server.ready_timeout_s=900", "server.nixl_pthr_delay_us=1000", f"output_root={out}",
                   "run_id=pd", "load.points=[1]", f"load.num_requests={REQUESTS}", "load.warmup_requests=1",
                   f"load.dataset.input_len={IN_LEN}", f"load.dataset.output_len={OUT_LEN}", timeout=1500)
     return records_in(out), out, r, path
@@ -93,6 +95,8 @@ def test_kv_path_verdict(sweep):
     assert all(p["scope"] == "intra-node" for p in v["summary"]["kv_protocols"])
     assert v["warmup"]["ok"] is True and v["warmup"]["attempts"] in (1, 2)
     assert rec["fabric"]["transport"]["verdict"] in ("ok", "unverified")  # the Gloo verdict stays beside it
+    # server.nixl_pthr_delay_us=1000 reached each instance's NIXL agent (its own log says so)
+    assert v["nixl_pthr_delay_us"] == {"prefill": 1000, "decode": 1000}
 
 
 def test_no_vllm_left(sweep):

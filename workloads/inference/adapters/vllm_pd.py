@@ -28,6 +28,7 @@ byte counters around each point (kv.link: the NIC cross-check of the KV bytes).
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import socket
@@ -47,7 +48,9 @@ UCX_PORTS = 16   # UCX_TCP_PORT_RANGE width per instance: NIXL's UCX backend ope
 FACTORY = "vllm/distributed/kv_transfer/kv_connector/factory.py"
 DEFAULTS = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "auto",
             "kv_connector_extra_config": {}, "prefill_tp": None, "decode_tp": None, "warmup_timeout_s": 120,
-            "ucx_net_devices": None, "decode_host": None}
+            "ucx_net_devices": None, "decode_host": None, "nixl_pthr_delay_us": None}
+# server.nixl_pthr_delay_us: set in each instance by this directory's sitecustomize (its docstring says why)
+NIXL_SHIM = Path(__file__).resolve().parent.parent / "pd" / "nixl_shim"
 # Two real nodes: node 0's proxy must find the decode instance that node 1 starts on its own, so
 # its HTTP port is agreed from the config both nodes compose, not chosen free on one of them.
 DECODE_PORT_OFFSET = 1
@@ -108,6 +111,7 @@ def check_available(spec: ServerSpec, server: dict) -> None:
         raise UsageError(f"server.kv_role={o['kv_role']!r}: both instances share one role here; use kv_both")
     if spec.ready_timeout_s <= 10:
         raise UsageError(f"server.ready_timeout_s={spec.ready_timeout_s:g} leaves no time to start two vLLM instances")
+    nixl_env(o, spec.env)
 
 
 def two_real_nodes(spec: ServerSpec) -> bool:
@@ -214,7 +218,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
                # UCX's own account of the transports it chose: the KV-path verdict reads it
                "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info",
                # the decode instance's KV-transfer metrics each second, so each point's are its own
-               "VLLM_LOG_STATS_INTERVAL": "1"} | _ucx_net(o, mine, nodes) | dict(spec.env)
+               "VLLM_LOG_STATS_INTERVAL": "1"} | _ucx_net(o, mine, nodes) | dict(spec.env) | nixl_env(o, spec.env)
         plan[role] = {"host": mine, "port": port, "argv": argv, "env": env, "log": str(log)}
         if nodes:
             plan[role]["netns"] = nodes[i]
@@ -226,6 +230,28 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
                       engine_argv=plan["decode"]["argv"], own_network=True)
     local = next(plan[r]["argv"] for r in ("decode", "prefill") if r in plan and "argv" in plan[r])
     return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=local)
+
+
+def nixl_env(o: dict, env: dict) -> dict[str, str]:
+    """server.nixl_pthr_delay_us: NIXL's progress thread, which busy-polls a core per instance as
+    NIXL's Python API configures it, sleeps in poll() for up to that long between UCX events
+    (nixl_shim/sitecustomize.py). null: NIXL's own behaviour, untouched."""
+    delay = o["nixl_pthr_delay_us"]
+    if delay is None:
+        return {}
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise UsageError(f"server.nixl_pthr_delay_us={delay!r}: a whole number of microseconds >= 0 (NIXL rounds "
+                         "it up to whole ms; e.g. 1000), or null for NIXL's busy-polling progress thread")
+    path = os.pathsep.join(p for p in (str(NIXL_SHIM), str(env.get("PYTHONPATH") or "")) if p)
+    return {"PYTHONPATH": path, "FB_NIXL_PTHR_DELAY_US": str(delay)}
+
+
+def applied_pthr_delay(log: str) -> int | None:
+    """The poll timeout nixl_shim says it gave the instance's NIXL agent (the last one: one agent per worker)."""
+    from workloads.inference.pd.nixl_shim.sitecustomize import MARK
+
+    found = re.findall(re.escape(MARK) + r" (\d+) us", log)
+    return int(found[-1]) if found else None
 
 
 def _ucx_net(o: dict, host: str, nodes: list[str] | None) -> dict[str, str]:
@@ -295,6 +321,9 @@ class PDObserver:
         out = kv_verdict(fabric, self.logs[mover].read_text(errors="replace"),
                          {r: str(p) for r, p in self.logs.items()}, op)
         out["warmup"] = warm  # the one P/D request before measuring (first-handshake timeout: retried once)
+        # what each instance's NIXL progress thread really polled with, from its own log (null: NIXL's 0, a busy poll)
+        out["nixl_pthr_delay_us"] = {role: applied_pthr_delay(p.read_text(errors="replace") if p.exists() else "")
+                                     for role, p in self.logs.items()}
         self.emulate = fabric.emulate
         return {"kv_path": out}
 
