@@ -152,6 +152,36 @@ def test_a_rank_ends_without_teardown_and_loses_nothing(code, status):
     assert r.stderr == ("a message\n" if status == 1 else ""), r.stderr
 
 
+_STOPPED_WHILE_ENDING = """
+import sys, threading, time
+from workloads.core import signals
+from workloads.core.dist import exit_process
+signals.install()
+threading.Thread(target=time.sleep, args=(60,)).start()  # exit_process joins it, as Python's exit would
+# threading's exit hooks run inside exit_process, just before that join: the test signals from here on
+threading._register_atexit(print, "ending", flush=True)
+print("peer gone", file=sys.stderr, flush=True)
+exit_process(1)
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_that_lands_while_a_rank_ends_ends_it_quietly_with_its_status():
+    """A rank already ending (here joining a thread still at work) that torchrun then stops: the SIGTERM
+    ends it at once with the status it was ending with, and no traceback follows its one line
+    (a full run saw the Terminated exception escape exit_process with every exception before it)."""
+    p = subprocess.Popen([sys.executable, "-c", _STOPPED_WHILE_ENDING], cwd=REPO, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ending\n"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=15)  # not the thread's 60 s, nor SIGTERM's 20 s grace
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1 and err == "peer gone\n", err
+
+
 # The signal's exception raised inside a weakref callback, where Python prints it as "Exception
 # ignored" and drops it (CI saw it in the import system's module-lock callback): then a peer's
 # failure, as a rank whose peers did stop meets it.

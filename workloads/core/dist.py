@@ -21,6 +21,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from workloads.core import signals
 from workloads.core.errors import UsageError
 
 
@@ -194,6 +195,7 @@ def exit_process(code: int | str | None) -> None:
     else:  # sys.exit("message"): printed, status 1
         print(code, file=sys.stderr)
         status = 1
+    signals.ending(status)  # torchrun's SIGTERM to the ranks left may land in the steps below
     # The two steps Py_FinalizeEx takes before it marks the interpreter finalizing, in its order:
     threading._shutdown()    # threading's exit hooks (e.g. idle executors told to stop), then joins
     atexit._run_exitfuncs()
