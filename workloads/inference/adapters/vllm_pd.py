@@ -40,7 +40,7 @@ from pathlib import Path
 from workloads.core.errors import UsageError
 from workloads.fabric.netns import IFNAME, EmuSpec, emulated_nodes
 from workloads.inference.adapters import vllm
-from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, model_path
 from workloads.inference.adapters.sglang import host_has_gpu
 
 ROLES = ("prefill", "decode")
@@ -57,11 +57,7 @@ DECODE_PORT_OFFSET = 1
 
 
 def options(spec: ServerSpec) -> dict:
-    unknown = sorted(set(spec.options) - set(DEFAULTS))
-    if unknown:
-        raise UsageError(f"server=vllm-pd has no key {unknown[0]!r}; its keys: {', '.join(sorted(DEFAULTS))} "
-                         "(conf/server/vllm-pd.yaml)")
-    return DEFAULTS | {k: v for k, v in spec.options.items() if v is not None}
+    return engine_options(spec, DEFAULTS, "vllm-pd")
 
 
 def tps(spec: ServerSpec) -> tuple[int, int]:
