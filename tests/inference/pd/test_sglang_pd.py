@@ -61,6 +61,14 @@ def test_refused_in_one_line(kw, message):
         sglang_pd.check_available(ServerSpec("sglang_pd", python="/usr/bin/python3", **kw), {})
 
 
+def test_a_cpu_host_is_refused_before_anything_starts():
+    """Tried here (SGLang 0.5.23, nixl 1.5.1): the prefill instance died on NIXL's VRAM registration
+    and the decode instance on torch.cuda.cudart(); the adapter says so before two engines start."""
+    with pytest.raises(UsageError, match=r"server=sglang-pd needs GPUs: .*VRAM memory is detected as host by UCX.*"
+                                         r"on a CPU use server=vllm-pd"):
+        sglang_pd.check_available(ServerSpec("sglang_pd", python="/usr/bin/python3", device="cpu"), {})
+
+
 def test_a_backend_sglang_lacks_is_refused_from_its_own_choices(monkeypatch):
     monkeypatch.setattr(sglang_pd, "known_backends", lambda spec: ["mooncake", "nixl", "fake"])
     spec = ServerSpec("sglang_pd", python="/usr/bin/python3", options={"transfer_backend": "rdma9"})

@@ -12,6 +12,8 @@ the proxy. UCX prints its chosen transports in each instance's log (UCX_PROTO_IN
 UCX_LOG_LEVEL=info) for the KV-path verdict, when the backend is NIXL over UCX.
 
 One node for now (server.nnodes=1): two nodes and the emulator's namespaces are server=vllm-pd's.
+GPUs only: on this CPU SGLang 0.5.23's P/D cannot start (check_available says why, in one line),
+so the command lines are checked by SGLang's own parser and the proxy against HTTP stand-ins.
 """
 
 from __future__ import annotations
@@ -57,8 +59,12 @@ def check_available(spec: ServerSpec, server: dict) -> None:
     if names is not None and o["transfer_backend"] not in names:
         raise UsageError(f"server.transfer_backend={o['transfer_backend']!r}: this SGLang has no such "
                          f"disaggregation transfer backend; it has {', '.join(names)}")
-    if not sglang.on_cpu(spec):
-        vllm_pd.gpu_split(spec, {})
+    if sglang.on_cpu(spec):
+        raise UsageError("server=sglang-pd needs GPUs: SGLang's P/D registers its KV cache with the transfer backend "
+                         "as GPU memory (NIXL over a UCX without CUDA refuses it: \"VRAM memory is detected as host "
+                         "by UCX\", NIXL_ERR_BACKEND) and its decode instance pins host memory through CUDA; on a "
+                         "CPU use server=vllm-pd (docs/engines.md)")
+    vllm_pd.gpu_split(spec, {})
 
 
 def _cpu_env(spec: ServerSpec, i: int) -> dict[str, str]:
