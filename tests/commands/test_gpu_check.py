@@ -250,3 +250,68 @@ def test_tflops_and_mfu_checks_recompute_a_real_records_figures(tmp_path):
     # the same record with its reported TFLOPS off by the world size (2 ranks' worth) fails
     bad = rec | {"metrics": rec["metrics"] | {"tflops_per_gpu": rec["metrics"]["tflops_per_gpu"] / 2}}
     assert tflops_check(bad)[2] is False
+
+
+# ---- the one-node P/D step (server=vllm-pd): only where asked, with a GPU vLLM and a local model ----
+
+def pd_record(point="c1", matches=True, transports=("cuda_ipc",), verdict="ok"):
+    rec = serve_record(point)
+    rec["kv"] = {"bytes_per_transfer": 4194304, "expected_bytes_per_transfer": 4194304 if matches else 8388608,
+                 "transfers": 17, "matches_model": matches, "xfer_ms_mean": 1.9}
+    rec["metrics"]["kv_ttft_share"] = 0.04
+    rec["fabric"]["kv_path"] = {"verdict": verdict, "summary": {"kv_transports": list(transports)}}
+    return rec
+
+
+def test_pd_rows_hold_the_kv_bytes_to_the_model_and_the_path_off_tcp():
+    rows = gpu_check.pd_rows("serve/pd", [pd_record("c1"), pd_record("c4")])
+    by = {r.check: r for r in rows}
+    assert [by[k].status for k in ("serve/pd point c1", "serve/pd point c4", "serve/pd transport",
+                                   "serve/pd KV bytes", "serve/pd KV path")] == ["ok"] * 5
+    assert by["serve/pd KV path"].result == "ok: cuda_ipc"
+    assert by["serve/pd KV transfer"].status == "n/a" and "1.9 ms mean, 4.0% of mean TTFT" in by["serve/pd KV transfer"].result
+    # the silent fallback the row exists for: the KV cache of GPU instances over sockets
+    assert gpu_check.pd_rows("serve/pd", [pd_record(transports=("tcp",))])[-2].status == "MISMATCH"
+    assert gpu_check.pd_rows("serve/pd", [pd_record(transports=())])[-2].status == "MISMATCH"  # nothing logged
+    assert gpu_check.pd_rows("serve/pd", [pd_record(verdict="mismatch")])[-2].status == "MISMATCH"
+    bad = gpu_check.pd_rows("serve/pd", [pd_record(matches=False)])[-3]
+    assert bad.status == "MISMATCH" and "(model: 8388608 B)" in bad.result
+    assert gpu_check.pd_rows("serve/pd", [], 124, 300)[0].result == "timeout: killed after 300s, no record"
+
+
+def test_the_pd_step_composes_with_the_real_configs(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from workloads.core import rundir
+
+    rundir.register_resolvers()
+    name, argv, limit = gpu_check.pd_step("intranode", tmp_path, "/opt/vllm/bin/python", "/models/l8b", "llama-3.1-8b")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="infer", overrides=argv[1:])
+    assert (name, cfg.server.adapter, cfg.server.python, cfg.server.model_path) == (
+        "serve/pd", "vllm_pd", "/opt/vllm/bin/python", "/models/l8b")
+    assert cfg.model.name == "llama-3.1-8b" and cfg.fabric.backend == "nccl" and limit == gpu_check.PD_LIMIT_S
+
+
+@pytest.mark.parametrize("gpus, args, ran_pd, says", [
+    (2, ["--pd-python", "/opt/vllm/bin/python", "--pd-model", "/models/l8b"], True, None),
+    (1, ["--pd-python", "/opt/vllm/bin/python", "--pd-model", "/models/l8b"], False, "not run: one GPU"),
+    (2, [], False, "not run: add --pd-python"),
+])
+def test_the_pd_step_runs_only_where_asked_and_possible(tmp_path, monkeypatch, capsys, gpus, args, ran_pd, says):
+    monkeypatch.setattr(gpu_check, "gpus", lambda: (gpus, f"{gpus} x stand-in"))
+    ran = []
+    monkeypatch.setattr(gpu_check, "run_step", lambda name, argv, out, limit: ran.append(name) or 124)
+    assert gpu_check.main(["--out", str(tmp_path), *args]) == 1  # every stand-in step timed out
+    table = capsys.readouterr().out
+    assert ("serve/pd" in ran) == ran_pd
+    if says:
+        assert says in table
+    else:
+        assert "serve/pd" in table and "timeout: killed after 300s" in table
+
+
+def test_half_the_pd_arguments_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "gpus", lambda: (2, "2 x stand-in"))
+    assert gpu_check.main(["--out", str(tmp_path), "--pd-python", "/opt/vllm/bin/python"]) == 2
+    assert "needs both --pd-python and --pd-model" in capsys.readouterr().err

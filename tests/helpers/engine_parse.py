@@ -20,8 +20,12 @@ def sglang(argv):
 
     assert argv[1:3] == ["-m", "sglang.launch_server"], argv[:3]
     a = prepare_server_args(argv[3:])
-    return {k: getattr(a, k) for k in ("model_path", "tp_size", "host", "port", "nnodes", "node_rank",
-                                       "dist_init_addr", "served_model_name", "mem_fraction_static")}
+    keys = ("model_path", "tp_size", "host", "port", "nnodes", "node_rank", "dist_init_addr", "served_model_name",
+            "mem_fraction_static")
+    if a.disaggregation_mode != "null":  # a P/D instance (server=sglang-pd)
+        keys += ("disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
+                 "disaggregation_ib_device")
+    return {k: getattr(a, k) for k in keys}
 
 
 def vllm(argv):

@@ -15,6 +15,10 @@ and checks what they report:
                                                 there >= 0.75 x its busbw
   serve/tp<k>   the reference engine at TP=min(2, GPUs), bf16, a short closed-loop sweep: every request
                 completed, transport verdict
+  serve/pd      only with --pd-python and --pd-model (a vLLM for CUDA with nixl, and a local model):
+                server=vllm-pd on this node, prefill on GPU 0 and decode on GPU 1, every request
+                completed, the KV bytes a transfer moved = the model's KV size, the KV path's verdict and
+                no tcp among its UCX transports (a GPU's KV cache over sockets is the silent fallback)
 
 Every figure is compared with a value or a band whose source the row names (MFU bands:
 workloads/training/expected.py; busbw: workloads/fabric/ceiling.py), never with "> 0".
@@ -191,6 +195,31 @@ def external_row(ours: list[dict], ext: dict) -> Row:
                ratio >= EXTERNAL_MIN_RATIO)
 
 
+PD_NOT_RUN = ("not run: add --pd-python <a Python with vLLM for CUDA and nixl> --pd-model <a local HF model "
+              "directory> (docs/gpu.md)")
+
+
+def pd_rows(step: str, recs: list[dict], exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
+    """server=vllm-pd on one node: the serving rows, then what the KV cache's crossing must show."""
+    if not recs:
+        return [missing(step, exit_code, limit_s)]
+    rows = serve_rows(step, recs, exit_code, limit_s)
+    kv = recs[0].get("kv") or {}
+    got, want = kv.get("bytes_per_transfer"), kv.get("expected_bytes_per_transfer")
+    rows.append(row(f"{step} KV bytes", f"{got} B a transfer over {kv.get('transfers')} transfers (model: {want} B)",
+                    "the model's KV size for the prompt, in whole blocks", kv.get("matches_model") is True,
+                    "2 x layers x KV heads x head_dim x dtype bytes a token (docs/metrics.md)"))
+    path = (recs[0].get("fabric") or {}).get("kv_path") or {}
+    used = (path.get("summary") or {}).get("kv_transports") or []
+    rows.append(row(f"{step} KV path", f"{path.get('verdict')}: {', '.join(used) or 'no UCX transport logged'}",
+                    "ok, not tcp", path.get("verdict") == "ok" and bool(used) and "tcp" not in used,
+                    "UCX's own protocol table in the instance's log (docs/verification.md)"))
+    share = recs[0].get("metrics", {}).get("kv_ttft_share")
+    rows.append(row(f"{step} KV transfer", f"{kv.get('xfer_ms_mean')} ms mean"
+                    + (f", {share:.1%} of mean TTFT" if share is not None else ""), "(measured)", None))
+    return rows
+
+
 def serve_rows(step: str, recs: list[dict], exit_code: int | None = None, limit_s: float | None = None) -> list[Row]:
     if not recs:
         return [missing(step, exit_code, limit_s)]
@@ -268,6 +297,17 @@ def run_step(name: str, argv: list[str], out: Path, timeout_s: float) -> int:
     return rc
 
 
+PD_LIMIT_S = 300  # two vLLM start-ups of a real model (weights from local disk) and a short sweep
+
+
+def pd_step(fabric: str, out: Path, python: str, model: str, model_config: str) -> tuple[str, list[str], float]:
+    return ("serve/pd", ["launch/infer.py", "server=vllm-pd", f"server.python={python}", f"model={model_config}",
+                         f"server.model_path={model}", f"fabric={fabric}", f"output_root={out}",
+                         "run_id=gpu-check-pd", "load=concurrency_sweep", "load.points=[1,4]", "load.num_requests=16",
+                         "load.warmup_requests=1", "load.dataset.input_len=1024", "load.dataset.output_len=16"],
+            PD_LIMIT_S)
+
+
 def steps(n: int, fabric: str, out: Path) -> list[tuple[str, list[str], float]]:
     common = [f"fabric={fabric}", f"output_root={out}", f"launcher.nproc_per_node={n}"]
     train = ["launch/train.py", "model=neox-125m", "train.precision=bf16", "train.micro_batch_size=4",
@@ -302,6 +342,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # the limits fit a warm node; a cold one (torch and DeepSpeed imported by 8 ranks from a
     # shared filesystem) may need more, and a killed step would read as a timeout row
     p.add_argument("--limits-x", type=_positive, default=1.0, help="multiply every step's time limit (default 1)")
+    p.add_argument("--pd-python", help="a Python with vLLM for CUDA and nixl: adds the one-node P/D step (2+ GPUs)")
+    p.add_argument("--pd-model", help="the P/D step's model: a local Hugging Face directory (nothing is downloaded)")
+    p.add_argument("--pd-model-config", default="llama-3.1-8b",
+                   help="the conf/model entry --pd-model is (its name and shape in the record; default llama-3.1-8b)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -312,8 +356,14 @@ def run(a: argparse.Namespace) -> int:
     n = min(n, 8)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    done = {name: (run_step(name, args, out, limit * a.limits_x), limit * a.limits_x)
-            for name, args, limit in steps(n, a.fabric, out)}
+    pd = bool(a.pd_python and a.pd_model)
+    if bool(a.pd_python) != bool(a.pd_model):
+        print("gpu-check: the P/D step needs both --pd-python and --pd-model", file=sys.stderr)
+        return 2
+    todo = steps(n, a.fabric, out)
+    if pd and n >= 2:
+        todo.append(pd_step(a.fabric, out, a.pd_python, a.pd_model, a.pd_model_config))
+    done = {name: (run_step(name, args, out, limit * a.limits_x), limit * a.limits_x) for name, args, limit in todo}
     serve = f"serve/tp{min(2, n)}"
     rows = ([shm_row(shm_bytes())]
             + train_rows("train/ddp", "ddp", next(iter(records(out, "gpu-check-ddp")), None), *done["train/ddp"])
@@ -322,6 +372,11 @@ def run(a: argparse.Namespace) -> int:
             + moe_rows("train/moe", next(iter(records(out, "gpu-check-moe")), None), *done["train/moe"])
             + collectives_rows(next(iter(records(out, "gpu-check-coll")), None), *done["collectives"])
             + serve_rows(serve, records(out, "gpu-check-serve"), *done[serve]))
+    if "serve/pd" in done:
+        rows += pd_rows("serve/pd", records(out, "gpu-check-pd"), *done["serve/pd"])
+    else:
+        rows.append(row("serve/pd", PD_NOT_RUN if not pd else "not run: one GPU (prefill and decode need one each)",
+                        "P and D on two GPUs of this node", None))
     print(render(rows, f"{machine}, fabric={a.fabric}"))
     return exit_code(rows)
 

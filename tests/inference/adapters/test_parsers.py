@@ -64,6 +64,22 @@ def test_sglang_parses_our_command_lines(engines):
     assert h["host"] == "0.0.0.0"
 
 
+def test_sglang_parses_our_pd_command_lines(engines):
+    """server=sglang-pd: the prefill and the decode instance's command lines (from serve.py's plan)."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        c = compose("infer", overrides=["server=sglang-pd", *LLAMA, "server.tp=2", "server.device=cuda",
+                                        "server.transfer_backend=mooncake", "server.ib_device=mlx5_0"])
+    spec = ServerSpec.from_config(OmegaConf.to_container(c.server, resolve=True))
+    plan = json.loads(get_adapter(spec.adapter).command(spec, OmegaConf.to_container(c.model, resolve=True)).argv[-1])
+    p, d = _parse("sglang", [plan["prefill"]["argv"], plan["decode"]["argv"]])
+    for got, role in ((p, "prefill"), (d, "decode")):
+        assert (got["model_path"], got["tp_size"], got["port"], got["disaggregation_mode"],
+                got["disaggregation_transfer_backend"], got["disaggregation_ib_device"]) == \
+            ("/models/llama", 2, plan[role]["port"], role, "mooncake", "mlx5_0")
+    # the decode finds the prefill's bootstrap server from each request's bootstrap_port (the proxy's)
+    assert p["disaggregation_bootstrap_port"] == plan["bootstrap"][1]
+
+
 def test_sglang_parser_rejects_what_it_does_not_know(engines):
     """The check can fail: an unknown flag is SGLang's own argparse error."""
     py = REPO / ".engines" / "sglang" / "bin" / "python"

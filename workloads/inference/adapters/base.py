@@ -106,3 +106,13 @@ def tp_spans_nodes(server: Mapping[str, Any], nodes: int) -> None:
         shown = "null" if tp is None else tp
         raise UsageError(f"server.tp={shown} cannot span {nodes} emulated nodes evenly; use "
                          f"server.tp={nodes} (or a multiple of {nodes})")
+
+
+def engine_options(spec: ServerSpec, defaults: dict, server: str) -> dict:
+    """The engine-only keys of conf/server/<server>.yaml (spec.options) over their defaults; a key
+    the engine does not have is refused in one line that lists the ones it has."""
+    unknown = sorted(set(spec.options) - set(defaults))
+    if unknown:
+        raise UsageError(f"server={server} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))} "
+                         f"(conf/server/{server}.yaml)")
+    return defaults | {k: v for k, v in spec.options.items() if v is not None}

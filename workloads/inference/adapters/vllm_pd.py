@@ -40,7 +40,7 @@ from pathlib import Path
 from workloads.core.errors import UsageError
 from workloads.fabric.netns import IFNAME, EmuSpec, emulated_nodes
 from workloads.inference.adapters import vllm
-from workloads.inference.adapters.base import Launch, ServerSpec, model_path
+from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, model_path
 from workloads.inference.adapters.sglang import host_has_gpu
 
 ROLES = ("prefill", "decode")
@@ -57,11 +57,7 @@ DECODE_PORT_OFFSET = 1
 
 
 def options(spec: ServerSpec) -> dict:
-    unknown = sorted(set(spec.options) - set(DEFAULTS))
-    if unknown:
-        raise UsageError(f"server=vllm-pd has no key {unknown[0]!r}; its keys: {', '.join(sorted(DEFAULTS))} "
-                         "(conf/server/vllm-pd.yaml)")
-    return DEFAULTS | {k: v for k, v in spec.options.items() if v is not None}
+    return engine_options(spec, DEFAULTS, "vllm-pd")
 
 
 def tps(spec: ServerSpec) -> tuple[int, int]:
@@ -112,6 +108,7 @@ def check_available(spec: ServerSpec, server: dict) -> None:
     if spec.ready_timeout_s <= 10:
         raise UsageError(f"server.ready_timeout_s={spec.ready_timeout_s:g} leaves no time to start two vLLM instances")
     nixl_env(o, spec.env)
+    gpu_split(spec, o)
 
 
 def two_real_nodes(spec: ServerSpec) -> bool:
@@ -199,6 +196,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         plan["proxy"] = spec.node_rank == 0
         if spec.node_rank == 1:  # node 0's proxy, on server.port at node 0's address: up while its sweep runs
             plan["watch"] = f"http://{spec.dist_init_addr.rsplit(':', 1)[0]}:{spec.port}{spec.health_path}"
+    devices = gpu_split(spec, o)
     bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
     for i, (role, log) in enumerate(instance_logs(spec).items()):
         port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
@@ -218,7 +216,8 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
                # UCX's own account of the transports it chose: the KV-path verdict reads it
                "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info",
                # the decode instance's KV-transfer metrics each second, so each point's are its own
-               "VLLM_LOG_STATS_INTERVAL": "1"} | _ucx_net(o, mine, nodes) | dict(spec.env) | nixl_env(o, spec.env)
+               "VLLM_LOG_STATS_INTERVAL": "1"} | _ucx_net(o, mine, nodes) | dict(spec.env) | nixl_env(o, spec.env) \
+            | devices.get(role, {})
         plan[role] = {"host": mine, "port": port, "argv": argv, "env": env, "log": str(log)}
         if nodes:
             plan[role]["netns"] = nodes[i]
@@ -230,6 +229,37 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
                       engine_argv=plan["decode"]["argv"], own_network=True)
     local = next(plan[r]["argv"] for r in ("decode", "prefill") if r in plan and "argv" in plan[r])
     return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=local)
+
+
+def visible_gpus() -> list[str]:
+    """This node's GPUs as CUDA_VISIBLE_DEVICES names them: its value where set, else one per
+    /dev/nvidia<N> device node (no torch or CUDA import in the harness)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    return sorted((p.name[len("nvidia"):] for p in Path("/dev").glob("nvidia[0-9]*")), key=int)
+
+
+def gpu_split(spec: ServerSpec, o: dict) -> dict[str, dict[str, str]]:
+    """On one node with GPUs each instance gets its own: the prefill the first server.tp visible
+    GPUs, the decode the next server.tp (CUDA_VISIBLE_DEVICES per instance). Both would otherwise
+    start on GPU 0 and take its memory twice, and the KV cache would never leave that GPU (whatever
+    server.kv_buffer_device says: the engines run on the GPUs either way). Not on a CPU host, not
+    across nodes (each node runs one instance on its own GPUs), not where server.env sets
+    CUDA_VISIBLE_DEVICES (the user's placement, e.g. both on one GPU with a
+    --gpu-memory-utilization each), and not where the GPUs cannot be listed (ROCm without
+    CUDA_VISIBLE_DEVICES: vLLM's own placement)."""
+    if spec.nnodes > 1 or "CUDA_VISIBLE_DEVICES" in spec.env or not host_has_gpu():
+        return {}
+    gpus, tp = visible_gpus(), spec.tp
+    if not gpus:
+        return {}
+    if len(gpus) < 2 * tp:
+        raise UsageError(f"server=vllm-pd on one node gives the prefill and the decode instance {tp} GPU(s) each "
+                         f"(server.tp={tp}): {2 * tp} GPUs, and this node shows {len(gpus)} "
+                         f"({', '.join(gpus) or 'none'}); lower server.tp, run P and D on two nodes, or place them "
+                         "yourself with server.env.CUDA_VISIBLE_DEVICES (and a --gpu-memory-utilization that fits both)")
+    return {role: {"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * tp:(i + 1) * tp])} for i, role in enumerate(ROLES)}
 
 
 def nixl_env(o: dict, env: dict) -> dict[str, str]:

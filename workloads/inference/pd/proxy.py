@@ -11,6 +11,13 @@ Protocol (vLLM 0.32's NixlConnector, as its examples' toy_proxy_server.py and
    the blocks (NIXL over UCX) instead of recomputing the prompt, and its SSE stream is
    relayed byte for byte, so the load generator times TTFT/ITL as against any server.
 
+SGLang's protocol (`bootstrap` set: server=sglang-pd; what SGLang's router does, its request fields
+in sglang/srt/entrypoints/openai/protocol.py PDRoutingFields): the client's body plus
+bootstrap_host/bootstrap_port (the prefill instance's bootstrap server) and one random
+bootstrap_room go to both instances at once; the decode instance waits for that room's KV cache
+from the prefill instance and its SSE stream is relayed; the prefill instance's answer is read and
+dropped, unless it is an error before the decode's first byte, which then goes to the client.
+
 Each request's legs are timed here and appended, one JSON line, to `timings_path` once its
 decode stream ends: the prefill leg (post to answer: the part of TTFT spent before decode starts)
 and the decode leg up to its first chunk (post to first byte: the KV transfer, the decode
@@ -19,7 +26,9 @@ instance's first step and its queue), the two parts of TTFT the proxy can see.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 import uuid
 from typing import Any
@@ -31,6 +40,7 @@ from aiohttp import web
 PREFILL_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                      "remote_block_ids": None, "remote_host": None, "remote_port": None}
 ROUTES = ("/v1/completions", "/v1/chat/completions")
+PREFILL_ANSWER_S = 5.0  # SGLang: how long the prefill's answer may trail the decode stream's end
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -45,10 +55,17 @@ def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None)
     return dict(body) | ({"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {})
 
 
+def sglang_body(body: dict[str, Any], bootstrap: tuple[str, int], room: int) -> dict[str, Any]:
+    """What both SGLang instances get: the client's body and the room the KV cache meets in."""
+    return dict(body) | {"bootstrap_host": bootstrap[0], "bootstrap_port": int(bootstrap[1]), "bootstrap_room": room}
+
+
 class Proxy:
-    def __init__(self, prefill_url: str, decode_url: str, timings_path: str | None = None):
+    def __init__(self, prefill_url: str, decode_url: str, timings_path: str | None = None,
+                 bootstrap: tuple[str, int] | None = None):
         self.prefill_url, self.decode_url = prefill_url.rstrip("/"), decode_url.rstrip("/")
         self.timings_path = timings_path
+        self.bootstrap = bootstrap  # SGLang's protocol: the prefill instance's bootstrap (host, port)
         self.session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -91,6 +108,8 @@ class Proxy:
         auth = request.headers.get("Authorization")
         if auth:
             headers["Authorization"] = auth
+        if self.bootstrap:
+            return await self._both_at_once(request, body, headers, rid)
         t0 = time.perf_counter()
         async with self.session.post(self.prefill_url + request.path, json=prefill_body(body), headers=headers) as r:
             raw = await r.read()
@@ -120,12 +139,54 @@ class Proxy:
             self._note(rid, t1 - t0, first, params)
         return resp
 
-    def _note(self, rid: str, prefill_s: float, decode_first_s: float | None, params: dict | None) -> None:
+    async def _post(self, url: str, body: dict, headers: dict, t0: float) -> tuple[int, bytes, str, float]:
+        async with self.session.post(url, json=body, headers=headers) as r:
+            return r.status, await r.read(), r.content_type, time.perf_counter() - t0
+
+    async def _both_at_once(self, request: web.Request, body: dict, headers: dict, rid: str) -> web.StreamResponse:
+        both = sglang_body(body, self.bootstrap, random.getrandbits(63))
+        t0 = time.perf_counter()
+        pre = asyncio.create_task(self._post(self.prefill_url + request.path, both, headers, t0))
+        first: float | None = None
+        resp = web.StreamResponse()
+        try:
+            async with self.session.post(self.decode_url + request.path, json=both, headers=headers) as r:
+                head = asyncio.ensure_future(r.content.readany())
+                await asyncio.wait({pre, head}, return_when=asyncio.FIRST_COMPLETED)
+                if pre.done() and not head.done() and pre.result()[0] != 200:
+                    head.cancel()  # the decode instance would wait for a KV cache that never comes
+                    status, raw, ctype, _ = pre.result()
+                    return web.Response(status=status, body=raw, content_type=ctype)
+                chunk = await head
+                first = time.perf_counter() - t0
+                resp.set_status(r.status)
+                resp.content_type = r.content_type
+                await resp.prepare(request)
+                try:
+                    while chunk:
+                        await resp.write(chunk)
+                        chunk = await r.content.readany()
+                    await resp.write_eof()
+                except ConnectionResetError:
+                    pass  # the client left: leaving this block closes the decode stream too
+        finally:
+            prefill_s = None
+            try:  # the decode needed the prefill's KV cache, so its answer is in or about to be
+                prefill_s = (await asyncio.wait_for(pre, PREFILL_ANSWER_S))[3]
+            except (asyncio.TimeoutError, aiohttp.ClientError):
+                pass
+            self._note(rid, prefill_s, first, None, concurrent=True)
+        return resp
+
+    def _note(self, rid: str, prefill_s: float | None, decode_first_s: float | None, params: dict | None,
+              concurrent: bool = False) -> None:
         if not self.timings_path:
             return
         row = {"request_id": rid, "prefill_s": prefill_s, "decode_first_s": decode_first_s, "t": time.time(),
                "remote_num_tokens": (params or {}).get("remote_num_tokens"),
                "remote_blocks": _count((params or {}).get("remote_block_ids"))}
+        if concurrent:  # both legs from the same start (SGLang): not a prefill-then-decode split of TTFT
+            row["legs"] = "concurrent"
         with open(self.timings_path, "a") as f:
             f.write(json.dumps(row) + "\n")
 

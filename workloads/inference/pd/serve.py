@@ -1,6 +1,9 @@
-"""Start a prefill and a decode vLLM instance, wait for both, warm the KV path, then serve the proxy.
+"""Start a prefill and a decode instance, wait for both, warm the KV path, then serve the proxy.
 
-    python -m workloads.inference.pd.serve '<json plan>'     (the vllm-pd adapter builds the plan)
+    python -m workloads.inference.pd.serve '<json plan>'     (the vllm-pd or sglang-pd adapter builds the plan)
+
+The plan's `bootstrap` ([host, port] of the prefill instance's bootstrap server) selects SGLang's
+request protocol in the proxy; without it, vLLM's.
 
 The orchestrator starts this in a session of its own, so both engines are in its process group
 and are stopped with it. Each instance's output goes to its own log (the plan's `log`), which
@@ -38,6 +41,7 @@ from workloads.inference.pd.proxy import Proxy
 
 NOT_READY = 3
 ROLES = ("prefill", "decode")
+LABEL = "vllm-pd"  # the plan's `name`: server=vllm-pd or server=sglang-pd, in every line said here
 
 
 def _tail(path: str, n: int = 15) -> str:
@@ -70,7 +74,7 @@ def wait_ready(procs: dict[str, subprocess.Popen], plan: dict) -> None:
             where = f"{inst['host']}:{inst['port']}" if inst.get("remote") else f"port {inst['port']}"
             if probe(f"http://{inst['host']}:{inst['port']}/health") == 200:
                 waiting.discard(role)
-                print(f"vllm-pd: {role} instance ready on {where}", flush=True)
+                print(f"{LABEL}: {role} instance ready on {where}", flush=True)
             elif p is not None and p.poll() is not None:
                 raise NotReady(f"the {role} instance exited with code {p.returncode} before it was ready", inst)
             elif line := _fatal_line(inst["log"], inst.get("offset", 0)):
@@ -128,11 +132,11 @@ def keep(procs: dict[str, subprocess.Popen], watch: str | None = None, misses: i
     while True:
         for role, p in procs.items():
             if p.poll() is not None:
-                print(f"vllm-pd: the {role} instance exited with code {p.returncode}", flush=True)
+                print(f"{LABEL}: the {role} instance exited with code {p.returncode}", flush=True)
                 stop(procs)
                 return p.returncode or 0
         if head and head.gone():
-            print(f"vllm-pd: node 0's proxy ({watch}) stopped answering: its sweep is over; stopping this "
+            print(f"{LABEL}: node 0's proxy ({watch}) stopped answering: its sweep is over; stopping this "
                   "node's instance", flush=True)
             stop(procs)
             return 0
@@ -166,27 +170,30 @@ async def warm_up(proxy: Proxy, plan: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    global LABEL
     plan = json.loads(argv[0])
+    LABEL = plan.get("name", LABEL)
     procs = {role: start(role, plan[role]) for role in ROLES if role in plan and not plan[role].get("remote")}
     if plan.get("pids_path"):  # where the observer reads each node's link counters (its namespace's /proc/<pid>/net)
         Path(plan["pids_path"]).write_text(json.dumps({"proxy": os.getpid()} | {r: p.pid for r, p in procs.items()}))
     try:
         wait_ready(procs, plan)
     except NotReady as e:
-        print(f"vllm-pd: {e.what}; the last lines of its log ({e.log}):\n{_tail(e.log)}", flush=True)
-        print(f"error: vllm-pd: {e.what} (its log: {e.log})", flush=True)
+        print(f"{LABEL}: {e.what}; the last lines of its log ({e.log}):\n{_tail(e.log)}", flush=True)
+        print(f"error: {LABEL}: {e.what} (its log: {e.log})", flush=True)
         stop(procs)
         return NOT_READY
     if not plan.get("proxy", True):
         return keep(procs, plan.get("watch"))
     pre, dec = (f"http://{plan[r]['host']}:{plan[r]['port']}" for r in ROLES)
-    proxy = Proxy(pre, dec, plan.get("timings_path"))
-    warm = asyncio.run(warm_up(Proxy(pre, dec), plan))
+    boot = tuple(plan["bootstrap"]) if plan.get("bootstrap") else None  # SGLang's protocol
+    proxy = Proxy(pre, dec, plan.get("timings_path"), boot)
+    warm = asyncio.run(warm_up(Proxy(pre, dec, bootstrap=boot), plan))
     Path(plan["warmup_path"]).write_text(json.dumps(warm))
-    print(f"vllm-pd: warm-up P/D request: {'ok' if warm['ok'] else 'FAILED'} after {warm['attempts']} attempt(s) "
+    print(f"{LABEL}: warm-up P/D request: {'ok' if warm['ok'] else 'FAILED'} after {warm['attempts']} attempt(s) "
           f"({', '.join(format(t['s'], '.2f') + ' s' for t in warm['tries'])})", flush=True)
     if not warm["ok"]:
-        print(f"error: vllm-pd: the warm-up P/D request failed twice: {warm['tries'][-1]['error']}", flush=True)
+        print(f"error: {LABEL}: the warm-up P/D request failed twice: {warm['tries'][-1]['error']}", flush=True)
         stop(procs)
         return NOT_READY
     web.run_app(proxy.app(), host=plan["host"], port=int(plan["port"]), print=None, access_log=None)
