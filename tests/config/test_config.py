@@ -221,7 +221,10 @@ def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monk
             extra.append("init.checkpoint=/nonexistent")
         if root == "infer" and group == "server":
             extra += {"external": ["server.url=http://127.0.0.1:9"], "sglang": ["model=llama-3.1-8b", f"server.python={sys.executable}"],
-                      "vllm": ["model=llama-3.1-8b"], "vllm-pd": ["model=llama-3.1-8b"]}.get(name, [])
+                      "vllm": ["model=llama-3.1-8b"], "vllm-pd": ["model=llama-3.1-8b"],
+                      # GPUs only (it refuses a CPU host): composed as for a GPU node
+                      "sglang-pd": ["model=llama-3.1-8b", f"server.python={sys.executable}", "server.device=cuda"],
+                      }.get(name, [])
         if root == "infer" and group == "load":  # GPU-sized loads: against a server of that size
             extra += ["server=external", "server.url=http://127.0.0.1:9", "model=llama-3.1-8b"]
         if root == "config" and group == "fabric" or group == "model" and root != "serve":

@@ -29,7 +29,7 @@ def command(spec, model, fabric=None, overrides=()):
 
 
 def test_builtin_adapters_are_the_modules_of_the_package():
-    assert builtin() == ["external", "reference", "sglang", "vllm", "vllm_pd"]
+    assert builtin() == ["external", "reference", "sglang", "sglang_pd", "vllm", "vllm_pd"]
     assert not get_adapter("external").starts_process and get_adapter("vllm").starts_process
 
 
