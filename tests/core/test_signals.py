@@ -215,3 +215,45 @@ def test_an_interruption_python_dropped_still_interrupts(tmp_path, sig, code, th
                        env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
     assert "carried on" in r.stdout, r.stderr
     assert (r.returncode, r.stderr) == (code, "interrupted: measured points are kept\n"), r.stderr
+
+
+# A SIGTERM that lands inside Hydra's loading of a multirun's next job, which library code turns
+# into another exception: in a full run OmegaConf's flag_override met Terminated mid-assignment and
+# raised "AttributeError: 'NoneType' object has no attribute '_invalidate_flags_cache'" in its
+# place, and Hydra printed that as a bug's traceback. Here the same happens by hand at the same
+# place (ConfigLoaderImpl.load_sweep_config, after the first job), as that code did it.
+_BETWEEN_JOBS = """
+import os, signal
+from hydra._internal import config_loader_impl
+from workloads.core import launcher
+
+load = config_loader_impl.ConfigLoaderImpl.load_sweep_config
+jobs = []
+
+def interrupted_load(self, *args, **kwargs):
+    if jobs:  # the second job's config: the stop arrives while Hydra builds it
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100000): pass  # the handler raises here
+        except KeyboardInterrupt:
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+    return load(self, *args, **kwargs)
+
+config_loader_impl.ConfigLoaderImpl.load_sweep_config = interrupted_load
+
+def run(cfg, overrides):
+    jobs.append(cfg.trial)
+    print("job", cfg.trial, flush=True)
+
+launcher.hydra_entry(__file__, run, distributed=False)
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_between_a_sweeps_jobs_is_an_interruption_whatever_it_became(tmp_path):
+    script = tmp_path / "entry.py"
+    script.write_text(_BETWEEN_JOBS)
+    r = subprocess.run([sys.executable, str(script), "-m", "trial=0,1", f"output_root={tmp_path}/results"],
+                       cwd=tmp_path, env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert "job 0" in r.stdout and "job 1" not in r.stdout, r.stdout + r.stderr
+    assert (r.returncode, r.stderr) == (143, "interrupted: measured points are kept\n"), r.stderr

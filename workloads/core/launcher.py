@@ -469,6 +469,14 @@ def hydra_entry(
             if speaks:
                 print("interrupted: measured points are kept", file=sys.stderr, flush=True)
             sys.exit(getattr(e, "exit_code", 130))
+        except Exception:
+            if not signals.received():
+                raise
+            # the signal's exception, turned into another by the library code it interrupted
+            # (signals._noted): the stop it was, not a bug
+            if speaks:
+                print("interrupted: measured points are kept", file=sys.stderr, flush=True)
+            sys.exit(getattr(signals.interruption(), "exit_code", 130))
     except SystemExit as e:
         _end(e.code)
         raise

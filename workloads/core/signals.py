@@ -39,9 +39,19 @@ class Terminated(KeyboardInterrupt):
     exit_code = 128 + signal.SIGTERM
 
 
-def _on_sigterm(signum, frame):
+def _noted(signum: int) -> None:
     global _received
     _received = signum
+    # Hydra prints (and exits 1 on) any Exception that escapes its multirun machinery. A signal's
+    # exception raised inside library code there can come out as another one (OmegaConf's
+    # flag_override turned one into "AttributeError: 'NoneType' object has no attribute
+    # '_invalidate_flags_cache'" between two jobs of a sweep, a full run's traceback wall): with
+    # this set Hydra re-raises it instead, and the entry point says "interrupted" (launcher.py).
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+
+
+def _on_sigterm(signum, frame):
+    _noted(signum)
     if _grace_s is not None:
         timer = threading.Timer(_grace_s, os._exit, (128 + signum,))
         timer.daemon = True
@@ -50,8 +60,7 @@ def _on_sigterm(signum, frame):
 
 
 def _on_sigint(signum, frame):
-    global _received
-    _received = signum
+    _noted(signum)
     raise KeyboardInterrupt
 
 
