@@ -83,7 +83,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     name = spec.served_model_name or path
     host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
     logs = {role: Path(spec.run_dir or ".") / "server" / f"sglang-pd-{role}.log" for role in ROLES}
-    http, boot = vllm_pd.quiet_ports(len(ROLES)), vllm_pd.quiet_ports(1)[0]
+    *http, boot = vllm_pd.quiet_ports(len(ROLES) + 1)  # one call: distinct ports
     devices = {} if cpu else vllm_pd.gpu_split(spec, {})
     plan: dict = {"name": "sglang-pd", "host": spec.host, "port": spec.port, "model_name": name,
                   "ready_timeout_s": spec.ready_timeout_s * 0.95, "warmup_timeout_s": float(o["warmup_timeout_s"]),
