@@ -116,3 +116,13 @@ def engine_options(spec: ServerSpec, defaults: dict, server: str) -> dict:
         raise UsageError(f"server={server} has no key {unknown[0]!r}; its keys: {', '.join(sorted(defaults))} "
                          f"(conf/server/{server}.yaml)")
     return defaults | {k: v for k, v in spec.options.items() if v is not None}
+
+
+def engine_source(python: str, relpath: str) -> str | None:
+    """The text of a file of the package installed beside the engine's interpreter (its venv's
+    site-packages), read without starting that interpreter; None where it is not there."""
+    from pathlib import Path
+
+    for f in sorted(Path(python).parent.parent.glob(f"lib/python3*/site-packages/{relpath}")):
+        return f.read_text()
+    return None

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from workloads.core.errors import UsageError
 from workloads.inference.adapters import sglang, vllm_pd
-from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, model_path
+from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
 
 ROLES = vllm_pd.ROLES
 CHOICES = "sglang/srt/arg_groups/choices.py"
@@ -43,10 +43,8 @@ def known_backends(spec: ServerSpec) -> list[str] | None:
     python = sglang.interpreter(spec)
     if not python:
         return None
-    for f in sorted(Path(python).parent.parent.glob(f"lib/python3*/site-packages/{CHOICES}")):
-        m = re.search(r"DISAGG_TRANSFER_BACKEND_CHOICES\s*=\s*\[([^\]]*)\]", f.read_text())
-        return re.findall(r'"(\w+)"', m.group(1)) if m else None
-    return None
+    m = re.search(r"DISAGG_TRANSFER_BACKEND_CHOICES\s*=\s*\[([^\]]*)\]", engine_source(python, CHOICES) or "")
+    return re.findall(r'"(\w+)"', m.group(1)) if m else None
 
 
 def check_available(spec: ServerSpec, server: dict) -> None:
@@ -64,7 +62,11 @@ def check_available(spec: ServerSpec, server: dict) -> None:
                          "as GPU memory (NIXL over a UCX without CUDA refuses it: \"VRAM memory is detected as host "
                          "by UCX\", NIXL_ERR_BACKEND) and its decode instance pins host memory through CUDA; on a "
                          "CPU use server=vllm-pd (docs/engines.md)")
-    vllm_pd.gpu_split(spec, {})
+    vllm_pd.gpu_split(spec)
+
+
+def instance_logs(spec: ServerSpec) -> dict[str, Path]:
+    return {role: Path(spec.run_dir or ".") / "server" / f"sglang-pd-{role}.log" for role in ROLES}
 
 
 def _cpu_env(spec: ServerSpec, i: int) -> dict[str, str]:
@@ -82,9 +84,9 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     cpu = sglang.on_cpu(spec)
     name = spec.served_model_name or path
     host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
-    logs = {role: Path(spec.run_dir or ".") / "server" / f"sglang-pd-{role}.log" for role in ROLES}
+    logs = instance_logs(spec)
     *http, boot = vllm_pd.quiet_ports(len(ROLES) + 1)  # one call: distinct ports
-    devices = {} if cpu else vllm_pd.gpu_split(spec, {})
+    devices = {} if cpu else vllm_pd.gpu_split(spec)
     plan: dict = {"name": "sglang-pd", "host": spec.host, "port": spec.port, "model_name": name,
                   "ready_timeout_s": spec.ready_timeout_s * 0.95, "warmup_timeout_s": float(o["warmup_timeout_s"]),
                   "warmup_path": str(logs["prefill"].parent / "sglang-pd-warmup.json"),
@@ -114,7 +116,7 @@ class PDObserver:
     sglang-pd-legs.jsonl (timed from one start: SGLang asks both instances at once)."""
 
     def __init__(self, spec: ServerSpec, model: dict):
-        self.logs = {role: Path(spec.run_dir or ".") / "server" / f"sglang-pd-{role}.log" for role in ROLES}
+        self.logs = instance_logs(spec)
         self.backend = options(spec)["transfer_backend"]
 
     def verify(self, fabric) -> dict:

@@ -40,7 +40,7 @@ from pathlib import Path
 from workloads.core.errors import UsageError
 from workloads.fabric.netns import IFNAME, EmuSpec, emulated_nodes
 from workloads.inference.adapters import vllm
-from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, model_path
+from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
 from workloads.inference.adapters.sglang import host_has_gpu
 
 ROLES = ("prefill", "decode")
@@ -76,9 +76,8 @@ def known_connectors(spec: ServerSpec) -> list[str] | None:
     python = spec.python or (str(vllm.ENGINE_ENV / "bin" / "python") if (vllm.ENGINE_ENV / "bin").exists() else None)
     if not python:
         return None
-    for f in sorted(Path(python).parent.parent.glob(f"lib/python3*/site-packages/{FACTORY}")):
-        return re.findall(r'register_connector\(\s*"(\w+)"', f.read_text())
-    return None
+    text = engine_source(python, FACTORY)
+    return None if text is None else re.findall(r'register_connector\(\s*"(\w+)"', text)
 
 
 def spans_emulated_nodes(server: dict, nodes: int) -> None:
@@ -108,7 +107,7 @@ def check_available(spec: ServerSpec, server: dict) -> None:
     if spec.ready_timeout_s <= 10:
         raise UsageError(f"server.ready_timeout_s={spec.ready_timeout_s:g} leaves no time to start two vLLM instances")
     nixl_env(o, spec.env)
-    gpu_split(spec, o)
+    gpu_split(spec)
 
 
 def two_real_nodes(spec: ServerSpec) -> bool:
@@ -196,7 +195,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         plan["proxy"] = spec.node_rank == 0
         if spec.node_rank == 1:  # node 0's proxy, on server.port at node 0's address: up while its sweep runs
             plan["watch"] = f"http://{spec.dist_init_addr.rsplit(':', 1)[0]}:{spec.port}{spec.health_path}"
-    devices = gpu_split(spec, o)
+    devices = gpu_split(spec)
     bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
     for i, (role, log) in enumerate(instance_logs(spec).items()):
         port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
@@ -240,7 +239,7 @@ def visible_gpus() -> list[str]:
     return sorted((p.name[len("nvidia"):] for p in Path("/dev").glob("nvidia[0-9]*")), key=int)
 
 
-def gpu_split(spec: ServerSpec, o: dict) -> dict[str, dict[str, str]]:
+def gpu_split(spec: ServerSpec) -> dict[str, dict[str, str]]:
     """On one node with GPUs each instance gets its own: the prefill the first server.tp visible
     GPUs, the decode the next server.tp (CUDA_VISIBLE_DEVICES per instance). Both would otherwise
     start on GPU 0 and take its memory twice, and the KV cache would never leave that GPU (whatever
