@@ -185,6 +185,13 @@ class Recorded:
         rec = self.record
         if self.noise is not None:
             self.noise.stamp(rec)
+        raised = exc
+        if signals.received() and not isinstance(exc, KeyboardInterrupt):
+            # The stop's exception turned into another one, or swallowed: library code caught it
+            # (seen in a full run: aiohttp made it a ClientPayloadError of one request, the
+            # load generator counted that request failed, and the sweep finished as "partial",
+            # exit 1, no line). The point ends as the interruption it is, whatever became of it.
+            exc = signals.interruption()
         if exc is None:
             if rec.get("status") == "running":
                 rec["status"] = "ok"
@@ -210,6 +217,8 @@ class Recorded:
             inflight.after_writer_died(self.writer, self.info.rank, exc)
         if getattr(exc, "agreed", False) and self.info is not None:  # every rank raised it: none leaves first
             fdist.wait_for_writer(self.info)
+        if exc is not raised:
+            raise exc from raised
         return False
 
 

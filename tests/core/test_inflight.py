@@ -135,10 +135,11 @@ def test_the_copy_is_written_once_every_rank_knows_where(tmp_path):
     assert json.loads(rec.read_text())["status"] == "ok" and not list(out.glob(".inflight/*"))
 
 
-def test_an_error_after_a_signal_is_recorded_as_the_interruption(tmp_path, monkeypatch):
+def test_an_error_after_a_signal_is_recorded_and_raised_as_the_interruption(tmp_path, monkeypatch):
     """A rank asked to stop whose interruption Python dropped (workloads/core/signals.py) then
     fails on a stopped peer: its record says interrupted, as the entry point's line does, not
-    the peer's error as if it were the fabric's."""
+    the peer's error as if it were the fabric's; and the point ends as that interruption (exit
+    143), not as the error. Without a signal the error is the error."""
     import signal
 
     import pytest
@@ -146,11 +147,34 @@ def test_an_error_after_a_signal_is_recorded_as_the_interruption(tmp_path, monke
     from workloads.core import signals
     from workloads.session import Recorded
 
-    for received, error in [(None, "RuntimeError: Connection closed by peer"),
-                            (signal.SIGTERM, "interrupted (Ctrl-C or SIGTERM)")]:
+    for received, raised, error in [(None, RuntimeError, "RuntimeError: Connection closed by peer"),
+                                    (signal.SIGTERM, signals.Terminated, "interrupted (Ctrl-C or SIGTERM)")]:
         monkeypatch.setattr(signals, "_received", received)
         point = Recorded(new_record("pretrain", config={"trial": 0}, run_id="r"), tmp_path / str(received),
                          "point", write=True)
-        with pytest.raises(RuntimeError), point:
+        with pytest.raises(raised), point:
             raise RuntimeError("Connection closed by peer")
         assert json.loads(point.path.read_text())["error"] == error
+
+
+def test_a_signal_library_code_swallowed_still_ends_the_point(tmp_path, monkeypatch):
+    """SIGTERM's exception raised inside a library that catches it as any other error (aiohttp
+    made it one request's ClientPayloadError; the load generator counted a failed request and
+    the point ran to its end, seen in CI): the point is recorded as interrupted, what it
+    measured kept, and the interruption raised, so the sweep stops with exit 143 rather than
+    going on or ending "partial" with exit 1."""
+    import signal
+
+    import pytest
+
+    from workloads.core import signals
+    from workloads.session import Recorded
+
+    monkeypatch.setattr(signals, "_received", signal.SIGTERM)
+    point = Recorded(new_record("inference", config={"trial": 0}, run_id="r"), tmp_path, "point", write=True)
+    with pytest.raises(signals.Terminated), point as rec:
+        rec["metrics"] = {"completed": 2, "failed": 1}
+        rec["status"], rec["error"] = "partial", "1 of 3 requests failed"
+    saved = json.loads(point.path.read_text())
+    assert (saved["status"], saved["error"], saved["metrics"]) == \
+        ("failed", "interrupted (Ctrl-C or SIGTERM)", {"completed": 2, "failed": 1})
