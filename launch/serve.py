@@ -38,7 +38,7 @@ def run(cfg, overrides):
 
 
 if __name__ == "__main__":
-    from workloads.core.launcher import hydra_entry
+    from workloads.commands.entry import hydra_entry
 
     # torchrun places the ranks (one per TP shard); see the contract above.
     hydra_entry(__file__, run, config_name="serve", distributed=False)

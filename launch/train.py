@@ -23,6 +23,6 @@ def run(cfg, overrides):
 
 
 if __name__ == "__main__":
-    from workloads.core.launcher import hydra_entry
+    from workloads.commands.entry import hydra_entry
 
     hydra_entry(__file__, run)

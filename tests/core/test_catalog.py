@@ -50,7 +50,7 @@ def echo(tmp_path, monkeypatch):
 
 
 def test_a_registered_workload_reaches_the_launcher_and_the_logger(echo):
-    from workloads.core.launcher import validate_job
+    from workloads.core.config import validate_job
     from workloads.core.loggers import Tracking, _default_group
 
     cfg = OmegaConf.create({"workload": {"name": "echo"}, "model": {"name": "neox-tiny"},

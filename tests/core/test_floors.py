@@ -16,12 +16,12 @@ from helpers import REPO
 # room (first component under workloads/, or the top-level package) -> floor; higher may import lower
 FLOORS = {
     "workloads": 0, "catalog": 0,                    # the checkout's paths; what a workload is
-    "core": 1,                                       # errors, dist, records, loggers, launcher
+    "core": 1,                                       # errors, dist, records, loggers, config, signals
     "fabric": 2, "models": 2,                        # fabric profiles and proof; the models
     "session": 3,                                    # the opening every workload shares
     "training": 4, "collectives": 4, "inference": 4, "link": 4,  # the workloads
     "study": 5, "testing": 5, "analysis": 5,         # what runs or reads workloads
-    "commands": 6,                                   # fabricbench's dispatcher, doctor, the emulate command
+    "commands": 6,                                   # entry points' machinery, fabricbench's dispatcher, doctor, emulate
 }
 
 

@@ -89,7 +89,7 @@ def test_credentials_are_redacted_wherever_they_appear():
 
 
 def test_one_redaction_for_wandb_config_and_hydra_error_line():
-    from workloads.core.launcher import _report_job_error
+    from workloads.commands.entry import _report_job_error
     from workloads.core.loggers import record_to_wandb
 
     config, summary = record_to_wandb({"workload": "inference", "config": {"fabric": {"env": {"HF_TOKEN": HF}}},
@@ -167,7 +167,7 @@ def test_a_trial_is_recorded_once_even_when_written_concurrently(tmp_path):
 
 
 def test_override_goes_beside_the_others():
-    from workloads.core.launcher import add_override
+    from workloads.core.config import add_override
 
     argv = ["collectives.py", "-m", "trial=0,1"]
     add_override(argv, "workload=collectives")

@@ -187,7 +187,7 @@ def test_a_stop_that_lands_while_a_rank_ends_ends_it_quietly_with_its_status():
 # failure, as a rank whose peers did stop meets it.
 _LOST = """
 import os, signal, sys, weakref
-from workloads.core import launcher
+from workloads.commands import entry
 
 def run(cfg, overrides):
     class Owner: pass
@@ -198,7 +198,7 @@ def run(cfg, overrides):
     print("carried on", flush=True)
     {then}
 
-launcher.hydra_entry(__file__, run, distributed=False)
+entry.hydra_entry(__file__, run, distributed=False)
 """
 
 
@@ -225,7 +225,7 @@ def test_an_interruption_python_dropped_still_interrupts(tmp_path, sig, code, th
 _BETWEEN_JOBS = """
 import os, signal
 from hydra._internal import config_loader_impl
-from workloads.core import launcher
+from workloads.commands import entry
 
 load = config_loader_impl.ConfigLoaderImpl.load_sweep_config
 jobs = []
@@ -245,7 +245,7 @@ def run(cfg, overrides):
     jobs.append(cfg.trial)
     print("job", cfg.trial, flush=True)
 
-launcher.hydra_entry(__file__, run, distributed=False)
+entry.hydra_entry(__file__, run, distributed=False)
 """
 
 

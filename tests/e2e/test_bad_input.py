@@ -350,7 +350,7 @@ def test_a_run_both_on_disk_and_in_wandb_is_one_trial(tmp_path, capsys):
 def test_a_peer_rank_gone_is_one_line_not_a_traceback():
     """What Gloo raises in a surviving rank when another left mid-collective (seen after a full
     disk ended rank 0 with its own error line) is told apart from a bug, whose traceback stays."""
-    from workloads.core.launcher import _peer_lost
+    from workloads.commands.entry import _peer_lost
 
     gloo = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:20903: Connection reset by peer. "
                         "This is typically caused by a remote worker hanging")

@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from helpers import REPO
 from workloads.collectives.settings import Settings
-from workloads.core.launcher import compose
+from workloads.core.config import compose
 
 
 def settings(*overrides, world=2, env=None):

@@ -28,7 +28,7 @@ REPO = HERE.parents[2]
 
 # What the entry points import before their first validation: importing it once in the server
 # is the whole saving (torch alone is ~4 s of CPU per process on this machine).
-PRELOAD = ("torch", "hydra", "omegaconf", "workloads.core.launcher", "workloads.commands.cli", "workloads.session",
+PRELOAD = ("torch", "hydra", "omegaconf", "workloads.core.config", "workloads.commands.entry", "workloads.commands.cli", "workloads.session",
            "workloads.training.run", "workloads.collectives.run", "workloads.inference.run", "workloads.commands.emulate",
            "workloads.commands.doctor", "workloads.commands.compare", "workloads.commands.report", "analysis.report",
            "analysis.compare", "transformers", "tokenizers")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from helpers import REPO, child_env
-from workloads.core.launcher import only_root_groups, root_groups
+from workloads.commands.entry import only_root_groups, root_groups
 
 HYDRA_HELP = """launcher is powered by Hydra.
 

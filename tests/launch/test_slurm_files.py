@@ -252,8 +252,8 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
     """Each example runs its batch file under Slurm shims up to the engine or torchrun (which
     need GPUs: stand-ins record what they were given), then the job's own validation runs on
     what reached them: the composed config, the TP degree against the model, the ranks."""
-    from workloads import session
-    from workloads.core import launcher
+    from workloads import CONF_DIR, session
+    from workloads.core import config
     from workloads.fabric.profile import FabricProfile
 
     _shims(tmp_path / "bin")
@@ -292,8 +292,8 @@ def test_documented_multi_node_example_validates(tmp_path, monkeypatch, where, w
     monkeypatch.setattr(session, "preflight", lambda fabric: None)
     monkeypatch.setattr(FabricProfile, "check_backend_usable", lambda self: None)
     workload = [] if script.endswith("train.py") else ["workload=collectives"]
-    cfg = launcher.compose(launcher.CONF_DIR, [*workload, *overrides, f"output_root={tmp_path / 'results'}"])
-    launcher.validate_job(cfg, nproc * nnodes)
+    cfg = config.compose(CONF_DIR, [*workload, *overrides, f"output_root={tmp_path / 'results'}"])
+    config.validate_job(cfg, nproc * nnodes)
 
 
 _HEAD = ("import http.server, sys\n"

@@ -15,8 +15,8 @@ import pytest
 
 from helpers import REPO, child_env, records_in, run_entry
 from workloads import CONF_DIR
+from workloads.core.config import compose, validate_job
 from workloads.core.errors import UsageError
-from workloads.core.launcher import compose, validate_job
 from workloads.link.run import start_server
 from workloads.link.tools import Options, Tool, ToolFailed
 

@@ -182,7 +182,7 @@ def test_a_read_only_output_root_is_one_line(tmp_path):
 # --- one run's command ------------------------------------------------------------------
 
 def test_cell_command_carries_the_study_cell_in_one_override(tmp_path):
-    from workloads.core.launcher import compose
+    from workloads.core.config import compose
 
     s = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "my out"))
     jobs = plan(s)

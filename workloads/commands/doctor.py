@@ -83,7 +83,7 @@ def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from workloads import CONF_DIR
-    from workloads.core.launcher import compose
+    from workloads.core.config import compose
     from workloads.core.rundir import register_resolvers
     from workloads.fabric.profile import FabricProfile
 

@@ -234,7 +234,7 @@ def run(args, conf_dir: str | None = None) -> int:
                                            jobs=args.jobs, check_served=check_emulated)
         output_root = None
         if args.jobs != 1:
-            from workloads.core.launcher import compose
+            from workloads.core.config import compose
             from workloads.fabric.jobs import split
 
             split(spec.nodes, args.jobs)
@@ -299,7 +299,7 @@ def _check_entry(args) -> bool:
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
     if len(runs) == 1 and runs[0].overrides and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
-        from workloads.core.launcher import add_override
+        from workloads.core.config import add_override
 
         # as that entry point does itself, and in the same place: beside the other overrides,
         # never before a -m (Hydra would then take the rest as unrecognized arguments)
@@ -347,7 +347,7 @@ def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:
 
 def agent_main(torchrun_args: Sequence[str]) -> int:
     """`python -m workloads.commands.emulate --agent <torchrun args>`: torchrun in this namespace."""
-    from workloads.core.launcher import torchrun
+    from workloads.commands.entry import torchrun
 
     return torchrun(list(torchrun_args))
 
@@ -379,7 +379,7 @@ def _serve(nodes: list[str], argvs: list[list[str]], envs: list[dict[str, str]])
 
 
 if __name__ == "__main__":
-    from workloads.core.launcher import end  # torchrun's agent ran here: no interpreter teardown
+    from workloads.commands.entry import end  # torchrun's agent ran here: no interpreter teardown
 
     if sys.argv[1:2] == ["--agent"]:
         end(agent_main(sys.argv[2:]))

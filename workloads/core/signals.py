@@ -46,7 +46,7 @@ def _noted(signum: int) -> None:
     # exception raised inside library code there can come out as another one (OmegaConf's
     # flag_override turned one into "AttributeError: 'NoneType' object has no attribute
     # '_invalidate_flags_cache'" between two jobs of a sweep, a full run's traceback wall): with
-    # this set Hydra re-raises it instead, and the entry point says "interrupted" (launcher.py).
+    # this set Hydra re-raises it instead, and the entry point says "interrupted" (commands/entry.py).
     os.environ["HYDRA_FULL_ERROR"] = "1"
 
 

@@ -23,7 +23,7 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
                         **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
     trial=0,1,2,3) and read its fabric's emulate: block; one topology serves them all."""
-    from workloads.core.launcher import compose, expand_sweep, validate_job
+    from workloads.core.config import compose, expand_sweep, validate_job
 
     plain = [o for o in overrides if o not in ("-m", "--multirun")]
     points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]

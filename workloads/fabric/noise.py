@@ -422,7 +422,7 @@ def from_overrides(conf_dir: str, overrides: Sequence[str], config_name: str) ->
     the caller must hand to the ranks."""
     from omegaconf import OmegaConf
 
-    from workloads.core.launcher import compose, expand_sweep
+    from workloads.core.config import compose, expand_sweep
     from workloads.core.rundir import derive_run_id
 
     plain = [o for o in overrides if o not in ("-m", "--multirun")]

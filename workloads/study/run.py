@@ -36,8 +36,8 @@ from pathlib import Path
 from statistics import median
 
 from workloads import CONF_DIR, REPO_ROOT
+from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
-from workloads.core.launcher import hydra_value
 from workloads.core.records import iter_records
 from workloads.core.rundir import derive_run_id
 from workloads.core.signals import stop_group
@@ -110,7 +110,7 @@ def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.execut
 def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
     """Compose the job's config (a bad override is one message before anything runs);
     an inference sweep writes one record per load point, named as its records name it."""
-    from workloads.core.launcher import compose
+    from workloads.core.config import compose
 
     if not workload.kind.served:
         overrides = [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"]
@@ -123,7 +123,7 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
 
             spec_from_overrides(CONF_DIR, overrides)
         elif not os.environ.get("SLURM_JOB_ID"):
-            from workloads.core.launcher import validate_job
+            from workloads.core.config import validate_job
 
             validate_job(cfg, int(cfg.launcher.nproc_per_node))
         return ("",)

@@ -205,7 +205,7 @@ def _primary(value: Any, what: str, entry: str) -> tuple[str | None, str | None]
 
 
 def _workloads(raw: Any) -> tuple[Workload, ...]:
-    from workloads.core.launcher import expand_sweep
+    from workloads.core.config import expand_sweep
 
     if not isinstance(raw, list) or not raw:
         raise UsageError("workloads: give a list, e.g. [{name: ar, entry: collectives, overrides: [...]}]")

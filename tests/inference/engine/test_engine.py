@@ -234,7 +234,8 @@ def test_reference_server_warms_up_before_check_transport(tmp_path):
 
     script = f"""
 import sys, torch.distributed as dist
-from workloads.core import launcher, rundir
+from workloads import CONF_DIR
+from workloads.core import config, rundir
 from workloads.inference.engine import run
 sizes, real = [], dist.all_reduce
 dist.all_reduce = lambda t, **kw: (sizes.append(t.numel()), real(t, **kw))[1]
@@ -243,7 +244,7 @@ def spy(fabric, run_dir, info):
     raise SystemExit(0)
 run.check_transport = spy
 rundir.register_resolvers()
-cfg = launcher.compose(launcher.CONF_DIR, ["model=neox-tiny", "fabric=loopback", "output_root={tmp_path}"], "serve")
+cfg = config.compose(CONF_DIR, ["model=neox-tiny", "fabric=loopback", "output_root={tmp_path}"], "serve")
 run.run_server(cfg)
 """
     r = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True, text=True,

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from workloads import REPO_ROOT
+from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
-from workloads.core.launcher import hydra_value
 from workloads.fabric.netns import emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, tp_spans_nodes
 from workloads.inference.protocol import dense_only
