@@ -153,9 +153,20 @@ def _root() -> bool:
 def pytest_configure(config):
     """FB_TEST_CPU_LOG=<file>: one line per test phase with its wall and CPU seconds (this
     process and the children it waited for): where the suite's time goes, independent of how
-    busy the machine is."""
-    import os
+    busy the machine is.
 
+    SIGINT is caught here, whatever this process inherited. A suite started as a background job
+    of a non-interactive shell (`make test &`, `(... &)` in a script) inherits SIGINT ignored
+    (POSIX), an exec keeps an ignored signal ignored, and the Ctrl-C tests' processes then never
+    saw the SIGINT they were sent: they ran to their end, exit 0 (seen here: 3 such failures in
+    one full run, none in the same tree started otherwise). Those tests play a terminal's
+    Ctrl-C, which reaches a foreground process whose SIGINT is at its default; a caught signal
+    is reset to that default in every child this process execs."""
+    import os
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     path = os.environ.get("FB_TEST_CPU_LOG")
     if path:
         config.pluginmanager.register(_CpuLog(path), "fb-cpu-log")
