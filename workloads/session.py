@@ -121,10 +121,10 @@ def traced(exc: BaseException, tb) -> tuple[str, str]:
 def failure(exc: BaseException, tb) -> tuple[str, str | None]:
     """A failed point's (error, traceback or None) in a rank's record: a UsageError's message
     alone (the config's fault, which the user fixes from that line), "interrupted (Ctrl-C or
-    SIGTERM)" for a stop or whatever followed one (signals.py), else `traced`."""
+    SIGTERM)" for a stop (Recorded hands whatever followed one over as the stop), else `traced`."""
     if isinstance(exc, UsageError):
         return str(exc), None
-    if isinstance(exc, KeyboardInterrupt) or signals.received():  # or what stopping did (signals.py)
+    if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C or SIGTERM)", None
     return traced(exc, tb)
 
@@ -134,7 +134,9 @@ class Recorded:
     way out the record's status is "ok" (unless the body set its own), or "failed" with
     `describe(exc, tb)`'s error and traceback (`failure`: the traceback of anything that is
     not a UsageError), and it is written when `write` is true. The exception, if any, still
-    propagates. `noise`: count the emulated run's background traffic from entering to
+    propagates. Once this process has been asked to stop (signals.py) the point ends as that
+    interruption, whatever became of the signal's exception in library code: another
+    exception, or none at all. `noise`: count the emulated run's background traffic from entering to
     leaving; false where the body counts its own, narrower window.
 
     With `info` (the process group), entering first skips a trial that an ok record in
