@@ -27,8 +27,12 @@ def check_metrics_match_the_samples(recs: list[dict], requests: int, out_len: in
         assert m["median_tpot_ms"] == pytest.approx(np.median(tpot) * 1e3, rel=1e-9)
         assert m["p99_e2el_ms"] == pytest.approx(np.percentile(lat, 99) * 1e3, rel=1e-9)
         assert m["median_itl_ms"] == pytest.approx(np.median(itl) * 1e3, rel=1e-9)
-        # A streamed answer of out_len tokens has at most out_len - 1 gaps between content chunks.
-        assert all(1 <= len(q["itl_s"]) <= out_len - 1 for q in rows)
+        # A streamed answer of out_len tokens has at most out_len - 1 gaps between content chunks,
+        # and may have none: a server whose consumer lags merges its deltas into one chunk (vLLM
+        # v1's RequestOutputCollector.put; stop 36's CI saw it on the P/D decode instance).
+        assert all(len(q["itl_s"]) <= out_len - 1 for q in rows)
+        # the gaps lie between the first content chunk (TTFT) and the last chunk with a choice (E2E)
+        assert all(q["ttft_s"] + sum(q["itl_s"]) <= q["latency_s"] + 1e-9 for q in rows)
         # <=: a loaded box can deliver all of an answer's chunks in one read (ITL 0, E2E = TTFT).
         assert 0 < ttft.min() and (ttft <= lat).all() and m["duration"] >= lat.max()
 
