@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from workloads.collectives import ops
 from workloads.collectives.harness import count_wrong
-from workloads.core.dist import end_group_and_exit, free_port
+from workloads.core.dist import end_group_and_exit
+from workloads.core.ports import free_port
 
 
 def test_size_matrices_worked_values():

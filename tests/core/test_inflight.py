@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from workloads.core import inflight
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 from workloads.core.records import new_record
 
 

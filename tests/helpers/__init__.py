@@ -48,6 +48,15 @@ def run_entry(script: str, *overrides: str, torchrun: int | None = None, timeout
     return subprocess.run(cmd, cwd=cwd, env=env or child_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def quiet_port() -> int:
+    """server.port for a real engine's sweep: one that servers bind after their model loads (or
+    after their instances start) must not be in the ephemeral range, where an outgoing
+    connection can take it meanwhile (workloads/core/ports.py)."""
+    from workloads.core.ports import quiet_ports
+
+    return quiet_ports(1)[0]
+
+
 def records_in(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(Path(root).rglob("records/*.json"))]
 

@@ -27,10 +27,9 @@ import pytest
 import yaml
 
 from analysis.stats import hodges_lehmann, permutation_p
-from helpers import REPO, child_env, need, records_in, run_entry
+from helpers import REPO, child_env, need, quiet_port, records_in, run_entry
 from helpers.hf_tiny import model_dir
 from helpers.serving_checks import check_gloo_ranks_on_lo, check_metrics_match_the_samples
-from workloads.core.dist import free_port
 from workloads.fabric.netns import leftovers
 from workloads.inference.adapters.sglang import _cpu_binding
 
@@ -63,7 +62,7 @@ def sweep(request, sglang_env, tmp_path_factory):
     tp = request.param
     _, model = _llama(tmp_path_factory)
     out = tmp_path_factory.mktemp("results")
-    r = run_entry("infer.py", "server=sglang", *model, f"server.tp={tp}", f"server.port={free_port()}",
+    r = run_entry("infer.py", "server=sglang", *model, f"server.tp={tp}", f"server.port={quiet_port()}",
                   "server.ready_timeout_s=900", "+fabric.env.NCCL_SOCKET_IFNAME=lo", f"output_root={out}",
                   "run_id=sglang", f"load.points=[{','.join(map(str, POINTS))}]", f"load.num_requests={REQUESTS}",
                   "load.warmup_requests=1", "load.dataset.input_len=24", f"load.dataset.output_len={OUT_LEN}",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, child_env, gone
-from workloads.core.dist import free_port
+from helpers import REPO, child_env, gone, quiet_port
+from workloads.core.ports import free_port
 from workloads.inference.loadgen.datasets import run_salt
 from workloads.testing.scripted_server import Running
 
@@ -119,7 +119,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
 def test_reference_engine_tp2_sweep(tmp_path):
     out = tmp_path / "res"
     r = _infer("server=reference", "server.tp=2", "fabric=loopback", "load.points=[1,2]", f"output_root={out}",
-               "run_id=ref", f"server.port={free_port()}", *SMALL, timeout=400)
+               "run_id=ref", f"server.port={quiet_port()}", *SMALL, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = _records(out)
     assert sorted(x["point"] for x in recs) == ["c1", "c2"]

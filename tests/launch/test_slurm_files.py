@@ -316,7 +316,7 @@ def test_a_worker_ends_with_node_0s_server(tmp_path, engine_exits):
     import threading
     import time
 
-    from workloads.core.dist import free_port
+    from workloads.core.ports import free_port
     from workloads.inference.worker import run_watched
 
     port, probed = free_port(), tmp_path / "probed"
@@ -350,7 +350,7 @@ def test_a_worker_whose_engine_fails_while_node_0_serves_gives_its_code(tmp_path
     import subprocess
     import sys
 
-    from workloads.core.dist import free_port
+    from workloads.core.ports import free_port
     from workloads.inference.worker import run_watched
 
     port = free_port()

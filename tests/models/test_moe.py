@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from workloads.core.dist import free_port
 from workloads.core.errors import UsageError
+from workloads.core.ports import free_port
 from workloads.models.moe import ExpertLayout, MoEConfig, MoEMLP, balance_loss, capacity, route, skew
 from workloads.testing import moe_parity
 from workloads.training.metrics import flops_per_iteration, moe_flops_per_iteration, summarize_moe

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import REPO
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 from workloads.models.neox import pad_vocab_size
 from workloads.training.metrics import (
     flops_per_iteration,

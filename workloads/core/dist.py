@@ -11,7 +11,6 @@ import atexit
 import contextlib
 import ctypes
 import os
-import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from workloads.core import signals
 from workloads.core.errors import UsageError
+from workloads.core.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,6 @@ def launch_env(environ: dict | None = None) -> tuple[int, int, int, int]:
         local_world = int(e.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
         return int(e["SLURM_PROCID"]), world, int(e.get("SLURM_LOCALID", 0)), local_world
     return 0, 1, 0, 1
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the kernel's pick); the caller binds it soon after."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def device_index(local_rank: int, visible: int) -> int:

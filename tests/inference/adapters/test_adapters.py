@@ -21,8 +21,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from helpers import REPO, alive
-from workloads.core.dist import free_port
 from workloads.core.errors import UsageError
+from workloads.core.ports import free_port
 from workloads.fabric.profile import FabricProfile
 from workloads.inference.adapters import get_adapter
 from workloads.inference.adapters.base import Launch, ServerSpec

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from helpers import REPO
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 from workloads.inference.adapters import builtin, get_adapter
 
 ENGINE = '''

@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, child_env, emulations_left, records_in, run_entry
+from helpers import REPO, child_env, emulations_left, quiet_port, records_in, run_entry
 from helpers.hf_tiny import model_dir
 from helpers.serving_checks import check_gloo_ranks_on_lo, check_metrics_match_the_samples
-from workloads.core.dist import free_port
 
 # A server start takes 1–2 min on an idle 2-core machine, far longer on a loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -50,7 +49,7 @@ def _sweep(tmp_path_factory, model: str, arch: str, tp: int, shape_over: dict) -
     out = tmp_path_factory.mktemp("results")
     r = run_entry("infer.py", "server=vllm", f"model={model}", *(f"model.{k}={v}" for k, v in shape_over.items()),
                   f"server.model_path={path}", f"server.tp={tp}",
-                  f"server.port={free_port()}",
+                  f"server.port={quiet_port()}",
                   # Eager: torch.compile's CPU kernels take minutes to build on 2 cores and are
                   # not what a fabric test measures.
                   "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager]",

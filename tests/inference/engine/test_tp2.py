@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers import REPO
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 
 TP_ATOL = 1e-5  # fp32; TP changes only the summation order of the two all_reduces per layer
 

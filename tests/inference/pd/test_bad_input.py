@@ -16,7 +16,7 @@ import time
 import pytest
 
 from helpers import child_env, records_in, run_entry
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 
 HEALTHY = ("import http.server, sys\n"
            "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -76,6 +76,29 @@ def test_a_decode_that_hangs_on_a_taken_port_is_not_waited_for(tmp_path):
     rc, out, _ = _serve(plan)
     assert rc == 3 and time.monotonic() - t0 < 30, out
     assert "error: vllm-pd: the decode instance cannot start: zmq.error.ZMQError: Address already in use" in out
+
+
+def test_the_proxys_port_is_held_from_the_start(tmp_path):
+    """serve.py binds the proxy's port before it starts any instance (an outgoing connection
+    could take the number during their minute of start-up): one taken by then ends it at once,
+    with one line, and no instance was started."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        plan = {"host": "127.0.0.1", "port": port, "model_name": "m", "ready_timeout_s": 600, "warmup_timeout_s": 5,
+                "warmup_path": str(tmp_path / "w.json"), "timings_path": str(tmp_path / "t.jsonl")}
+        for role in ("prefill", "decode"):
+            plan[role] = {"host": "127.0.0.1", "port": free_port(), "argv": [sys.executable, "-c", "import time; time.sleep(600)"],
+                          "env": {}, "log": str(tmp_path / f"{role}.log")}
+        rc, out, _ = _serve(plan)
+    assert rc == 3, out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        f"error: vllm-pd: server.port={port} on 127.0.0.1 cannot be bound for the proxy (Address already in use); "
+        "stop what holds it or choose another server.port"], out
+    assert not (tmp_path / "prefill.log").exists() and not (tmp_path / "decode.log").exists()
 
 
 def test_decode_never_ready(tmp_path):

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 from workloads.inference.pd.proxy import Proxy
 
 KV = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2]], "remote_engine_id": "e1",

@@ -13,7 +13,7 @@ import json
 import aiohttp
 from aiohttp import web
 
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 from workloads.inference.pd.proxy import Proxy
 
 SSE = [b'data: {"choices":[{"text":" w1"}]}\n\n', b"data: [DONE]\n\n"]

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import REPO, child_env, records_in
 from helpers.slurm_cluster import SlurmCluster, our_leftover_pids
-from workloads.inference.adapters.vllm_pd import quiet_ports
+from workloads.core.ports import quiet_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires("root", "slurm"), pytest.mark.timeout(1500)]
 

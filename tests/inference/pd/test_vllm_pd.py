@@ -21,9 +21,8 @@ import subprocess
 
 import pytest
 
-from helpers import records_in, run_entry
+from helpers import quiet_port, records_in, run_entry
 from helpers.serving_checks import check_metrics_match_the_samples
-from workloads.core.dist import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -35,7 +34,7 @@ def sweep(vllm_python, tiny_llama, tmp_path_factory):
     path = tiny_llama
     out = tmp_path_factory.mktemp("results")
     r = run_entry("infer.py", "server=vllm-pd", "model=llama-tiny", f"server.model_path={path}",
-                  f"server.port={free_port()}", "server.served_model_name=tiny",
+                  f"server.port={quiet_port()}", "server.served_model_name=tiny",
                   # eager: torch.compile's CPU kernels take minutes on 2 cores, and are not the KV path;
                   # uni: each engine in its API server's process (one import of vLLM, not three)
                   "server.extra_args=[--dtype,float32,--max-num-seqs,4,--enforce-eager,--distributed-executor-backend,uni]",

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from workloads.core.errors import UsageError
+from workloads.core.ports import quiet_ports
 from workloads.inference.adapters import sglang, vllm_pd
 from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
 
@@ -85,7 +86,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     name = spec.served_model_name or path
     host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
     logs = instance_logs(spec)
-    *http, boot = vllm_pd.quiet_ports(len(ROLES) + 1)  # one call: distinct ports
+    *http, boot = quiet_ports(len(ROLES) + 1, who="server=sglang-pd")  # one call: distinct ports
     devices = {} if cpu else vllm_pd.gpu_split(spec)
     plan: dict = {"name": "sglang-pd", "host": spec.host, "port": spec.port, "model_name": name,
                   "ready_timeout_s": spec.ready_timeout_s * 0.95, "warmup_timeout_s": float(o["warmup_timeout_s"]),

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import socket
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from workloads.core.errors import UsageError
+from workloads.core.ports import quiet_ports
 from workloads.fabric.netns import IFNAME, EmuSpec, emulated_nodes
 from workloads.inference.adapters import vllm
 from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
@@ -123,43 +122,6 @@ def kv_transfer_config(o: dict) -> dict:
             "kv_connector_extra_config": dict(o["kv_connector_extra_config"] or {})}
 
 
-def _ephemeral_floor() -> int:
-    """The kernel gives outgoing connections (and port-0 binds, free_port's) ports from here up."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def quiet_ports(count: int, width: int = 1, rng: random.Random | None = None) -> list[int]:
-    """`count` bases of `width` consecutive ports, each free now and below the ephemeral range.
-    vLLM binds its NIXL side channel and UCX its listeners minutes after start (after the model
-    loads); a free_port() (ephemeral) number is by then often another process's outgoing
-    connection on a busy host (seen: ZMQError Address already in use, and the instance hung).
-    Below the ephemeral range only explicit binds compete."""
-    rng = rng or random.Random()
-    top, out, taken = _ephemeral_floor() - width, [], set()
-    for _ in range(2000):
-        base = rng.randrange(10000, top)
-        ports = set(range(base, base + width))
-        if ports & taken or not all(_bindable(p) for p in ports):
-            continue
-        out.append(base)
-        taken |= ports
-        if len(out) == count:
-            return out
-    raise UsageError(f"server=vllm-pd found no {count} free port(s) below {top + width} for its instances")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 def _log_dir(spec: ServerSpec) -> Path:
     return Path(spec.run_dir or ".") / "server"
 
@@ -196,7 +158,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         if spec.node_rank == 1:  # node 0's proxy, on server.port at node 0's address: up while its sweep runs
             plan["watch"] = f"http://{spec.dist_init_addr.rsplit(':', 1)[0]}:{spec.port}{spec.health_path}"
     devices = gpu_split(spec)
-    bases = quiet_ports(2 * len(ROLES)) + quiet_ports(len(ROLES), UCX_PORTS)
+    bases = quiet_ports(2 * len(ROLES), who="server=vllm-pd") + quiet_ports(len(ROLES), UCX_PORTS, who="server=vllm-pd")
     for i, (role, log) in enumerate(instance_logs(spec).items()):
         port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
         if real and role == "decode":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from workloads.core.dist import free_port
+from workloads.core.ports import free_port
 from workloads.inference.adapters.orchestrator import HeadWatch, probe
 from workloads.inference.pd.proxy import Proxy
 
@@ -173,6 +174,12 @@ def main(argv: list[str]) -> int:
     global LABEL
     plan = json.loads(argv[0])
     LABEL = plan.get("name", LABEL)
+    try:
+        held = hold(plan["host"], int(plan["port"])) if plan.get("proxy", True) else None
+    except OSError as e:
+        print(f"error: {LABEL}: server.port={plan['port']} on {plan['host']} cannot be bound for the proxy "
+              f"({e.strerror}); stop what holds it or choose another server.port", flush=True)
+        return NOT_READY
     procs = {role: start(role, plan[role]) for role in ROLES if role in plan and not plan[role].get("remote")}
     if plan.get("pids_path"):  # where the observer reads each node's link counters (its namespace's /proc/<pid>/net)
         Path(plan["pids_path"]).write_text(json.dumps({"proxy": os.getpid()} | {r: p.pid for r, p in procs.items()}))
@@ -196,8 +203,23 @@ def main(argv: list[str]) -> int:
         print(f"error: {LABEL}: the warm-up P/D request failed twice: {warm['tries'][-1]['error']}", flush=True)
         stop(procs)
         return NOT_READY
-    web.run_app(proxy.app(), host=plan["host"], port=int(plan["port"]), print=None, access_log=None)
+    web.run_app(proxy.app(), sock=held, print=None, access_log=None)
     return 0
+
+
+def hold(host: str, port: int) -> socket.socket:
+    """The proxy's port, bound now and listened on once both instances are warm: the instances
+    take a minute to start, and an outgoing connection of theirs (or anyone's) could take the
+    number meanwhile (seen: the proxy's bind failed after a 40-s start-up, EADDRINUSE). Bound
+    but not listening, it refuses connections, so readiness probes still wait for the proxy."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's own bind does
+    try:
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 if __name__ == "__main__":
