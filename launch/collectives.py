@@ -20,11 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def run(cfg, overrides):
     from workloads.collectives.run import run_collectives
-    from workloads.core.errors import UsageError
 
-    if cfg.workload.name != "collectives":
-        raise UsageError(f"launch/collectives.py runs workload=collectives, not {cfg.workload.name}; "
-                         "add workload=collectives")
     run_collectives(cfg, overrides=overrides)
 
 

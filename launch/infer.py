@@ -26,4 +26,4 @@ def run(cfg, overrides):
 if __name__ == "__main__":
     from workloads.commands.entry import hydra_entry
 
-    hydra_entry(__file__, run, config_name="infer", distributed=False)
+    hydra_entry(__file__, run, workload="inference", distributed=False)

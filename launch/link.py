@@ -19,11 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run(cfg, overrides):
-    from workloads.core.errors import UsageError
     from workloads.link.run import run_link
 
-    if cfg.workload.name != "link":
-        raise UsageError(f"launch/link.py runs workload=link, not {cfg.workload.name}; add workload=link")
     run_link(cfg, overrides=overrides)
 
 

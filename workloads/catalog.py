@@ -51,7 +51,6 @@ class Workload:
     name: str                     # the record's `workload`, conf/workload/<name>.yaml
     display: str                  # how the report names it
     script: str                   # the entry point, relative to the checkout
-    config: str = "config"        # the Hydra config root the script composes
     overrides: tuple[str, ...] = ()   # what choosing this workload on the script's command line takes
     validator: str | None = None  # module whose validate(cfg, world) checks a job before any rank starts
     primary: Callable[[Iterable[str]], str | None] = lambda names: None  # the metric judged on, among names
@@ -120,7 +119,7 @@ register(Workload("collectives", "Collectives", "launch/collectives.py", overrid
                   primary_text="all_reduce bus bandwidth at the largest size", headline=("*/avg_busbw(GB/s)",),
                   not_applicable=("model", "parallel"), group="collectives-ws{world}"))
 # the served model applies; the training parallel strategy does not
-register(Workload("inference", "Inference", "launch/infer.py", config="infer", primary=named("request_throughput"),
+register(Workload("inference", "Inference", "launch/infer.py", overrides=("workload=inference",), primary=named("request_throughput"),
                   primary_text="request_throughput at the heaviest load point",
                   # server=vllm-pd adds the KV transfer's time and its share of TTFT (absent elsewhere)
                   headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms", "kv_xfer_ms_mean", "kv_ttft_share"),

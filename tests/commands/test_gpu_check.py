@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from helpers import REPO
+from workloads import catalog
 from workloads.commands import gpu_check
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -143,13 +144,11 @@ def test_every_step_composes_with_the_real_configs(tmp_path):
     from workloads.core import rundir
 
     rundir.register_resolvers()
-    names = {"launch/train.py": "config", "launch/collectives.py": "config", "launch/infer.py": "infer"}
     for name, argv, limit in gpu_check.steps(2, "intranode", tmp_path):
-        overrides = [a for a in argv[1:]]
-        if argv[0] == "launch/collectives.py":
-            overrides.append("workload=collectives")
+        # as the entry point composes them: its workload selected (workload=collectives, inference)
+        overrides = [*catalog.for_script(argv[0])[0].overrides, *argv[1:]]
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-            cfg = compose(config_name=names[argv[0]], overrides=overrides)
+            cfg = compose(config_name="config", overrides=overrides)
         assert cfg.fabric.name == "intranode" and cfg.fabric.backend == "nccl", name
         assert limit <= 180
     assert sum(limit for _, _, limit in gpu_check.steps(8, "intranode", tmp_path)) < 600  # the 10-minute budget
@@ -287,7 +286,7 @@ def test_the_pd_step_composes_with_the_real_configs(tmp_path):
     rundir.register_resolvers()
     name, argv, limit = gpu_check.pd_step("intranode", tmp_path, "/opt/vllm/bin/python", "/models/l8b", "llama-3.1-8b")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="infer", overrides=argv[1:])
+        cfg = compose(config_name="config", overrides=["workload=inference", *argv[1:]])
     assert (name, cfg.server.adapter, cfg.server.python, cfg.server.model_path) == (
         "serve/pd", "vllm_pd", "/opt/vllm/bin/python", "/models/l8b")
     assert cfg.model.name == "llama-3.1-8b" and cfg.fabric.backend == "nccl" and limit == gpu_check.PD_LIMIT_S

@@ -142,13 +142,21 @@ def test_secrets_are_redacted_and_metrics_are_not():
         "+fabric.env.MY_SECRET_TOKEN=<redacted>", "train.max_tokens=3", "fabric=roce"]
 
 
-def _roots() -> dict[str, list[str]]:
-    """Each root config under conf/ and the groups its defaults list composes, read from the
-    files themselves: a group added to a root is built below without editing this test."""
-    roots = {}
-    for path in sorted(CONF.glob("*.yaml")):
-        entries = yaml.safe_load(path.read_text()).get("defaults", [])
-        roots[path.stem] = [k for e in entries if isinstance(e, dict) for k in e if (CONF / k).is_dir()]
+def _groups(path) -> list[str]:
+    entries = yaml.safe_load(path.read_text()).get("defaults", [])
+    return [k.lstrip("/") for e in entries if isinstance(e, dict) for k in e if (CONF / k.lstrip("/")).is_dir()]
+
+
+def _roots() -> dict[str, tuple[str, list[str], list[str]]]:
+    """What composes each group, read from the files themselves, so that a group added to a root
+    or a workload is built below without editing this test: each root config under conf/ with
+    the groups its defaults list composes, and each workload that brings groups of its own
+    (inference: server, load) as `workload=<name>` on the root config, with those groups.
+    Values: (config name, the overrides that select it, groups)."""
+    roots = {path.stem: (path.stem, [], _groups(path)) for path in sorted(CONF.glob("*.yaml"))}
+    for path in sorted((CONF / "workload").glob("*.yaml")):
+        if groups := _groups(path):
+            roots[f"workload={path.stem}"] = ("config", [f"workload={path.stem}"], groups)
     return roots
 
 
@@ -158,18 +166,18 @@ NOT_HYDRA_GROUPS = {"local": "a cluster's own optional overrides (git-ignored)",
 
 
 def test_every_group_folder_is_composed_by_a_root():
-    composed = {g for groups in ROOTS.values() for g in groups}
+    composed = {g for _, _, groups in ROOTS.values() for g in groups}
     folders = {p.name for p in CONF.iterdir() if p.is_dir()}
-    assert ROOTS.keys() >= {"config", "infer", "serve"}
+    assert ROOTS.keys() >= {"config", "workload=inference", "serve"}
     assert folders - set(NOT_HYDRA_GROUPS) == composed, "a conf/ folder no root composes, or a root's group without a folder"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml")))
 def test_every_hydra_launcher_composes(name, tmp_path):
     """hydra/launcher files compose (and resolve) on every root that sweeps."""
-    for root in ("config", "infer"):
+    for base in ([], ["workload=inference"]):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name=root, overrides=[f"hydra/launcher={name}", f"output_root={tmp_path}"],
+            cfg = compose(config_name="config", overrides=[*base, f"hydra/launcher={name}", f"output_root={tmp_path}"],
                           return_hydra_config=True)
         launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
         assert launcher["_target_"].startswith("hydra_plugins."), launcher
@@ -185,6 +193,10 @@ def _build(root: str, group: str, cfg, tmp_path, monkeypatch):
         from workloads.link.run import settings
 
         return settings(cfg)  # its Options; the whole validate also needs iperf3 here (tests/link)
+    if group == "workload" and cfg.workload.name == "inference":
+        from workloads.inference.run import validate as validate_sweep
+
+        return validate_sweep(cfg, [])  # the SweepPlan, on the workload's own server and load defaults
     if group in ("parallel", "workload") and cfg.workload.name != "collectives":
         return validate(cfg, 2)  # a TrainPlan: batch layout, engine settings, the parallel dict
     if group == "workload":
@@ -211,7 +223,7 @@ def _build(root: str, group: str, cfg, tmp_path, monkeypatch):
     return validate_sweep(cfg, [])  # server and load: the SweepPlan (adapter command, points, prompts)
 
 
-@pytest.mark.parametrize("root,group", [(r, g) for r, groups in ROOTS.items() for g in groups])
+@pytest.mark.parametrize("root,group", [(r, g) for r, (_, _, groups) in ROOTS.items() for g in groups])
 def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monkeypatch):
     names = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
     assert names, group
@@ -219,23 +231,23 @@ def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monk
         extra = [f"output_root={tmp_path}"]
         if name == "finetune":
             extra.append("init.checkpoint=/nonexistent")
-        if root == "infer" and group == "server":
+        if root == "workload=inference" and group == "server":
             extra += {"external": ["server.url=http://127.0.0.1:9"], "sglang": ["model=llama-3.1-8b", f"server.python={sys.executable}"],
                       "vllm": ["model=llama-3.1-8b"], "vllm-pd": ["model=llama-3.1-8b"],
                       # GPUs only (it refuses a CPU host): composed as for a GPU node
                       "sglang-pd": ["model=llama-3.1-8b", f"server.python={sys.executable}", "server.device=cuda"],
                       }.get(name, [])
-        if root == "infer" and group == "load":  # GPU-sized loads: against a server of that size
+        if root == "workload=inference" and group == "load":  # GPU-sized loads: against a server of that size
             extra += ["server=external", "server.url=http://127.0.0.1:9", "model=llama-3.1-8b"]
         if root == "config" and group == "fabric" or group == "model" and root != "serve":
             # fabric/model files are checked as objects here; a GPU fabric or a served-only
             # model cannot also pass a CPU workload's validation.
             with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-                cfg = compose(config_name=root, overrides=[f"{group}={name}", *extra])
+                cfg = compose(config_name=ROOTS[root][0], overrides=[*ROOTS[root][1], f"{group}={name}", *extra])
             assert _build(root, group, cfg, tmp_path, monkeypatch) is not None
             continue
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name=root, overrides=[f"{group}={name}", *extra])
+            cfg = compose(config_name=ROOTS[root][0], overrides=[*ROOTS[root][1], f"{group}={name}", *extra])
         assert (cfg.workload.name if group == "workload" else cfg[group].name) == name, (root, group, name)
         if root == "serve" and group == "server" and name != "reference":
             with pytest.raises(UsageError, match="reference engine only"):

@@ -20,6 +20,7 @@ from helpers.wandb_fake import FakeApi, FakeRun
 from workloads.core.loggers import (
     Tracking,
     WandbLogger,
+    _default_group,
     build_loggers,
     flatten,
     record_to_wandb,
@@ -152,3 +153,21 @@ def test_collectives_and_inference_records_round_trip_through_the_wandb_layout()
     back = record_from_wandb(*record_to_wandb(inf), "wandb:x/y/2")
     assert back["point"] == "c8" and back["arrival"]["concurrency"] == 8 and back["server"]["tp"] == 8
     assert back["metrics"]["median_ttft_ms"] == 41.0
+
+
+def test_a_served_sweeps_wandb_names_carry_no_parallel_strategy(tmp_path):
+    """Inference composes the root config, whose parallel group (ddp) measures nothing there:
+    its W&B group, name and tags say parallel none, as they did from its own root before."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from workloads import CONF_DIR
+    from workloads.core.rundir import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["workload=inference", "logger=wandb", "run_id=r1", f"output_root={tmp_path}"])
+    assert cfg.parallel.name == "ddp"  # composed, and not applicable
+    t = Tracking.from_config(OmegaConf.to_container(cfg, resolve=True))
+    assert t.parallel == "none" and t.server == "reference"
+    assert _default_group(t, 2) == "inference-neox-tiny-reference-tp2"

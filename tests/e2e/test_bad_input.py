@@ -110,6 +110,11 @@ CASES = [
     ("train-token-file-missing", _train("data.kind=tokens", "data.path={d}/nope.bin"), None, "data.path"),
     ("train-token-file-empty", _train("data.kind=tokens", "data.path={d}/tokens.bin"), _empty_tokens, "empty"),
     ("train-finetune-no-checkpoint", _train("workload=finetune"), None, "init.checkpoint"),
+    # a workload another entry point runs (inference composes the same root config)
+    ("train-workload-inference", _train("workload=inference"), None,
+     "launch/train.py runs workload=pretrain or finetune, not inference; run launch/infer.py for inference"),
+    ("infer-workload-pretrain", ["launch/infer.py", "workload=pretrain"], None,
+     "launch/infer.py runs workload=inference, not pretrain; run launch/train.py for pretrain"),
     ("train-checkpoint-missing", _train("init.checkpoint={d}/nope"), None, "init.checkpoint"),
     ("train-checkpoint-corrupt-config", _train("init.checkpoint={d}/ckpt"), lambda d: _ckpt(d, "{not json"),
      "config.json"),

@@ -40,8 +40,13 @@ def test_only_the_groups_a_root_composes_are_listed_and_the_config_is_kept():
 
 def test_each_root_names_its_own_groups():
     assert root_groups("config") >= {"fabric", "model", "parallel", "workload", "logger"}
-    assert root_groups("infer") >= {"fabric", "model", "server", "load", "logger"}
-    assert not (root_groups("config") | root_groups("infer") | root_groups("serve")) & {"study", "hydra"}
+    # inference is a workload of the same root, which brings the server and load groups in, and
+    # offers neither the workload group (infer.py runs one) nor parallel (not applicable)
+    assert root_groups("config", "inference") >= {"fabric", "model", "server", "load", "logger"}
+    assert not root_groups("config", "inference") & {"workload", "parallel"}
+    assert not root_groups("config") & {"server", "load"}
+    assert not root_groups("config", "collectives") & {"workload", "parallel", "model", "server"}
+    assert not (root_groups("config") | root_groups("config", "inference") | root_groups("serve")) & {"study", "hydra"}
     assert not root_groups("serve") & {"load", "workload", "parallel"}
 
 

@@ -228,9 +228,8 @@ def run(args, conf_dir: str | None = None) -> int:
         if args.jobs != 1 and serving:
             raise UsageError(f"--jobs {args.jobs} runs concurrent training, collectives or link jobs; served inference "
                              "runs one server: drop --jobs")
-        config_name = catalog.for_script(args.entry)[0].config
         spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
-                                           nproc_per_node=args.nproc_per_node, config_name=config_name,
+                                           nproc_per_node=args.nproc_per_node,
                                            jobs=args.jobs, check_served=check_emulated)
         output_root = None
         if args.jobs != 1:
@@ -239,7 +238,7 @@ def run(args, conf_dir: str | None = None) -> int:
 
             split(spec.nodes, args.jobs)
             plain = [o for o in args.overrides if o not in ("-m", "--multirun")]
-            output_root = str(compose(conf_dir, plain, config_name).output_root)
+            output_root = str(compose(conf_dir, plain).output_root)
         if args.rate is not None:
             # The record must not claim a shaping the link did not have: the rate goes into
             # the config, and the fabric gets a name of its own unless the user gave one.
@@ -254,8 +253,7 @@ def run(args, conf_dir: str | None = None) -> int:
             args.overrides += [f"++fabric.emulate.{k}={'null' if v is None else v}" for k, v in
                                (("leaves", spec.leaves), ("spines", spec.spines), ("hash", spec.hash),
                                 ("uplink_rate", spec.uplink_rate))]
-        loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides,
-                                                       catalog.for_script(args.entry)[0].config)
+        loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides)
         if loud is not None:
             loud.require(spec.nodes)
             if args.jobs != 1:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from workloads import CONF_DIR
+from workloads import CONF_DIR, catalog
 from workloads.core import signals
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError
@@ -242,7 +242,22 @@ def _exit_words(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _precheck(config_name: str, workload: str | None, self_launching: bool) -> None:
+def _refuse_other_workloads(script: str, argv: list[str]) -> None:
+    """A workload= this entry point does not run (each value of a sweep) is one line naming
+    the entry point that does, before anything composes or starts: launch/train.py with
+    workload=inference would otherwise start ranks that fail on a training key."""
+    runs = [w.name for w in catalog.for_script(script)]
+    if not runs:
+        return
+    for a in argv:
+        key, _, value = a.lstrip("+~").partition("=")
+        for v in (value.split(",") if key == "workload" else ()):
+            if (other := catalog.get(v.strip())) is not None and other.name not in runs:
+                raise UsageError(f"{catalog.for_script(script)[0].script} runs workload={' or '.join(runs)}, not {other.name}; "
+                                 f"run {other.script} for {other.name}")
+
+
+def _precheck(config_name: str, workload: str | None, self_launching: bool, script: str = "") -> None:
     """Select the entry point's workload, then check the run id and that every job of the
     command line composes, before Hydra runs: each problem is one line (from one rank per
     node under torchrun) and exit 2, not Hydra's own multi-line message. A self-launch
@@ -250,6 +265,7 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool) -> N
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
         add_override(sys.argv, f"workload={workload}")
     try:
+        _refuse_other_workloads(script, sys.argv[1:])
         _check_path_overrides(sys.argv[1:])
         if not self_launching:
             _compose_each_job(sys.argv[1:], config_name)
@@ -278,14 +294,21 @@ def end(code: int | str | None) -> NoReturn:
     sys.exit(code)
 
 
-def root_groups(config_name: str) -> set[str]:
-    """The config groups the root `config_name` composes (its defaults list), named as a user
-    passes them (`workload`, which also holds workload/init). conf/study/ is not among them:
-    it holds `fabricbench study`'s specs, which no entry point takes as study=<name>."""
+def root_groups(config_name: str, workload: str | None = None) -> set[str]:
+    """The config groups a user may choose for an entry point: those the root `config_name`
+    composes (its defaults list) and those its `workload` brings in (inference: server, load),
+    named as a user passes them (`workload`, which also holds workload/init). An entry point
+    that runs one `workload` offers neither the workload group nor the groups that measure
+    nothing there (the catalog's not_applicable: parallel for served inference). conf/study/
+    is not among them: it holds `fabricbench study`'s specs, which no entry point takes as
+    study=<name>."""
     import yaml
 
-    entries = yaml.safe_load((Path(CONF_DIR) / f"{config_name}.yaml").read_text()).get("defaults") or []
-    names = {key.split()[-1].split("/")[0] for e in entries if isinstance(e, dict) for key in e}
+    files = [f"{config_name}.yaml", *([f"workload/{workload}.yaml"] if workload else [])]
+    entries = [e for f in files for e in yaml.safe_load((Path(CONF_DIR) / f).read_text()).get("defaults") or []]
+    names = {key.split()[-1].lstrip("/").split("/")[0] for e in entries if isinstance(e, dict) for key in e}
+    if workload:
+        names -= {"workload", *catalog.field(workload, "not_applicable", ())}
     return {n for n in names if n != "hydra" and (Path(CONF_DIR) / n).is_dir()}
 
 
@@ -303,8 +326,8 @@ def only_root_groups(help_text: str, groups: set[str]) -> str:
 
 
 @contextlib.contextmanager
-def _help_of_root(config_name: str):
-    """Around Hydra's --help: what it prints, with only the groups this entry point's root composes."""
+def _help_of_root(config_name: str, workload: str | None):
+    """Around Hydra's --help: what it prints, with only the groups this entry point composes."""
     import io
 
     buf = io.StringIO()
@@ -312,7 +335,7 @@ def _help_of_root(config_name: str):
         with contextlib.redirect_stdout(buf):
             yield
     finally:
-        sys.stdout.write(only_root_groups(buf.getvalue(), root_groups(config_name)))
+        sys.stdout.write(only_root_groups(buf.getvalue(), root_groups(config_name, workload)))
         sys.stdout.flush()
 
 
@@ -336,7 +359,7 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
-    _precheck(config_name, workload, self_launching=distributed and not launched())
+    _precheck(config_name, workload, self_launching=distributed and not launched(), script=script)
     if os.environ.get("RANK", "0") != "0":
         add_override(sys.argv, "hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
 
@@ -376,7 +399,7 @@ def hydra_entry(
                 code = self_launch(script, sys.argv[1:], CONF_DIR, config_name)
                 if code is not None:
                     sys.exit(code)
-            with _help_of_root(config_name) if asks_help else contextlib.nullcontext():
+            with _help_of_root(config_name, workload) if asks_help else contextlib.nullcontext():
                 main()
         except KeyboardInterrupt as e:
             if speaks:

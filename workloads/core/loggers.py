@@ -196,7 +196,7 @@ class Tracking:
     workload: str
     fabric: str
     model: str | None                # None: the config has no model: section
-    parallel: str                    # "none" without a parallel: section
+    parallel: str                    # "none" without a parallel: section, or where it does not apply
     server: str                      # "none" without a server: section
     micro_batch: int | None          # train.micro_batch_size, in a training run's W&B name
     run_id: str | None
@@ -212,7 +212,10 @@ class Tracking:
             settings=dict(logger or {}), workload=str(config["workload"]["name"]),
             fabric=str(config["fabric"]["name"]),
             model=str(config["model"]["name"]) if "model" in config else None,
-            parallel=str(config["parallel"]["name"]) if "parallel" in config else "none",
+            # every workload's config composes the root's parallel group; served inference,
+            # collectives and link measure nothing with it (the catalog's not_applicable)
+            parallel=str(config["parallel"]["name"]) if "parallel" in config and "parallel" not in
+            catalog.field(str(config["workload"]["name"]), "not_applicable", ()) else "none",
             server=str(config["server"]["name"]) if "server" in config else "none",
             micro_batch=train.get("micro_batch_size") if train is not None else None,
             run_id=os.path.basename(str(config.get("run_id") or "")) or None, config=config)

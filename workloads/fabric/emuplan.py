@@ -18,7 +18,7 @@ LOOPBACK = "lo"
 
 
 def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node: int = 1,
-                        config_name: str = "config", jobs: int = 1,
+                        jobs: int = 1,
                         check_served: Callable[[Mapping[str, Any], int], None] | None = None,
                         **cli: Any) -> tuple[EmuSpec, str]:
     """Compose the Hydra config the entry will see (every point, for a -m sweep such as
@@ -29,10 +29,10 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
     points = expand_sweep(plain) if len(plain) < len(overrides) else [plain]
     found = set()
     for point in points:
-        cfg = compose(conf_dir, point, config_name)
+        cfg = compose(conf_dir, point)
         spec = _spec_of(cfg, cli)
         found.add(spec)
-        if any(w.served and w.config == config_name for w in catalog.CATALOG.values()):
+        if catalog.field(str(cfg.workload.name), "served", False):
             _check_served(cfg, spec[0], check_served)
             continue  # the load generator checks the rest itself, before it starts the server
         # The whole config, for the world it will run at, before any namespace exists (whose

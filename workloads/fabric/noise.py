@@ -415,7 +415,7 @@ class PointMeter:
 
 
 
-def from_overrides(conf_dir: str, overrides: Sequence[str], config_name: str) -> tuple[NoiseSpec | None, Path, str]:
+def from_overrides(conf_dir: str, overrides: Sequence[str]) -> tuple[NoiseSpec | None, Path, str]:
     """The noise the run's config asks for, and where its files go: (spec, <run dir>/noise,
     run id). The first point of a sweep decides (one emulate run builds one topology and
     one noise); its run id is the config's, else FABRICBENCH_RUN_ID's, else a new one that
@@ -427,7 +427,7 @@ def from_overrides(conf_dir: str, overrides: Sequence[str], config_name: str) ->
 
     plain = [o for o in overrides if o not in ("-m", "--multirun")]
     point = expand_sweep(plain)[0] if len(plain) < len(overrides) else plain
-    cfg = compose(conf_dir, point, config_name)
+    cfg = compose(conf_dir, point)
     block = (OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate") or {}).get("noise")
     spec = NoiseSpec.from_config(block)
     given = cfg.get("run_id") or os.environ.get("FABRICBENCH_RUN_ID")

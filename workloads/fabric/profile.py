@@ -118,20 +118,18 @@ class FabricProfile:
         return applied
 
 
-def compose_node(overrides: list[str], config_name: str = "infer"):
-    """The job's config as one node of it composes it (the same conf/ tree and overrides as
-    node 0's launch/*.py), outside a Hydra run."""
-    from hydra import compose, initialize_config_dir
+def compose_node(overrides: list[str]):
+    """A served job's config as one node of it composes it (the same conf/ tree and overrides as
+    node 0's launch/infer.py, which selects workload=inference), outside a Hydra run."""
+    from workloads import CONF_DIR
+    from workloads.core.config import compose
 
-    from workloads.core import rundir
-
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    rundir.register_resolvers()
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+    if not any(o.lstrip("+~").startswith("workload=") for o in overrides):
+        overrides = ["workload=inference", *overrides]
+    return compose(CONF_DIR, list(overrides))
 
 
-def node_env(overrides: list[str], config_name: str = "infer", cfg=None) -> tuple[FabricProfile, dict[str, str | None]]:
+def node_env(overrides: list[str], cfg=None) -> tuple[FabricProfile, dict[str, str | None]]:
     """The fabric profile and the environment one node of a job must run with: the profile's
     variables and NCCL's per-process log under the job's run directory (the run id from
     FABRICBENCH_RUN_ID/Slurm, as node 0 derives it). None means unset. `cfg`: the config
@@ -140,7 +138,7 @@ def node_env(overrides: list[str], config_name: str = "infer", cfg=None) -> tupl
 
     from workloads.core import rundir
 
-    cfg = compose_node(overrides, config_name) if cfg is None else cfg
+    cfg = compose_node(overrides) if cfg is None else cfg
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     env: dict = {}
     fabric.apply(Path(rundir.run_dir(cfg.output_root, cfg.get("run_id"))).resolve(), env)

@@ -114,7 +114,7 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
 
     if not workload.kind.served:
         overrides = [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"]
-        cfg = compose(CONF_DIR, overrides, workload.kind.config)
+        cfg = compose(CONF_DIR, overrides)
         # the workload's own checks (a batch that does not divide, ...) for the world it will
         # run at, so a bad cell is one line now, not a failure in every cell later; inside a
         # Slurm allocation the world is the allocation's, known only to the step
@@ -129,7 +129,7 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
         return ("",)
     from workloads.inference.run import arrivals
 
-    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"], workload.kind.config)
+    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"])
     return tuple(a.label() for a in arrivals(cfg.load))
 
 

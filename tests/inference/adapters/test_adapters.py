@@ -34,7 +34,7 @@ CONF = str(REPO / "conf")
 
 def _cfg(*overrides):
     with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
-        return compose("infer", overrides=list(overrides))
+        return compose("config", overrides=["workload=inference", *overrides])
 
 
 def _launch(*overrides):

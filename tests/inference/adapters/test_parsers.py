@@ -36,7 +36,7 @@ def engines():
 
 def _argv(*overrides: str) -> list[str]:
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        c = compose("infer", overrides=list(overrides))
+        c = compose("config", overrides=["workload=inference", *overrides])
     spec = ServerSpec.from_config(OmegaConf.to_container(c.server, resolve=True))
     return get_adapter(spec.adapter).command(spec, OmegaConf.to_container(c.model, resolve=True)).argv
 
@@ -67,7 +67,7 @@ def test_sglang_parses_our_command_lines(engines):
 def test_sglang_parses_our_pd_command_lines(engines):
     """server=sglang-pd: the prefill and the decode instance's command lines (from serve.py's plan)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        c = compose("infer", overrides=["server=sglang-pd", *LLAMA, "server.tp=2", "server.device=cuda",
+        c = compose("config", overrides=["workload=inference", "server=sglang-pd", *LLAMA, "server.tp=2", "server.device=cuda",
                                         "server.transfer_backend=mooncake", "server.ib_device=mlx5_0"])
     spec = ServerSpec.from_config(OmegaConf.to_container(c.server, resolve=True))
     plan = json.loads(get_adapter(spec.adapter).command(spec, OmegaConf.to_container(c.model, resolve=True)).argv[-1])
