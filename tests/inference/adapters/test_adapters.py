@@ -90,6 +90,18 @@ def test_vllm_launcher_rule(monkeypatch, tmp_path):
         ["/opt/py", *api]
     assert _launch("server=vllm", "server.model_path=/m", "server.executable=/opt/vllm")[1].argv[:3] == \
         ["/opt/vllm", "serve", "/m"]
+    # server=vllm-pd checks its connector in the registry of the vLLM that will run, by the same
+    # rule: the local engine's here, none for an executable (whose vLLM then refuses by itself)
+    from workloads.inference.adapters import vllm_pd
+    from workloads.inference.adapters.base import ServerSpec
+
+    site = env / "lib" / "python3.11" / "site-packages" / "vllm" / "distributed" / "kv_transfer" / "kv_connector"
+    site.mkdir(parents=True)
+    (site / "factory.py").write_text('KVConnectorFactory.register_connector(\n    "NixlConnector", "m", "C")\n')
+    assert vllm.interpreter(ServerSpec(adapter="vllm_pd")) == str(env / "bin" / "python")
+    assert vllm_pd.known_connectors(ServerSpec(adapter="vllm_pd")) == ["NixlConnector"]
+    assert vllm.interpreter(ServerSpec(adapter="vllm_pd", executable="/opt/vllm")) is None
+    assert vllm_pd.known_connectors(ServerSpec(adapter="vllm_pd", executable="/opt/vllm")) is None
 
 
 def test_engine_interpreter_is_configurable(monkeypatch, tmp_path):

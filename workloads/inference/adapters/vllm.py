@@ -42,12 +42,19 @@ HEADLESS = REPO_ROOT / "engines" / "vllm_headless.py"
 # Its TP ranks span the emulated nodes (launch/emulate.py checks this before building them).
 spans_emulated_nodes = tp_spans_nodes
 
+def interpreter(spec: ServerSpec) -> str | None:
+    """The Python whose vLLM runs, by the rule in the module docstring: server.python, else (no
+    server.executable given) .engines/vllm's where it is installed; None for an executable."""
+    if spec.python:
+        return spec.python
+    if not spec.executable and (ENGINE_ENV / "bin" / "python").exists():
+        return str(ENGINE_ENV / "bin" / "python")
+    return None
+
+
 def launcher(spec: ServerSpec, path: str) -> list[str]:
     """The program and model part of the command line, by the rule in the module docstring."""
-    python = spec.python
-    if not python and not spec.executable and (ENGINE_ENV / "bin" / "python").exists():
-        python = str(ENGINE_ENV / "bin" / "python")
-    if python:
+    if python := interpreter(spec):
         program = [str(HEADLESS)] if spec.node_rank > 0 else ["-m", API_SERVER]
         return [python, *program, "--model", path]
     return [spec.executable or "vllm", "serve", path]

@@ -71,8 +71,9 @@ def tps(spec: ServerSpec) -> tuple[int, int]:
 
 def known_connectors(spec: ServerSpec) -> list[str] | None:
     """The connector names the engine's vLLM registers (its factory.py), or None where that
-    vLLM is not on this host (the container's `vllm serve`: then vLLM itself refuses)."""
-    python = spec.python or (str(vllm.ENGINE_ENV / "bin" / "python") if (vllm.ENGINE_ENV / "bin").exists() else None)
+    vLLM's source is not readable here (server.executable, the container's `vllm serve`: then
+    vLLM itself refuses)."""
+    python = vllm.interpreter(spec)
     if not python:
         return None
     text = engine_source(python, FACTORY)
