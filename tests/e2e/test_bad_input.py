@@ -203,6 +203,8 @@ CASES = [
      "train.micro_batch_size"),
     ("emulate-not-emulated", _cli("emulate", "launch/train.py", "fabric=loopback"), None, "emulate"),
     ("emulate-missing-entry", _cli("emulate", "launch/nope.py", "fabric=emu-100m"), None, "launch/nope.py"),
+    ("emulate-other-workload", _cli("emulate", "launch/collectives.py", "fabric=emu-100m", "workload=inference"), None,
+     "launch/collectives.py runs workload=collectives, not inference; run launch/infer.py for inference"),
     ("emulate-leafspine-uneven", _cli("emulate", "--nodes", "3", "launch/collectives.py", "fabric=emu-leafspine"), None,
      "does not fill 2 leaves evenly"),
     ("emulate-rate-unshapeable", _cli("emulate", "--rate", "1bit", "launch/collectives.py", "fabric=emu-100m"), None,

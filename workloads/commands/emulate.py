@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from workloads import CONF_DIR, catalog
+from workloads.commands.entry import refuse_other_workloads
 from workloads.core.errors import UsageError
 from workloads.fabric import noise
 from workloads.fabric.emuplan import spec_from_overrides
@@ -296,6 +297,7 @@ def _check_entry(args) -> bool:
         raise UsageError(f"{args.entry} does not run across emulated nodes; {use}")
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
+    refuse_other_workloads(args.entry, args.overrides)  # as the entry point would, before any namespace
     if len(runs) == 1 and runs[0].overrides and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
         from workloads.core.config import add_override
 

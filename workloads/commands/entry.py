@@ -242,19 +242,19 @@ def _exit_words(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _refuse_other_workloads(script: str, argv: list[str]) -> None:
+def refuse_other_workloads(script: str, argv: list[str]) -> None:
     """A workload= this entry point does not run (each value of a sweep) is one line naming
     the entry point that does, before anything composes or starts: launch/train.py with
     workload=inference would otherwise start ranks that fail on a training key."""
-    runs = [w.name for w in catalog.for_script(script)]
+    runs = catalog.for_script(script)
     if not runs:
         return
     for a in argv:
         key, _, value = a.lstrip("+~").partition("=")
         for v in (value.split(",") if key == "workload" else ()):
-            if (other := catalog.get(v.strip())) is not None and other.name not in runs:
-                raise UsageError(f"{catalog.for_script(script)[0].script} runs workload={' or '.join(runs)}, not {other.name}; "
-                                 f"run {other.script} for {other.name}")
+            if (other := catalog.get(v.strip())) is not None and other.name not in {w.name for w in runs}:
+                raise UsageError(f"{runs[0].script} runs workload={' or '.join(w.name for w in runs)}, not "
+                                 f"{other.name}; run {other.script} for {other.name}")
 
 
 def _precheck(config_name: str, workload: str | None, self_launching: bool, script: str = "") -> None:
@@ -265,7 +265,7 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool, scri
     if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
         add_override(sys.argv, f"workload={workload}")
     try:
-        _refuse_other_workloads(script, sys.argv[1:])
+        refuse_other_workloads(script, sys.argv[1:])
         _check_path_overrides(sys.argv[1:])
         if not self_launching:
             _compose_each_job(sys.argv[1:], config_name)
