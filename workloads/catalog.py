@@ -94,6 +94,12 @@ def field(word: str, name: str, default=None):
     return getattr(known, name) if known else default
 
 
+def chooses_workload(overrides: Iterable[str]) -> bool:
+    """Whether a command line's overrides choose the workload themselves (workload=, +, ~ forms);
+    otherwise an entry point adds its own."""
+    return any(str(o).lstrip("+~").startswith("workload=") for o in overrides)
+
+
 def for_script(path: str) -> tuple[Workload, ...]:
     """The workloads an entry point runs, matched by its file name (train.py: pretrain, finetune)."""
     base = str(path).rsplit("/", 1)[-1]

@@ -298,7 +298,7 @@ def _check_entry(args) -> bool:
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node={args.nproc_per_node}; use 1 or more")
     refuse_other_workloads(args.entry, args.overrides)  # as the entry point would, before any namespace
-    if len(runs) == 1 and runs[0].overrides and not any(o.lstrip("+").startswith("workload=") for o in args.overrides):
+    if len(runs) == 1 and runs[0].overrides and not catalog.chooses_workload(args.overrides):
         from workloads.core.config import add_override
 
         # as that entry point does itself, and in the same place: beside the other overrides,

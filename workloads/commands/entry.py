@@ -262,7 +262,7 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool, scri
     command line composes, before Hydra runs: each problem is one line (from one rank per
     node under torchrun) and exit 2, not Hydra's own multi-line message. A self-launch
     composes every job itself (self_launch), so it is not composed twice."""
-    if workload and not any(a.lstrip("+~").startswith("workload=") for a in sys.argv[1:]):
+    if workload and not catalog.chooses_workload(sys.argv[1:]):
         add_override(sys.argv, f"workload={workload}")
     try:
         refuse_other_workloads(script, sys.argv[1:])

@@ -121,10 +121,10 @@ class FabricProfile:
 def compose_node(overrides: list[str]):
     """A served job's config as one node of it composes it (the same conf/ tree and overrides as
     node 0's launch/infer.py, which selects workload=inference), outside a Hydra run."""
-    from workloads import CONF_DIR
+    from workloads import CONF_DIR, catalog
     from workloads.core.config import compose
 
-    if not any(o.lstrip("+~").startswith("workload=") for o in overrides):
+    if not catalog.chooses_workload(overrides):
         overrides = ["workload=inference", *overrides]
     return compose(CONF_DIR, list(overrides))
 
