@@ -77,6 +77,21 @@ def test_socket_fallback_under_roce_label_fails_with_one_message():
     assert verify.decide(profile("socket"), evidence("nccl_socket_fallback"), environ={})["verdict"] == "ok"
 
 
+def test_a_real_nccl_2_28_log_from_one_h100():
+    """Not written from format strings: NCCL 2.28.9's own log of a one-GPU run (gpu-check on an
+    H100 VM). Its network is Socket (the IB plugin failed: NCCL_IB_DISABLE=1) and one rank
+    connects no channel, so intranode is ok, while an RDMA profile names the fallback."""
+    s = nccl_log.summarize(nccl_log.parse_dir(LOGS / "nccl_2.28_h100_one_gpu"))
+    assert s["version"] == "2.28.9+cuda13.0" and s["library"] == "NCCL" and s["processes"] == 1
+    assert s["networks"] == ["Socket"] and [d["name"] for d in s["devices"]] == ["eth0"]
+    assert s["channels"] == {} and s["net_channels"] == 0 and s["graph_types"] == ["LOC"]
+    assert s["gpu_pci(GB/s)"] == 48.0  # "+ PCI[48.0] - GPU/0-60": gen5 x16, width x speed / 80
+    assert verify.decide(profile("intranode"), evidence("nccl_2.28_h100_one_gpu"), environ={})["verdict"] == "ok"
+    d = verify.decide(profile("roce"), evidence("nccl_2.28_h100_one_gpu"), environ={},
+                      root=FIX / "sysfs" / "roce_host")
+    assert d["verdict"] == "mismatch" and d["message"].startswith("fabric=roce but rank 0 used NET/Socket")
+
+
 def test_rccl_flavour():
     logs = nccl_log.parse_dir(LOGS / "rccl_socket")
     assert [lg.rank for lg in logs] == [0, 1]  # from `rank r nranks 2`, not RCCL's `nRanks 02` trailer

@@ -310,7 +310,9 @@ def pd_step(fabric: str, out: Path, python: str, model: str, model_config: str) 
 
 def steps(n: int, fabric: str, out: Path) -> list[tuple[str, list[str], float]]:
     common = [f"fabric={fabric}", f"output_root={out}", f"launcher.nproc_per_node={n}"]
-    train = ["launch/train.py", "model=neox-125m", "train.precision=bf16", "train.micro_batch_size=4",
+    # micro-batch 16: at 4, ZeRO-1's step is host-bound (DeepSpeed's per-step Python), and MFU
+    # would measure the CPU, not the GPU path (docs/gpu.md, "The first runs")
+    train = ["launch/train.py", "model=neox-125m", "train.precision=bf16", "train.micro_batch_size=16",
              "train.steps=8", "train.warmup_steps=2", *common]
     tp = min(2, n)
     moe = ["launch/train.py", "model=neox-moe-125m", "train.precision=bf16", "train.micro_batch_size=2",
