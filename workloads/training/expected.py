@@ -22,8 +22,9 @@ from workloads.training.metrics import model_flops, moe_flops_args, peak_tflops_
 # figure above 60% means a timing or FLOPs bug (a missing synchronize, f too large, a peak
 # from the wrong row). The bottom is a floor below which the run is broken, not slow: two
 # thirds of the lowest figure measured on one GPU at gpu-check's settings (docs/gpu.md, "The
-# first runs": H100 and H200, torch 2.11, NCCL 2.28.9, 2026-11-27), so that a healthy GPU on
-# a slower host still passes while fp32 matmuls or a lost flash-attention path do not.
+# first runs": H100 and H200, torch 2.11, NCCL 2.28.9, 2026-11-27): room for a slower host or
+# 8 ranks' gradient traffic, while a run a third slower than the slowest healthy one fails.
+# Which faults land below it (a lost flash-attention path, say) has not been tried on a GPU.
 MFU_SOURCE_TOP = "top: MegaScale (NSDI'24) 55.2%, PaLM (2022) 46.2% -- none reported above 60%"
 
 
