@@ -217,6 +217,47 @@ def test_an_interruption_python_dropped_still_interrupts(tmp_path, sig, code, th
     assert (r.returncode, r.stderr) == (code, "interrupted: measured points are kept\n"), r.stderr
 
 
+# The same drop inside a Cython `noexcept` callback, which prints what it drops through
+# sys.excepthook before sys.unraisablehook sees it (Cython's __Pyx_WriteUnraisable): uvloop's
+# getaddrinfo callback, where a fast-lane run's SIGTERM landed (test_sweep.py's mid-sweep stop
+# printed uvloop's traceback above its one line). The signal is sent from inside that callback's
+# call of socket.AddressFamily(...), so it lands there every time.
+_LOST_IN_CYTHON = """
+import enum, os, signal, socket
+from workloads.commands import entry
+
+def run(cfg, overrides):
+    import asyncio, uvloop
+    armed = [True]
+    convert = enum.EnumType.__call__
+    def call(cls, value, *args, **kwargs):
+        if cls is socket.AddressFamily and armed:
+            armed.clear()
+            os.kill(os.getpid(), signal.{sig})
+            for _ in range(100000): pass  # the handler runs here, inside uvloop's callback
+        return convert(cls, value, *args, **kwargs)
+    enum.EnumType.__call__ = call
+    async def resolve():
+        await asyncio.get_running_loop().getaddrinfo("127.0.0.1", 80)
+        await asyncio.sleep(30)
+    print("resolving", flush=True)
+    uvloop.run(resolve())
+
+entry.hydra_entry(__file__, run, distributed=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_an_interruption_a_cython_callback_dropped_is_one_line(tmp_path, sig, code):
+    script = tmp_path / "entry.py"
+    script.write_text(_LOST_IN_CYTHON.format(sig=sig))
+    r = subprocess.run([sys.executable, str(script), f"output_root={tmp_path}/results"], cwd=tmp_path,
+                       env=child_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert "resolving" in r.stdout, r.stderr
+    assert (r.returncode, r.stderr) == (code, "interrupted: measured points are kept\n"), r.stderr
+
+
 # A SIGTERM that lands inside Hydra's loading of a multirun's next job, which library code turns
 # into another exception: in a full run OmegaConf's flag_override met Terminated mid-assignment and
 # raised "AttributeError: 'NoneType' object has no attribute '_invalidate_flags_cache'" in its

@@ -10,7 +10,10 @@ a Gloo "Connection closed by peer" traceback in place of the one "interrupted" l
 
 - the handler notes the signal (`received()`);
 - an interruption dropped inside such a callback is not printed, and is raised again from the
-  main thread's own code a moment later;
+  main thread's own code a moment later. Cython's `noexcept` callbacks (uvloop's getaddrinfo
+  callback, met in the fast lane) print what they drop through `sys.excepthook` before handing
+  it to `sys.unraisablehook` (Cython's `__Pyx_WriteUnraisable`): a noted signal's own exception
+  is kept out of both;
 - an error that follows the signal is reported as the interruption it follows from
   (`interruption()`), by the entry point and by the record.
 """
@@ -115,13 +118,25 @@ def install() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
         signal.signal(signal.SIGINT, _on_sigint)
+    global _next_hook, _next_excepthook
     if sys.unraisablehook is not _unraisable:
-        global _next_hook
         _next_hook = sys.unraisablehook
         sys.unraisablehook = _unraisable
+    if sys.excepthook is not _excepthook:
+        _next_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
 
 
 _next_hook = sys.__unraisablehook__
+_next_excepthook = sys.__excepthook__
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    # The signal's own exception is the interruption the entry point reports in one line; its
+    # traceback says nothing (where the signal happened to land) and breaks that line.
+    if issubclass(exc_type, KeyboardInterrupt) and _received is not None:
+        return
+    _next_excepthook(exc_type, exc, tb)
 
 
 def _unraisable(u) -> None:
