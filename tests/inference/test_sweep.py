@@ -40,6 +40,7 @@ def _records(root):
 SMALL = ["load.num_requests=12", "load.warmup_requests=2", "load.dataset.input_len=16", "load.dataset.output_len=6"]
 
 
+@pytest.mark.slow  # a sweep against a started server: the fast lane starts none
 def test_sweep_records_and_resume(tmp_path):
     out = tmp_path / "res"
     with Running(ttft_ms=4, itl_ms=2) as url:
@@ -136,6 +137,7 @@ def test_reference_engine_tp2_sweep(tmp_path):
     assert "nproc_per_node=2" in log
 
 
+@pytest.mark.slow  # a sweep against a started server: the fast lane starts none
 def test_failed_requests_make_a_point_partial_and_resume_remeasures_it(tmp_path):
     """A point is ok only when every request completed (load.max_failed_fraction=0): with
     every 5th request answered HTTP 500 the point is `partial` with its counts, exit 1, and
@@ -157,6 +159,7 @@ def test_failed_requests_make_a_point_partial_and_resume_remeasures_it(tmp_path)
         assert [x["status"] for x in _records(out)] == ["partial", "ok"]
 
 
+@pytest.mark.slow  # a sweep against a started server: the fast lane starts none
 def test_a_server_death_is_named_in_the_point_record(tmp_path):
     """The server started here (a scripted one behind the vLLM adapter's command line) is
     SIGKILLed by its 20th request, during point c4: that point's record says so."""
@@ -192,6 +195,7 @@ def _received(port: int) -> int:
         return 0
 
 
+@pytest.mark.slow  # a sweep against a started server: the fast lane starts none
 def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_path):
     """SIGTERM (a scheduler's cancel) during point c2 of [1, 2]: the sweep stops then, not when
     its points are done. The signal lands in the event loop's callbacks, which swallow an
@@ -228,6 +232,7 @@ def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_pat
     assert gone([int(pid_file.read_text())]), "the server outlived its sweep"
 
 
+@pytest.mark.slow  # a sweep against a started server: the fast lane starts none
 def test_unreachable_wandb_costs_one_timeout_per_run(tmp_path):
     """W&B online with a key but nothing listening at its address: the first point's W&B
     start fails once (one warning), the later points do not try again; records are all ok."""
