@@ -81,7 +81,9 @@ def test_kv_bytes_match_the_model(sweep):
     assert split["prefill_leg"] == pytest.approx(sum(kv["prefill_leg_ms"][1:]) / REQUESTS, abs=2e-3)
     assert split["decode_to_first_chunk"] == pytest.approx(sum(kv["decode_first_ms"][1:]) / REQUESTS, abs=2e-3)
     assert split["prefill_leg"] + split["decode_to_first_chunk"] + split["outside_legs"] == pytest.approx(split["ttft"], abs=2e-3)
-    assert split["outside_legs"] > 0 and split["kv_xfer"] == pytest.approx(kv["xfer_ms_mean"], abs=5e-4), split
+    # the split is rounded to 0.001 ms and xfer_ms_mean is not: 8.2965 rounds to 8.296, 0.0005 away, which
+    # in binary is a hair over 5e-4 (run 19 failed on exactly that), so the bound is the split's resolution
+    assert split["outside_legs"] > 0 and split["kv_xfer"] == pytest.approx(kv["xfer_ms_mean"], abs=1e-3), split
 
 
 def test_kv_path_verdict(sweep):
