@@ -236,10 +236,10 @@ GPU_RUNS = FIXTURES / "gpu_runs"
 
 
 def gpu_run(gpu: str, model: str, parallel: str, mb: int) -> dict:
-    import json
+    from workloads.core.records import iter_records
 
-    (path,) = (GPU_RUNS / f"2026-11-27-{gpu}").glob(f"pretrain-intranode-{model}-{parallel}-mb{mb}-*.json")
-    return json.loads(path.read_text())
+    ((_, rec),) = iter_records(GPU_RUNS / f"2026-11-27-{gpu}", f"pretrain-intranode-{model}-{parallel}-mb{mb}-*.json")
+    return rec
 
 
 def test_the_first_gpu_runs_figures_recompute_from_their_own_step_times():
