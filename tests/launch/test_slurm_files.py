@@ -311,6 +311,7 @@ def test_a_worker_ends_with_node_0s_server(tmp_path, engine_exits):
     job ends COMPLETED rather than SIGKILLed by srun --wait (exit 137). Real processes: node 0's
     server is a stand-in HTTP server, the engine a stand-in that sleeps (or exits 3 once the
     head is gone)."""
+    import socket
     import subprocess
     import sys
     import threading
@@ -337,6 +338,19 @@ def test_a_worker_ends_with_node_0s_server(tmp_path, engine_exits):
             time.sleep(0.1)
         head.kill()
 
+    # The case is a head that was up and then went. Its stand-in takes a Python start to bind,
+    # which under the suite's load once took longer than the exiting engine's first check
+    # (0.5 s): the engine exited 3 before the head was ever seen, and the worker rightly gave
+    # that code (run 21). So the head listens before the worker starts; a connect, not a GET,
+    # since the head counts GETs as the worker's probes.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert head.poll() is None and time.monotonic() < deadline, "the stand-in head never listened"
+            time.sleep(0.05)
     threading.Thread(target=end_head, daemon=True).start()
     try:
         assert run_watched({}, command, watch, misses=3) == 0
