@@ -34,6 +34,7 @@ from scipy import stats as sps
 
 from analysis import stats
 from helpers import FIXTURES, REPO, child_env, records_in, run_entry
+from helpers.binomial import at_most
 
 ALPHA = 0.05
 FAMILY_ALPHA = 0.001  # the live study's family-wise level: the module docstring says why
@@ -93,6 +94,7 @@ def compare(out, dest, *extra) -> tuple[dict, str]:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return json.loads(dest.read_text()), res.stdout
 
+
 # -- the false-call rate on real noise ------------------------------------------------------------
 
 POOLS = sorted((FIXTURES / "aa_runs").glob("*.csv"))
@@ -116,7 +118,7 @@ def test_holm_over_real_runs_keeps_the_aa_false_call_rate(path):
     family of 36 tests judged as `compare` judges it. Holm over the family must keep its rate at
     alpha; without the correction the same studies call something far more often (the check has
     teeth). The drawn studies share runs, so the binomial bound is looser than it reads; the rates
-    printed are what docs/studies.md cites. tests/fixtures/aa_runs/README.md says how the pools
+    printed are what docs/statistics.md cites. tests/fixtures/aa_runs/README.md says how the pools
     were made."""
     names, x = pool(path)
     assert len(names) == 36 and x.shape[0] >= 4 * BLOCKS
@@ -134,8 +136,3 @@ def test_holm_over_real_runs_keeps_the_aa_false_call_rate(path):
           + ", ".join(f"{called[a] / STUDIES:.2%}" for a in called) + f"; uncorrected at 0.05: {uncorrected / STUDIES:.1%}")
     assert all(at_most(called[a], STUDIES, a) for a in called), called
     assert not at_most(uncorrected, STUDIES, ALPHA)
-
-
-def at_most(calls: int, n: int, rate: float) -> bool:
-    """calls of n are consistent with a true rate <= `rate` (one-sided exact binomial, 1%)."""
-    return sps.binomtest(calls, n, rate, alternative="greater").pvalue > 0.01

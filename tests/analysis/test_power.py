@@ -19,20 +19,13 @@ from scipy import stats as sps
 from analysis import stats
 from analysis.compare import compare_table
 from analysis.load import Table, run_from_record
+from helpers.binomial import at_least, at_most
 from helpers.records import train_record
 from workloads.study.plan import looks_at
 from workloads.study.schedule import schedule
 
 ALPHA = 0.05
 
-
-def at_most(calls: int, n: int, rate: float = ALPHA) -> bool:
-    """calls of n are consistent with a true rate <= `rate` (one-sided exact binomial, 1%)."""
-    return sps.binomtest(calls, n, rate, alternative="greater").pvalue > 0.01
-
-
-def at_least(hits: int, n: int, rate: float) -> bool:
-    return sps.binomtest(hits, n, rate, alternative="less").pvalue > 0.01
 
 
 def test_blocked_interval_covers_at_6_blocks():
@@ -70,7 +63,7 @@ def test_two_arm_false_call_rate_under_drift():
         a = np.where(first_a, level[0::2], level[1::2])
         b = np.where(first_a, level[1::2], level[0::2])
         calls += stats.paired_t(np.log(b) - np.log(a))[3] < ALPHA
-    assert at_most(calls, n), calls
+    assert at_most(calls, n, ALPHA), calls
 
 
 def _three_arm_study(rng, design: str, carry: float, blocks: int = 12, seed: int = 0) -> list[dict]:
@@ -108,10 +101,10 @@ def test_three_arms_with_carry_over_williams_keeps_the_false_call_rate():
     n, n_old = 200, 100
     williams = [roce("williams", i) for i in range(n)]
     reversal = [roce("reversal", i) for i in range(n_old)]
-    assert at_most(sum(s for s, _ in williams), n), sum(s for s, _ in williams)
+    assert at_most(sum(s for s, _ in williams), n, ALPHA), sum(s for s, _ in williams)
     assert abs(np.mean([r for _, r in williams]) - 1) < 0.003
     # the old design, through the same test: biased (-1.2%) and called ~20% of the time
-    assert not at_most(sum(s for s, _ in reversal), n_old) and np.mean([r for _, r in reversal]) < 0.992
+    assert not at_most(sum(s for s, _ in reversal), n_old, ALPHA) and np.mean([r for _, r in reversal]) < 0.992
 
 
 def test_sequential_stopping_keeps_the_false_call_rate():
@@ -128,8 +121,8 @@ def test_sequential_stopping_keeps_the_false_call_rate():
     assert ps[0, 2] == pytest.approx(stats.paired_t(d[0, :looks[2]])[3])
     spent = int(np.sum(np.any(ps < ALPHA / len(looks), axis=1)))
     naive = int(np.sum(np.any(ps < ALPHA, axis=1)))
-    assert at_most(spent, n), spent
-    assert not at_most(naive, n), naive
+    assert at_most(spent, n, ALPHA), spent
+    assert not at_most(naive, n, ALPHA), naive
 
 
 def test_the_planned_difference_is_called_with_80_percent_power():
@@ -160,7 +153,7 @@ def test_equivalence_is_called_only_within_the_margin():
         edge += c.equivalent
         c = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec", blocks=rng.normal(0, 0.005, 8), design="x")
         equal += c.outcome == "equivalent"
-    assert at_most(edge, n), edge
+    assert at_most(edge, n, ALPHA), edge
     assert equal / n > 0.9, equal / n
 
 
