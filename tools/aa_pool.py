@@ -13,7 +13,6 @@ the test draws thousands and measures how often the study's statistics call a di
 from __future__ import annotations
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from analysis.compare import expand  # noqa: E402
 from analysis.load import run_from_record  # noqa: E402
+from workloads.core.records import iter_records  # noqa: E402
 
 OVERRIDES = ("fabric=loopback", "collectives.ops=[all_reduce,all_gather,reduce_scatter,broadcast,alltoall,sendrecv]",
              "collectives.minbytes=1K", "collectives.maxbytes=256K", "collectives.stepfactor=4",
@@ -40,8 +40,8 @@ def main(out: Path, n: int) -> None:
         if res.returncode:
             sys.exit(f"aa_pool: run {i} failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
         print(f"aa_pool: run {i + 1} of {n}", file=sys.stderr)
-    paths = sorted(out.glob("pool-*/records/*.json"), key=lambda p: int(p.parts[-3].removeprefix("pool-")))
-    recs = [json.loads(p.read_text()) for p in paths]
+    found = iter_records(out, "pool-*/records/*.json")
+    recs = [rec for _, rec in sorted(found, key=lambda pr: int(pr[0].parts[-3].removeprefix("pool-")))]
     runs = [run_from_record(r) for r in recs]
     names = expand(METRICS, runs[0].metrics)
     w = csv.writer(sys.stdout, lineterminator="\n")
