@@ -198,21 +198,39 @@ class Result:
     baseline: str | None
     allow: tuple[str, ...] = ()   # identity keys declared allowed to differ (capacity groups sweeps with it)
     unmatched: list[Point] = field(default_factory=list)  # points neither compared nor a near miss
+    # id(unmatched point) -> the identity keys splitting it from its nearest point of the same
+    # fabric and coordinates, with (its value, that point's value): why it has no counterpart
+    splits: dict[int, dict[str, tuple]] = field(default_factory=dict)
     excluded: list[Run] = field(default_factory=list)     # records whose status is not "ok": never analysed
     correction: str = "holm"
     alpha: float = 0.05
 
-    def unmatched_summary(self) -> str | None:
-        """One line counting the points that had no counterpart, or None when there are none."""
+    def unmatched_summary(self, verbose: bool = False) -> str | None:
+        """One line counting the points that had no counterpart and, where a point of the same
+        fabric and coordinates exists, the keys that split them off; None when there are none.
+        The count comes first, before any ';'."""
         n = len(self.unmatched)
         if not n:
             return None
-        return (f"{n} point{'s' if n != 1 else ''} had no counterpart in another fabric (or no {self.baseline} run to "
-                f"compare with); --verbose lists them")
+        parts = [f"{n} point{'s' if n != 1 else ''} had no counterpart in another fabric (or no {self.baseline} run to "
+                 f"compare with)"]
+        by_keys = Counter(tuple(sorted(self.splits[id(p)])) for p in self.unmatched if self.splits.get(id(p)))
+        for keys, k in by_keys.most_common():
+            why = (f"{k} of them {'differ' if k != 1 else 'differs'} from a point of the same fabric and coordinates "
+                   f"only in {', '.join(keys)}")
+            if "fingerprint.git.commit" in keys:
+                why += " (the code changed between their runs: run a study on one commit)"
+            parts.append(why + f"; --allow {' --allow '.join(keys)} pools them")
+        return "; ".join(parts) + (":" if verbose else "; --verbose lists them")
 
     def unmatched_lines(self) -> list[str]:
-        return [f"{p.label}: only {', '.join(p.by_fabric)} ({len(p.runs)} record{'s' if len(p.runs) != 1 else ''})"
-                for p in self.unmatched]
+        out = []
+        for p in self.unmatched:
+            line = f"{p.label}: only {', '.join(p.by_fabric)} ({len(p.runs)} record{'s' if len(p.runs) != 1 else ''})"
+            if split := self.splits.get(id(p)):
+                line += "; split from its sibling by " + ", ".join(f"{k} ({a!r} vs {b!r})" for k, (a, b) in sorted(split.items()))
+            out.append(line)
+        return out
 
     def excluded_summary(self) -> str | None:
         """'2 records not analysed (failed 1, partial 1): a/records/x.json, ...' or None."""
@@ -339,7 +357,8 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
     comparisons = _correct(raw, correction, alpha)
     refusals, matched = near_misses(pts, base, fabrics, allow)
     unmatched = [p for p in pts if id(p) not in matched and not any(q is p for q, _ in comparisons)]
-    return Result(pts, comparisons, refusals, base, allow, unmatched, list(table.not_ok()), correction, alpha)
+    return Result(pts, comparisons, refusals, base, allow, unmatched, splits(unmatched, pts, allow), list(table.not_ok()),
+                  correction, alpha)
 
 
 def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: float,
@@ -374,6 +393,27 @@ def _correct(raw: list[tuple[Point, stats.Comparison]], correction: str, alpha: 
         method = correction if key[2] else "bh"
         for i, c in zip(idx, stats.correct([raw[i][1] for i in idx], method, alpha)):
             out[i] = (raw[i][0], c)
+    return out
+
+
+def splits(unmatched: list[Point], pts: list[Point], allow: tuple[str, ...]) -> dict[int, dict[str, tuple]]:
+    """For each unmatched point, the identity keys that split it from its nearest sibling: a
+    point of the same workload and coordinates holding a fabric it holds, compared run against
+    run of that fabric. A study resumed after a `git pull` leaves its late runs as such points,
+    split off by fingerprint.git.commit; without this they would only be counted. Points with
+    no sibling (a sweep point one fabric alone ran) are left out: nothing split them."""
+    out: dict[int, dict[str, tuple]] = {}
+    for p in unmatched:
+        best = None
+        for q in pts:
+            shared = [f for f in p.by_fabric if f in q.by_fabric]
+            if q is p or not shared or q.label != p.label or q.runs[0].workload != p.runs[0].workload:
+                continue
+            d = guard.differences(p.by_fabric[shared[0]][0].record, q.by_fabric[shared[0]][0].record, allow)
+            if d and (best is None or len(d) < len(best)):
+                best = d
+        if best:
+            out[id(p)] = best
     return out
 
 

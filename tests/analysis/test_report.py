@@ -28,6 +28,7 @@ def test_only_near_misses_are_refused_and_the_allow_hint_pastes(tmp_path, capsys
     assert sorted(p.label for p in res.unmatched) == ["pretrain neox-tiny ddp gpus=2 batch=2 mb=1",
                                                       "pretrain neox-tiny ddp gpus=2 batch=4 mb=2",
                                                       "pretrain neox-tiny zero3 gpus=2 batch=8 mb=4"]
+    assert not res.splits  # points one fabric alone ran: nothing split them off a sibling
 
     assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth"]) == 0
     out = capsys.readouterr().out
@@ -45,6 +46,31 @@ def test_only_near_misses_are_refused_and_the_allow_hint_pastes(tmp_path, capsys
     assert cli_main(["compare", str(tmp_path), "--baseline", "emu-veth", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "pretrain neox-tiny zero3 gpus=2 batch=8 mb=4: only loopback (2 records)" in out and "mb=1" in out
+
+
+def test_a_point_split_off_by_a_new_commit_is_named(tmp_path, capsys):
+    """A study resumed after a `git pull`: the late run of one fabric is its own point (another
+    commit is other code), so it has no counterpart. Compare names the key that split it from
+    its sibling instead of only counting it, and `--allow` on that key pools it back."""
+    for i, (fabric, sps) in enumerate([("a", 100.0), ("b", 80.0), ("a", 101.0), ("b", 79.0), ("a", 99.0), ("b", 81.0)]):
+        write_record(tmp_path / f"{fabric}{i}" / "records", train_record(fabric, sps, trial=i), "pretrain")
+    write_record(tmp_path / "b9" / "records", train_record("b", 80.5, trial=9, fingerprint__git__commit="def"), "pretrain")
+    res = compare_table(load_table([tmp_path]), baseline="a")
+    (orphan,) = res.unmatched
+    assert list(orphan.by_fabric) == ["b"] and res.splits == {id(orphan): {"fingerprint.git.commit": ("def", "abc")}}
+    assert [c.n for _, c in res.comparisons if c.metric == "samples_per_sec"] == [3]
+
+    assert cli_main(["compare", str(tmp_path), "--baseline", "a"]) == 0
+    out = capsys.readouterr().out
+    assert ("1 point had no counterpart in another fabric (or no a run to compare with); 1 of them differs from a point of "
+            "the same fabric and coordinates only in fingerprint.git.commit (the code changed between their runs: run a "
+            "study on one commit); --allow fingerprint.git.commit pools them; --verbose lists them") in out, out
+    assert cli_main(["compare", str(tmp_path), "--baseline", "a", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert ("pretrain neox-tiny ddp gpus=2 batch=8 mb=4: only b (1 record); split from its sibling by "
+            "fingerprint.git.commit ('def' vs 'abc')") in out, out
+    res = compare_table(load_table([tmp_path]), baseline="a", allow=["fingerprint.git.commit"])
+    assert not res.unmatched and [c.n for _, c in res.comparisons if c.metric == "samples_per_sec"] == [4]
 
 
 def test_confounded_only_pair_still_refused_with_keys(tmp_path, capsys):

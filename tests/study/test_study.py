@@ -103,6 +103,43 @@ def test_spec_control_arm_baseline_and_sweep_expansion(tmp_path):
     assert load_spec("emu-ab").arm("emu-100m").emulated and not load_spec("loopback-aa").arms[0].emulated
 
 
+def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """The commit is identity (analysis/guard.py): runs added on new code would have no
+    counterpart among the old, so a resume on another commit is refused with the fix; a
+    study already split over commits is named with its runs per commit. The records here are
+    written by hand (the real resume is in the loopback A/A test below)."""
+    from workloads.core import records
+    from workloads.study.run import _same_code
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    jobs = plan(spec)
+
+    def recorded(job, commit):
+        d = job.records_dir(spec)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "collectives-000.json").write_text(json.dumps({
+            "status": "ok", "run_id": job.run_id(spec), "config": {"trial": job.cell.trial},
+            "study": {"id": spec.id, "arm": job.arm.label, "workload": job.workload.name},
+            "fingerprint": {"git": {"commit": commit}}}))
+
+    here = "c" * 40
+    monkeypatch.setattr(records, "git_commit", lambda: {"commit": here, "dirty": False})
+    _same_code(spec, jobs)  # nothing recorded yet
+    recorded(jobs[0], here)
+    _same_code(spec, jobs)  # resumed on its own commit
+    recorded(jobs[1], "a" * 40)
+    with pytest.raises(UsageError, match="already holds runs of 2 commits"):
+        _same_code(spec, jobs)
+    recorded(jobs[0], "a" * 40)
+    with pytest.raises(UsageError) as e:
+        _same_code(spec, jobs)
+    assert str(e.value).startswith(f"study aa was measured on commit {'a' * 12} and this checkout is {'c' * 12}: ")
+    assert f"git checkout {'a' * 40}" in str(e.value)
+    for j in jobs[2:]:
+        recorded(j, "a" * 40)
+    _same_code(spec, jobs)  # finished: nothing would run, so a rerun only re-analyses
+
+
 @pytest.mark.parametrize("edit,message", [
     (("trials: 2", "trials: 1"), "trials=1 must be an integer >= 2"),
     (("detect: 500%", "detect: big"), "detect='big': write a percentage such as 5%"),
@@ -291,6 +328,17 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     assert {str(x["_path"]) for x in after} == {str(x["_path"]) for x in recs}
     untouched = {k: v for k, v in before.items() if "records" in k and k != str(lost["_path"].relative_to(out))}
     assert all(digest(out)[k] == v for k, v in untouched.items())
+
+    # Resumed on other code (a `git pull` between sessions): refused before anything runs, naming
+    # both commits, since compare would not pool the new runs with the old.
+    other = json.loads(lost["_path"].read_text())
+    other["fingerprint"]["git"]["commit"] = "0" * 40
+    lost["_path"].write_text(json.dumps(other))
+    gone = next(x for x in recs if x["study"]["arm"] == "loopback" and x["study"]["block"] == 1)
+    gone["_path"].unlink()
+    r = study(write(tmp_path, AA), out)
+    assert r.returncode == 2 and "study aa was measured on commit 000000000000 and this checkout is " in r.stderr, r.stderr
+    assert "git checkout " + "0" * 40 in r.stderr and "Traceback" not in r.stderr and not gone["_path"].exists()
 
     # The same id with another study is refused, not mixed in (more trials is the same study, extended).
     r = study(write(tmp_path, AA.replace("trials: 2", "trials: 2\ndesign: permuted")), out)

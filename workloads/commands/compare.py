@@ -79,8 +79,8 @@ def _print(result, verbose: bool = False, dirs: Sequence[str] = ()) -> None:
         print(f"headline: {workload}, {claim} {detail}")
     for r in result.refusals:  # near misses only: the comparisons the user most likely meant
         print(f"refused: {r.message()}")
-    if (summary := result.unmatched_summary()) is not None:
-        print(summary if not verbose else summary.split(";")[0] + ":")
+    if (summary := result.unmatched_summary(verbose)) is not None:
+        print(summary)
         if verbose:
             for line in result.unmatched_lines():
                 print(f"  {line}")

@@ -176,6 +176,34 @@ def _manifest(spec: StudySpec) -> None:
                          f"({e.strerror}); give a writable folder") from None
 
 
+def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
+    """Refuse to resume a study on other code than its recorded runs: compare never pools
+    runs of two commits (the commit is identity, analysis/guard.py), so the runs added now
+    would have no counterpart among those of the first session and the study would lose
+    its blocks. Checked before anything runs; a finished study (nothing to run) is not."""
+    from workloads.core.records import git_commit
+
+    mine = git_commit()["commit"]
+    if mine is None or all(complete(spec, j) for j in jobs):
+        return  # no commit here (an installed copy, not a checkout), or nothing left to run
+    runs: dict[str, list[str]] = {}
+    for j in jobs:
+        for r in job_records(spec, j):
+            if r.get("status") == "ok" and (c := ((r.get("fingerprint") or {}).get("git") or {}).get("commit")):
+                runs.setdefault(c, []).append(str(r.get("run_id")))
+    if not set(runs) - {mine}:
+        return
+    if len(runs) == 1:
+        (theirs,) = runs
+        raise UsageError(f"study {spec.id} was measured on commit {theirs[:12]} and this checkout is {mine[:12]}: compare "
+                         "never pools runs of different code, so the runs still to do would have no counterpart. Finish "
+                         f"it on its commit (git checkout {theirs}), or pass --id <new id> to run the study again on this one")
+    held = ", ".join(f"{c[:12]}: {len(v)} run(s)" for c, v in sorted(runs.items(), key=lambda kv: -len(kv[1])))
+    raise UsageError(f"study {spec.id} already holds runs of {len(runs)} commits ({held}) and this checkout is {mine[:12]}: "
+                     "compare never pools runs of different code. Pass --id <new id> to run the study again on one commit, "
+                     f"or delete the records of the runs of the other commits under {spec.dir} and finish it on one")
+
+
 def _lock(spec: StudySpec):
     """An exclusive lock on the study's folder for as long as it runs: two runs of one study
     at once would compete for the machine (their "ok" records measured that contention) and
@@ -399,6 +427,7 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     jobs = plan(spec)
     _manifest(spec)
     lock = _lock(spec)  # noqa: F841  (held until this function returns)
+    _same_code(spec, jobs)
     say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
         f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
         f"{' seed ' + str(spec.seed) if spec.design != 'abba' else ''}, {launcher}; records in {spec.dir}")
