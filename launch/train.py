@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=2 launch/train.py fabric=loopback
     torchrun --nproc_per_node=8 launch/train.py fabric=roce model=neox-1.3b parallel=zero1 train.precision=bf16
     torchrun --nproc_per_node=2 launch/train.py -m train.micro_batch_size=1,2,4,8
-    python launch/train.py -m hydra/launcher=submitit_slurm hydra.launcher.tasks_per_node=8 train.micro_batch_size=1,2
+    python launch/train.py -m hydra/launcher=slurm hydra.launcher.tasks_per_node=8 train.micro_batch_size=1,2
 
 Started with plain `python` it validates the config first, then launches
 `launcher.nproc_per_node` local ranks itself (torchrun's machinery, without its

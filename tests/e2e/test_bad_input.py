@@ -106,6 +106,8 @@ CASES = [
     # training: paths and files
     ("train-run-id-dotdot", _train("run_id=.."), None, "run_id"),
     ("train-run-id-separator", _train("run_id=a/b"), None, "run_id"),
+    ("train-bare-slurm-launcher", _train("-m", "hydra/launcher=submitit_slurm", "train.micro_batch_size=1,2"), None,
+     "hydra/launcher=submitit_slurm is the plugin's bare launcher"),
     ("train-output-root-file", _train("output_root={d}/afile"), _a_file, "output_root"),
     ("train-token-file-missing", _train("data.kind=tokens", "data.path={d}/nope.bin"), None, "data.path"),
     ("train-token-file-empty", _train("data.kind=tokens", "data.path={d}/tokens.bin"), _empty_tokens, "empty"),

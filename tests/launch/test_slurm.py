@@ -1,7 +1,7 @@
 """fabricbench on a real (private, one-machine) Slurm: munged + slurmctld + two slurmd.
 
 The batch file runs one torchrun agent per Slurm node with c10d rendezvous on the first
-node; a Hydra submitit_slurm sweep submits one job per point whose Slurm tasks are the
+node; a Hydra hydra/launcher=slurm sweep submits one job per point whose Slurm tasks are the
 ranks. Both write real result records. Afterwards none of our daemons or job processes
 may remain.
 """
@@ -49,7 +49,7 @@ def slurm_runs(cluster, tmp_path_factory):
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
     sweep = subprocess.run(
-        [sys.executable, "launch/train.py", "-m", "hydra/launcher=submitit_slurm",
+        [sys.executable, "launch/train.py", "-m", "hydra/launcher=slurm",
          "hydra.launcher.nodes=1", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10",
          *TRAIN[:1], "train.steps=4", "train.warmup_steps=1", "train.micro_batch_size=1,2",
          f"output_root={out / 'sweep'}"],

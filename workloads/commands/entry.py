@@ -9,7 +9,7 @@ For distributed entry points started with plain `python` (no torchrun, no Slurm 
 `self_launch` validates every sweep point's config in this process (a bad value is one
 message, before any rank starts), then starts `launcher.nproc_per_node` local ranks with
 torchrun's own machinery and reports a failed rank in one line instead of torchrun's
-traceback. A sweep sent to Slurm by `hydra/launcher=submitit_slurm` is not self-launched:
+traceback. A sweep sent to Slurm by `hydra/launcher=slurm` is not self-launched:
 this process only submits, and each job's Slurm tasks are the ranks.
 
 Signals (workloads/core/signals.py): SIGTERM is handled as Ctrl-C is (the interrupted point's
@@ -141,7 +141,8 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
 
 def _check_path_overrides(argv: list[str]) -> None:
     """Hydra resolves the run folder before any workload code runs, and would wrap this
-    error in its own traceback: check run_id= here (each value of a sweep)."""
+    error in its own traceback: check run_id= here (each value of a sweep). And the bare
+    Slurm launcher, which composes but whose jobs could never start a process group."""
     from workloads.core.rundir import check_run_id
 
     for a in argv:
@@ -149,6 +150,10 @@ def _check_path_overrides(argv: list[str]) -> None:
         if key == "run_id" and value:
             for v in value.split(","):
                 check_run_id(v.strip())
+        if key == "hydra/launcher" and value == "submitit_slurm":
+            raise UsageError("hydra/launcher=submitit_slurm is the plugin's bare launcher: its jobs lack the setup lines "
+                             "that give each rank MASTER_ADDR and one run folder; write hydra/launcher=slurm, fabricbench's "
+                             "launcher on top of it (conf/hydra/launcher/slurm.yaml)")
 
 
 def _compose_each_job(argv: list[str], config_name: str) -> None:

@@ -74,7 +74,7 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
             raise UsageError(
                 f"fabric changed from '{_FABRIC}' to '{fabric_name}' inside one process; its "
                 "environment is fixed when the process group starts. Sweep fabrics as separate "
-                "jobs (one torchrun per fabric, or hydra/launcher=submitit_slurm)."
+                "jobs (one torchrun per fabric, or hydra/launcher=slurm)."
             )
         return _INFO
     rank, world, local_rank, local_world = launch_env()
