@@ -41,8 +41,21 @@ def _home() -> Path | None:
     return None
 
 
+def _sweep(parent: Path) -> None:
+    """Remove the groups of sessions that were killed before release(): empty, their pid gone.
+    rmdir refuses a group that still holds a process, so a live one is never touched."""
+    for group in parent.glob("fabricbench-tests-*"):
+        pid = group.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not Path("/proc", pid).exists():
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+
+
 def _make() -> Path | None:
     name = f"fabricbench-tests-{os.getpid()}"
+    _sweep(_V1 if (_V1 / "cpu.shares").exists() else _V2)
     try:
         if (_V1 / "cpu.shares").exists():
             group = _V1 / name
