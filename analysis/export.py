@@ -49,6 +49,11 @@ def as_dict(result: Result) -> dict[str, Any]:
         "excluded": [{"label": r.fabric, "status": r.status, "source": r.source} for r in result.excluded],
         "verdicts": [row(p, c) for p, c in result.comparisons],
         "refusals": [f.message() for f in result.refusals],
+        # points with no counterpart; "split": the identity keys parting one from its sibling of
+        # the same fabric and coordinates, as [its value, the sibling's]
+        "unmatched": [{"point": p.label, "fabrics": list(p.by_fabric), "records": len(p.runs),
+                       "split": {k: list(v) for k, v in sorted(result.splits.get(id(p), {}).items())}}
+                      for p in result.unmatched],
     }
 
 

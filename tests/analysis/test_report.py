@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from analysis import stats
+from analysis import export, stats
 from analysis.compare import compare_table
 from analysis.load import load_table
 from analysis.report import write_report
@@ -69,6 +69,8 @@ def test_a_point_split_off_by_a_new_commit_is_named(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("pretrain neox-tiny ddp gpus=2 batch=8 mb=4: only b (1 record); split from its sibling by "
             "fingerprint.git.commit ('def' vs 'abc')") in out, out
+    assert export.as_dict(res)["unmatched"] == [{"point": orphan.label, "fabrics": ["b"], "records": 1,
+                                                 "split": {"fingerprint.git.commit": ["def", "abc"]}}]
     res = compare_table(load_table([tmp_path]), baseline="a", allow=["fingerprint.git.commit"])
     assert not res.unmatched and [c.n for _, c in res.comparisons if c.metric == "samples_per_sec"] == [4]
 
