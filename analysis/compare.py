@@ -404,12 +404,15 @@ def splits(unmatched: list[Point], pts: list[Point], allow: tuple[str, ...]) -> 
     no sibling (a sweep point one fabric alone ran) are left out: nothing split them."""
     out: dict[int, dict[str, tuple]] = {}
     for p in unmatched:
-        best = None
+        best, mine = None, p.by_fabric
         for q in pts:
-            shared = [f for f in p.by_fabric if f in q.by_fabric]
-            if q is p or not shared or q.label != p.label or q.runs[0].workload != p.runs[0].workload:
+            if q is p or q.label != p.label:  # the label starts with the workload
                 continue
-            d = guard.differences(p.by_fabric[shared[0]][0].record, q.by_fabric[shared[0]][0].record, allow)
+            theirs = q.by_fabric
+            shared = [f for f in mine if f in theirs]
+            if not shared:
+                continue
+            d = guard.differences(mine[shared[0]][0].record, theirs[shared[0]][0].record, allow)
             if d and (best is None or len(d) < len(best)):
                 best = d
         if best:

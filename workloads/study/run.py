@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -176,6 +176,11 @@ def _manifest(spec: StudySpec) -> None:
                          f"({e.strerror}); give a writable folder") from None
 
 
+def _commit(record: dict) -> str | None:
+    """The git commit a record's run was measured on (None outside a checkout)."""
+    return ((record.get("fingerprint") or {}).get("git") or {}).get("commit")
+
+
 def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
     """Refuse to resume a study on other code than its recorded runs: compare never pools
     runs of two commits (the commit is identity, analysis/guard.py), so the runs added now
@@ -186,11 +191,7 @@ def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
     mine = git_commit()["commit"]
     if mine is None or all(complete(spec, j) for j in jobs):
         return  # no commit here (an installed copy, not a checkout), or nothing left to run
-    runs: dict[str, list[str]] = {}
-    for j in jobs:
-        for r in job_records(spec, j):
-            if r.get("status") == "ok" and (c := ((r.get("fingerprint") or {}).get("git") or {}).get("commit")):
-                runs.setdefault(c, []).append(str(r.get("run_id")))
+    runs = Counter(c for j in jobs for r in job_records(spec, j) if r.get("status") == "ok" and (c := _commit(r)))
     if not set(runs) - {mine}:
         return
     if len(runs) == 1:
@@ -198,7 +199,7 @@ def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
         raise UsageError(f"study {spec.id} was measured on commit {theirs[:12]} and this checkout is {mine[:12]}: compare "
                          "never pools runs of different code, so the runs still to do would have no counterpart. Finish "
                          f"it on its commit (git checkout {theirs}), or pass --id <new id> to run the study again on this one")
-    held = ", ".join(f"{c[:12]}: {len(v)} run(s)" for c, v in sorted(runs.items(), key=lambda kv: -len(kv[1])))
+    held = ", ".join(f"{c[:12]}: {n} run(s)" for c, n in runs.most_common())
     raise UsageError(f"study {spec.id} already holds runs of {len(runs)} commits ({held}) and this checkout is {mine[:12]}: "
                      "compare never pools runs of different code. Pass --id <new id> to run the study again on one commit, "
                      f"or delete the records of the runs of the other commits under {spec.dir} and finish it on one")
@@ -436,7 +437,7 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     else:
         ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
-    commits = {((r.get("fingerprint") or {}).get("git") or {}).get("commit") for j in jobs for r in job_records(spec, j)}
+    commits = {_commit(r) for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
         say(f"warning: the study's records come from {len(commits)} git commits ({', '.join(sorted(map(str, commits)))}): "
             "the code changed during the study, and compare will not pool trials of different code")
