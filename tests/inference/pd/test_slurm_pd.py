@@ -76,6 +76,11 @@ def test_the_kv_cache_moved_and_its_path_is_verified(job):
     v = rec["fabric"]["kv_path"]
     assert v["verdict"] == "ok" and v["expect"] == {"kv_transports": ["cma", "tcp"]}, v
     assert set(v["summary"]["kv_transports"]) <= {"cma", "tcp"}, v["summary"]
+    # both "nodes" are this host: UCX says its KV protocols are intra-node, so no NIC could carry
+    # the KV cache and the NIC cross-check says why it was not made (test_kv_link.py: real ports)
+    assert {p["scope"] for p in v["summary"]["kv_protocols"]} == {"intra-node"}, v["summary"]
+    link = kv["link"]
+    assert link["verdict"] == "unverified" and "both nodes are this host" in link["message"], link
 
 
 def test_no_engine_is_left(job):

@@ -22,7 +22,9 @@ Under launch/emulate.py (server.nnodes=2, the namespaces in FABRICBENCH_EMULATED
 prefill instance runs in node 0 and the decode instance in node 1, each announcing its own emu0
 address, with UCX limited to tcp over emu0 (_ucx_net); serve.py and its proxy run in node 0, on
 the unshaped host link the load generator reaches. The observer then also reads node 0's emu0
-byte counters around each point (kv.link: the NIC cross-check of the KV bytes).
+byte counters around each point (kv.link: the NIC cross-check of the KV bytes). On two real
+nodes it reads node 0's own host counters on the KV rails instead (kv_rails: UCX's devices, else
+the fabric profile's interfaces or HCA ports).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     o = options(spec)
     path = model_path(spec, model)
     name = spec.served_model_name or path
-    host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
+    host = _own_host(spec)
     # launch/emulate.py: prefill in node 0, decode in node 1, each on its own end of the shaped link
     nodes = emulated_nodes() if spec.nnodes > 1 else None
     kv = json.dumps(kv_transfer_config(o))
@@ -258,6 +260,25 @@ def _ucx_net(o: dict, host: str, nodes: list[str] | None) -> dict[str, str]:
     return {"UCX_NET_DEVICES": net} if net else {}
 
 
+def _own_host(spec: ServerSpec) -> str:
+    """The address this node's instance announces (a wildcard listen address is not one)."""
+    return "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
+
+
+def kv_rails(spec: ServerSpec, profile, env: dict) -> list[str]:
+    """Two real nodes: the rails of node 0 (the prefill's) whose byte counters must carry the KV
+    cache: the devices UCX was limited to (server.env, server.ucx_net_devices, else the profile's
+    UCX_NET_DEVICES), else the interfaces the fabric profile names for its traffic (nic.rails_for:
+    NCCL_IB_HCA's active ports on an RDMA fabric, NCCL_SOCKET_IFNAME's or GLOO_SOCKET_IFNAME's
+    interfaces on a socket one). `env`: this node's environment with the profile applied."""
+    from workloads.fabric.nic import rails_for
+    from workloads.inference.pd import kvlog
+
+    ucx = spec.env.get("UCX_NET_DEVICES") or _ucx_net(options(spec), _own_host(spec), None).get("UCX_NET_DEVICES") \
+        or env.get("UCX_NET_DEVICES")
+    return kvlog.ucx_rails(ucx) or rails_for(profile, env, None)
+
+
 def _arg(argv: tuple[str, ...], flag: str) -> str | None:
     for i, a in enumerate(argv):
         if a == flag and i + 1 < len(argv):
@@ -287,14 +308,24 @@ class PDObserver:
         # vLLM's KV-transfer metrics come from the instance that moves the KV cache: the decode
         # instance reads it (pull, NixlConnector), the prefill instance writes it (push)
         self.stats_log = self.logs["prefill" if self.push else "decode"]
-        self.pids = pids_path(spec) if spec.nnodes > 1 and not two_real_nodes(spec) else None  # emulated: the link's counters
+        self.real = two_real_nodes(spec)
+        self.pids = pids_path(spec) if spec.nnodes > 1 and not self.real else None  # emulated: the link's counters
         self.emulate: dict | None = None
+        self.rails: list[str] = []  # two real nodes: node 0's rails that must carry the KV cache (verify)
+        self.intra_node = False     # UCX moved the KV cache between processes of one host
 
-    def link_counters(self) -> tuple[int, int] | None:
-        """(tx, rx) bytes of the emulated link's end in the prefill's node, read in that node's
-        network namespace through a process in it (/proc/<pid>/net/dev, nic.parse_proc_net_dev)."""
-        from workloads.fabric.nic import parse_proc_net_dev
+    def link_counters(self) -> tuple[str, tuple[int, int]] | None:
+        """The name and (tx, rx) bytes of the link's end in the prefill's node. Emulated nodes:
+        emu0, read in node 0's network namespace through a process in it (/proc/<pid>/net/dev).
+        Two real nodes: this host's counters (nic.read_counters) summed over the KV rails it has."""
+        from workloads.fabric.nic import parse_proc_net_dev, read_counters
 
+        if self.real:
+            table = read_counters()
+            found = [r for r in self.rails if r in table]
+            if not found:
+                return None
+            return ",".join(found), (sum(table[r][0] for r in found), sum(table[r][1] for r in found))
         pids = _read_json(self.pids) if self.pids else None
         if not pids:
             return None
@@ -302,7 +333,8 @@ class PDObserver:
             table = parse_proc_net_dev(Path(f"/proc/{int(pids['prefill'])}/net/dev").read_text())
         except (OSError, ValueError, KeyError):
             return None
-        return table.get(f"net:{IFNAME}")
+        end = table.get(f"net:{IFNAME}")
+        return None if end is None else (IFNAME, end)
 
     def verify(self, fabric) -> dict:
         from workloads.fabric.verify_kv import kv_verdict
@@ -317,6 +349,12 @@ class PDObserver:
         out["nixl_pthr_delay_us"] = {role: applied_pthr_delay(p.read_text(errors="replace") if p.exists() else "")
                                      for role, p in self.logs.items()}
         self.emulate = fabric.emulate
+        if self.real:
+            env = dict(os.environ)
+            fabric.apply(None, env)
+            self.rails = kv_rails(self.spec, fabric, env)
+            rows = out["summary"]["kv_protocols"]
+            self.intra_node = bool(rows) and all(r["scope"] == "intra-node" for r in rows)
         return {"kv_path": out}
 
     def begin(self) -> tuple:
@@ -360,24 +398,35 @@ class PDObserver:
                                       "kv_ttft_share": share}}
 
 
-    def _link(self, kv: dict, before: tuple[int, int] | None, kv_bytes: int) -> None:
-        """Across emulated nodes: the bytes the link carried beside the KV bytes the point's
-        completed requests moved (each its prompt's whole blocks), and the transfer time the
-        link's rate predicts beside the measured one."""
+    def _link(self, kv: dict, before: tuple[str, tuple[int, int]] | None, kv_bytes: int) -> None:
+        """The bytes the prefill node's end of the link carried beside the KV bytes the point's
+        completed requests moved (each its prompt's whole blocks); across emulated nodes also the
+        transfer time the link's rate predicts beside the measured one."""
         from workloads.fabric.linerate import tcp_payload_fraction
         from workloads.fabric.netns import rate_bits_per_s
         from workloads.inference.pd import kvlog
 
-        after = self.link_counters() if before is not None else None
-        if after is None:
-            return
-        kv["link"] = kvlog.link_crossing(IFNAME, before, after, kv_bytes)
-        emu = EmuSpec.from_config({k: v for k, v in self.emulate.items() if k != "noise"}) if self.emulate else None
-        if emu is not None and emu.rate and kv.get("expected_bytes_per_transfer"):
-            n, bits, share = kv["expected_bytes_per_transfer"], rate_bits_per_s(emu.rate), tcp_payload_fraction(emu.mtu)
-            kv["link"] |= {"rate": emu.rate, "burst_bytes": emu.burst_bytes(),
-                           "predicted_xfer_ms": kvlog.predicted_xfer_ms(n, bits, share),
-                           "predicted_xfer_ms_after_burst": kvlog.predicted_xfer_ms(n, bits, share, emu.burst_bytes())}
+        if self.real and (self.intra_node or before is None):
+            why = ("UCX moved the KV cache between processes of one host (its intra-node protocols in "
+                   "fabric.kv_path): both nodes are this host, so no NIC carried it") if self.intra_node else (
+                f"node 0 has no byte counters of the KV path's rails ({', '.join(self.rails)})" if self.rails else
+                "the fabric profile names no interface for the KV path (UCX_NET_DEVICES, NCCL_IB_HCA, "
+                "NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME)")
+            kv["link"] = {"interface": ",".join(self.rails) or None, "node": 0, "kv_bytes": kv_bytes,
+                          "verdict": "unverified", "message": why + ": the NIC cross-check of the KV bytes was not made"}
+        else:
+            after = self.link_counters() if before is not None else None
+            if after is None or after[0] != before[0]:  # the emulation ended, or a rail vanished mid-point
+                return
+            where = (f"node 0's {after[0]}", "another interface carried it: fabric.kv_path names UCX's devices") \
+                if self.real else kvlog.EMULATED
+            kv["link"] = kvlog.link_crossing(after[0], before[1], after[1], kv_bytes, where)
+            emu = EmuSpec.from_config({k: v for k, v in self.emulate.items() if k != "noise"}) if self.emulate else None
+            if emu is not None and emu.rate and kv.get("expected_bytes_per_transfer"):
+                n, bits, share = kv["expected_bytes_per_transfer"], rate_bits_per_s(emu.rate), tcp_payload_fraction(emu.mtu)
+                kv["link"] |= {"rate": emu.rate, "burst_bytes": emu.burst_bytes(),
+                               "predicted_xfer_ms": kvlog.predicted_xfer_ms(n, bits, share),
+                               "predicted_xfer_ms_after_burst": kvlog.predicted_xfer_ms(n, bits, share, emu.burst_bytes())}
         if kv["link"]["message"]:
             print(f"warning: {kv['link']['message']}", flush=True)
 

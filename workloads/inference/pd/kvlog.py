@@ -88,18 +88,22 @@ class KVShape:
         return self.bytes_per_token() * math.ceil(prompt_tokens / block_size) * block_size
 
 
-# The emulated link must carry at least every KV byte the point's requests moved (TCP/IP and
-# Ethernet headers come on top); below this share, most of the KV cache went some other way
-# (CMA between the two processes, never on the wire).
+# The link must carry at least every KV byte the point's requests moved (TCP/IP and Ethernet, or
+# IB/RoCE, headers come on top); below this share, most of the KV cache went some other way
+# (CMA between the two processes, never on the wire; another interface than the one read).
 CROSSED_MIN = 1.0
 NOT_CROSSED_BELOW = 0.5
+EMULATED = ("the emulated link", "CMA between the processes?")
 
 
-def link_crossing(iface: str, before: tuple[int, int], after: tuple[int, int], kv_bytes: int | None) -> dict:
-    """What the prefill node's end of the emulated link carried during a point, beside the KV
-    bytes its requests should have moved across it. (tx, rx) byte counters of `iface` in the
-    prefill's namespace: tx is prefill -> decode, the KV cache's direction in pull and push mode
-    alike (pull: the decode's GET is answered with the blocks; push: the prefill PUTs them)."""
+def link_crossing(iface: str, before: tuple[int, int], after: tuple[int, int], kv_bytes: int | None,
+                  where: tuple[str, str] = EMULATED) -> dict:
+    """What the prefill node's end of the link carried during a point, beside the KV bytes its
+    requests should have moved across it. (tx, rx) byte counters of `iface` (several rails
+    summed: their names joined by commas) in the prefill's node: tx is prefill -> decode, the KV
+    cache's direction in pull and push mode alike (pull: the decode's GET is answered with the
+    blocks, which an RDMA port counts in its port_xmit_data; push: the prefill PUTs them).
+    `where`: the link's name in the message, and the likeliest other path."""
     tx, rx = after[0] - before[0], after[1] - before[1]
     out = {"interface": iface, "node": 0, "tx_bytes": tx, "rx_bytes": rx, "kv_bytes": kv_bytes,
            "ratio": tx / kv_bytes if kv_bytes else None}
@@ -110,11 +114,20 @@ def link_crossing(iface: str, before: tuple[int, int], after: tuple[int, int], k
     elif out["ratio"] < NOT_CROSSED_BELOW:
         out["verdict"] = "not_crossed"
         out["message"] = (f"{iface} carried {tx} B from the prefill node, far below the {kv_bytes} B of KV cache its "
-                          "requests moved: the KV cache did not cross the emulated link (CMA between the processes?)")
+                          f"requests moved: the KV cache did not cross {where[0]} ({where[1]})")
     else:
         out["verdict"] = "short"
         out["message"] = f"{iface} carried {tx} B from the prefill node, less than the {kv_bytes} B of KV cache expected"
     return out
+
+
+def ucx_rails(devices: str | None) -> list[str]:
+    """UCX_NET_DEVICES (UCX's device names, `mlx5_0:1,eth0`) as nic.py's rails (`rdma:mlx5_0:1`,
+    `net:eth0`); none where it names no device of its own: unset, `all`, or an exclusion (`^eth0`)."""
+    names = [d.strip() for d in (devices or "").split(",") if d.strip()]
+    if not names or "all" in names or names[0].startswith("^"):
+        return []
+    return [f"rdma:{d}" if ":" in d else f"net:{d}" for d in names]
 
 
 def predicted_xfer_ms(nbytes: int, rate_bits_per_s: float, payload_fraction: float, burst_bytes: int = 0) -> float:
