@@ -186,6 +186,8 @@ def test_link_crossing_worked_values():
     assert gone["verdict"] == "not_crossed" and "did not cross the emulated link" in gone["message"]
     assert kvlog.link_crossing("emu0", (0, 0), (500000, 0), kv)["verdict"] == "short"  # 0.76 of it
     assert kvlog.link_crossing("emu0", (0, 0), (10, 0), 0)["verdict"] == "unverified"
+    back = kvlog.link_crossing("rdma:mlx5_0:1", (2**34, 0), (5000, 0), kv)  # a reset or a 32-bit counter's wrap
+    assert back["verdict"] == "unverified" and back["message"] == "rdma:mlx5_0:1's tx counter went backwards during the point"
 
 
 def test_predicted_transfer_time_worked_value():

@@ -109,6 +109,8 @@ def link_crossing(iface: str, before: tuple[int, int], after: tuple[int, int], k
            "ratio": tx / kv_bytes if kv_bytes else None}
     if not kv_bytes:
         out["verdict"], out["message"] = "unverified", "no KV bytes expected in this point (no request completed)"
+    elif tx < 0:  # as nic.summarize: a counter reset, or an old HCA's 32-bit counter that wrapped
+        out["verdict"], out["message"] = "unverified", f"{iface}'s tx counter went backwards during the point"
     elif out["ratio"] >= CROSSED_MIN:
         out["verdict"], out["message"] = "ok", None
     elif out["ratio"] < NOT_CROSSED_BELOW:
