@@ -407,13 +407,9 @@ class PDObserver:
         from workloads.inference.pd import kvlog
 
         if self.real and (self.intra_node or before is None):
-            why = ("UCX moved the KV cache between processes of one host (its intra-node protocols in "
-                   "fabric.kv_path): both nodes are this host, so no NIC carried it") if self.intra_node else (
-                f"node 0 has no byte counters of the KV path's rails ({', '.join(self.rails)})" if self.rails else
-                "the fabric profile names no interface for the KV path (UCX_NET_DEVICES, NCCL_IB_HCA, "
-                "NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME)")
             kv["link"] = {"interface": ",".join(self.rails) or None, "node": 0, "kv_bytes": kv_bytes,
-                          "verdict": "unverified", "message": why + ": the NIC cross-check of the KV bytes was not made"}
+                          "verdict": "unverified",
+                          "message": self._unchecked() + ": the NIC cross-check of the KV bytes was not made"}
         else:
             after = self.link_counters() if before is not None else None
             if after is None or after[0] != before[0]:  # the emulation ended, or a rail vanished mid-point
@@ -429,6 +425,17 @@ class PDObserver:
                                "predicted_xfer_ms_after_burst": kvlog.predicted_xfer_ms(n, bits, share, emu.burst_bytes())}
         if kv["link"]["message"]:
             print(f"warning: {kv['link']['message']}", flush=True)
+
+
+    def _unchecked(self) -> str:
+        """Why two real nodes' KV bytes could not be checked on node 0's counters."""
+        if self.intra_node:
+            return ("UCX moved the KV cache between processes of one host (its intra-node protocols in "
+                    "fabric.kv_path): both nodes are this host, so no NIC carried it")
+        if self.rails:
+            return f"node 0 has no byte counters of the KV path's rails ({', '.join(self.rails)})"
+        return ("the fabric profile names no interface for the KV path (UCX_NET_DEVICES, NCCL_IB_HCA, "
+                "NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME)")
 
 
 def observer(spec: ServerSpec, model: dict) -> PDObserver:
