@@ -397,7 +397,6 @@ class PDObserver:
                                       "kv_xfer_ms_mean": kv["xfer_ms_mean"], "kv_xfer_ms_p90_max": kv["xfer_ms_p90_max"],
                                       "kv_ttft_share": share}}
 
-
     def _link(self, kv: dict, before: tuple[str, tuple[int, int]] | None, kv_bytes: int) -> None:
         """The bytes the prefill node's end of the link carried beside the KV bytes the point's
         completed requests moved (each its prompt's whole blocks); across emulated nodes also the
@@ -425,7 +424,6 @@ class PDObserver:
                                "predicted_xfer_ms_after_burst": kvlog.predicted_xfer_ms(n, bits, share, emu.burst_bytes())}
         if kv["link"]["message"]:
             print(f"warning: {kv['link']['message']}", flush=True)
-
 
     def _unchecked(self) -> str:
         """Why two real nodes' KV bytes could not be checked on node 0's counters."""
