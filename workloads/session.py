@@ -26,6 +26,7 @@ from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
+from workloads.fabric.delaymeter import DelayMeter
 from workloads.fabric.noise import PointMeter
 from workloads.fabric.preflight import preflight
 from workloads.fabric.profile import FabricProfile
@@ -157,6 +158,7 @@ class Recorded:
         self.inflight: Path | None = None
         self.writer: dict[str, Any] | None = None  # on the other ranks: the writer, while it measures
         self.noise: PointMeter | None = None  # an emulated run's background traffic, counted around the point
+        self.delay: DelayMeter | None = None  # what an emulated delay line did around the point
 
     def __enter__(self) -> dict[str, Any]:
         main = self.info is None or self.info.is_main
@@ -181,6 +183,8 @@ class Recorded:
                       "die mid-point, the point leaves no record", file=sys.stderr, flush=True)
         if self.write and self.count_noise:
             self.noise = PointMeter()
+        if self.write:
+            self.delay = DelayMeter()
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:
@@ -202,6 +206,8 @@ class Recorded:
             rec["status"], rec["error"] = "failed", error
             if trace is not None:
                 rec["traceback"] = trace
+        if self.delay is not None:  # after the status: an ok point run at another delay fails
+            self.delay.stamp(rec)
         if self.write:
             try:
                 self.path = write_record(self.directory, rec, self.stem)

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 SHARES_V1, WEIGHT_V2 = 8192, 800  # 8x the defaults (1024, 100)
+RT_RUNTIME_US = 500_000  # of each 1 s period, for SCHED_FIFO tasks in the group (the root keeps 950,000)
 _V1, _V2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
 _state = {"group": None, "home": None, "why": "not tried", "in": None}  # "in": the cgroup this process is in
 
@@ -61,6 +62,16 @@ def _make() -> Path | None:
             group = _V1 / name
             group.mkdir(exist_ok=True)
             (group / "cpu.shares").write_text(str(SHARES_V1))
+            # A new group gets no real-time budget (cpu.rt_runtime_us 0), and the emulator's delay
+            # line (workloads/fabric/delayline.py) asks for SCHED_FIFO to keep its holds exact on a
+            # busy host: without a budget here it would run at the normal policy, as it may in a
+            # user's job, and the timed tests would measure that fallback.
+            rt = group / "cpu.rt_runtime_us"
+            if rt.exists():
+                try:
+                    rt.write_text(str(RT_RUNTIME_US))
+                except OSError:
+                    pass
         elif "cpu" in (_V2 / "cgroup.subtree_control").read_text().split():
             group = _V2 / name
             group.mkdir(exist_ok=True)

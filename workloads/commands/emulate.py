@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args, conf_dir: str | None = None) -> int:
     conf_dir = conf_dir or CONF_DIR
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    died: list[str] = []  # the delay line's death, said once by its watcher
     try:
         serving = _check_entry(args)
         if args.jobs != 1 and serving:
@@ -261,7 +262,7 @@ def run(args, conf_dir: str | None = None) -> int:
                 raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
                                  "noise: drop the noise block or --jobs")
         require_root()
-        with Topology(spec, host_link=serving) as topo:
+        with Topology(spec, host_link=serving) as topo, _watch_delay_line(topo, died):
             print(f"emulate: {topo.describe()}", flush=True)
             addrs = [spec.addr(i) for i in range(spec.nodes)]
             with noise.running(loud, topo.nodes, addrs, noise_dir, args.timeout) as noise_env:
@@ -279,10 +280,42 @@ def run(args, conf_dir: str | None = None) -> int:
         print(f"error: could not build the emulated fabric: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if died:  # the watcher said why; the records of the points measured before it are on disk
+            return 1
         print("interrupted: agents stopped, namespaces removed", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _watch_delay_line(topo: Topology, died: list[str], every_s: float = 0.25):
+    """Stop the run as soon as the delay line dies: its links then carry nothing, and the ranks
+    would wait for their collectives until the process group's timeout. The run is stopped as
+    Ctrl-C stops it (each point in flight records itself as interrupted), after one line."""
+    if topo.delay_line is None:
+        yield
+        return
+    import _thread
+
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(every_s):
+            if (why := topo.delay_line_problem()) is not None:
+                died.append(why)
+                print(f"error: {why}; stopping the run (namespaces removed, records of finished points kept)",
+                      file=sys.stderr, flush=True)
+                _thread.interrupt_main()
+                return
+
+    t = threading.Thread(target=watch, name="delay-line-watch", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(5)
 
 
 def _check_entry(args) -> bool:
@@ -318,7 +351,7 @@ def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], tim
     the unshaped host link; the TP all_reduces cross the shaped emu0 link."""
     argv = [python, entry, *overrides, f"server.host={topo.host_addr}", f"server.nnodes={topo.spec.nodes}",
             f"server.dist_init_addr={topo.spec.addr(0)}:{MASTER_PORT}"]
-    env = dict(os.environ if env is None else env) | {NODES_ENV: ",".join(topo.nodes)}
+    env = dict(os.environ if env is None else env) | topo.env() | {NODES_ENV: ",".join(topo.nodes)}
     p = subprocess.Popen(argv, env=env)
     try:
         return p.wait(timeout=timeout_s)

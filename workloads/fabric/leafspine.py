@@ -54,9 +54,11 @@ def _sysctl(run: Callable, ns: str, **values) -> None:
         run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key.replace('__', '.')}={v}"])
 
 
-def build(run: Callable, shape: Callable, spec, hosts: list[str], leaves: list[str], spines: list[str]) -> None:
+def build(run: Callable, shape: Callable, veth: Callable, spec, hosts: list[str], leaves: list[str],
+          spines: list[str]) -> None:
     """Wire the namespaces (already created, lo up): hosts to leaves, leaves to spines, routes.
-    `shape(ns, dev, rate)` puts the qdisc on one egress."""
+    `shape(ns, dev, rate)` puts the qdisc on one egress; `veth(ns1, if1, ns2, if2, latency, label)`
+    makes one link, through the delay line when `latency` is set."""
     per_leaf = spec.nodes // spec.leaves
     for ns in leaves + spines:
         _sysctl(run, ns, net__ipv4__ip_forward=1, net__ipv4__conf__all__rp_filter=0,
@@ -69,8 +71,7 @@ def build(run: Callable, shape: Callable, spec, hosts: list[str], leaves: list[s
     for i, host in enumerate(hosts):
         j = i // per_leaf
         port = f"h{i}"
-        run(["ip", "link", "add", "name", "emu0", "netns", host, "mtu", str(spec.mtu), "type", "veth",
-             "peer", "name", port, "netns", leaves[j]])
+        veth(host, "emu0", leaves[j], port, spec.latency, f"n{i}-l{j}")
         run(["ip", "-n", leaves[j], "link", "set", port, "mtu", str(spec.mtu), "master", "br0", "up"])
         run(["ip", "-n", host, "addr", "add", f"{host_addr(i, per_leaf)}/24", "dev", "emu0"])
         run(["ip", "-n", host, "link", "set", "emu0", "up"])
@@ -80,8 +81,7 @@ def build(run: Callable, shape: Callable, spec, hosts: list[str], leaves: list[s
     for j, leaf in enumerate(leaves):
         for k, spine in enumerate(spines):
             up, down = f"u{k}", f"d{j}"
-            run(["ip", "link", "add", "name", up, "netns", leaf, "mtu", str(spec.mtu), "type", "veth",
-                 "peer", "name", down, "netns", spine])
+            veth(leaf, up, spine, down, spec.uplink_latency, f"l{j}-s{k}")
             mine, theirs = _uplink(j, k)
             run(["ip", "-n", leaf, "addr", "add", f"{mine}/30", "dev", up])
             run(["ip", "-n", spine, "addr", "add", f"{theirs}/30", "dev", down])

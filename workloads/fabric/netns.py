@@ -4,10 +4,13 @@ adapters, the line-rate code and the study read only this half (a rate, a spec, 
 
 N namespaces ("nodes") joined by veth pairs — directly for N = 2, through a bridge in its own
 namespace for N > 2, or through leaf and spine routers (workloads/fabric/leafspine.py) — each
-node's link shaped on egress with `tc ... tbf rate R` (or an `htb` class), optionally with
-netem delay when the kernel has it. The spec comes from a fabric profile's `emulate:` block:
+node's link shaped on egress with `tc ... tbf rate R` (or an `htb` class). A link with a
+one-way delay is spliced through a delay line (workloads/fabric/delayline.py): both veths end in
+one "delay" namespace, where one process holds every frame for the delay before passing it on,
+so rate (tbf, on the nodes' egress) and delay compose and are set apart, on kernels without
+netem. The spec comes from a fabric profile's `emulate:` block:
 
-    emulate: {nodes: 2, rate: 100mbit, qdisc: tbf, burst: null, latency: null, mtu: 1500}
+    emulate: {nodes: 2, rate: 100mbit, qdisc: tbf, burst: null, latency: 2ms, mtu: 1500}
 
 Everything is built with argv lists (no shell); namespaces are named fb-<pid>-<i> and removed
 by `Topology.__exit__` — also after a failure — which removes their veths and qdiscs with them.
@@ -22,12 +25,16 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from workloads.core.errors import UsageError
 from workloads.fabric import leafspine
+from workloads.fabric.delaymeter import DELAY_ENV
 
 IFNAME = "emu0"          # the node's veth inside every namespace; GLOO_SOCKET_IFNAME of emu-*
 SUBNET = "10.77.0"       # private to our namespaces: nothing outside them sees it
@@ -47,7 +54,9 @@ NETNS_ETC = Path("/etc/netns")  # per-namespace files that `ip netns exec` mount
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$", re.I)
 _UNIT_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
-_TIME = re.compile(r"^\d+(?:\.\d+)?(us|ms|s)$")
+_TIME = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+_TIME_US = {"us": 1.0, "ms": 1e3, "s": 1e6}
+MAX_DELAY_US = 1e6       # the delay line's histogram ends at 1 s; no fabric is slower than that one way
 
 
 # What tc can shape here: below 1 kbit/s tbf's rate rounds to nothing ("the rate parameter is
@@ -68,6 +77,18 @@ def rate_bits_per_s(rate: str) -> float:
     return bits
 
 
+def delay_us(value: Any, key: str = "latency") -> float:
+    """'2ms' -> 2000.0 (one-way, µs). UsageError for anything else, negative or over 1 s included."""
+    m = _TIME.match(str(value).strip())
+    if not m:
+        raise UsageError(f"emulate.{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0ms (one way per link), "
+                         "or null for no delay line")
+    us = float(m.group(1)) * _TIME_US[m.group(2)]
+    if us > MAX_DELAY_US:
+        raise UsageError(f"emulate.{key}={value} is over the delay line's 1 s; use at most 1s")
+    return us
+
+
 class TopologyError(RuntimeError):
     """A command that builds the emulated fabric failed (ip, tc, sysctl): said in one line."""
 
@@ -78,7 +99,7 @@ class EmuSpec:
     rate: str | None = None          # None: the veth is not shaped
     qdisc: str = "tbf"               # tbf | htb
     burst: int | None = None         # bytes; None = max(128 KiB, 4 ms at the rate)
-    latency: str | None = None       # one-way netem delay per link, e.g. "1ms"
+    latency: str | None = None       # one-way delay of each node's link, e.g. "2ms" (a delay line); None: none
     mtu: int = 1500
     # How the nodes are joined: None = a veth pair for 2 nodes, a bridge (star) for more;
     # "leaf-spine" = routed leaves and spines with ECMP between them (workloads/fabric/leafspine.py).
@@ -87,6 +108,8 @@ class EmuSpec:
     spines: int = 2                  # leaf-spine: spine routers, one uplink from every leaf to each
     uplink_rate: str | None = None   # leaf-spine: tc rate of each leaf-spine link; None = `rate`
     hash: str = "l4"                 # leaf-spine ECMP: l3 (addresses) | l4 (addresses and ports)
+    uplink_latency: str | None = None  # leaf-spine: one-way delay of each leaf-spine link (pods far apart)
+    queue: int | None = None         # frames a delay line holds per direction; None: enough for 2x the BDP
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None, **overrides: Any) -> EmuSpec:
@@ -105,7 +128,9 @@ class EmuSpec:
                    topology=None if b.get("topology") in (None, "auto") else str(b["topology"]),
                    leaves=int(b.get("leaves", 2)), spines=int(b.get("spines", 2)),
                    uplink_rate=None if uplink in (None, "none", "null", "") else str(uplink),
-                   hash=str(b.get("hash", "l4")).lower())
+                   hash=str(b.get("hash", "l4")).lower(),
+                   uplink_latency=None if b.get("uplink_latency") in (None, "none", "null", "") else str(b["uplink_latency"]),
+                   queue=None if b.get("queue") is None else int(b["queue"]))
         spec.check()
         return spec
 
@@ -126,8 +151,9 @@ class EmuSpec:
             raise UsageError(f"emulate.qdisc={self.qdisc!r}; use tbf or htb")
         if self.burst is not None and self.burst < 1600:
             raise UsageError(f"emulate.burst={self.burst} bytes is below one packet; use >= 1600 or null")
-        if self.latency is not None and not _TIME.match(str(self.latency)):
-            raise UsageError(f"emulate.latency={self.latency!r}; use e.g. 500us or 2ms (or null)")
+        if self.latency is not None:
+            delay_us(self.latency)
+        self._check_queue()
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"emulate.mtu={self.mtu}; use 576..65535")
         if self.topology not in (None, "pair", "star", "leaf-spine"):
@@ -148,6 +174,45 @@ class EmuSpec:
                 rate_bits_per_s(self.uplink_rate)
         elif self.uplink_rate is not None:
             raise UsageError("emulate.uplink_rate applies to topology=leaf-spine only; remove it or set topology=leaf-spine")
+        elif self.uplink_latency is not None:
+            raise UsageError("emulate.uplink_latency applies to topology=leaf-spine only; use emulate.latency for the "
+                             "links of a pair or a star, or set topology=leaf-spine")
+        if self.leaf_spine and self.uplink_latency is not None:
+            delay_us(self.uplink_latency, "uplink_latency")
+
+    def delays(self) -> list[tuple[str | None, float]]:
+        """(tc rate, one-way delay µs) of every kind of link that has a delay line."""
+        out = []
+        if self.latency is not None:
+            out.append((self.rate, delay_us(self.latency)))
+        if self.leaf_spine and self.uplink_latency is not None:
+            out.append((self.uplink, delay_us(self.uplink_latency, "uplink_latency")))
+        return out
+
+    def queue_frames(self) -> int:
+        """Frames a delay line may hold per direction: `queue`, or twice the largest
+        bandwidth-delay product in full-size frames (at least 1000), so the line drops nothing
+        at the shaped rate; an unshaped veth has no rate to size by, so 100,000."""
+        if self.queue is not None:
+            return self.queue
+        need = [rate_bits_per_s(r) / 8 * us / 1e6 / self.mtu for r, us in self.delays() if r is not None]
+        if len(need) < len(self.delays()):
+            return 100_000
+        return max(1000, int(2 * max(need, default=0)) + 1)
+
+    def _check_queue(self) -> None:
+        if self.queue is None:
+            return
+        if self.queue < 1:
+            raise UsageError(f"emulate.queue={self.queue}; use a positive number of frames, or null to size it")
+        for rate, us in ([] if self.latency is None and self.uplink_latency is None else self.delays()):
+            if rate is None:
+                continue
+            bdp = rate_bits_per_s(rate) / 8 * us / 1e6
+            if self.queue * self.mtu < bdp:
+                raise UsageError(f"emulate.queue={self.queue} frames ({self.queue * self.mtu} B at mtu {self.mtu}) is below "
+                                 f"the bandwidth-delay product of {rate} x {us / 1e3:g} ms ({bdp:.0f} B): the line would "
+                                 f"drop at the shaped rate; use queue >= {int(bdp / self.mtu) + 1} or null")
 
     def burst_bytes(self, rate: str | None = None) -> int:
         # tbf needs burst >= rate/HZ; veth hands it GSO packets up to 64 KiB, which tbf
@@ -184,17 +249,6 @@ def require_root() -> None:
             raise UsageError(f"`{tool}` is not installed; install iproute2 and util-linux")
 
 
-def netem_available() -> bool:
-    """Probe in a throwaway namespace: sch_netem is a module many minimal kernels lack."""
-    ns = f"{PREFIX}{os.getpid()}-probe"
-    try:
-        _run(["ip", "netns", "add", ns])
-        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        return _run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"], check=False).returncode == 0
-    finally:
-        _run(["ip", "netns", "del", ns], check=False)
-
-
 @contextlib.contextmanager
 def _host_link_lock(path: Path = HOST_LINK_LOCK):
     """An exclusive lock across processes (flock(2), released when the file closes, also when
@@ -225,18 +279,27 @@ class Topology:
         self.leaves, self.spines = leafspine.names(self.tag, spec.leaves, spec.spines) if spec.leaf_spine else ([], [])
         self.sentinels: list[subprocess.Popen] = []  # one idle process per spine (leafspine.read_paths)
         self.created: list[str] = []
-        self.netem = False
+        # Links spliced through the delay line: (label, its two ends in delay_ns, one-way µs).
+        self.delay_ns = f"{PREFIX}{self.tag}-dl" if spec.delays() else None
+        self.delayed: list[tuple[str, str, str, float]] = []
+        self.delay_line: subprocess.Popen | None = None
+        self.delay_dir: Path | None = None
         # (host end, node 0's address on it): an unshaped link from this host into node 0,
         # for a client (the inference load generator) that must not share the shaped fabric.
         self.host_link = host_link
         self.host_addr: str | None = None
 
     def namespaces(self) -> list[str]:
-        return self.nodes + ([self.bridge_ns] if self.bridge_ns else []) + self.leaves + self.spines
+        return (self.nodes + ([self.bridge_ns] if self.bridge_ns else []) + self.leaves + self.spines
+                + ([self.delay_ns] if self.delay_ns else []))
 
     def env(self) -> dict[str, str]:
-        """What the ranks need to know of the topology: where to read each spine's bytes."""
-        return {leafspine.PATHS_ENV: leafspine.paths_env(self.sentinels)} if self.sentinels else {}
+        """What the ranks need to know of the topology: where to read each spine's bytes, and
+        what the delay line did."""
+        env = {leafspine.PATHS_ENV: leafspine.paths_env(self.sentinels)} if self.sentinels else {}
+        if self.delay_dir is not None:
+            env[DELAY_ENV] = str(self.delay_dir / "stats.json")
+        return env
 
     def __enter__(self) -> Topology:
         try:
@@ -251,11 +314,6 @@ class Topology:
 
     def build(self) -> None:
         s = self.spec
-        if s.latency is not None:
-            self.netem = netem_available()
-            if not self.netem:
-                raise UsageError(f"emulate.latency={s.latency} needs the kernel's netem qdisc (sch_netem), which this "
-                                 "kernel lacks; set fabric.emulate.latency=null (rate shaping with tbf/htb still works)")
         for ns in self.namespaces():
             _run(["ip", "netns", "add", ns])
             self.created.append(ns)
@@ -265,23 +323,22 @@ class Topology:
             if not shutil.which("sysctl"):
                 raise UsageError("emulate.topology=leaf-spine needs `sysctl` (routers forward, ECMP hashing): "
                                  "install procps")
-            leafspine.build(_run, self._shape, s, self.nodes, self.leaves, self.spines)
+            leafspine.build(_run, self._shape, self._veth, s, self.nodes, self.leaves, self.spines)
             self.sentinels = leafspine.start_sentinels(self.spines)
             if self.host_link:
                 self._link_host()
+            self._start_delay_line()
             return
         if self.bridge_ns is None:
             # Two nodes: one veth pair, emu0 at both ends.
-            _run(["ip", "link", "add", "name", IFNAME, "netns", self.nodes[0], "mtu", str(s.mtu), "type", "veth",
-                  "peer", "name", IFNAME, "netns", self.nodes[1]])
+            self._veth(self.nodes[0], IFNAME, self.nodes[1], IFNAME, s.latency, "n0-n1")
         else:
             br = self.bridge_ns
             _run(["ip", "-n", br, "link", "add", "name", "br0", "type", "bridge"])
             _run(["ip", "-n", br, "link", "set", "br0", "up"])
             for i, ns in enumerate(self.nodes):
                 port = f"p{i}"
-                _run(["ip", "link", "add", "name", IFNAME, "netns", ns, "mtu", str(s.mtu), "type", "veth",
-                      "peer", "name", port, "netns", br])
+                self._veth(ns, IFNAME, br, port, s.latency, f"n{i}-br")
                 _run(["ip", "-n", br, "link", "set", port, "mtu", str(s.mtu), "master", "br0", "up"])
                 # The bridge port's egress is the node's ingress: shaped too, so a node
                 # receives at most R as a real NIC port would.
@@ -292,6 +349,58 @@ class Topology:
             self._shape(ns, IFNAME)
         if self.host_link:
             self._link_host()
+        self._start_delay_line()
+
+    def _veth(self, ns1: str, if1: str, ns2: str, if2: str, latency: str | None, label: str) -> None:
+        """A link from if1 in ns1 to if2 in ns2: one veth pair, or, with a delay, two pairs whose
+        inner ends (x<k>a, x<k>b) sit in the delay namespace for the delay line to join."""
+        mtu = str(self.spec.mtu)
+        if latency is None:
+            _run(["ip", "link", "add", "name", if1, "netns", ns1, "mtu", mtu, "type", "veth",
+                  "peer", "name", if2, "netns", ns2])
+            return
+        k = len(self.delayed)
+        a, b = f"x{k}a", f"x{k}b"
+        _run(["ip", "link", "add", "name", if1, "netns", ns1, "mtu", mtu, "type", "veth", "peer", "name", a,
+              "netns", self.delay_ns])
+        _run(["ip", "link", "add", "name", b, "netns", self.delay_ns, "mtu", mtu, "type", "veth", "peer", "name", if2,
+              "netns", ns2])
+        for end in (a, b):
+            _run(["ip", "-n", self.delay_ns, "link", "set", end, "mtu", mtu, "up"])
+        self.delayed.append((label, a, b, delay_us(latency)))
+
+    def _start_delay_line(self, python: str = sys.executable, wait_s: float = 10.0) -> None:
+        """One delay-line process in the delay namespace for every delayed link; returns once it
+        holds its sockets (its stats file says so), or raises TopologyError with its message."""
+        if not self.delayed:
+            return
+        self.delay_dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.tag}-delay-"))
+        stats = self.delay_dir / "stats.json"
+        argv = ["ip", "netns", "exec", self.delay_ns, python, "-m", "workloads.fabric.delayline",
+                "--stats", str(stats), "--limit", str(self.spec.queue_frames())]
+        for label, a, b, us in self.delayed:
+            argv += ["--link", f"{label}:{a}:{b}:{us:g}"]
+        err = self.delay_dir / "stderr"
+        with open(err, "w") as f:
+            # its own session: a Ctrl-C at the terminal reaches the runs, which then need the link
+            # to say goodbye over; teardown stops the line last
+            self.delay_line = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f,
+                                               start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
+        deadline = time.monotonic() + wait_s
+        while not stats.exists():
+            if self.delay_line.poll() is not None or time.monotonic() > deadline:
+                why = err.read_text().strip().splitlines()
+                raise TopologyError(f"the delay line did not start ({why[-1] if why else 'no message'})")
+            time.sleep(0.02)
+
+    def delay_line_problem(self) -> str | None:
+        """One line when the delay line has died, else None."""
+        p = self.delay_line
+        if p is None or p.poll() is None:
+            return None
+        why = (self.delay_dir / "stderr").read_text().strip().splitlines() if self.delay_dir else []
+        return (f"the delay line (pid {p.pid}) died mid-run with exit code {p.returncode}"
+                + (f": {why[-1]}" if why else "") + "; the delayed links carry nothing without it")
 
     def _link_host(self) -> None:
         """A veth from this host's namespace into node 0 (HOST_IFNAME there), on a /30 of
@@ -314,27 +423,20 @@ class Topology:
         self.host_addr = there
 
     def _shape(self, ns: str, dev: str, rate: str | None = None) -> None:
-        """One egress qdisc: `rate` (default the spec's host rate), netem delay when asked."""
+        """One egress qdisc at `rate` (default the spec's host rate); none when unshaped."""
         s = self.spec
         rate = rate or s.rate
-        if rate is None and not self.netem:
+        if rate is None:
             return
         tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
-        parent = "root"
-        if rate is not None:
-            burst = str(s.burst_bytes(rate))
-            if s.qdisc == "tbf":
-                # latency: how long a packet may wait for tokens before tbf drops it.
-                _run(tc + ["root", "handle", "1:", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
-                parent = "1:1"
-            else:
-                _run(tc + ["root", "handle", "1:", "htb", "default", "10"])
-                _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
-                      "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
-                parent = "1:10"
-        if self.netem:
-            where = ["root"] if parent == "root" else ["parent", parent, "handle", "10:"]
-            _run(tc + where + ["netem", "delay", str(s.latency)])
+        burst = str(s.burst_bytes(rate))
+        if s.qdisc == "tbf":
+            # latency: how long a packet may wait for tokens before tbf drops it.
+            _run(tc + ["root", "handle", "1:", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
+        else:
+            _run(tc + ["root", "handle", "1:", "htb", "default", "10"])
+            _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+                  "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
 
     def _hosts_file(self) -> None:
         """/etc/netns/<node>/hosts, which `ip netns exec` mounts over /etc/hosts: this host's own
@@ -362,6 +464,18 @@ class Topology:
         """Deleting a namespace deletes its veth ends (and so the pairs) and their qdiscs."""
         leafspine.stop_sentinels(self.sentinels)
         self.sentinels = []
+        if self.delay_line is not None:
+            if self.delay_line.poll() is None:
+                self.delay_line.terminate()
+                try:
+                    self.delay_line.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.delay_line.kill()
+                    self.delay_line.wait(5)
+            self.delay_line = None
+        if self.delay_dir is not None:
+            shutil.rmtree(self.delay_dir, ignore_errors=True)
+            self.delay_dir = None
         for ns in reversed(self.created):
             _run(["ip", "netns", "del", ns], check=False)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
@@ -371,11 +485,13 @@ class Topology:
         s = self.spec
         shape = "unshaped" if s.rate is None else f"{s.qdisc} rate {s.rate} burst {s.burst_bytes()}B"
         if s.latency:
-            shape += f", netem delay {s.latency}"
+            shape += f", delay {s.latency} one way (delay line)"
         via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
         if s.leaf_spine:
             up = "unshaped" if s.uplink is None else f"{s.qdisc} rate {s.uplink}"
             over = s.oversubscription()
+            if s.uplink_latency:
+                up += f", delay {s.uplink_latency} one way (delay line)"
             via = (f"{s.leaves} leaves ({s.nodes // s.leaves} hosts each) and {s.spines} spines "
                    f"({', '.join(self.spines)}), ECMP {s.hash} hashing, uplinks {up}"
                    + ("" if over is None else f", oversubscription {over:g}:1"))
