@@ -26,7 +26,7 @@ from workloads.core import inflight, rundir, schema, signals
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
-from workloads.fabric.delaymeter import DelayMeter
+from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
 from workloads.fabric.noise import PointMeter
 from workloads.fabric.preflight import preflight
 from workloads.fabric.profile import FabricProfile
@@ -40,6 +40,7 @@ def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> Fabric
     runs it), and the output directory is writable. Raises UsageError."""
     schema.check(cfg)
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    check_delay_applied(fabric.emulate)
     if local and backend:
         fabric.check_backend_usable()
     if local:

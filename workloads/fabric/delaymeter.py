@@ -77,6 +77,19 @@ def judge(links: dict[str, dict[str, Any]]) -> str | None:
             ". The host was too busy for the delay line; give it a core (fewer ranks or hogs) or a larger delay")
 
 
+def check_delay_applied(emulate: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> None:
+    """UsageError when the config asks for a delay that no delay line applies: only the emulator
+    builds one (and names it in DELAY_ENV), and a record must not claim a delay its run never had."""
+    asked = {k: v for k, v in dict(emulate or {}).items() if k in ("latency", "uplink_latency") and v is not None}
+    if asked and not (os.environ if environ is None else environ).get(DELAY_ENV):
+        from workloads.core.errors import UsageError
+
+        said = ", ".join(f"fabric.emulate.{k}={v}" for k, v in asked.items())
+        raise UsageError(f"{said} asks for a delay line, which only the emulator builds; run through "
+                         "launch/emulate.py (root) with an emulated fabric, e.g. sudo .venv/bin/python launch/emulate.py "
+                         "launch/train.py fabric=emu-100m fabric.emulate.latency=2ms, or set it to null")
+
+
 class DelayMeter:
     """Reads the delay lines' stats when a point starts and ends; inactive without DELAY_ENV."""
 

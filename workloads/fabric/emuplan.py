@@ -55,7 +55,10 @@ def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
         raise UsageError(f"fabric={cfg.fabric.name} has no emulate: block; use fabric=emu-100m or fabric=emu-1g "
                          "(or add an emulate: block to your fabric profile)")
     if str(cfg.fabric.get("env", {}).get("GLOO_SOCKET_IFNAME")) != IFNAME:
-        raise UsageError(f"fabric={cfg.fabric.name} must set env.GLOO_SOCKET_IFNAME: {IFNAME} (the emulated link's name)")
+        given = ", ".join(f"emulate.{k}" for k in sorted(block)) or "an emulate: block"
+        raise UsageError(f"fabric={cfg.fabric.name} is not an emulated fabric ({given} given, but its "
+                         f"env.GLOO_SOCKET_IFNAME is not {IFNAME}, the emulated link's name); use an emu-* profile "
+                         "such as fabric=emu-100m with the same settings")
     return EmuSpec.from_config(block, **cli), str(cfg.fabric.name)
 
 
