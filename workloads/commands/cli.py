@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("workloads.commands.compare", "fabrics point by point: verdicts with 95% intervals"),
     "report": ("workloads.commands.report", "Markdown + self-contained HTML: verdicts, capacity, plots"),
     "emulate": ("workloads.commands.emulate", "a workload across emulated nodes: namespaces, shaped links, a leaf-spine, noise (root)"),
+    "sensitivity": ("workloads.commands.sensitivity", "per workload, time per ms of delay and per 1/bandwidth, with intervals"),
     "study": ("workloads.study.run", "arms x workloads x trials, interleaved; then compare and report"),
     "gpu-check": ("workloads.commands.gpu_check", "the GPU acceptance check: real workloads on NCCL, one table (make gpu-check)"),
 }

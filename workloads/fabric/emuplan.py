@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from workloads import catalog
 from workloads.core.errors import UsageError
-from workloads.fabric import noise
+from workloads.fabric import delaymeter, noise
 from workloads.fabric.netns import IFNAME, EmuSpec
 
 LOOPBACK = "lo"
@@ -37,8 +37,9 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
             continue  # the load generator checks the rest itself, before it starts the server
         # The whole config, for the world it will run at, before any namespace exists (whose
         # interface does not exist yet either: lo stands in for it in the host checks).
-        validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
-                     spec[0].nodes // max(jobs, 1) * nproc_per_node)
+        with delaymeter.promised():  # the delay line a delay asks for is built with the namespaces
+            validate_job(compose(conf_dir, [*point, f"fabric.env.GLOO_SOCKET_IFNAME={LOOPBACK}"]),
+                         spec[0].nodes // max(jobs, 1) * nproc_per_node)
     if len(found) > 1:
         raise UsageError(f"the sweep's points need {len(found)} different emulated fabrics, and one emulate run "
                          "builds one topology: sweep fabrics as separate emulate runs")

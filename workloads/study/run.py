@@ -332,7 +332,17 @@ def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
     line = "  ".join("{:<%d}" % w for w in widths)
     bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
     return "\n".join([f"{' Study ' + spec.id + ' ':=^{len(bar)}}", line.format(*head), *(line.format(*r) for r in body),
-                      *kv_lines(spec, jobs), bar])
+                      *kv_lines(spec, jobs), *delay_lines(spec, jobs), bar])
+
+
+def delay_lines(spec: StudySpec, jobs: list[Job]) -> list[str]:
+    """Arms that differ in the emulated link's delay: the added delay, the price of one small
+    all_reduce, and what each workload's added time is made of (analysis/latency.py)."""
+    from analysis.latency import Cell, arithmetic
+
+    cells = [Cell(job.workload.name, rec.get("point") or "-", job.arm.label, rec)
+             for job in jobs for rec in job_records(spec, job)]
+    return arithmetic(cells, spec.baseline.label)
 
 
 def kv_lines(spec: StudySpec, jobs: list[Job]) -> list[str]:

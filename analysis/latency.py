@@ -1,0 +1,251 @@
+"""Latency at equal bandwidth: the arithmetic beside a study's verdicts, and sensitivity slopes.
+
+When a study's arms differ in the emulated link's one-way delay (the delay line,
+workloads/fabric/delayline.py), what each workload lost can be explained by counting: a
+latency-bound all_reduce costs its round trips, and a decoded token or a training step waits for
+a known number of them. The study prices one small all_reduce with its own collectives cell (its
+added time between the arms, the median over trials), and multiplies:
+
+    added per token (TP inference)  = 2 x layers all_reduces x added time of one all_reduce
+    round trips per all_reduce      = added time of one all_reduce / (2 x added one-way delay)
+    all_reduce-equivalents per step = added step time (training) / added time of one all_reduce
+
+The delay is the one the line achieved (the records' `fabric.delay`, median of each direction's
+p50), not the one asked. Everything here reads records; nothing runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median
+from typing import Any, Iterable
+
+
+def one_way_ms(rec: dict[str, Any]) -> float | None:
+    """The one-way delay a record's traffic saw on the host links: the median of every
+    direction's achieved p50 (ms); the asked delay when the record predates the line's report;
+    None when the run had no delay line."""
+    links = ((rec.get("fabric") or {}).get("delay") or {}).get("links") or {}
+    p50s = [d["p50_us"] for label, link in links.items() if not label.startswith("l")  # leaf-spine uplinks apart
+            for d in link["directions"].values() if d.get("p50_us") is not None]
+    if p50s:
+        return median(p50s) / 1e3
+    asked = ((rec.get("config") or {}).get("fabric") or {}).get("emulate", {}) or {}
+    if asked.get("latency") is None:
+        return None
+    from workloads.fabric.netns import delay_us
+
+    return delay_us(asked["latency"]) / 1e3
+
+
+def unit_ms(rec: dict[str, Any]) -> dict[str, float]:
+    """The times a delay adds to, per serial unit: one all_reduce at the record's smallest size
+    (collectives), one decode step and the first token (inference), one step (training), in ms."""
+    m, out = rec.get("metrics") or {}, {}
+    rows = [r for r in rec.get("rows") or [] if r.get("op") == "all_reduce"]
+    if rows:
+        row = min(rows, key=lambda r: r["size"])
+        stab = row.get("stability") or {}
+        t = stab.get("p50(us)") or next((row[k]["time_us"] for k in ("out_of_place", "in_place") if row.get(k)), None)
+        if t is not None:
+            out["all_reduce"] = t / 1e3
+            out["size"] = row["size"]
+    for key, name in (("median_tpot_ms", "tpot"), ("median_ttft_ms", "ttft")):
+        if m.get(key) is not None:
+            out[name] = float(m[key])
+    if m.get("iteration_time(s)") is not None:
+        out["step"] = 1e3 * float(m["iteration_time(s)"])
+    return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str      # the study's workload name
+    point: str         # its point ("-" when it has one)
+    arm: str
+    record: dict[str, Any]
+
+
+def _medians(cells: Iterable[Cell]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(workload, point, arm) -> median over its ok trials of each unit time and of the delay."""
+    acc: dict[tuple, dict[str, list[float]]] = {}
+    for c in cells:
+        if c.record.get("status") != "ok":
+            continue
+        slot = acc.setdefault((c.workload, c.point, c.arm), {})
+        for k, v in unit_ms(c.record).items():
+            slot.setdefault(k, []).append(v)
+        if (d := one_way_ms(c.record)) is not None:
+            slot.setdefault("delay", []).append(d)
+    return {k: {name: median(vs) for name, vs in v.items()} for k, v in acc.items()}
+
+
+def _layers_tp(cells: list[Cell], workload: str) -> tuple[int | None, int | None]:
+    for c in cells:
+        if c.workload == workload:
+            cfg = c.record.get("config") or {}
+            return (cfg.get("model") or {}).get("num_layers"), (c.record.get("server") or {}).get("tp")
+    return None, None
+
+
+def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
+    """The lines printed beside a delay study's verdicts (empty when its arms do not differ in
+    delay): per arm against the baseline, the added delay, the price of one all_reduce, and for
+    each workload its measured added time beside what the count predicts."""
+    cells = list(cells)
+    med = _medians(cells)
+    arms = sorted({a for (_, _, a) in med} - {baseline})
+    out = []
+    for arm in arms:
+        pairs = {(w, p): (med[(w, p, baseline)], med[(w, p, arm)]) for (w, p, a) in med
+                 if a == arm and (w, p, baseline) in med}
+        deltas = [b["delay"] - a["delay"] for a, b in pairs.values() if "delay" in a and "delay" in b]
+        if not deltas or abs(median(deltas)) < 0.05:
+            continue  # these arms do not differ in delay
+        dd = median(deltas)
+        out.append(f"latency arithmetic, {arm} vs {baseline}: +{dd:.3f} ms one way (achieved, median of the "
+                   "records' delay-line p50s)")
+        calls = sorted(((a["size"], b["all_reduce"] - a["all_reduce"], w) for (w, p), (a, b) in pairs.items()
+                        if "all_reduce" in a and "all_reduce" in b), key=lambda x: x[0])
+        price = calls[0] if calls else None
+        if price is not None:
+            size, per_call, w = price
+            out.append(f"  one all_reduce of {size} B ({w}): +{per_call:.3f} ms = {per_call / (2 * dd):.2f} round trips "
+                       f"of the added delay")
+        for (w, p), (a, b) in sorted(pairs.items()):
+            if "tpot" in a and "tpot" in b:
+                layers, tp = _layers_tp(cells, w)
+                measured = b["tpot"] - a["tpot"]
+                text = f"  {w} {p}: TPOT +{measured:.2f} ms, TTFT +{b.get('ttft', 0) - a.get('ttft', 0):.2f} ms measured"
+                if price is not None and layers and tp and tp > 1:
+                    predicted = 2 * layers * price[1]
+                    text += (f"; arithmetic: {2 * layers} all_reduces per token (2 x {layers} layers, TP={tp}) x "
+                             f"+{price[1]:.3f} ms = +{predicted:.2f} ms (measured/arithmetic {measured / predicted:.2f})")
+                out.append(text)
+            elif "step" in a and "step" in b:
+                added = b["step"] - a["step"]
+                text = (f"  {w} {p}: step +{added:.2f} ms measured ({100 * added / a['step']:+.1f}% of "
+                        f"{a['step']:.1f} ms)")
+                if price is not None and price[1] > 0:
+                    text += f" = {added / price[1]:.1f} small all_reduces' worth of waiting per step"
+                out.append(text)
+    return out
+
+
+# --- sensitivity: slopes of each workload's time against delay and 1/bandwidth ---------------
+
+_NOT_SAME = ("fabric", "run_id", "output_root", "trial", "study", "logger", "launcher", "hydra", "wandb",
+             "dist.timeout_s", "load.points", "record_id")
+
+
+def inv_rate(rec: dict[str, Any]) -> float | None:
+    """1 / the emulated link's rate, in s per Gbit (None: unshaped, or not emulated)."""
+    rate = (((rec.get("config") or {}).get("fabric") or {}).get("emulate") or {}).get("rate")
+    if rate in (None, "null", "none"):
+        return None
+    from workloads.fabric.netns import rate_bits_per_s
+
+    return 1e9 / rate_bits_per_s(rate)
+
+
+def _group(rec: dict[str, Any]) -> tuple:
+    from workloads.core.records import flatten, json_safe
+
+    flat = flatten(json_safe(rec.get("config") or {}), ".")
+    same = tuple(sorted((k, repr(v)) for k, v in flat.items()
+                        if not any(k == p or k.startswith(p + ".") for p in _NOT_SAME)))
+    return rec.get("workload"), rec.get("point"), same
+
+
+@dataclass(frozen=True)
+class Slope:
+    """unit time (ms) = intercept + per_ms_delay x one-way delay (ms) + per_inv_gbit x (s/Gbit)."""
+
+    workload: str
+    point: str | None
+    unit: str                      # step | tpot | ttft | all_reduce
+    n: int
+    base_ms: float                 # the fit at the smallest delay and fastest rate measured
+    per_ms_delay: tuple[float, float, float] | None    # (slope, 95% low, 95% high), ms per ms one way
+    per_inv_gbit: tuple[float, float, float] | None    # ms per (s/Gbit): x 1/rate
+    delays_ms: tuple[float, ...]
+    rates_gbit: tuple[float, ...]
+
+    def what_if(self, delay_ms: float = 0.0, inv_gbit: float = 0.0) -> tuple[float, float, float] | None:
+        """Added unit time for +delay_ms one way and +inv_gbit s/Gbit, with its 95% interval from
+        each slope's interval (conservative: the two ends added)."""
+        terms = [(s, x) for s, x in ((self.per_ms_delay, delay_ms), (self.per_inv_gbit, inv_gbit)) if x]
+        if any(s is None for s, _ in terms):
+            return None
+        lo = sum(min(s[1] * x, s[2] * x) for s, x in terms)
+        hi = sum(max(s[1] * x, s[2] * x) for s, x in terms)
+        return sum(s[0] * x for s, x in terms), lo, hi
+
+
+def slopes(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[Slope]:
+    """Per workload point (records alike in everything but the fabric) and unit time: an
+    ordinary least-squares fit on the one-way delay and 1/rate where each varies across the
+    records, with t intervals. Each record is one run (a trial), never a step, so the runs are
+    the independent observations; a study's blocks are not modelled (their drift widens the
+    residuals instead)."""
+    import numpy as np
+    from scipy import stats
+
+    groups: dict[tuple, list[dict]] = {}
+    for rec in records:
+        if rec.get("status") == "ok":
+            groups.setdefault(_group(rec), []).append(rec)
+    out = []
+    for (workload, point, _), recs in groups.items():
+        for unit in ("step", "tpot", "ttft", "all_reduce"):
+            rows = [(one_way_ms(r) or 0.0, inv_rate(r), unit_ms(r).get(unit)) for r in recs]
+            rows = [r for r in rows if r[2] is not None]
+            if len(rows) < 3:
+                continue
+            d = np.array([r[0] for r in rows])
+            ir = np.array([r[1] if r[1] is not None else np.nan for r in rows])
+            y = np.array([r[2] for r in rows])
+            cols, names = [np.ones(len(y))], []
+            if len(set(np.round(d, 3))) >= 2:
+                cols.append(d)
+                names.append("delay")
+            if not np.isnan(ir).any() and len(set(np.round(ir, 6))) >= 2:
+                cols.append(ir)
+                names.append("rate")
+            if not names or len(y) <= len(cols):
+                continue
+            x = np.column_stack(cols)
+            beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+            dof = len(y) - len(cols)
+            resid = y - x @ beta
+            cov = (resid @ resid / dof) * np.linalg.pinv(x.T @ x)
+            t = stats.t.ppf(0.5 + confidence / 2, dof)
+            ci = {n: (float(beta[i + 1]), float(beta[i + 1] - t * np.sqrt(cov[i + 1, i + 1])),
+                      float(beta[i + 1] + t * np.sqrt(cov[i + 1, i + 1]))) for i, n in enumerate(names)}
+            base = float(beta[0] + sum(beta[i + 1] * (d.min() if n == "delay" else np.nanmin(ir))
+                                       for i, n in enumerate(names)))
+            out.append(Slope(str(workload), point, unit, len(y), base, ci.get("delay"), ci.get("rate"),
+                             tuple(sorted(set(np.round(d, 3).tolist()))),
+                             tuple(sorted({round(1 / v, 3) for v in ir if not np.isnan(v)}))))
+    return out
+
+
+def slope_lines(found: list[Slope], what_if_delay_ms: float = 0.0, what_if_inv_gbit: float = 0.0) -> list[str]:
+    out = []
+    for s in found:
+        head = f"{s.workload} {s.point or '-'} {s.unit}: {s.base_ms:.3f} ms at the nearest, fastest point (n={s.n})"
+        parts = []
+        if s.per_ms_delay:
+            b, lo, hi = s.per_ms_delay
+            parts.append(f"{b:+.3f} ms per ms of one-way delay [95% CI {lo:+.3f}, {hi:+.3f}] "
+                         f"(delays {', '.join(f'{v:g}' for v in s.delays_ms)} ms)")
+        if s.per_inv_gbit:
+            b, lo, hi = s.per_inv_gbit
+            parts.append(f"{b:+.3f} ms per s/Gbit of 1/rate [95% CI {lo:+.3f}, {hi:+.3f}] "
+                         f"(rates {', '.join(f'{v:g}' for v in s.rates_gbit)} Gbit/s)")
+        out.append(head + ": " + "; ".join(parts))
+        if what_if_delay_ms or what_if_inv_gbit:
+            w = s.what_if(what_if_delay_ms, what_if_inv_gbit)
+            out.append("  what if: " + ("not estimable from these records (that axis was not varied)" if w is None else
+                                         f"{w[0]:+.3f} ms [{w[1]:+.3f}, {w[2]:+.3f}] = {100 * w[0] / s.base_ms:+.1f}%"))
+    return out

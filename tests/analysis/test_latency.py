@@ -1,0 +1,111 @@
+"""The latency arithmetic beside a delay study's verdicts, and the sensitivity slopes
+(analysis/latency.py, `fabricbench sensitivity`), pinned with worked values."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analysis.latency import Cell, arithmetic, one_way_ms, slopes, unit_ms
+from helpers import REPO, child_env
+
+
+def _delay(p50_us: float) -> dict:
+    d = {"frames": 500, "p50_us": p50_us}
+    return {"links": {"n0-n1": {"asked_us": p50_us, "directions": {"n0->n1": d, "n1->n0": d}}}}
+
+
+def _rec(kind: str, p50_us: float, value: float, rate: str = "1gbit", **cfg) -> dict:
+    rec = {"status": "ok", "workload": kind, "point": None,
+           "config": {"fabric": {"name": "emu-1g", "emulate": {"rate": rate, "latency": f"{p50_us:g}us"}},
+                      "model": {"num_layers": 2}, **cfg},
+           "fabric": {"delay": _delay(p50_us)}}
+    if kind == "collectives":
+        rec["rows"] = [{"op": "all_reduce", "size": 4 << 20, "stability": {"p50(us)": 99_000.0}},
+                       {"op": "all_reduce", "size": 1024, "stability": {"p50(us)": value * 1e3}}]
+    elif kind == "inference":
+        rec["metrics"] = {"median_tpot_ms": value, "median_ttft_ms": value + 5}
+        rec["server"] = {"tp": 2}
+    else:
+        rec["metrics"] = {"iteration_time(s)": value / 1e3}
+    return rec
+
+
+def test_units_and_the_achieved_delay():
+    ar = _rec("collectives", 2500.0, 9.0)
+    assert unit_ms(ar) == {"all_reduce": 9.0, "size": 1024}       # the smallest size prices one call
+    assert one_way_ms(ar) == 2.5
+    assert unit_ms(_rec("inference", 500.0, 24.0)) == {"tpot": 24.0, "ttft": 29.0}
+    assert unit_ms(_rec("pretrain", 500.0, 47.0)) == {"step": 47.0}
+    asked_only = {"config": {"fabric": {"emulate": {"latency": "2ms"}}}}
+    assert one_way_ms(asked_only) == 2.0 and one_way_ms({"config": {}}) is None
+
+
+def test_arithmetic_worked_values():
+    """+2 ms one way; one 1 KiB all_reduce +8 ms = 2 round trips; a TP=2 token of a 2-layer model
+    waits for 4 all_reduces, so +32 ms is predicted, and +32 measured reads 1.00; a 47 ms step that
+    gains 33 ms gained 4.1 small all_reduces' worth."""
+    cells = []
+    for arm, d, ar, tpot, step1, step8 in (("near", 500.0, 1.0, 24.0, 47.0, 125.0), ("far", 2500.0, 9.0, 56.0, 80.0, 158.0)):
+        for trial in range(3):
+            cells += [Cell("allreduce-1k", "-", arm, _rec("collectives", d, ar)),
+                      Cell("tp2", "c1", arm, _rec("inference", d, tpot)),
+                      Cell("train", "p0", arm, _rec("pretrain", d, step1)),
+                      Cell("train", "p1", arm, _rec("pretrain", d, step8))]
+    lines = arithmetic(cells, "near")
+    assert lines[0] == ("latency arithmetic, far vs near: +2.000 ms one way (achieved, median of the records' "
+                        "delay-line p50s)")
+    assert lines[1] == "  one all_reduce of 1024 B (allreduce-1k): +8.000 ms = 2.00 round trips of the added delay"
+    assert ("  tp2 c1: TPOT +32.00 ms, TTFT +32.00 ms measured; arithmetic: 4 all_reduces per token (2 x 2 layers, "
+            "TP=2) x +8.000 ms = +32.00 ms (measured/arithmetic 1.00)") in lines
+    assert ("  train p0: step +33.00 ms measured (+70.2% of 47.0 ms) = 4.1 small all_reduces' worth of waiting "
+            "per step") in lines
+    assert "  train p1: step +33.00 ms measured (+26.4% of 125.0 ms)" in " ".join(lines)
+    # arms at the same delay (an A/A): nothing to explain
+    same = [Cell(c.workload, c.point, "near~aa" if c.arm == "far" else c.arm,
+                 _rec("collectives", 500.0, 1.0)) for c in cells if c.workload == "allreduce-1k"]
+    assert arithmetic(same, "near") == []
+
+
+def test_slopes_recover_a_known_line():
+    """step = 40 + 10 x delay(ms) + 8 x (s/Gbit), two runs per setting with ±0.1 ms of noise:
+    the fit returns 10 and 8 with intervals that hold them."""
+    recs = []
+    for d in (500.0, 1000.0, 2500.0):
+        for rate, inv in (("1gbit", 1.0), ("100mbit", 10.0)):
+            for e in (0.1, -0.1):
+                recs.append(_rec("pretrain", d, 40 + 10 * d / 1e3 + 8 * inv + e, rate=rate))
+    (s,) = slopes(recs)
+    assert s.unit == "step" and s.n == 12
+    b, lo, hi = s.per_ms_delay
+    assert b == pytest.approx(10.0, abs=1e-6) and lo < 10 < hi and hi - lo < 0.5
+    b, lo, hi = s.per_inv_gbit
+    assert b == pytest.approx(8.0, abs=1e-6) and lo < 8 < hi
+    assert s.base_ms == pytest.approx(40 + 5 + 8)   # at 0.5 ms and 1 Gbit/s
+    added, lo, hi = s.what_if(delay_ms=0.1)
+    assert added == pytest.approx(1.0) and lo < 1.0 < hi
+    # one axis only: the other is not estimable, and the what-if says so
+    (s,) = slopes([r for r in recs if r["config"]["fabric"]["emulate"]["rate"] == "1gbit"])
+    assert s.per_inv_gbit is None and s.what_if(inv_gbit=1.0) is None and s.per_ms_delay[0] == pytest.approx(10.0)
+
+
+def test_sensitivity_command(tmp_path):
+    folder = tmp_path / "res" / "run" / "records"
+    folder.mkdir(parents=True)
+    for k, (d, e) in enumerate([(500.0, 0.1), (500.0, -0.1), (2500.0, 0.1), (2500.0, -0.1)]):
+        (folder / f"r{k}.json").write_text(json.dumps(_rec("pretrain", d, 47 + 16.5 * d / 1e3 + e)))
+    (tmp_path / "empty").mkdir()
+    cmd = [sys.executable, "-m", "workloads.commands.cli", "sensitivity"]
+    p = subprocess.run(cmd + [str(tmp_path / "res"), "--delay", "100us"], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "pretrain - step: 55.250 ms at the nearest, fastest point (n=4): +16.500 ms per ms of one-way delay" in p.stdout
+    assert "what if: +1.650 ms" in p.stdout
+    for argv, msg in [([str(tmp_path / "nope")], "is not a folder"), ([str(tmp_path / "empty")], "has 3 or more ok runs"),
+                      ([str(tmp_path / "res"), "--rate", "1gbit"], "--rate and --from-rate go together"),
+                      ([str(tmp_path / "res"), "--delay=-1ms"], "--delay='-1ms' is not a delay")]:
+        p = subprocess.run(cmd + argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
