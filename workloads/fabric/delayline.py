@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import gc
 import json
 import os
 import select
@@ -99,7 +100,9 @@ class Direction:
         self.queue: collections.deque[tuple[int, int, bytes]] = collections.deque()  # (due, rx, frame)
         self.frames = self.bytes = self.queue_drops = self.socket_drops = self.send_errors = 0
         self.max_queue = 0
-        self.hist = [0] * (MAX_BUCKET + 1)
+        # only the buckets that were hit: the report is rewritten twice a second from the loop,
+        # and walking 100,000 empty buckets took ~10 ms, held every frame due meanwhile
+        self.hist: dict[int, int] = {}
 
     def read(self) -> None:
         """Everything waiting on the socket, stamped with the kernel's receive time."""
@@ -133,7 +136,8 @@ class Direction:
             sent = time.time_ns()
             self.frames += 1
             self.bytes += len(frame) - 10  # less the virtio header
-            self.hist[min(MAX_BUCKET, max(0, sent - rx) // (BUCKET_US * 1000))] += 1
+            k = min(MAX_BUCKET, max(0, sent - rx) // (BUCKET_US * 1000))
+            self.hist[k] = self.hist.get(k, 0) + 1
             late += sent - due
         return late
 
@@ -144,7 +148,7 @@ class Direction:
     def stats(self) -> dict:
         return {"frames": self.frames, "bytes": self.bytes, "queue_drops": self.queue_drops,
                 "socket_drops": self.socket_drops, "send_errors": self.send_errors, "max_queue": self.max_queue,
-                "hist": {str(i): n for i, n in enumerate(self.hist) if n}}
+                "hist": {str(i): n for i, n in self.hist.items()}}
 
 
 class Link:
@@ -172,6 +176,9 @@ def write_stats(path: Path, links: list[Link], state: str, policy: str) -> None:
 
 def serve(links: list[Link], stats: Path) -> int:
     policy = _quiet_timers()
+    # The loop makes no reference cycles; a collector pass over a deque of held frames would
+    # only pause the line (ms) with frames due.
+    gc.disable()
     dirs = [d for k in links for d in k.dirs]
     by_fd = {d.src.fileno(): d for d in dirs}
     stop = []

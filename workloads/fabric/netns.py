@@ -374,7 +374,11 @@ class Topology:
         holds its sockets (its stats file says so), or raises TopologyError with its message."""
         if not self.delayed:
             return
-        self.delay_dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.tag}-delay-"))
+        # in memory where the host has it: the line rewrites its report twice a second, and a
+        # write that waits for a busy disk would hold every frame due meanwhile
+        shm = Path("/dev/shm")
+        self.delay_dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{self.tag}-delay-",
+                                               dir=shm if os.access(shm, os.W_OK) else None))
         stats = self.delay_dir / "stats.json"
         argv = ["ip", "netns", "exec", self.delay_ns, python, "-m", "workloads.fabric.delayline",
                 "--stats", str(stats), "--limit", str(self.spec.queue_frames())]
