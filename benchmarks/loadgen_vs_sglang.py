@@ -11,7 +11,7 @@ on what the server does. Both run closed loop (`--concurrency` requests in fligh
 token ids in (SGLang: --dataset-name random-ids --random-range-ratio 1.0; fabricbench: its
 random dataset at range ratio 1) and `--output-len` tokens out (ignore_eos), completions
 endpoint, streaming. Each side reports its own req/s and median TTFT over its measured
-requests (SGLang: "request_throughput", "median_ttft_ms"; fabricbench: DESIGN.md's
+requests (SGLang: "request_throughput", "median_ttft_ms"; fabricbench: docs/metrics.md's
 definitions, workloads/inference/metrics.py), as each would in use. SGLang's client draws its
 own prompts (seed 42), fabricbench draws its own, so the prompts differ; their shapes do not.
 

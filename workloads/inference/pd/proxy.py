@@ -1,7 +1,7 @@
 """The P/D proxy: one OpenAI-compatible endpoint in front of a prefill and a decode instance.
 
-Protocol (vLLM 0.32's NixlConnector, as its examples' toy_proxy_server.py and
-../shared/reviews/pd-cpu.md describe it), per request, one X-Request-Id for both legs:
+Protocol (vLLM 0.32's NixlConnector, as its examples' toy_proxy_server.py describes it,
+and as it was found to run on this CPU), per request, one X-Request-Id for both legs:
 1. prefill: the client's body with max_tokens=1 (max_completion_tokens too, if given),
    stream=false, no stream_options, and kv_transfer_params={"do_remote_decode": true, ...}:
    the prefill instance computes the prompt's KV cache, keeps its blocks for the decode

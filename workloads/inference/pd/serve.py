@@ -17,7 +17,7 @@ node 0 with its prefill instance and the proxy, waiting for node 1's decode inst
 until node 0's proxy (the plan's `watch`) stops answering, or the instance exits.
 
 Warm-up: the first P/D request after start-up may fail on NIXL's first handshake (the decode
-worker waits at most 5 s, hard-coded, for the prefill's side channel; ../shared/reviews/pd-cpu.md),
+worker waits at most 5 s, hard-coded, for the prefill's side channel, as seen on a CPU host),
 so one P/D request goes through the proxy logic before the proxy listens, retried once; its
 outcome (attempts, errors, seconds) is written to the plan's `warmup_path` for the record.
 """
