@@ -1,0 +1,115 @@
+"""Latency at equal bandwidth, as a study (root): conf/study/emu-latency.yaml's arms, 0.5 ms and 2.5 ms
+one way on the same 1 Gbit/s link, run for real through the delay line, at the size CI affords
+(3 blocks, and without the 4 MiB all_reduce cell, which explains nothing the 1 KiB one does not).
+
+It must call TP=2 TPOT slower with an interval, and its added TPOT must agree within 20% with the
+arithmetic printed beside it (2 x layers all_reduces per token x the added time of one 1 KiB
+all_reduce, measured by the same study); it must call the training gap at micro-batch 1 larger
+than at micro-batch 8; every record must carry the delay the line achieved. And an A/A study at
+the same delay must not call a difference.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, child_env, need, records_in
+
+STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
+
+
+def _spec(tmp: Path, name: str, edit) -> Path:
+    spec = yaml.safe_load((REPO / "conf" / "study" / "emu-latency.yaml").read_text())
+    spec["name"] = name
+    spec["trials"] = 3
+    spec["workloads"] = [w for w in spec["workloads"] if w["name"] != "allreduce-4m"]
+    for w in spec["workloads"]:
+        if w["name"] == "train":
+            w["overrides"] = [o for o in w["overrides"] if not o.startswith("train.steps")] + ["train.steps=14"]
+    edit(spec)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _run(spec: Path, out: Path) -> subprocess.CompletedProcess:
+    r = subprocess.run([*STUDY, str(spec), "--output-root", str(out)], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def latency(tmp_path_factory):
+    need("root")
+    tmp = tmp_path_factory.mktemp("emu-latency")
+    out = tmp / "results"
+    return out / "lat", _run(_spec(tmp, "lat", lambda s: None), out)
+
+
+def _comparisons(folder: Path, baseline: str):
+    from analysis.compare import compare_table
+    from analysis.load import load_table
+
+    return compare_table(load_table([folder]), baseline).comparisons
+
+
+@pytest.mark.timing  # verdicts on measured times
+def test_tp_inference_is_called_slower_by_what_the_arithmetic_says(latency):
+    folder, r = latency
+    tpot = [c for p, c in _comparisons(folder, "near") if c.primary and c.metric == "median_tpot_ms"]
+    assert len(tpot) == 1, r.stdout[-3000:]
+    c = tpot[0]
+    assert c.significant and c.lo > 1 and "slower" in c.verdict and "[" in c.verdict, c.verdict
+    line = next((ln for ln in r.stdout.splitlines() if ln.strip().startswith("tp2 ") and "arithmetic" in ln), None)
+    assert line is not None and "4 all_reduces per token (2 x 2 layers, TP=2)" in line, r.stdout[-3000:]
+    ratio = float(re.search(r"measured/arithmetic ([0-9.]+)", line).group(1))
+    assert 0.8 <= ratio <= 1.2, line
+    assert re.search(r"latency arithmetic, far vs near: \+(1\.9|2\.0)\d\d ms one way", r.stdout), r.stdout[-3000:]
+
+
+@pytest.mark.timing
+def test_the_training_gap_is_widest_at_the_smallest_batch(latency):
+    folder, r = latency
+    train = {p.runs[0].coords.get("micro_batch"): c for p, c in _comparisons(folder, "near")
+             if c.primary and c.metric == "samples_per_sec"}
+    assert set(train) == {1, 8}, (list(train), r.stdout[-3000:])
+    mb1, mb8 = train[1], train[8]
+    # far is slower, and by more at micro-batch 1: the same added time on a shorter step
+    assert mb1.significant and mb1.hi < 1 and "slower" in mb1.verdict and "[" in mb1.verdict, mb1.verdict
+    assert mb1.ratio < mb8.ratio, (mb1.verdict, mb8.verdict)
+    assert "[" in mb8.verdict or "could detect" in mb8.verdict, mb8.verdict
+    heads = [ln for ln in (folder / "compare.txt").read_text().splitlines() if ln.startswith("headline: Pre-training")]
+    assert len(heads) == 2, heads
+
+
+@pytest.mark.timing
+def test_every_record_carries_the_delay_it_ran_at(latency):
+    folder, _ = latency
+    recs = [r for r in records_in(folder) if r["status"] == "ok"]
+    assert len(recs) >= 24
+    for rec in recs:
+        delay = rec["fabric"]["delay"]
+        asked = {"near": 500.0, "far": 2500.0}[rec["study"]["arm"]]
+        assert delay["problem"] is None and delay["links"]["n0-n1"]["asked_us"] == asked
+        for d in delay["links"]["n0-n1"]["directions"].values():
+            if d["frames"] >= 50:
+                assert abs(d["p50_us"] - asked) <= 150, (rec["study"], d)
+
+
+@pytest.mark.timing
+def test_an_aa_study_at_the_same_delay_calls_no_difference(tmp_path):
+    """Two arms at the same 0.5 ms, the latency-bound all_reduce only (6 runs): never a difference."""
+    def aa(spec):
+        spec["arms"] = [dict(spec["arms"][0]), {**spec["arms"][0], "label": "near-again", "baseline": False}]
+        spec["workloads"] = [w for w in spec["workloads"] if w["name"] == "allreduce-1k"]
+    r = _run(_spec(tmp_path, "aa", aa), tmp_path / "out")
+    (c,) = [c for _, c in _comparisons(tmp_path / "out" / "aa", "near") if c.primary]
+    assert not c.significant and ("equivalent" in c.verdict or "inconclusive" in c.verdict), c.verdict
+    assert "latency arithmetic" not in r.stdout  # arms at one delay: nothing to explain
