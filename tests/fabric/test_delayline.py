@@ -248,3 +248,23 @@ def test_a_dead_delay_line_stops_the_run_in_one_line(tmp_path):
     assert [n for n in leftovers() if n.startswith(f"fb-{p.pid}-")] == []
     recs = records_in(out)
     assert any(r["status"] == "ok" and r["fabric"]["delay"]["problem"] is None for r in recs), recs
+
+
+@pytest.mark.requires("root")
+def test_a_leaf_spine_delays_its_uplinks_and_its_host_links_apart():
+    """Uplinks at 5 ms and host links at none: the line holds the four leaf-spine links only, a
+    connection between leaves crosses it, and nothing is left afterwards."""
+    from helpers.tcp_probe import tcp_hello
+
+    tag = f"{os.getpid()}ls"
+    spec = EmuSpec.from_config({"nodes": 4, "topology": "leaf-spine", "rate": "100mbit", "uplink_latency": "5ms"})
+    with Topology(spec, tag=tag) as topo:
+        assert [label for label, *_ in topo.delayed] == ["l0-s0", "l0-s1", "l1-s0", "l1-s1"]
+        assert "uplinks tbf rate 100mbit, delay 5ms one way (delay line)" in topo.describe()
+        meter = DelayMeter(topo.env())
+        tcp_hello(topo.nodes[3], topo.nodes[0], topo.spec.addr(3))   # leaf 0 -> a spine -> leaf 1
+        time.sleep(0.6)
+        links = meter.record()["links"]
+    assert leftovers(f"fb-{tag}") == []
+    crossed = [d for link in links.values() for d in link["directions"].values() if d["frames"]]
+    assert crossed and all(abs(d["p50_us"] - 5000) <= 250 for d in crossed), links
