@@ -133,8 +133,8 @@ def test_ceiling_by_class_cites_its_source():
     assert nvlink_rate("NVIDIA H100 NVL") is None and nvlink_rate("NVIDIA H100 PCIe") is None
     c = all_reduce_ceiling(coll_record(gpu="NVIDIA H200"))
     assert (c.low_gbps, c.high_gbps) == (180.0, 540.0) and "nccl-tests#212" in c.source
-    # across nodes: the per-rank line rate of the rails used (record.line_rate)
-    two = coll_record() | {"world": {"world_size": 16, "nodes": 2}, "line_rate": {"per_rank(GB/s)": 50.0}}
+    # across nodes: one communicator's line rate over the rails used (record.line_rate)
+    two = coll_record() | {"world": {"world_size": 16, "nodes": 2}, "line_rate": {"per_comm(GB/s)": 50.0}}
     c = all_reduce_ceiling(two)
     assert (c.low_gbps, c.high_gbps) == (20.0, 60.0) and c.judge(45.0) and not c.judge(70.0)
 

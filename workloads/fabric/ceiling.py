@@ -4,8 +4,9 @@ absolute GB/s that holds on one box only (users ask for this: NVIDIA/nccl-tests#
 
 The class comes from what the run itself recorded: the GPU model (fingerprint), whether
 NCCL's topology shows NVLink between the GPUs (GRAPH line `NVL`, topology dump `gpu_links`),
-and the node count. Multi-node runs are judged against the per-rank line rate of the rails
-their channels used (linerate.py, `record.line_rate`), which already has its source (sysfs).
+and the node count. Multi-node runs are judged against one communicator's line rate over the
+rails its channels used (linerate.py, `record.line_rate`: the node's NIC aggregate for a
+communicator that spans whole nodes), which already has its source (sysfs).
 
 Intra-node NVLink, per GPU, one direction (vendor datasheets: "NVLink bandwidth" is the
 bidirectional total):
@@ -77,11 +78,15 @@ def all_reduce_ceiling(rec: dict) -> Ceiling:
     if summary.get("backend") == "gloo" and not multi:
         return Ceiling(None, None, None, "Gloo on one host: memory copies, no link class")
     if multi:
-        per_rank = ((rec.get("line_rate") or {}).get("per_rank(GB/s)"))
-        if not per_rank:
+        lr = rec.get("line_rate") or {}
+        per_comm = lr.get("per_comm(GB/s)")
+        if not per_comm:
             return Ceiling(None, None, None, "multi-node, but the rails' line rate is unknown (record.line_rate)")
-        return Ceiling(per_rank, FLOOR * EFFECTIVE * per_rank, TOP * per_rank,
-                       f"per-rank line rate {per_rank:g} GB/s of the rails the channels used (sysfs)")
+        share = int(lr.get("comms_per_node") or 1)
+        basis = "the node's NIC aggregate" if share == 1 else f"the node's rate / {share} communicators crossing it"
+        return Ceiling(per_comm, FLOOR * EFFECTIVE * per_comm, TOP * per_comm,
+                       f"line rate {per_comm:g} GB/s per communicator ({basis}) of the rails the channels used "
+                       "(sysfs)")
     gpu = str((rec.get("fingerprint") or {}).get("gpu") or "")
     nvlink = "NVL" in (summary.get("graph_types") or []) or "NVL" in (summary.get("gpu_links") or [])
     if not nvlink:
