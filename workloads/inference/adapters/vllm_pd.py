@@ -367,7 +367,8 @@ class PDObserver:
         stats = kvlog.summarize(kvlog.parse(_read_from(self.stats_log, mark[0])))
         legs = [json.loads(x) for x in _read_from(self.legs, mark[1]).splitlines() if x.strip()]
         prompts = [r.prompt_len for r in list(warmup) + list(results) if r.ok]
-        kv = {**stats, "block_size": self.block_size, "requests": len(prompts),
+        tp = self.spec.tp
+        kv = {**stats, "block_size": self.block_size, "requests": len(prompts), "tp": tp,
               "prefill_leg_ms": [round(x["prefill_s"] * 1e3, 3) for x in legs],
               "decode_first_ms": [None if x.get("decode_first_s") is None else round(x["decode_first_s"] * 1e3, 3)
                                   for x in legs],
@@ -378,10 +379,12 @@ class PDObserver:
         except (KeyError, ValueError) as e:
             kv["expected_bytes_per_transfer"], kv["expected_error"] = None, str(e)
         else:
-            want = sorted({shape.transfer_bytes(n, self.block_size) for n in prompts})
+            # one logged transfer per TP worker per request, each its worker's share of the heads
+            want = sorted({shape.transfer_bytes(n, self.block_size, tp) for n in prompts})
             kv["bytes_per_token"] = shape.bytes_per_token()
+            kv["kv_heads_per_rank"] = shape.heads_per_rank(tp)
             kv["expected_bytes_per_transfer"] = want[0] if len(want) == 1 else sum(
-                shape.transfer_bytes(n, self.block_size) for n in prompts) / len(prompts)
+                shape.transfer_bytes(n, self.block_size, tp) for n in prompts) / len(prompts)
             got, exp = kv["bytes_per_transfer"], kv["expected_bytes_per_transfer"]
             # the log rounds each interval's mean to 0.001 MiB (±524 B)
             kv["matches_model"] = None if got is None else abs(got - exp) <= 0.0005 * kvlog.MIB + 1
