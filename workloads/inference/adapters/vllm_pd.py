@@ -366,9 +366,12 @@ class PDObserver:
         time.sleep(SETTLE_S)
         stats = kvlog.summarize(kvlog.parse(_read_from(self.stats_log, mark[0])))
         legs = [json.loads(x) for x in _read_from(self.legs, mark[1]).splitlines() if x.strip()]
-        prompts = [r.prompt_len for r in list(warmup) + list(results) if r.ok]
+        done = [r for r in list(warmup) + list(results) if r.ok]
+        # the KV cache holds the prompt the server tokenised (BOS, a chat template), not the client's count
+        prompts = [r.server_prompt_tokens or r.prompt_len for r in done]
         tp = self.spec.tp
         kv = {**stats, "block_size": self.block_size, "requests": len(prompts), "tp": tp,
+              "prompts_counted_by_server": sum(1 for r in done if r.server_prompt_tokens),
               "prefill_leg_ms": [round(x["prefill_s"] * 1e3, 3) for x in legs],
               "decode_first_ms": [None if x.get("decode_first_s") is None else round(x["decode_first_s"] * 1e3, 3)
                                   for x in legs],
