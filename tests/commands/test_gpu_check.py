@@ -126,6 +126,21 @@ def test_pcie_box_is_held_to_its_links_wire_rate():
     assert too_fast.status == "MISMATCH"
 
 
+def test_an_xgmi_box_is_not_held_to_pcie():
+    """RCCL's log of an MI300X node (tests/fixtures/nccl_logs/rccl_2.21_xgmi) shows XGMI links
+    and a PCI rate: the GPUs talk over Infinity Fabric, so the PCIe wire rate is no ceiling for
+    a healthy all_reduce; with no sourced XGMI band the row is n/a, not a MISMATCH."""
+    from helpers.profiles import NCCL_LOGS
+    from workloads.fabric import nccl_log
+
+    summary = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "rccl_2.21_xgmi"))
+    assert "XGMI" in summary["gpu_links"] and summary["gpu_pci(GB/s)"]
+    rec = coll_record(ours=250.0, theirs=250.0, gpu="AMD Instinct MI300X")
+    rec["fabric"]["transport"]["summary"] = summary
+    row = next(r for r in gpu_check.collectives_rows(rec) if r.check == "collectives busbw vs ceiling")
+    assert row.status == "n/a" and "XGMI" in row.source and "PCIe" not in row.source
+
+
 def test_ceiling_by_class_cites_its_source():
     from workloads.fabric.ceiling import all_reduce_ceiling, nvlink_rate
 

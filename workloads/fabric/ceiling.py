@@ -3,8 +3,8 @@ so a collectives figure is judged as a share of what that class can do, never ag
 absolute GB/s that holds on one box only (users ask for this: NVIDIA/nccl-tests#367).
 
 The class comes from what the run itself recorded: the GPU model (fingerprint), whether
-NCCL's topology shows NVLink between the GPUs (GRAPH line `NVL`, topology dump `gpu_links`),
-and the node count. Multi-node runs are judged against one communicator's line rate over the
+NCCL's topology shows NVLink between the GPUs (GRAPH line `NVL`, topology dump `gpu_links`;
+RCCL's `XGMI` is AMD's GPU fabric, with no band on file), and the node count. Multi-node runs are judged against one communicator's line rate over the
 rails its channels used (linerate.py, `record.line_rate`: the node's NIC aggregate for a
 communicator that spans whole nodes), which already has its source (sysfs).
 
@@ -88,7 +88,13 @@ def all_reduce_ceiling(rec: dict) -> Ceiling:
                        f"line rate {per_comm:g} GB/s per communicator ({basis}) of the rails the channels used "
                        "(sysfs)")
     gpu = str((rec.get("fingerprint") or {}).get("gpu") or "")
-    nvlink = "NVL" in (summary.get("graph_types") or []) or "NVL" in (summary.get("gpu_links") or [])
+    links = set(summary.get("graph_types") or []) | set(summary.get("gpu_links") or [])
+    if "XGMI" in links:
+        # RCCL prints AMD's Infinity Fabric as XGMI where NCCL prints NVL (rccl src/graph/topo.cc
+        # topoPathTypeStr): a GPU fabric, not PCIe, and no sourced all_reduce band is on file.
+        return Ceiling(None, None, None, f"XGMI between the GPUs of {gpu or 'this node'} (RCCL's topology): no "
+                                         "sourced all_reduce band on file for AMD Infinity Fabric")
+    nvlink = "NVL" in links
     if not nvlink:
         pci = summary.get("gpu_pci(GB/s)")
         if not pci:
