@@ -297,6 +297,24 @@ def test_the_mfu_bands_hold_the_first_gpu_runs(gpu, model, parallel, mb, ok):
     assert mfu_check(gpu_run(gpu, model, parallel, mb))[2] is ok
 
 
+@pytest.mark.parametrize("gpu", ["NVIDIA B200", "AMD Instinct MI300X", "NVIDIA A100-SXM4-80GB"])
+def test_mfu_bands_apply_only_to_the_gpus_they_were_measured_on(gpu):
+    """The floors come from H100/H200 runs only: on another GPU in the peak table the MFU row
+    is n/a, while the recompute of the figure (GPU-independent) is still checked."""
+    from workloads.training.expected import mfu_check
+    from workloads.training.metrics import peak_tflops_for
+
+    rec = gpu_run("h100", "neox-125m", "ddp", 16)
+    peak = peak_tflops_for(gpu)
+    flops3 = rec["metrics"]["mfu"] * 989.0  # the H100 record's f=3 TFLOPS/GPU
+    rec = rec | {"fingerprint": rec["fingerprint"] | {"gpu": gpu}, "metrics": rec["metrics"] | {"mfu": flops3 / peak}}
+    result, expected, ok, source = mfu_check(rec)
+    assert ok is None and expected.startswith("no band measured on ") and "H100/H200" in source, (result, expected)
+    # a reported MFU that does not recompute still fails there
+    bad = rec | {"metrics": rec["metrics"] | {"mfu": 2 * flops3 / peak}}
+    assert mfu_check(bad)[2] is False
+
+
 def test_gpu_check_trains_at_the_micro_batch_its_bands_were_measured_at(tmp_path):
     for name, argv, _ in gpu_check.steps(8, "intranode", tmp_path):
         if name in ("train/ddp", "train/zero1"):
