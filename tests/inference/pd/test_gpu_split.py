@@ -59,3 +59,14 @@ def test_left_alone(monkeypatch, tmp_path, case):
     plan = _plan(ServerSpec("vllm_pd", tp=1, run_dir=str(tmp_path), env=env))
     got = {r: plan[r]["env"].get("CUDA_VISIBLE_DEVICES") for r in ("prefill", "decode")}
     assert got == {"prefill": env.get("CUDA_VISIBLE_DEVICES"), "decode": env.get("CUDA_VISIBLE_DEVICES")}
+
+
+def test_device_node_minors_are_not_cuda_indices(monkeypatch, tmp_path):
+    """A container given the host's GPUs 2 and 3 sees /dev/nvidia2 and /dev/nvidia3, and CUDA
+    calls them 0 and 1: CUDA_VISIBLE_DEVICES=2 there names no GPU and the engine exits."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert vllm_pd.visible_gpus(tmp_path) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # set by the runtime or the user: taken as it is
+    assert vllm_pd.visible_gpus(tmp_path) == ["2", "3"]

@@ -195,13 +195,17 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=local)
 
 
-def visible_gpus() -> list[str]:
-    """This node's GPUs as CUDA_VISIBLE_DEVICES names them: its value where set, else one per
-    /dev/nvidia<N> device node (no torch or CUDA import in the harness)."""
+def visible_gpus(dev: Path = Path("/dev")) -> list[str]:
+    """This node's GPUs as CUDA_VISIBLE_DEVICES names them: its value where set, else 0..n-1 for
+    the n /dev/nvidia<N> device nodes (no torch or CUDA import in the harness). Never the N
+    itself: a container given GPUs 2 and 3 (docker --gpus '"device=2,3"', a Kubernetes pod)
+    keeps the host's minors, /dev/nvidia2 and /dev/nvidia3, while CUDA numbers what it sees from
+    0 ("From inside a container, you can expect the GPUs to always start at 0",
+    NVIDIA/nvidia-docker#907; GoogleCloudPlatform/container-engine-accelerators#72)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip()]
-    return sorted((p.name[len("nvidia"):] for p in Path("/dev").glob("nvidia[0-9]*")), key=int)
+    return [str(i) for i in range(len(list(dev.glob("nvidia[0-9]*"))))]
 
 
 def gpu_split(spec: ServerSpec) -> dict[str, dict[str, str]]:
