@@ -80,7 +80,7 @@ def recomputed_tflops(rec: dict, f3: bool = False) -> float | None:
     return None if not it else flops / (it * world) / 1e12
 
 
-TFLOPS_SOURCE = "DESIGN.md's FLOPs formula with the record's shape and batch / (mean timed step x world size)"
+TFLOPS_SOURCE = "docs/metrics.md's FLOPs formula with the record's shape and batch / (mean timed step x world size)"
 
 
 def tflops_check(rec: dict) -> tuple[str, str, bool | None, str]:
