@@ -208,7 +208,8 @@ def _line_rate(node_rate: dict, groups: list[list[int]], record: dict, info: fdi
 
 
 def _ceiling(record: dict, say) -> None:
-    """The link rate this machine's class can carry per rank (workloads/fabric/ceiling.py),
+    """The link rate this machine's class can carry (workloads/fabric/ceiling.py: one GPU's links on
+    one node, one communicator's share of the NICs across nodes),
     with its source, and the peak busbw as a share of it: a figure to read against the class,
     not an absolute GB/s. Not a failure: a slow fabric is a result (make gpu-check gates it)."""
     from workloads.fabric.ceiling import all_reduce_ceiling
@@ -221,7 +222,7 @@ def _ceiling(record: dict, say) -> None:
     if say:
         share = f"peak busbw {record['metrics']['peak_busbw(%ceiling)']:.0f}% of " if c.line_gbps and peak else ""
         say(f"# {'Class ceiling':<20} : {share}{c.line_gbps or 'n/a'}"
-            f"{' GB/s per rank' if c.line_gbps else ''} ({c.source})")
+            f"{' GB/s' if c.line_gbps else ''} ({c.source})")
 
 
 def _flag_above_line_rate(record: dict, per_comm: float | None, nodes: int, run_dir: Path, say) -> None:
