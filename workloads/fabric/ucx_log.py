@@ -17,7 +17,7 @@ the bundled UCX 1.23.0 of nixl-cu13 1.5.1 prints the same):
    header row "Range | Description | Config", a separator, then one row per message-size range
    whose Config cell names the transports ("cma/memory", "tcp/lo", "rc_mlx5/mlx5_0:1").
    That is the layout of UCX >= 1.22.0 (its table builder, ucs_table, first ships there).
-   UCX 1.18.0-1.21.0 (bundled by NIXL wheels up to 1.2.x) print the same function's older
+   UCX 1.18.0-1.21.0 (bundled by NIXL wheels before 1.4.0) print the same function's older
    layout: one two-cell title row "| <endpoint config> | <operation> |", a separator, then the
    body rows "| <count> <range> | <description> | <config> |" with no header row (v1.21.0
    src/ucp/proto/proto_debug.c "| %*s | %-*s |" and "| %s%*s | %-*s | %-*s |", the count only
