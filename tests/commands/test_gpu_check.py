@@ -126,6 +126,21 @@ def test_pcie_box_is_held_to_its_links_wire_rate():
     assert too_fast.status == "MISMATCH"
 
 
+def test_an_xgmi_box_is_not_held_to_pcie():
+    """RCCL's log of an MI300X node (tests/fixtures/nccl_logs/rccl_2.21_xgmi) shows XGMI links
+    and a PCI rate: the GPUs talk over Infinity Fabric, so the PCIe wire rate is no ceiling for
+    a healthy all_reduce; with no sourced XGMI band the row is n/a, not a MISMATCH."""
+    from helpers.profiles import NCCL_LOGS
+    from workloads.fabric import nccl_log
+
+    summary = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "rccl_2.21_xgmi"))
+    assert "XGMI" in summary["gpu_links"] and summary["gpu_pci(GB/s)"]
+    rec = coll_record(ours=250.0, theirs=250.0, gpu="AMD Instinct MI300X")
+    rec["fabric"]["transport"]["summary"] = summary
+    row = next(r for r in gpu_check.collectives_rows(rec) if r.check == "collectives busbw vs ceiling")
+    assert row.status == "n/a" and "XGMI" in row.source and "PCIe" not in row.source
+
+
 def test_ceiling_by_class_cites_its_source():
     from workloads.fabric.ceiling import all_reduce_ceiling, nvlink_rate
 
@@ -133,8 +148,8 @@ def test_ceiling_by_class_cites_its_source():
     assert nvlink_rate("NVIDIA H100 NVL") is None and nvlink_rate("NVIDIA H100 PCIe") is None
     c = all_reduce_ceiling(coll_record(gpu="NVIDIA H200"))
     assert (c.low_gbps, c.high_gbps) == (180.0, 540.0) and "nccl-tests#212" in c.source
-    # across nodes: the per-rank line rate of the rails used (record.line_rate)
-    two = coll_record() | {"world": {"world_size": 16, "nodes": 2}, "line_rate": {"per_rank(GB/s)": 50.0}}
+    # across nodes: one communicator's line rate over the rails used (record.line_rate)
+    two = coll_record() | {"world": {"world_size": 16, "nodes": 2}, "line_rate": {"per_comm(GB/s)": 50.0}}
     c = all_reduce_ceiling(two)
     assert (c.low_gbps, c.high_gbps) == (20.0, 60.0) and c.judge(45.0) and not c.judge(70.0)
 
@@ -280,6 +295,24 @@ def test_the_mfu_bands_hold_the_first_gpu_runs(gpu, model, parallel, mb, ok):
     from workloads.training.expected import mfu_check
 
     assert mfu_check(gpu_run(gpu, model, parallel, mb))[2] is ok
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA B200", "AMD Instinct MI300X", "NVIDIA A100-SXM4-80GB"])
+def test_mfu_bands_apply_only_to_the_gpus_they_were_measured_on(gpu):
+    """The floors come from H100/H200 runs only: on another GPU in the peak table the MFU row
+    is n/a, while the recompute of the figure (GPU-independent) is still checked."""
+    from workloads.training.expected import mfu_check
+    from workloads.training.metrics import peak_tflops_for
+
+    rec = gpu_run("h100", "neox-125m", "ddp", 16)
+    peak = peak_tflops_for(gpu)
+    flops3 = rec["metrics"]["mfu"] * 989.0  # the H100 record's f=3 TFLOPS/GPU
+    rec = rec | {"fingerprint": rec["fingerprint"] | {"gpu": gpu}, "metrics": rec["metrics"] | {"mfu": flops3 / peak}}
+    result, expected, ok, source = mfu_check(rec)
+    assert ok is None and expected.startswith("no band measured on ") and "H100/H200" in source, (result, expected)
+    # a reported MFU that does not recompute still fails there
+    bad = rec | {"metrics": rec["metrics"] | {"mfu": 2 * flops3 / peak}}
+    assert mfu_check(bad)[2] is False
 
 
 def test_gpu_check_trains_at_the_micro_batch_its_bands_were_measured_at(tmp_path):

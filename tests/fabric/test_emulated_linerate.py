@@ -42,7 +42,7 @@ def emu_collectives(emu_ab):
 def test_percent_of_line_rate_is_the_shaped_payload_rate(emu_ab, emu_collectives):
     rec, out = emu_collectives
     lr = rec["line_rate"]
-    assert lr["per_rank(GB/s)"] == pytest.approx(0.0125) and lr["payload_per_rank(GB/s)"] == pytest.approx(0.0119551, abs=1e-7)
+    assert lr["per_comm(GB/s)"] == pytest.approx(0.0125) and lr["payload_per_comm(GB/s)"] == pytest.approx(0.0119551, abs=1e-7)
     assert [n["rails"] for n in lr["nodes"]] == [{"net:emu0": 1e8}, {"net:emu0": 1e8}]
     pct = rec["metrics"]["all_reduce/avg_busbw(%line)"]
     # Issue 16's bound: within 5% of the payload ceiling (>= 90.9% of the line rate). Measured
@@ -56,7 +56,7 @@ def test_percent_of_line_rate_is_the_shaped_payload_rate(emu_ab, emu_collectives
     (row,) = rec["rows"]
     assert row["in_place"]["pct_line_rate"] == pytest.approx(pct)
     assert lr["above_line_rate"] == []  # Gloo's ring cannot beat the link
-    assert "line rate 0.0125 GB/s per rank" in out and "TCP payload ceiling 0.011955 GB/s" in out
+    assert "line rate 0.0125 GB/s per communicator" in out and "TCP payload ceiling 0.011955 GB/s" in out
     assert "%line" in out and row["stability"]["samples"] == rec["config"]["collectives"]["sample_iters"]
 
 

@@ -89,6 +89,30 @@ def test_net_plugin_is_recorded_and_a_profile_can_pin_it():
     assert d["verdict"] == "mismatch" and "loaded no net plugin" in d["message"]
 
 
+def test_a_loaded_plugin_that_failed_init_does_not_pass_expect_plugin():
+    """NCCL 2.30.7 loads a plugin at dlopen and initialises it per communicator; when init
+    fails it moves on to its internal IB (plugin/net.cc:208,228,299). The record must say the
+    plugin was not used, and a profile that pins it must fail."""
+    from helpers.profiles import evidence, profile
+    from workloads.fabric import nccl_log, verify
+
+    s = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "nccl_2.30_plugin_fallback"))
+    assert s["plugin"] is None and s["plugin_loaded"] == "AWS Libfabric" and s["networks"] == ["IB"]
+    assert s["plugin_failed"].startswith("AWS Libfabric: NCCL logged 'Failed to initialize NET plugin'")
+    d = verify.decide(profile("ib", plugin="Libfabric"), evidence("nccl_2.30_plugin_fallback"), environ={})
+    assert d["verdict"] == "mismatch" and "did not run on the net plugin (AWS Libfabric" in d["message"]
+    # NCCL's own IB ran: a profile asking for no plugin is satisfied
+    assert verify.decide(profile("ib", plugin="none"), evidence("nccl_2.30_plugin_fallback"),
+                         environ={})["verdict"] == "ok"
+    # before 2.27/2.28 nothing but "Using network" tells: the internal IB after a loaded plugin
+    old = nccl_log.parse_text("h:1:2 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v8)\n"
+                              "h:1:2 [0] NCCL INFO Using network IB\n")
+    assert old.plugin is None and "ran on NCCL's internal IB" in old.plugin_failed
+    # the RDMA/SHARP plugin loads as "NCCL RDMA Plugin v8" and runs as IBext_v8: in use
+    sharp = nccl_log.summarize(nccl_log.parse_dir(NCCL_LOGS / "nccl_ib_plugin"))
+    assert sharp["plugin"] == "NCCL RDMA Plugin v8" and sharp["plugin_failed"] is None
+
+
 # ---------------------------------------------------------------------------------------
 # The verdict is decided on each problem's kind, never on its wording: "unverified" only when
 # every problem is missing evidence, "mismatch" as soon as one contradicts the label.

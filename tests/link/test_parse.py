@@ -89,7 +89,7 @@ def test_percent_of_line_and_payload_rate_on_emu_100m():
     """The shaped link's line rate and payload ceiling come from workloads/fabric/linerate.py."""
     node = linerate.node_line_rate(["net:emu0"], {"rate": "100mbit", "mtu": 1500})
     job = linerate.job_line_rate([node, node], 1)
-    line, payload = job["per_node(GB/s)"] * 8, job["payload_per_rank(GB/s)"] * 8
+    line, payload = job["per_node(GB/s)"] * 8, job["payload_per_comm(GB/s)"] * 8
     assert line == pytest.approx(0.1) and payload == pytest.approx(0.1 * 1448 / 1514)
     result = {"sent(Gbit/s)": 0.0959, "received(Gbit/s)": 0.0956, "retransmits": 0, "bytes_received": 59750000,
               "seconds": 5.0}

@@ -77,6 +77,36 @@ def test_layer_runs_under_bf16_autocast_for_both_activations():
         assert y.shape == (2, 5, 16) and layer.w_in.grad is not None, act
 
 
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_a_bf16_run_moves_bf16_tokens_in_both_all_to_alls(monkeypatch, act):
+    """Under autocast the tokens come from a LayerNorm in fp32 (autocast's fp32 list) and a gelu
+    expert adds an fp32 bias to its bf16 matmul: both exchanges must still move bf16, as the
+    run's label says, and MoEStats says what moved. The exchange is played at dist's boundary
+    (EP = 2, this rank's half of the experts): what it is handed is what would cross the fabric."""
+    from workloads.models import moe as moe_mod
+
+    moved = []
+
+    def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None):
+        moved.append(inp.dtype)
+        out.zero_()  # the peer sends nothing: the shapes stay consistent
+
+    monkeypatch.setattr(moe_mod.dist, "all_to_all_single", all_to_all_single)
+    torch.manual_seed(5)
+    groups = moe_mod.ExpertGroups(ep_size=2, ep_rank=0, world=2, ep=object())
+    layer = MoEMLP(16, 24, MoEConfig(num_experts=4, top_k=2, activation=act), groups)
+    layer.stats = moe_mod.MoEStats()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(torch.nn.functional.layer_norm(torch.randn(2, 5, 16), (16,)))  # fp32, as autocast leaves it
+    counts, dispatch, combine = moved  # the counts exchange, then the tokens there and back
+    assert counts == torch.int64 and (dispatch, combine) == (torch.bfloat16, torch.bfloat16), act
+    assert layer.stats.take()["dtype"] == "bfloat16"
+    # without autocast the layer's own dtype moves
+    moved.clear()
+    layer(torch.randn(2, 5, 16))
+    assert moved[1:] == [torch.float32, torch.float32]
+
+
 def test_moe_flops_worked_value():
     # Mixtral-8x7B's shape, one 4096-token sample, no checkpointing (f = 3), SwiGLU (m = 3):
     # per token and layer 8h^2 = 134,217,728; 4sh = 67,108,864; 2*m*k*h*F = 2*3*2*4096*14336 =

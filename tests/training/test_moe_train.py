@@ -46,6 +46,7 @@ def test_two_ranks_with_ep2_train_and_record_the_moe_figures(out_root):
     assert 0.0 <= m["dropped_fraction"] < 0.5
     moe_steps = rec["samples"]["moe"]
     assert len(moe_steps) == STEPS and all(s["bytes"] > 0 for s in moe_steps)
+    assert rec["comm"]["alltoall_dtype"] == "float32"  # fp32 on CPU; bf16 under autocast (moe.wire_dtype)
 
 
 @pytest.mark.timing  # a study's verdict

@@ -42,7 +42,7 @@ class Cell:
     algbw: float  # GB/s
     busbw: float  # GB/s
     wrong: int | None  # None: not checked (printed N/A)
-    pct_line_rate: float | None = None  # busbw as % of the per-rank line rate (multi-node runs; linerate.py)
+    pct_line_rate: float | None = None  # busbw as % of one communicator's line rate (multi-node runs; linerate.py)
 
 
 @dataclass
@@ -136,7 +136,7 @@ class Harness:
         self.pattern = pattern
         self.groups = groups or [list(comm.global_ranks)]  # every communicator, for lateness within each
         self.ranks_per_node = ranks_per_node
-        self.line_rate: float | None = None  # per-rank GB/s (run.py sets it on multi-node runs); None: no %
+        self.line_rate: float | None = None  # GB/s per communicator (run.py sets it on multi-node runs); None: no %
         self.dtype = ops.DTYPES[sweep.datatype]
         self.type_size = torch.empty((), dtype=self.dtype).element_size()
         self.print = printer or (lambda line: None)
@@ -314,7 +314,7 @@ class Harness:
         if not sampled and self.line_rate is None:
             return
         self.print(f"# {rows[0].op if rows else ''}: % of line rate"
-                   + (f" ({self.line_rate:g} GB/s per rank)" if self.line_rate else " (n/a)")
+                   + (f" ({self.line_rate:g} GB/s per communicator)" if self.line_rate else " (n/a)")
                    + f" and {self.timing.sample_iters} calls per size timed one by one after the block "
                    "(p50/p95/p99 of the slowest rank's time, CV, the latest rank)")
         self.print(f"# {'size':>10}  {'busbw':>7}  {'%line':>6}  {'p50(us)':>9}  {'p95(us)':>9}  {'p99(us)':>9}  "

@@ -138,7 +138,7 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     record["fabric"]["transport"] = check_transport(fabric, run_dir, info)
     rails = nic.rails_for(fabric, os.environ, record["fabric"].get("transport"))
     node_rate = linerate.node_line_rate(rails, fabric.emulate)
-    harness.line_rate = _line_rate(node_rate, record, info, say)
+    harness.line_rate = _line_rate(node_rate, groups, record, info, say)
     sampler = nic.NicSampler(enabled=info.local_rank == 0)  # the whole sweep is one window
     spines = leafspine.read_paths() if info.is_main else None  # an emulated leaf-spine's ECMP paths
     sampler.begin_step()
@@ -185,26 +185,31 @@ def _external(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir:
         record["external"] = {"status": "skipped", "reason": "external=auto runs it only on NCCL fabrics"}
 
 
-def _line_rate(node_rate: dict, record: dict, info: fdist.DistInfo, say) -> float | None:
+def _line_rate(node_rate: dict, groups: list[list[int]], record: dict, info: fdist.DistInfo, say) -> float | None:
     """Every node's line rate over the run's rails (workloads/fabric/linerate.py), gathered
-    to rank 0 into record["line_rate"]; returns the per-rank GB/s that busbw is compared
-    with on rank 0 of a multi-node run (None elsewhere: one node's traffic never leaves it)."""
+    to rank 0 into record["line_rate"]; returns the GB/s one communicator's busbw is compared
+    with on rank 0 of a multi-node run (None elsewhere: one node's traffic never leaves it):
+    the node's whole rate when one communicator spans the nodes (pattern all), its share when
+    each local rank has its own communicator across nodes (one_per_node, pairs)."""
     from workloads.fabric import linerate, nic
 
     nodes = nic.gather_from_nodes(node_rate, info)
     if not info.is_main:
         return None
-    job = linerate.job_line_rate(nodes, info.local_world_size)
+    # Real nodes (torchrun's local world), not collectives.ranks_per_node's emulated ones.
+    share = linerate.communicators_per_node(groups, info.local_world_size)
+    job = linerate.job_line_rate(nodes, info.local_world_size, share)
     if info.nodes < 2:
         job["scope"] = "one node: its traffic does not cross these rails, so busbw is not compared with them"
     record["line_rate"] = job
     if say:
         say("# " + linerate.describe(job) + ("" if info.nodes > 1 else " (one node: not compared)"))
-    return job["per_rank(GB/s)"] if info.nodes > 1 else None
+    return job["per_comm(GB/s)"] if info.nodes > 1 else None
 
 
 def _ceiling(record: dict, say) -> None:
-    """The link rate this machine's class can carry per rank (workloads/fabric/ceiling.py),
+    """The link rate this machine's class can carry (workloads/fabric/ceiling.py: one GPU's links on
+    one node, one communicator's share of the NICs across nodes),
     with its source, and the peak busbw as a share of it: a figure to read against the class,
     not an absolute GB/s. Not a failure: a slow fabric is a result (make gpu-check gates it)."""
     from workloads.fabric.ceiling import all_reduce_ceiling
@@ -217,33 +222,33 @@ def _ceiling(record: dict, say) -> None:
     if say:
         share = f"peak busbw {record['metrics']['peak_busbw(%ceiling)']:.0f}% of " if c.line_gbps and peak else ""
         say(f"# {'Class ceiling':<20} : {share}{c.line_gbps or 'n/a'}"
-            f"{' GB/s per rank' if c.line_gbps else ''} ({c.source})")
+            f"{' GB/s' if c.line_gbps else ''} ({c.source})")
 
 
-def _flag_above_line_rate(record: dict, per_rank: float | None, nodes: int, run_dir: Path, say) -> None:
-    """A busbw above the physical per-rank rate across nodes: name NCCL's algorithm and the remedy."""
+def _flag_above_line_rate(record: dict, per_comm: float | None, nodes: int, run_dir: Path, say) -> None:
+    """A busbw above one communicator's physical rate across nodes: name NCCL's algorithm and the remedy."""
     from workloads.fabric import linerate
 
     if "line_rate" not in record:
         return
-    flags = linerate.above_line_rate(record["rows"], per_rank, nodes, linerate.algorithms_in(run_dir / "nccl"))
+    flags = linerate.above_line_rate(record["rows"], per_comm, nodes, linerate.algorithms_in(run_dir / "nccl"))
     record["line_rate"]["above_line_rate"] = flags
     for f in flags:
         if say:
             say(f"# warning: {f['message']}")
 
 
-def line_rate_metrics(rows: list[Row], op_names, per_rank: float | None) -> dict:
-    """busbw figures as % of the per-rank line rate (multi-node runs with a known rate)."""
+def line_rate_metrics(rows: list[Row], op_names, per_comm: float | None) -> dict:
+    """busbw figures as % of one communicator's line rate (multi-node runs with a known rate)."""
     from workloads.fabric.linerate import pct
 
-    if per_rank is None:
+    if per_comm is None:
         return {}
     total = summarize(rows)
-    out = {"line_rate(GB/s)": per_rank, "avg_busbw(%line)": pct(total["avg_busbw"], per_rank),
-           "peak_busbw(%line)": pct(total["peak_busbw"], per_rank)}
+    out = {"line_rate(GB/s)": per_comm, "avg_busbw(%line)": pct(total["avg_busbw"], per_comm),
+           "peak_busbw(%line)": pct(total["peak_busbw"], per_comm)}
     for name in op_names:
-        out[f"{name}/avg_busbw(%line)"] = pct(summarize([r for r in rows if r.op == name])["avg_busbw"], per_rank)
+        out[f"{name}/avg_busbw(%line)"] = pct(summarize([r for r in rows if r.op == name])["avg_busbw"], per_comm)
     return out
 
 

@@ -3,9 +3,10 @@ so a collectives figure is judged as a share of what that class can do, never ag
 absolute GB/s that holds on one box only (users ask for this: NVIDIA/nccl-tests#367).
 
 The class comes from what the run itself recorded: the GPU model (fingerprint), whether
-NCCL's topology shows NVLink between the GPUs (GRAPH line `NVL`, topology dump `gpu_links`),
-and the node count. Multi-node runs are judged against the per-rank line rate of the rails
-their channels used (linerate.py, `record.line_rate`), which already has its source (sysfs).
+NCCL's topology shows NVLink between the GPUs (GRAPH line `NVL`, topology dump `gpu_links`;
+RCCL's `XGMI` is AMD's GPU fabric, with no band on file), and the node count. Multi-node runs are judged against one communicator's line rate over the
+rails its channels used (linerate.py, `record.line_rate`: the node's NIC aggregate for a
+communicator that spans whole nodes), which already has its source (sysfs).
 
 Intra-node NVLink, per GPU, one direction (vendor datasheets: "NVLink bandwidth" is the
 bidirectional total):
@@ -77,13 +78,23 @@ def all_reduce_ceiling(rec: dict) -> Ceiling:
     if summary.get("backend") == "gloo" and not multi:
         return Ceiling(None, None, None, "Gloo on one host: memory copies, no link class")
     if multi:
-        per_rank = ((rec.get("line_rate") or {}).get("per_rank(GB/s)"))
-        if not per_rank:
+        lr = rec.get("line_rate") or {}
+        per_comm = lr.get("per_comm(GB/s)")
+        if not per_comm:
             return Ceiling(None, None, None, "multi-node, but the rails' line rate is unknown (record.line_rate)")
-        return Ceiling(per_rank, FLOOR * EFFECTIVE * per_rank, TOP * per_rank,
-                       f"per-rank line rate {per_rank:g} GB/s of the rails the channels used (sysfs)")
+        share = int(lr.get("comms_per_node") or 1)
+        basis = "the node's NIC aggregate" if share == 1 else f"the node's rate / {share} communicators crossing it"
+        return Ceiling(per_comm, FLOOR * EFFECTIVE * per_comm, TOP * per_comm,
+                       f"line rate {per_comm:g} GB/s per communicator ({basis}) of the rails the channels used "
+                       "(sysfs)")
     gpu = str((rec.get("fingerprint") or {}).get("gpu") or "")
-    nvlink = "NVL" in (summary.get("graph_types") or []) or "NVL" in (summary.get("gpu_links") or [])
+    links = set(summary.get("graph_types") or []) | set(summary.get("gpu_links") or [])
+    if "XGMI" in links:
+        # RCCL prints AMD's Infinity Fabric as XGMI where NCCL prints NVL (rccl src/graph/topo.cc
+        # topoPathTypeStr): a GPU fabric, not PCIe, and no sourced all_reduce band is on file.
+        return Ceiling(None, None, None, f"XGMI between the GPUs of {gpu or 'this node'} (RCCL's topology): no "
+                                         "sourced all_reduce band on file for AMD Infinity Fabric")
+    nvlink = "NVL" in links
     if not nvlink:
         pci = summary.get("gpu_pci(GB/s)")
         if not pci:

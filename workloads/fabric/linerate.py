@@ -1,4 +1,4 @@
-"""Line rate: what the rails a run uses could carry, per node and per rank, and bandwidth as a share of it.
+"""Line rate: what the rails a run uses could carry, per node and per communicator, and bandwidth as a share of it.
 
 A node's line rate is the sum of its rails' rates (the rails `nic.rails_for` names: the
 devices NCCL said it used, the interfaces Gloo bound, else what the profile selects):
@@ -13,11 +13,19 @@ segment carries MTU − 52 bytes of payload (IP 20, TCP 20, timestamps 12), so t
 ceiling of TCP over the link is rate × (MTU − 52) / (MTU + 14): 1448/1514 at MTU 1500,
 100 Mbit/s → 0.01195 GB/s.
 
-Per rank: a ring that crosses nodes sends each rank's share over its node's rails, so the
-bound a rank's bus bandwidth can reach is the node rate / ranks per node; over several
-nodes the slowest node bounds the job. GB/s = 1e9 bytes/s, as the busbw it is compared with.
+Per communicator: NCCL's inter-node ring hops once per node on each channel, so the bytes
+a node puts on its rails equal what one of its ranks sends (busbw × t), and a communicator
+that spans whole nodes (pattern `all`) is bounded by the node's NIC aggregate, not by the
+aggregate / GPUs per node. NCCL's own model says the same: src/graph/tuning.cc (v2.30.7)
+rates a ring at nChannels × bwInter, and src/graph/search.cc stops adding channels at
+nChannels × bwInter >= the system's total NIC bandwidth; its maintainer: "DGX-1 can get
+48 GB/s because we have 4 IB adapters" (NVIDIA/nccl-tests#29, 8 GPUs on 4 EDR ports).
+Only where several communicators of one node cross the rails at the same time (patterns
+`one_per_node` and `pairs`: one per local rank) does each get its share, the node rate /
+those communicators. Over several nodes the slowest node bounds the job. GB/s = 1e9
+bytes/s, as the busbw it is compared with.
 
-A busbw above the per-rank line rate on a multi-node run is impossible for a ring: NCCL
+A busbw above that bound on a multi-node run is impossible for a ring: NCCL
 reduced part of the data elsewhere (NVLS in the NVLink switch, CollNet/SHARP in the
 network switch) or Tree's traffic pattern moved less over the NICs. The cause is read from
 NCCL's tuning lines (NCCL_DEBUG_SUBSYS=TUNING, printed by rank 0 for each collective):
@@ -106,21 +114,37 @@ def node_line_rate(rails: list[str], emulate: dict | None = None, root=None) -> 
             "unknown_rails": [r for r, v in rates.items() if v is None], "payload_bits_per_s": None}
 
 
-def job_line_rate(nodes: list[dict], ranks_per_node: int) -> dict:
-    """Per node (as gathered) and the per-rank bound of the job: the slowest node's rate /
-    ranks per node, in GB/s (1e9 B/s) to compare with busbw."""
+def communicators_per_node(groups: list[list[int]], ranks_per_node: int) -> int:
+    """How many of `groups` (communicators that run side by side) have a rank on one node and
+    a rank on another, the busiest node counted: they share that node's rails. Ranks are
+    numbered node by node (torchrun). `all` -> 1, `one_per_node`/`pairs` -> ranks per node."""
+    rpn = max(1, ranks_per_node)
+    per_node: dict[int, int] = {}
+    for g in groups:
+        nodes = {r // rpn for r in g}
+        if len(nodes) > 1:
+            for n in nodes:
+                per_node[n] = per_node.get(n, 0) + 1
+    return max(per_node.values(), default=1)
+
+
+def job_line_rate(nodes: list[dict], ranks_per_node: int, comms_per_node: int = 1) -> dict:
+    """Per node (as gathered) and the bound of one communicator's busbw across nodes: the
+    slowest node's rate / the communicators that cross its rails at once
+    (communicators_per_node), in GB/s (1e9 B/s) to compare with busbw."""
     rates = [n.get("bits_per_s") for n in nodes]
     known = [r for r in rates if r]
     node_bits = min(known) if known and len(known) == len(rates) else None
     payloads = [n.get("payload_bits_per_s") for n in nodes]
     payload = min(payloads) if payloads and all(payloads) else None
-    rpn = max(1, ranks_per_node)
+    share = max(1, comms_per_node)
     return {
         "nodes": nodes,
-        "ranks_per_node": rpn,
+        "ranks_per_node": max(1, ranks_per_node),
+        "comms_per_node": share,
         "per_node(GB/s)": None if node_bits is None else node_bits / 8e9,
-        "per_rank(GB/s)": None if node_bits is None else node_bits / 8e9 / rpn,
-        "payload_per_rank(GB/s)": None if payload is None else payload / 8e9 / rpn,
+        "per_comm(GB/s)": None if node_bits is None else node_bits / 8e9 / share,
+        "payload_per_comm(GB/s)": None if payload is None else payload / 8e9 / share,
     }
 
 
@@ -166,15 +190,16 @@ def algorithms_for(op: str, size: int, group_size: int, algos: list[dict]) -> li
     return exact or sorted({a["algo"] for a in mine if a["func"] == func})
 
 
-def above_line_rate(rows: list[dict], per_rank: float | None, nodes: int, algos: list[dict]) -> list[dict]:
-    """One flag per op whose busbw exceeded the per-rank line rate on a multi-node run, with
-    the likely cause from NCCL's algorithm choice and the way to measure the ring."""
-    if per_rank is None or nodes < 2:
+def above_line_rate(rows: list[dict], per_comm: float | None, nodes: int, algos: list[dict]) -> list[dict]:
+    """One flag per op whose busbw exceeded one communicator's line rate (job_line_rate) on a
+    multi-node run, with the likely cause from NCCL's algorithm choice and the way to measure
+    the ring."""
+    if per_comm is None or nodes < 2:
         return []
     flags: dict[str, dict] = {}
     for r in rows:
         for c in (r.get("out_of_place"), r.get("in_place")):
-            if not c or c.get("busbw", 0) <= per_rank:
+            if not c or c.get("busbw", 0) <= per_comm:
                 continue
             f = flags.setdefault(r["op"], {"op": r["op"], "sizes": [], "max_busbw(GB/s)": 0.0, "algorithms": set()})
             if r["size"] not in f["sizes"]:
@@ -193,26 +218,27 @@ def above_line_rate(rows: list[dict], per_rank: float | None, nodes: int, algos:
         else:
             cause = ("no NCCL tuning lines in the log (NCCL_DEBUG_SUBSYS needs TUNING) to tell which algorithm ran; "
                      "NVLS, Tree or CollNet are the usual reasons")
-        pct_max = pct(f["max_busbw(GB/s)"], per_rank)
+        pct_max = pct(f["max_busbw(GB/s)"], per_comm)
         out.append({"op": f["op"], "sizes": f["sizes"], "max_busbw(GB/s)": f["max_busbw(GB/s)"],
                     "algorithms": algs, "cause": cause, "remedy": REMEDY,
-                    "message": f"{f['op']} busbw {f['max_busbw(GB/s)']:g} GB/s is {pct_max:.0f}% of the per-rank "
-                               f"line rate {per_rank:g} GB/s across nodes: {cause}; {REMEDY}"})
+                    "message": f"{f['op']} busbw {f['max_busbw(GB/s)']:g} GB/s is {pct_max:.0f}% of the line rate "
+                               f"{per_comm:g} GB/s per communicator across nodes: {cause}; {REMEDY}"})
     return out
 
 
 def describe(job: dict) -> str:
     """One line for the printed summary."""
-    per_rank = job.get("per_rank(GB/s)")
-    if per_rank is None:
+    per_comm = job.get("per_comm(GB/s)")
+    if per_comm is None:
         unknown = sorted({r for n in job["nodes"] for r, v in (n.get("rails") or {}).items() if v is None})
         why = (f"no rate for {', '.join(unknown)} in sysfs or the emulate block" if unknown
                else "no rails found for this fabric")
         return f"line rate unknown ({why}): % of line rate is n/a"
     node = job["nodes"][0]
     rails = ", ".join(node.get("rails") or {}) or "no rails"
-    line = (f"line rate {per_rank:g} GB/s per rank = {job['per_node(GB/s)']:g} GB/s per node ({rails}; "
-            f"{node.get('source')}) / {job['ranks_per_node']} rank(s) per node")
-    if job.get("payload_per_rank(GB/s)"):
-        line += f"; TCP payload ceiling {job['payload_per_rank(GB/s)']:.5g} GB/s"
+    share = job.get("comms_per_node", 1)
+    line = (f"line rate {per_comm:g} GB/s per communicator = {job['per_node(GB/s)']:g} GB/s per node ({rails}; "
+            f"{node.get('source')}) / {share} communicator(s) per node crossing its rails")
+    if job.get("payload_per_comm(GB/s)"):
+        line += f"; TCP payload ceiling {job['payload_per_comm(GB/s)']:.5g} GB/s"
     return line

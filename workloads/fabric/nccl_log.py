@@ -50,6 +50,16 @@ _NO_DEVICE = re.compile(r"\bNET/(?P<net>[^\s:]+)\s*: No device found")
 # "Plugin Path : %s".
 _PLUGIN = re.compile(r"\bNET/Plugin\s*: Loaded net plugin (?P<name>.+?)(?: \(v(?P<api>\d+)\))?\s*$")
 _PLUGIN_PATH = re.compile(r"\b(?:Successfully loaded external network plugin|Plugin Path :) (?P<path>\S+)")
+# Loading is not use: plugin/net.cc (2.30.7) initialises each plugin per communicator, logs
+# "Failed to initialize NET plugin %s" (:208, NCCL >= 2.28) when that fails, then tries the next
+# one, NCCL's internal IB and Socket last (:299), and logs "Assigned NET plugin %s to comm" (:228,
+# NCCL >= 2.27) for the one the communicator takes; init.cc:486 "Using network %s" names it too.
+_PLUGIN_FAILED = re.compile(r"\bFailed to initialize NET plugin (?P<name>.+?)\s*$")
+_PLUGIN_ASSIGNED = re.compile(r"\bAssigned NET plugin (?P<name>.+?) to comm\s*$")
+# The names of NCCL's (and RCCL's) own transports (src/transport/net_ib/common.cc "IB",
+# net_socket.cc "Socket"; "IB (stub)" in builds without verbs): a communicator on one of them
+# did not use the external plugin that was loaded.
+INTERNAL_NETS = ("IB", "Socket", "IB (stub)")
 _BOOTSTRAP = re.compile(r"\bBootstrap\s*: Using (?P<ifc>\S+)")
 _RANK = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) nranks (?P<nranks>\d+)")
 _CHANNEL = re.compile(
@@ -124,9 +134,12 @@ class ProcessLog:
     library: str | None = None  # NCCL | RCCL
     version: str | None = None
     network: str | None = None  # as NCCL names it: IB, Socket, IBext_v8, AWS Libfabric
-    plugin: str | None = None  # the external net plugin's name (NCCL's own IB/Socket: None)
+    plugin: str | None = None  # the external net plugin the communicator used (NCCL's own IB/Socket: None)
     plugin_api: int | None = None  # its ncclNet API version (the "(v8)")
     plugin_path: str | None = None  # the library NCCL loaded it from
+    plugin_loaded: str | None = None  # the external plugin NCCL loaded, used or not
+    plugin_failed: str | None = None  # a loaded plugin the communicator did not get: "<name>: <why>"
+    assigned: str | None = None  # "Assigned NET plugin %s to comm" (NCCL >= 2.27.3)
     net_devices: dict[str, list[dict]] = field(default_factory=dict)  # "IB" -> [{name, port, link_layer}]
     oob: str | None = None
     bootstrap: str | None = None
@@ -237,8 +250,12 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
         elif (nd := _NO_DEVICE.search(msg)) is not None:
             if nd["net"] not in log.no_device:
                 log.no_device.append(nd["net"])
+        elif (f := _PLUGIN_FAILED.search(msg)) is not None:
+            log.plugin_failed = f"{f['name']}: NCCL logged 'Failed to initialize NET plugin'"
+        elif (a := _PLUGIN_ASSIGNED.search(msg)) is not None:
+            log.assigned = a["name"]
         elif (p := _PLUGIN.search(msg)) is not None:
-            log.plugin = p["name"]
+            log.plugin = log.plugin_loaded = p["name"]
             log.plugin_api = int(p["api"]) if p["api"] else None
         elif (pp := _PLUGIN_PATH.search(msg)) is not None:
             log.plugin_path = pp["path"]
@@ -259,7 +276,22 @@ def _finish(log: ProcessLog, text: str, channels: Counter, received: Counter,
     log.received = dict(sorted(received.items()))
     if log.library is None and log.lines and any(_RCCL_TRAILER.search(x) for x in text.splitlines()):
         log.library = "RCCL"
+    _plugin_in_use(log)
     return log
+
+
+def _plugin_in_use(log: ProcessLog) -> None:
+    """A loaded external plugin counts only when the communicator ran on it: NCCL falls back to
+    its internal IB or Socket when the plugin's init fails (no devices in the container, API
+    mismatch). The loaded plugin's name and the network's may differ (the RDMA/SHARP plugin loads
+    as "NCCL RDMA Plugin v8" and runs as "IBext_v8"), so the test is whether the network the
+    communicator took is one of NCCL's own. Without either line (a log cut short) nothing is known
+    and the loaded plugin stands."""
+    used = log.assigned or log.network
+    if log.plugin_loaded and used in INTERNAL_NETS:
+        log.plugin = None
+        log.plugin_failed = log.plugin_failed or (f"{log.plugin_loaded}: loaded, but the communicator ran on NCCL's "
+                                                  f"internal {used}")
 
 
 def parse_file(path: str | Path) -> ProcessLog:
@@ -306,6 +338,8 @@ def summarize(logs: list[ProcessLog]) -> dict:
         "plugin": next((lg.plugin for lg in logs if lg.plugin), None),
         "plugin_api": next((lg.plugin_api for lg in logs if lg.plugin_api), None),
         "plugin_path": next((lg.plugin_path for lg in logs if lg.plugin_path), None),
+        "plugin_loaded": next((lg.plugin_loaded for lg in logs if lg.plugin_loaded), None),
+        "plugin_failed": next((lg.plugin_failed for lg in logs if lg.plugin_failed), None),
         "processes": len(logs),
         "ranks": [lg.as_dict() for lg in logs],
     }

@@ -16,6 +16,12 @@ the bundled UCX 1.23.0 of nixl-cu13 1.5.1 prints the same):
    "remote memory read by ucp_get*(multi) into host memory from host"), a separator, the
    header row "Range | Description | Config", a separator, then one row per message-size range
    whose Config cell names the transports ("cma/memory", "tcp/lo", "rc_mlx5/mlx5_0:1").
+   That is the layout of UCX >= 1.22.0 (its table builder, ucs_table, first ships there).
+   UCX 1.18.0-1.21.0 (bundled by NIXL wheels before 1.4.0) print the same function's older
+   layout: one two-cell title row "| <endpoint config> | <operation> |", a separator, then the
+   body rows "| <count> <range> | <description> | <config> |" with no header row (v1.21.0
+   src/ucp/proto/proto_debug.c "| %*s | %-*s |" and "| %s%*s | %-*s | %-*s |", the count only
+   under UCX_PROTO_INFO=used). Both are read.
 
 The KV read of vLLM's pull-mode NixlConnector is a ucp_get by the decode instance (push mode:
 a ucp_put by the prefill instance), so the transports of those rows carried the KV cache.
@@ -105,9 +111,13 @@ def _line(out: UcxLog, line: str, titles: list[str], body: bool) -> tuple[list[s
     cells = [c.strip() for c in line.strip("|").split("|")]
     if len(cells) == 1:             # a full-width title row starts (or continues) a table
         return (([] if body else titles) + [cells[0]]), False
+    if len(cells) == 2 and "cfg#" in cells[0]:  # UCX <= 1.21: both titles in one row, no header
+        return cells, True
     if cells[-1] == "Config" and "Range" in cells:
         return titles, True
     if body and len(titles) >= 2 and len(cells) >= 3:
         scope = next((s for s in ("self", "intra-node", "inter-node") if s in titles[0]), "?")
-        out.rows.append(ProtoRow(scope, titles[1], cells[-3], cells[-2], _tls(cells[-1]), _devices(cells[-1])))
+        # UCX <= 1.21 puts the selection count (=used) in the range's cell: "3  0..inf"
+        rng = (cells[-3].split() or [""])[-1]
+        out.rows.append(ProtoRow(scope, titles[1], rng, cells[-2], _tls(cells[-1]), _devices(cells[-1])))
     return titles, body

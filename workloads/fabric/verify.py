@@ -12,8 +12,9 @@ Servers whose ranks are other processes: verify_server.py; the /proc reading: pr
 
 `expect:` keys (conf/fabric/*.yaml):
   network            IB | Socket | <plugin name> | null   NCCL's `Using network` (IBext* counts as IB)
-  plugin             none | <text>                        the external net plugin (NET/Plugin: Loaded net
-                                                          plugin ...): none = NCCL's own transports only;
+  plugin             none | <text>                        the external net plugin the communicator ran on
+                                                          (loaded, and not replaced by NCCL's internal IB or
+                                                          Socket after its init failed): none = NCCL's own transports only;
                                                           text = the plugin's name must contain it
   link_layer         IB | RoCE                            of every device of the NET/IB line
   forbid_transports  [prefix, ...]                        no channel may go via these (NET/Socket)
@@ -165,15 +166,20 @@ def nccl_problems(expect: Mapping[str, Any], ranks: list[dict]) -> list[Problem]
 def _plugin_problems(want: str | None, talking: list[tuple[int, dict]]) -> list[Problem]:
     """An external net plugin (SHARP's IBext, aws-ofi, Spectrum-X, gIB, ...) replaces NCCL's
     own IB transport with its own code and tuning: a run labelled for one must not run on
-    another. `want`: none, or text the plugin's name must contain; absent = not checked."""
+    another. `want`: none, or text the plugin's name must contain; absent = not checked. The
+    plugin counts only when the communicator ran on it (nccl_log._plugin_in_use): one that
+    was loaded and then failed, leaving NCCL's internal IB or Socket, fails the expectation."""
     if want is None:
         return []
     wrong = {}
     for i, r in talking:
         name = r.get("plugin")
+        failed = r.get("plugin_failed")
         if str(want).lower() == "none":
             if name:
                 wrong[i] = f"loaded net plugin {name!r}" + (f" from {r['plugin_path']}" if r.get("plugin_path") else "")
+        elif failed and not name:
+            wrong[i] = f"did not run on the net plugin ({failed})"
         elif not name or str(want).lower() not in name.lower():
             wrong[i] = f"loaded {'net plugin ' + repr(name) if name else 'no net plugin'}"
     expected = "none" if str(want).lower() == "none" else f"one named like {want!r}"

@@ -287,7 +287,7 @@ def _measured(record: dict, tool: Tool, result: dict, rates: list[dict], info) -
     record["line_rate"] = job
     record["link"]["result"] = result
     line = None if info.nodes < 2 or job["per_node(GB/s)"] is None else job["per_node(GB/s)"] * 8
-    payload = None if line is None or job["payload_per_rank(GB/s)"] is None else job["payload_per_rank(GB/s)"] * 8
+    payload = None if line is None or job["payload_per_comm(GB/s)"] is None else job["payload_per_comm(GB/s)"] * 8
     record["metrics"] = metrics(result, line, payload)
     print(summary(tool.name, record["metrics"], record["link"]), flush=True)
 

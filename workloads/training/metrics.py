@@ -99,12 +99,19 @@ def peak_tflops_for(device_name: str, override: float | None = None, precision: 
         return float(override)
     if precision not in ("bf16", "fp16"):
         return None
+    family = gpu_family(device_name)
+    return None if family is None else PEAK_TFLOPS_BF16[family]
+
+
+def gpu_family(device_name: str) -> str | None:
+    """The peak table's key for a device name ('NVIDIA H200' -> 'H200'); None for a GPU not in
+    it, and for the H100/H200 board variants (NVL, PCIe) whose peak differs from the SXM row."""
     upper = device_name.upper()
     for key in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True):
         if key in upper:
             if key in ("H100", "H200") and any(v in upper for v in _OTHER_VARIANTS):
                 return None
-            return PEAK_TFLOPS_BF16[key]
+            return key
     return None
 
 

@@ -336,6 +336,8 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                                            _rank_mean(moe_steps[warmup:], info))
         record["samples"]["moe"] = moe_steps
     record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
+    if plan.experts:  # and the MoE token all-to-alls (the autocast dtype: moe.wire_dtype)
+        record["comm"]["alltoall_dtype"] = next((st["dtype"] for st in moe_steps if st.get("dtype")), None)
     record["samples"] = record.get("samples", {}) | {"step_time_s": step_times, "comm_time_s": comm_times,
                                                      "loss": losses, "warmup_steps": warmup}
 

@@ -218,6 +218,8 @@ def test_prompt_tokens_served_from_cache_are_recorded_and_flag_the_point(server)
     hit, cold = _one(server, "ttft=5;itl=5;mode=cached"), _one(server, "ttft=5;itl=5")
     assert hit.ok and hit.cached_tokens == 3 and hit.as_row()["cached_tokens"] == 3
     assert cold.ok and cold.cached_tokens is None and "cached_tokens" not in cold.as_row()
+    # the prompt as the server counted it (usage.prompt_tokens; the scripted server says 4)
+    assert hit.server_prompt_tokens == 4 and cold.as_row()["server_prompt_tokens"] == 4
     said = []
     assert cache_report([hit, hit, cold], "c4", said.append) == {"cached_prompt_tokens": 6, "served_from_cache": True}
     assert len(said) == 1 and "point c4: the server answered 6 prompt tokens of 2 requests from its prefix cache" in said[0]

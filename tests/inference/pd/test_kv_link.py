@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -21,6 +20,7 @@ from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_kv import kv_verdict
 from workloads.inference.adapters import vllm_pd
 from workloads.inference.adapters.base import ServerSpec
+from workloads.inference.loadgen.client import RequestResult
 from workloads.inference.pd import kvlog
 
 UCX = FIXTURES / "ucx_logs"
@@ -69,7 +69,7 @@ class Node0:
     directory with the instances' logs, and a copy of a ConnectX host's sysfs whose port
     counters the test advances as the KV cache would."""
 
-    def __init__(self, tmp: Path, monkeypatch, ucx_log: str, **server_env):
+    def __init__(self, tmp: Path, monkeypatch, ucx_log: str, tp: int = 1, **server_env):
         monkeypatch.delenv("FABRICBENCH_EMULATED_NODES", raising=False)
         monkeypatch.setattr(vllm_pd, "SETTLE_S", 0)
         tmp.mkdir(exist_ok=True)
@@ -78,7 +78,7 @@ class Node0:
         monkeypatch.setenv("FABRICBENCH_SYSFS_ROOT", str(self.sysfs))
         (tmp / "model").mkdir()
         (tmp / "model" / "config.json").write_text(json.dumps(TINY))
-        spec = ServerSpec(adapter="vllm_pd", host="10.0.0.1", port=18000, nnodes=2, node_rank=0,
+        spec = ServerSpec(adapter="vllm_pd", host="10.0.0.1", port=18000, nnodes=2, node_rank=0, tp=tp,
                           dist_init_addr="10.0.0.1:29500", run_dir=str(tmp), env=server_env,
                           extra_args=("--dtype", "float32"), options={"decode_host": "10.0.0.2"})
         self.obs = vllm_pd.observer(spec, {"name": "llama-tiny", "path": str(tmp / "model")})
@@ -90,14 +90,14 @@ class Node0:
         p = self.sysfs / "class" / "infiniband" / dev / "ports" / "1" / "counters" / "port_xmit_data"
         p.write_text(str(int(p.read_text()) + words))
 
-    def point(self, sent: dict[str, int]) -> dict:
-        """One point of two completed requests, with `sent` 4-byte words leaving each port."""
+    def point(self, sent: dict[str, int], metrics: str = METRICS, done: list | None = None) -> dict:
+        """One point of two completed requests (or `done`), with `sent` 4-byte words leaving each port."""
         mark = self.obs.begin()
         for dev, words in sent.items():
             self.port(dev, words)
         with open(self.obs.stats_log, "a") as f:
-            f.write(METRICS)
-        done = [SimpleNamespace(ok=True, prompt_len=24, ttft=0.01) for _ in range(2)]
+            f.write(metrics)
+        done = done or [RequestResult(ok=True, prompt_len=24, ttft=0.01) for _ in range(2)]
         return self.obs.end(mark, done, [])["kv"]
 
 
@@ -115,6 +115,39 @@ def test_the_kv_bytes_crossed_node_0s_rdma_ports(tmp_path, monkeypatch, capsys):
                                                                        KV_BYTES)
     assert link["verdict"] == "ok" and link["ratio"] == pytest.approx(275248 / 262144) and "rate" not in link
     assert "warning" not in capsys.readouterr().out
+
+
+def test_each_tp_worker_logs_its_own_shard_of_the_kv_cache(tmp_path, monkeypatch):
+    """TP=2 on both instances: each worker reads its own KV head (llama-tiny has 2) and vLLM
+    logs one transfer per worker, "averaged over all individual rank-level transfers" (vLLM's
+    nixl stats.py): two requests are four transfers of half the KV cache each."""
+    node = Node0(tmp_path, monkeypatch, "ucx_rdma_inter_node.log", tp=2)
+    node.obs.verify(_profile("roce"))
+    shards = METRICS.replace("Num successful transfers=2", "Num successful transfers=4").replace(
+        "Avg MB per transfer=0.125", "Avg MB per transfer=0.0625")
+    kv = node.point({"mlx5_0": 34406, "mlx5_1": 34406}, shards)
+    assert (kv["tp"], kv["kv_heads_per_rank"], kv["transfers"], kv["requests"]) == (2, 1, 4, 2)
+    assert kv["bytes_per_transfer"] == kv["expected_bytes_per_transfer"] == 65536 and kv["matches_model"] is True
+    assert kv["link"]["kv_bytes"] == KV_BYTES  # the link still carries every head of every prompt
+    # more workers than KV heads: each holds one replicated head
+    shape = kvlog.KVShape.from_hf_config(TINY)
+    assert shape.transfer_bytes(24, 128, tp=8) == shape.transfer_bytes(24, 128) // 2
+
+
+def test_the_kv_size_follows_the_servers_prompt_tokens(tmp_path, monkeypatch):
+    """vLLM adds BOS to a text prompt (CompletionRequest.add_special_tokens defaults to true): a
+    prompt the client counted as 128 tokens is 129 on the server, two 128-token blocks, not one.
+    The server's usage.prompt_tokens is what the KV cache holds."""
+    node = Node0(tmp_path, monkeypatch, "ucx_rdma_inter_node.log")
+    node.obs.verify(_profile("roce"))
+    two_blocks = METRICS.replace("Avg MB per transfer=0.125", "Avg MB per transfer=0.25")
+    done = [RequestResult(ok=True, prompt_len=128, ttft=0.01, server_prompt_tokens=129) for _ in range(2)]
+    kv = node.point({"mlx5_0": 2 * 34406, "mlx5_1": 2 * 34406}, two_blocks, done)
+    assert kv["expected_bytes_per_transfer"] == 2 * 131072 and kv["matches_model"] is True
+    assert kv["prompts_counted_by_server"] == 2 and kv["link"]["kv_bytes"] == 2 * KV_BYTES
+    # a server that does not say (no usage): the client's count
+    kv = node.point({"mlx5_0": 34406, "mlx5_1": 34406})
+    assert kv["prompts_counted_by_server"] == 0 and kv["expected_bytes_per_transfer"] == 131072
 
 
 def test_kv_bytes_that_missed_the_profiles_ports_are_said(tmp_path, monkeypatch, capsys):

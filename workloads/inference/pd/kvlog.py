@@ -82,10 +82,19 @@ class KVShape:
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes  # K and V
 
-    def transfer_bytes(self, prompt_tokens: int, block_size: int) -> int:
-        """The bytes a P/D transfer moves for a prompt: vLLM allocates KV in whole blocks and
-        the decode instance reads every block the prefill filled, the last one partly full."""
-        return self.bytes_per_token() * math.ceil(prompt_tokens / block_size) * block_size
+    def transfer_bytes(self, prompt_tokens: int, block_size: int, tp: int = 1) -> int:
+        """The bytes one logged P/D transfer moves for a prompt: vLLM allocates KV in whole blocks
+        and the decode instance reads every block the prefill filled, the last one partly full.
+        Under tensor parallelism each TP worker holds and moves only its own KV heads (kv_heads /
+        tp, one replicated head each when tp > kv_heads) and logs that as its own transfer: vLLM's
+        nixl stats.py aggregates every rank's transfers before "Avg MB per transfer", which is
+        "averaged over all individual rank-level transfers" (its module docstring)."""
+        per_rank = self.bytes_per_token() // self.kv_heads * self.heads_per_rank(tp)
+        return per_rank * math.ceil(prompt_tokens / block_size) * block_size
+
+    def heads_per_rank(self, tp: int) -> int:
+        """KV heads one TP worker holds: an equal share, or one (replicated) when tp > kv_heads."""
+        return max(1, self.kv_heads // max(1, tp))
 
 
 # The link must carry at least every KV byte the point's requests moved (TCP/IP and Ethernet, or
