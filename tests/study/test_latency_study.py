@@ -1,4 +1,4 @@
-"""Latency at equal bandwidth, as a study (root): conf/study/emu-latency.yaml's arms, 0.5 ms and 2.5 ms
+"""Latency at equal bandwidth, as a study (root): conf/study/emu-latency.yaml's arms, 0.5 ms and 5.5 ms
 one way on the same 1 Gbit/s link, run for real through the delay line, at the size CI affords
 (3 blocks, and without the 4 MiB all_reduce cell, which explains nothing the 1 KiB one does not).
 
@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from helpers import REPO, child_env, need, records_in
+from workloads.fabric.delaymeter import tolerance_us
 
 STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
 
@@ -29,9 +30,6 @@ def _spec(tmp: Path, name: str, edit) -> Path:
     spec["name"] = name
     spec["trials"] = 3
     spec["workloads"] = [w for w in spec["workloads"] if w["name"] != "allreduce-4m"]
-    for w in spec["workloads"]:
-        if w["name"] == "train":
-            w["overrides"] = [o for o in w["overrides"] if not o.startswith("train.steps")] + ["train.steps=14"]
     edit(spec)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -71,7 +69,7 @@ def test_tp_inference_is_called_slower_by_what_the_arithmetic_says(latency):
     assert line is not None and "4 all_reduces per token (2 x 2 layers, TP=2)" in line, r.stdout[-3000:]
     ratio = float(re.search(r"measured/arithmetic ([0-9.]+)", line).group(1))
     assert 0.8 <= ratio <= 1.2, line
-    assert re.search(r"latency arithmetic, far vs near: \+(1\.9|2\.0)\d\d ms one way", r.stdout), r.stdout[-3000:]
+    assert re.search(r"latency arithmetic, far vs near: \+(4\.9|5\.0)\d\d ms one way", r.stdout), r.stdout[-3000:]
 
 
 @pytest.mark.timing
@@ -96,11 +94,11 @@ def test_every_record_carries_the_delay_it_ran_at(latency):
     assert len(recs) >= 24
     for rec in recs:
         delay = rec["fabric"]["delay"]
-        asked = {"near": 500.0, "far": 2500.0}[rec["study"]["arm"]]
+        asked = {"near": 500.0, "far": 5500.0}[rec["study"]["arm"]]
         assert delay["problem"] is None and delay["links"]["n0-n1"]["asked_us"] == asked
         for d in delay["links"]["n0-n1"]["directions"].values():
             if d["frames"] >= 50:
-                assert abs(d["p50_us"] - asked) <= 150, (rec["study"], d)
+                assert abs(d["p50_us"] - asked) <= tolerance_us(asked), (rec["study"], d)
 
 
 @pytest.mark.timing
