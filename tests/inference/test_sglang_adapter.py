@@ -1,5 +1,5 @@
 """The SGLang adapter's command lines, without starting SGLang: the CPU recipe (flags and
-environment, shared/reviews/sglang-cpu.md) only where SGLang runs on a CPU, never on a GPU;
+environment, docs/engines.md) only where SGLang runs on a CPU, never on a GPU;
 one node command per emulated namespace; NeoX refused on a CPU."""
 
 from __future__ import annotations

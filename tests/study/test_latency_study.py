@@ -58,6 +58,10 @@ def _comparisons(folder: Path, baseline: str):
     return compare_table(load_table([folder]), baseline).comparisons
 
 
+# whichever test runs first pays for the study's 24 runs (~6 min here, ~12 on a host shared with other work)
+pytestmark = pytest.mark.timeout(2400)
+
+
 @pytest.mark.timing  # verdicts on measured times
 def test_tp_inference_is_called_slower_by_what_the_arithmetic_says(latency):
     folder, r = latency

@@ -13,7 +13,7 @@ sglang/srt/entrypoints/engine.py, "Non-zero-rank nodes do not run tokenizer proc
 Under launch/emulate.py node i's command runs in namespace i (`--serve-nodes`).
 
 On a CPU (`server.device`: auto = this host has no GPU) the adapter adds what SGLang's
-generic platform path needs to serve here (shared/reviews/sglang-cpu.md): `--device cpu
+generic platform path needs to serve here (docs/engines.md): `--device cpu
 --attention-backend torch_native --disable-cuda-graph --skip-server-warmup
 --max-total-tokens 8192` (without it SGLang sizes its KV cache to ~14 GB of RAM), and
 `SGLANG_NCCL_SO_PATH` pointing nowhere (PyPI's torch ships libnccl, so SGLang would build a

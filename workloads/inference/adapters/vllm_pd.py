@@ -276,7 +276,7 @@ def _ucx_net(o: dict, host: str, nodes: list[str] | None) -> dict[str, str]:
     """Where UCX may move the KV cache. On loopback: lo. Across emulated nodes: only the shaped
     link, and only over TCP: both instances share this host's kernel and PID namespace, so UCX
     would otherwise pick CMA (process_vm_readv), which copies between the processes' memory and
-    never crosses the link (../shared/reviews/pd-cpu.md). server.env.UCX_TLS overrides it, and the
+    never crosses the link (seen on a CPU host: docs/engines.md). server.env.UCX_TLS overrides it, and the
     KV-path verdict then says what was used."""
     if nodes:
         return {"UCX_NET_DEVICES": o["ucx_net_devices"] or IFNAME, "UCX_TLS": "tcp"}
