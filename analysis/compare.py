@@ -9,8 +9,9 @@ What decides: each workload's primary metric at its declared point (`primary_met
 `primary_points`; a study may declare its own), one verdict per arm. The primary verdicts
 of a study are one family, corrected together (Holm by default); every other metric is
 exploratory, a family of its own with Benjamini-Hochberg intervals, never the headline. The
-A/A control arm's verdicts are families of their own, so the control faces exactly the
-correction the real verdicts face.
+A/A control arm's verdicts are families of their own: the same correction over its own tests
+(with two or more real arms the real family is larger, so the control is judged a little more
+leniently than the verdicts it vouches for).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ DESIGNS = {"abba": "interleaved ABBA", "williams": "Williams design", "permuted"
 
 def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run], float | None]) -> tuple[list[float], str] | None:
     """Per-block log-ratios of `metric` (arm vs baseline) and the design's name, when every run
-    of both sides carries a study block and a positive value; else None (the rank test).
+    of both sides carries a study block and a positive value; else None (Welch's t on the runs).
 
     A block holding both sides gives one log-ratio, mean log(arm) - mean log(baseline); a
     block is keyed by (study id, block) so pooled studies never mix their blocks. A block
@@ -133,7 +134,7 @@ def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run],
             if v is None:
                 continue
             if v <= 0:
-                return None  # no log-ratio of a zero; the rank test handles it
+                return None  # no log-ratio of a zero: not tested, and the verdict says why
             cells[(r.study.get("id"), r.study["block"])][side].append(math.log(v))
     d = [sum(a) / len(a) - sum(b) / len(b) for a, b in cells.values() if a and b and len(a) == len(b)]
     dropped = len(cells) - len(d)
@@ -296,8 +297,10 @@ class Result:
         if not (c.sd > 0):
             return "run more blocks"
         cv = c.sd / math.sqrt(2)
-        k = stats.blocks_for(detect, c.family, cv, self.alpha, c.looks)
-        return f"at its measured noise (CV {stats.pct(cv)}) it needs {k} blocks" if k else \
+        k = stats.blocks_for(detect, c.family, cv, self.alpha)
+        # a new study, not more blocks on this one: its verdicts are printed, and adding blocks
+        # until something is called is optional stopping (--until-decided plans its looks instead)
+        return f"at its measured noise (CV {stats.pct(cv)}) a new study (--id <new id>) with trials: {k} could" if k else \
             f"its noise (CV {stats.pct(cv)}) is too large to detect {stats.pct(detect)} in 200 blocks"
 
     def floor_lines(self) -> list[str]:
@@ -307,9 +310,8 @@ class Result:
             cs = [c for _, c in pcs if c.tested]
             if cs and not any(c.can_call for c in cs):
                 c = cs[0]
-                why = (f"{c.blocks} block(s) leave the t-test no spread to judge" if c.blocks else
-                       f"the rank test's smallest p with {c.n} vs {c.n_base} runs is {c.floor:.3g}, "
-                       f"not below the level it is judged at")
+                why = (f"{c.blocks} block(s) leave the test no spread to judge" if c.blocks else
+                       f"{c.n} vs {c.n_base} runs leave the test no spread to judge")
                 out.append(f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can call a difference: {why}; "
                            f"{self._blocks_needed(c, stats.DETECT)}")
         return out
@@ -366,7 +368,7 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
     hib, word = direction(metric)
     every = [r for runs in groups.values() for r in runs]
     margin = float(_study_value(every, "margin", stats.MARGIN))
-    looks = int(_study_value(every, "looks", 1))
+    looks = spent_looks(every)
     detect = float(_study_value(every, "detect", stats.DETECT))
     base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
     out = []
@@ -378,8 +380,21 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         control = any(r.control for r in runs)
         out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
                                  blocks=design[0] if design else None, design=design[1] if design else None,
-                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect))
+                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect,
+                                 step=stats.resolution(vals + base_vals)))
     return out
+
+
+def spent_looks(runs: Iterable[Run]) -> int:
+    """How many looks alpha is spent over: a sequential study's planned looks, plus one for
+    every other size the study was run at. A study's records carry the blocks it was planned
+    for when they ran (`study.blocks`); records of one study with two sizes are a study that
+    was extended after its verdicts were printed (an older version allowed it): judging the
+    extension at full alpha again is optional stopping, so each size is a look."""
+    looks = [int(v) for r in runs if r.study and (v := r.study.get("looks")) is not None]
+    sizes = {(r.study.get("id"), int(b)) for r in runs if r.study and (b := r.study.get("blocks")) is not None}
+    per_study = Counter(i for i, _ in sizes)
+    return max(looks or [1]) + max(per_study.values() or [1]) - 1
 
 
 def _correct(raw: list[tuple[Point, stats.Comparison]], correction: str, alpha: float) -> list[tuple[Point, stats.Comparison]]:
