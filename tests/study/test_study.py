@@ -553,3 +553,16 @@ def test_two_arm_abba_start_is_counterbalanced_across_studies():
         bias.append(np.mean([v[("roce", b)] - v[("ib", b)] for b in range(6)]))
     assert at_least(first, n, 0.45) and at_most(first, n, 0.55), first
     assert abs(np.mean(bias)) < 0.006, np.mean(bias)  # 2.7% x |2 p - 1|: a fair coin leaves ~0.1%
+
+
+def test_plan_says_when_a_williams_square_is_incomplete(tmp_path):
+    """Three arms (with the A/A control): the Williams square has 6 rows, and its balance of
+    positions holds only over whole squares; 8 blocks are said to leave it incomplete, 12 not."""
+    from workloads.study.plan import make_plan
+
+    three = AA.replace("  - {label: loopback, fabric: loopback}", "  - {label: loopback, fabric: loopback}\n"
+                       "  - {label: other, fabric: loopback}")
+    for trials, incomplete in ((8, True), (12, False)):
+        spec = load_spec(str(write(tmp_path, three.replace("trials: 2", f"trials: {trials}"))), None, str(tmp_path / "o"))
+        lines = make_plan(spec).lines()
+        assert any("a Williams square of 6 rows; 8 blocks leave its balance incomplete" in x for x in lines) == incomplete

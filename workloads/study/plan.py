@@ -16,10 +16,12 @@ which. Default trials: the fewest blocks (>= 3) whose MDE is at most `detect`. A
 cannot call `detect` with the trials it was given is refused before anything runs.
 
 Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 3, 4, 6, 8,
-12, 16, 24, ... blocks and at N; alpha is spent as alpha/L at each of the L looks (Bonferroni
-over looks: valid whenever the study stops), and the study stops at the first look where
-every primary verdict is settled: a difference called, equivalence within the margin, or a
-difference of `detect` ruled out by the interval (the study's own question, answered).
+12, 18, 24, 36, ... blocks below N (looks_at) and at N; alpha is spent as alpha/L at each of
+the L looks (Bonferroni over looks: valid whenever the study stops), and the study stops at the
+first look where every primary verdict is settled: a difference called, equivalence within the
+margin, or a difference of `detect` ruled out by the interval (the study's own question,
+answered). This is the only way to add blocks after a look: a fixed study whose verdicts were
+printed is not extended (workloads/study/run.py, extension_refusal).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ FIRST_LOOK = 3
 
 
 def looks_at(max_blocks: int) -> list[int]:
-    """The blocks after which a sequential study looks: 3, 4, 6, 8, 12, 16, ... (each about 1.5x
-    the last: few looks keep alpha/L large) and always the cap."""
+    """The blocks after which a sequential study looks: 3, 4, then x1.5 and x4/3 in turn (6, 8,
+    12, 18, 24, 36, ...: few looks keep alpha/L large), those below the cap, and always the cap
+    (16 gives 3, 4, 6, 8, 12, 16)."""
     out, k = [], FIRST_LOOK
     while k < max_blocks:
         out.append(k)
@@ -72,13 +75,16 @@ class Plan:
 
     def equivalence_blocks(self) -> int | None:
         """About how many blocks let two equal arms be called equivalent at the margin (80%):
-        the interval's half-width plus its own wobble must fit inside the margin."""
+        the TOST interval's half-width (each side at alpha/(m x looks), stats.Comparison.equivalent)
+        plus its own wobble must fit inside the margin; never fewer than stats.MIN_EQUIVALENT."""
         from scipy import stats as sps
+
+        from analysis import stats
 
         m, sd = max(self.family[0], 1), self.worst_cv * math.sqrt(2)
         level = self.spec.alpha / (m * len(self.looks))
-        for k in range(3, 1001):
-            if (sps.t.ppf(1 - level / 2, k - 1) + sps.norm.ppf(0.9)) * sd / math.sqrt(k) <= math.log1p(self.spec.margin):
+        for k in range(stats.MIN_EQUIVALENT, 1001):
+            if (sps.t.ppf(1 - level, k - 1) + sps.norm.ppf(0.9)) * sd / math.sqrt(k) <= math.log1p(self.spec.margin):
                 return k
         return None
 
@@ -110,6 +116,12 @@ class Plan:
             cv, src = self.cv[w.name]
             out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or w.kind.primary_text}"
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
+        n = len(s.arms)
+        rows = n if n % 2 == 0 else 2 * n
+        if n >= 3 and s.design in ("abba", "williams") and s.trials % rows:
+            # arm positions and carry-over pairs balance only over whole squares
+            out.append(f"  design: a Williams square of {rows} rows; {s.trials} blocks leave its balance incomplete "
+                       f"(a multiple of {rows} completes it)")
         eq = self.equivalence_blocks()
         out.append(f"  can call: >= {stats.pct(self.mde())} with 80% power over the {name} family of {m} "
                    f"(asked: {stats.pct(s.detect)}); sign-flip check's smallest p {min(1.0, 2 / 2 ** s.trials):.3g}")
