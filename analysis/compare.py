@@ -377,9 +377,15 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         if arm == base or not vals or not base_vals:
             continue
         design = blocked(runs, groups[base], metric)
+        label = design[1] if design else None
+        if design is None and all(r.study and r.study.get("block") is not None for r in [*runs, *groups[base]]):
+            # a study's counts or shares with a zero: no log-ratio, so not tested, but under the
+            # design the runs really had (never "run order not recorded")
+            names = sorted({str(r.study.get("design")) for r in [*runs, *groups[base]]})
+            label = f"{DESIGNS.get(names[0], names[0]) if len(names) == 1 else 'blocked'}, a value <= 0 in its blocks"
         control = any(r.control for r in runs)
         out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
-                                 blocks=design[0] if design else None, design=design[1] if design else None,
+                                 blocks=design[0] if design else None, design=label,
                                  control=control, margin=margin, primary=primary, looks=looks, detect=detect,
                                  step=stats.resolution(vals + base_vals)))
     return out

@@ -609,7 +609,7 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
         sd = math.sqrt(((len(lx) - 1) * np.var(lx, ddof=1) + (len(ly) - 1) * np.var(ly, ddof=1)) / (len(lx) + len(ly) - 2)) \
             if len(lx) >= 2 and len(ly) >= 2 else math.nan
         why = "" if not math.isnan(p) else "need >= 2 runs each" if len(x) < 2 or len(y) < 2 else \
-            "a value <= 0 has no ratio to test" if not pos else "every run of both arms is the same and the values " \
+            "a value <= 0 has no ratio to test (differences of counts are not judged)" if not pos else "every run of both arms is the same and the values " \
             "carry no resolution to bound their spread"
         c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
                        False, "", word, design or Comparison.design, 0, p, control=control, alpha=alpha,
@@ -661,7 +661,7 @@ def method_note(c: Comparison) -> str:
     corr = "no correction" if c.correction == "none" else \
         f"{CORRECTION_NAMES[c.correction]} over {c.family} {'primary' if c.primary else 'exploratory'} " \
         f"test{'s' if c.family != 1 else ''}"
-    seq = f", alpha spent over {c.looks} looks" if c.looks > 1 else ""
+    seq = f", sequential: alpha spent over {c.looks} looks" if c.looks > 1 else ""
     return f"{c.design}, {corr}{seq}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
@@ -80,7 +81,8 @@ def _short(p: Point) -> str:
 def _control(result: Result) -> str:
     status = result.control_status()
     if not status:
-        return "No A/A control arm in these records, so bias between arms is not checked."
+        return ("No A/A control arm in these records, so the pipeline and order effects shared by every arm are "
+                "not checked.")
     words = {"loud": "A/A control{w} NOT quiet, so distrust these verdicts: {t}", "equivalent": "A/A control{w}: {t}.",
              "bounded": "A/A control{w}: {t}.", "mute": "A/A control{w} {t}.", "untested": "A/A control{w}: {t}."}
     return " ".join(words[k].format(w=w, t=t.removeprefix("NOT quiet: ")) for k, w, t in status)
@@ -109,8 +111,10 @@ def claim(c: stats.Comparison) -> str:
         return f"{metric}: not tested, too few trials ({lead} {100 * frac:.1f}% {c.says} than {trail})."
     if c.outcome == "differs":
         return f"{metric}: {lead} is {100 * frac:.1f}% {c.says} than {trail} {ci}."
-    if c.outcome == "equivalent":
-        return f"{metric}: {c.fabric} and {c.baseline} are equivalent within +-{stats.pct(c.margin)} {ci}."
+    if c.outcome == "equivalent":  # the claim rests on the TOST interval, so that is the one quoted
+        _, _, _, elo, ehi = stats.edge(replace(c, speedup_lo=c.eq_lo, speedup_hi=c.eq_hi))
+        return (f"{metric}: {c.fabric} and {c.baseline} are equivalent within +-{stats.pct(c.margin)} "
+                f"[{100 * c.eq_conf:.4g}% CI {100 * elo:.1f}% to {100 * ehi:.1f}%, two one-sided tests].")
     could = f"could detect >= {stats.pct(c.mde)}" if math.isfinite(c.mde) else "cannot call any difference with these runs"
     return f"{metric}: inconclusive, {lead} {100 * frac:.1f}% {c.says} than {trail} {ci}; this study {could}."
 

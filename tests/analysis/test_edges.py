@@ -181,3 +181,16 @@ def test_latency_is_worded_as_lower_or_higher(arm, base, metric, hib, start):
     assert c.verdict.startswith(start), c.verdict
     if not hib:
         assert "faster" not in c.verdict and 0 < stats.edge(c)[2] < 1
+
+
+def test_counts_with_a_zero_in_a_study_are_untested_under_the_design_they_had():
+    """S11. A/A retransmits ~ Poisson(3) over 8 blocks: a zero leaves no log-ratio, so the
+    verdict is not tested, and it says so under the study's design; before (seed 81) it was
+    labelled "exact rank test, run order not recorded", though the order was recorded."""
+    rng = np.random.default_rng(81)
+    table = _study([1.0] * 8, [1.0] * 8)
+    for r in table:
+        r.metrics["tcp_retransmits"] = float(rng.poisson(3)) if r.study["block"] else 0.0
+    (c,) = [c for _, c in compare_table(table, "ib", metrics=["tcp_retransmits"]).comparisons]
+    assert not c.tested and c.design == "interleaved ABBA, a value <= 0 in its blocks", c.design
+    assert "a value <= 0 has no ratio to test" in c.verdict and "run order not recorded" not in c.verdict

@@ -373,7 +373,9 @@ def test_sequential_study_stops_at_the_first_look_that_decides(tmp_path):
     # the plan of a rerun reads the noise these runs measured
     r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--plan"], cwd=REPO, env=child_env(),
                        capture_output=True, text=True)
-    assert f"(measured over {len(recs)} earlier runs)" in r.stdout and "wall time: about " in r.stdout, r.stdout
+    # ... as the spread of the block log-ratio the verdict tests, from its own fabric's blocks
+    assert f"(sd of the block log-ratio / sqrt 2 over {len(recs) // 2} earlier blocks (loopback); blocks sized on its " \
+        "80% upper limit " in r.stdout and "wall time: about " in r.stdout, r.stdout
 
 
 @pytest.mark.timing  # a study's verdict
@@ -566,3 +568,54 @@ def test_plan_says_when_a_williams_square_is_incomplete(tmp_path):
         spec = load_spec(str(write(tmp_path, three.replace("trials: 2", f"trials: {trials}"))), None, str(tmp_path / "o"))
         lines = make_plan(spec).lines()
         assert any("a Williams square of 6 rows; 8 blocks leave its balance incomplete" in x for x in lines) == incomplete
+
+
+def _earlier_study(folder: Path, blocks: int, rng, block_sd: float, run_sd: float, first_slow: float) -> tuple[Path, dict]:
+    """An earlier two-arm ABBA study of workload `t` (train), as records and its manifest: a
+    run's samples/s is 100 x exp(block effect + run noise - first_slow x [first run of its block])."""
+    from helpers.records import train_record
+    from workloads.core.records import write_record
+
+    manifest = {"workloads": [{"name": "t", "entry": "train", "overrides": []}],
+                "arms": [{"label": "ib", "fabric": "ib"}, {"label": "roce", "fabric": "roce"}]}
+    for b in range(blocks):
+        shared = rng.normal(0, block_sd)
+        for pos, arm in enumerate(("ib", "roce") if b % 2 == 0 else ("roce", "ib")):
+            v = 100 * math.exp(shared + rng.normal(0, run_sd) - first_slow * (pos == 0))
+            rec = train_record(arm, v, trial=b, run_id=f"{arm}-{b}")
+            rec["study"] = {"id": folder.name, "arm": arm, "block": b, "workload": "t", "design": "abba"}
+            write_record(folder / f"{arm}-{b}" / "records", rec, "r")
+    return folder, manifest
+
+
+def test_the_plan_sizes_on_the_spread_of_the_block_log_ratio():
+    """The plan's noise is sd(d)/sqrt(2) of earlier blocked studies, the variance the paired test
+    uses, not the between-run spread of one arm, which holds the drift that pairing removes
+    (seed 7, earlier studies of 120 blocks, block effect 3%, run noise 1%, a true sd(d)/sqrt(2)
+    of 1.0%):
+    - the within-arm CV it used was 3.0%: 10 blocks planned for detect 5% over 2 tests where 4
+      suffice, and a true difference at the printed 8-block MDE called in 100% of 400 studies,
+      not 80%; now CV 0.99% (upper limit 1.05%), 4 blocks, and 78.0% at the printed MDE;
+    - the first run of each block 3% slower (ABBA): the order effect enters sd(d) and, balanced
+      in the mean, makes the plan conservative (93% power at its MDE here);
+    - the block count is sized on an 80% upper limit of the estimate (x1.06 at 119 df)."""
+    import tempfile
+
+    from analysis import stats
+    from helpers.binomial import at_least, at_most
+    from workloads.study.plan import measured_cv
+    from workloads.study.spec import Workload
+
+    rng = np.random.default_rng(7)
+    w = Workload("t", "train")
+    with tempfile.TemporaryDirectory() as tmp:
+        drift = measured_cv([_earlier_study(Path(tmp) / "a", 120, rng, 0.03, 0.01, 0.0)], w, {"ib", "roce"})
+    assert 0.009 < drift.cv < 0.011 and "sd of the block log-ratio" in drift.source and "(ib, roce)" in drift.source, drift
+    assert drift.cv < drift.upper < 1.1 * drift.cv and stats.blocks_for(0.05, 2, drift.upper) <= 5
+    mde = math.log1p(stats.plan_mde(8, 1, drift.cv))
+    hits = 0
+    for _ in range(400):
+        shared = rng.normal(0, 0.03, 8)  # the block effect, the same for both arms of a block: it cancels in d
+        d = (mde + shared + rng.normal(0, 0.01, 8)) - (shared + rng.normal(0, 0.01, 8))
+        hits += stats.paired_t(d)[3] < 0.05
+    assert at_least(hits, 400, 0.75) and at_most(hits, 400, 0.85), (hits, drift)
