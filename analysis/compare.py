@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Callable, Iterable
 
+import numpy as np
+from scipy import stats as sps
+
 from analysis import guard, stats
 from analysis.load import Run, Table, is_served
 from workloads import catalog
@@ -303,6 +306,24 @@ class Result:
         return f"at its measured noise (CV {stats.pct(cv)}) a new study (--id <new id>) with trials: {k} could" if k else \
             f"its noise (CV {stats.pct(cv)}) is too large to detect {stats.pct(detect)} in 200 blocks"
 
+    def notes(self) -> list[str]:
+        """What is said before the verdicts after the control: families that cannot call, and
+        carry-over found in a study's primary metric."""
+        return self.floor_lines() + self.carry_lines()
+
+    def carry_lines(self) -> list[str]:
+        """Per study point and primary metric whose runs show a first-order carry-over (a run
+        differs by which arm ran just before it), the warning and the carry-adjusted differences.
+        The A/A control cannot see a carry-over from another arm, and the verdicts' difference of
+        means is biased by it whatever the order."""
+        out, seen = [], set()
+        for p, c in self.comparisons:
+            if c.primary and not c.control and (id(p), c.metric) not in seen:
+                seen.add((id(p), c.metric))
+                if (line := carry_over(p, c.metric, c.baseline, self.alpha)) is not None:
+                    out.append(line)
+        return out
+
     def floor_lines(self) -> list[str]:
         """Per family of primary verdicts that cannot call any difference, why (and what would)."""
         out = []
@@ -315,6 +336,55 @@ class Result:
                 out.append(f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can call a difference: {why}; "
                            f"{self._blocks_needed(c, stats.DETECT)}")
         return out
+
+
+def carry_over(p: Point, metric: str, base: str, alpha: float) -> str | None:
+    """A warning when the runs of one study at point `p` show a first-order carry-over, else None.
+
+    Least squares of log(metric) on block + arm + the arm of the cell just before (by the
+    schedule position every record carries), the usual model of a crossover design; Williams'
+    balance makes the previous-arm terms estimable. F test of those terms at `alpha`; when it
+    rejects, the carry-adjusted arm effects with their 95% t-intervals (per comparison)."""
+    runs = p.runs
+    if not runs or any(not r.study or r.study.get("position") is None or r.study.get("block") is None for r in runs) or \
+            len({r.study.get("id") for r in runs}) != 1:
+        return None
+    values = [r.metric(metric) for r in runs]
+    if any(v is None or v <= 0 for v in values):
+        return None
+    arm_at = {r.study["position"]: r.fabric for r in runs}
+    others = sorted({r.fabric for r in runs} - {base})
+    blocks = sorted({r.study["block"] for r in runs})
+    x = np.array([[r.study["block"] == b for b in blocks] + [r.fabric == a for a in others]
+                  + [arm_at.get(r.study["position"] - 1) is None]
+                  + [arm_at.get(r.study["position"] - 1) == a for a in others] for r in runs], dtype=float)
+    y = np.log(values)
+    q, df = len(others), len(runs) - x.shape[1]
+    if not others or df < 2 or np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+
+    def rss(m: np.ndarray) -> tuple[float, np.ndarray]:
+        beta = np.linalg.lstsq(m, y, rcond=None)[0]
+        return float(np.sum((y - m @ beta) ** 2)), beta
+
+    full, beta = rss(x)
+    reduced, _ = rss(x[:, :-q])
+    if not full > 0:
+        return None
+    f_p = float(sps.f.sf((reduced - full) / q / (full / df), q, df))
+    if f_p >= alpha:
+        return None
+    cov = full / df * np.linalg.inv(x.T @ x)
+    half = float(sps.t.ppf(0.975, df))
+    carry = ", ".join(f"after {a} {100 * math.expm1(beta[-q + i]):+.1f}%" for i, a in enumerate(others))
+    adjusted = "; ".join(
+        f"{a} vs {base} {100 * math.expm1(beta[len(blocks) + i]):+.1f}% "
+        f"[{100 * math.expm1(beta[len(blocks) + i] - half * math.sqrt(cov[len(blocks) + i, len(blocks) + i])):+.1f}, "
+        f"{100 * math.expm1(beta[len(blocks) + i] + half * math.sqrt(cov[len(blocks) + i, len(blocks) + i])):+.1f}]"
+        for i, a in enumerate(others))
+    return (f"carry-over at {p.label} [{metric}]: a run differs by the arm run just before it ({carry} against after "
+            f"{base}; F p={f_p:.3g}): the verdicts' differences of means are biased by it, and the A/A control cannot "
+            f"see it. Carry-adjusted (block + arm + previous arm, least squares, 95% CI per comparison): {adjusted}")
 
 
 def default_baseline(table: Table) -> str | None:

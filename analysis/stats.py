@@ -269,7 +269,7 @@ def signed_rank(d: Sequence[float], conf: float = 0.95) -> tuple[float, float, f
     t = float(np.sum(w > 0) + 0.5 * np.sum(w == 0))
     lower = cdf[int(math.floor(t))]
     upper = 1.0 - (cdf[int(math.ceil(t)) - 1] if math.ceil(t) >= 1 else 0.0)
-    p = min(1.0, 2 * min(lower, upper))
+    p = float(min(1.0, 2 * min(lower, upper)))
     c = int(np.searchsorted(cdf, (1 - conf) / 2 * (1 + 1e-12), side="right"))  # t < c is rejected
     lo, hi = (float(w[c - 1]), float(w[n - c])) if c >= 1 else (-math.inf, math.inf)
     return float(np.median(w)), lo, hi, p
