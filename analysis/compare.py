@@ -9,8 +9,9 @@ What decides: each workload's primary metric at its declared point (`primary_met
 `primary_points`; a study may declare its own), one verdict per arm. The primary verdicts
 of a study are one family, corrected together (Holm by default); every other metric is
 exploratory, a family of its own with Benjamini-Hochberg intervals, never the headline. The
-A/A control arm's verdicts are families of their own, so the control faces exactly the
-correction the real verdicts face.
+A/A control arm's verdicts are families of their own: the same correction over its own tests
+(with two or more real arms the real family is larger, so the control is judged a little more
+leniently than the verdicts it vouches for).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Callable, Iterable
+
+import numpy as np
+from scipy import stats as sps
 
 from analysis import guard, stats
 from analysis.load import Run, Table, is_served
@@ -115,7 +119,7 @@ DESIGNS = {"abba": "interleaved ABBA", "williams": "Williams design", "permuted"
 
 def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run], float | None]) -> tuple[list[float], str] | None:
     """Per-block log-ratios of `metric` (arm vs baseline) and the design's name, when every run
-    of both sides carries a study block and a positive value; else None (the rank test).
+    of both sides carries a study block and a positive value; else None (Welch's t on the runs).
 
     A block holding both sides gives one log-ratio, mean log(arm) - mean log(baseline); a
     block is keyed by (study id, block) so pooled studies never mix their blocks. A block
@@ -133,7 +137,7 @@ def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run],
             if v is None:
                 continue
             if v <= 0:
-                return None  # no log-ratio of a zero; the rank test handles it
+                return None  # no log-ratio of a zero: not tested, and the verdict says why
             cells[(r.study.get("id"), r.study["block"])][side].append(math.log(v))
     d = [sum(a) / len(a) - sum(b) / len(b) for a, b in cells.values() if a and b and len(a) == len(b)]
     dropped = len(cells) - len(d)
@@ -296,9 +300,29 @@ class Result:
         if not (c.sd > 0):
             return "run more blocks"
         cv = c.sd / math.sqrt(2)
-        k = stats.blocks_for(detect, c.family, cv, self.alpha, c.looks)
-        return f"at its measured noise (CV {stats.pct(cv)}) it needs {k} blocks" if k else \
+        k = stats.blocks_for(detect, c.family, cv, self.alpha)
+        # a new study, not more blocks on this one: its verdicts are printed, and adding blocks
+        # until something is called is optional stopping (--until-decided plans its looks instead)
+        return f"at its measured noise (CV {stats.pct(cv)}) a new study (--id <new id>) with trials: {k} could" if k else \
             f"its noise (CV {stats.pct(cv)}) is too large to detect {stats.pct(detect)} in 200 blocks"
+
+    def notes(self) -> list[str]:
+        """What is said before the verdicts after the control: families that cannot call, and
+        carry-over found in a study's primary metric."""
+        return self.floor_lines() + self.carry_lines()
+
+    def carry_lines(self) -> list[str]:
+        """Per study point and primary metric whose runs show a first-order carry-over (a run
+        differs by which arm ran just before it), the warning and the carry-adjusted differences.
+        The A/A control cannot see a carry-over from another arm, and the verdicts' difference of
+        means is biased by it whatever the order."""
+        out, seen = [], set()
+        for p, c in self.comparisons:
+            if c.primary and not c.control and (id(p), c.metric) not in seen:
+                seen.add((id(p), c.metric))
+                if (line := carry_over(p, c.metric, c.baseline, self.alpha)) is not None:
+                    out.append(line)
+        return out
 
     def floor_lines(self) -> list[str]:
         """Per family of primary verdicts that cannot call any difference, why (and what would)."""
@@ -307,12 +331,60 @@ class Result:
             cs = [c for _, c in pcs if c.tested]
             if cs and not any(c.can_call for c in cs):
                 c = cs[0]
-                why = (f"{c.blocks} block(s) leave the t-test no spread to judge" if c.blocks else
-                       f"the rank test's smallest p with {c.n} vs {c.n_base} runs is {c.floor:.3g}, "
-                       f"not below the level it is judged at")
+                why = (f"{c.blocks} block(s) leave the test no spread to judge" if c.blocks else
+                       f"{c.n} vs {c.n_base} runs leave the test no spread to judge")
                 out.append(f"no verdict{' of study ' + ', '.join(ids) if ids else ''} can call a difference: {why}; "
                            f"{self._blocks_needed(c, stats.DETECT)}")
         return out
+
+
+def carry_over(p: Point, metric: str, base: str, alpha: float) -> str | None:
+    """A warning when the runs of one study at point `p` show a first-order carry-over, else None.
+
+    Least squares of log(metric) on block + arm + the arm of the cell just before (by the
+    schedule position every record carries), the usual model of a crossover design; Williams'
+    balance makes the previous-arm terms estimable. F test of those terms at `alpha`; when it
+    rejects, the carry-adjusted arm effects with their 95% t-intervals (per comparison)."""
+    runs = p.runs
+    if not runs or any(not r.study or r.study.get("position") is None or r.study.get("block") is None for r in runs) or \
+            len({r.study.get("id") for r in runs}) != 1:
+        return None
+    values = [r.metric(metric) for r in runs]
+    if any(v is None or v <= 0 for v in values):
+        return None
+    arm_at = {r.study["position"]: r.fabric for r in runs}
+    others = sorted({r.fabric for r in runs} - {base})
+    blocks = sorted({r.study["block"] for r in runs})
+    x = np.array([[r.study["block"] == b for b in blocks] + [r.fabric == a for a in others]
+                  + [arm_at.get(r.study["position"] - 1) is None]
+                  + [arm_at.get(r.study["position"] - 1) == a for a in others] for r in runs], dtype=float)
+    y = np.log(values)
+    q, df = len(others), len(runs) - x.shape[1]
+    if not others or df < 2 or np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+
+    def rss(m: np.ndarray) -> tuple[float, np.ndarray]:
+        beta = np.linalg.lstsq(m, y, rcond=None)[0]
+        return float(np.sum((y - m @ beta) ** 2)), beta
+
+    full, beta = rss(x)
+    reduced, _ = rss(x[:, :-q])
+    if not full > 0:
+        return None
+    f_p = float(sps.f.sf((reduced - full) / q / (full / df), q, df))
+    if f_p >= alpha:
+        return None
+    cov = full / df * np.linalg.inv(x.T @ x)
+    half = float(sps.t.ppf(0.975, df))
+    carry = ", ".join(f"after {a} {100 * math.expm1(beta[-q + i]):+.1f}%" for i, a in enumerate(others))
+    adjusted = "; ".join(
+        f"{a} vs {base} {100 * math.expm1(beta[len(blocks) + i]):+.1f}% "
+        f"[{100 * math.expm1(beta[len(blocks) + i] - half * math.sqrt(cov[len(blocks) + i, len(blocks) + i])):+.1f}, "
+        f"{100 * math.expm1(beta[len(blocks) + i] + half * math.sqrt(cov[len(blocks) + i, len(blocks) + i])):+.1f}]"
+        for i, a in enumerate(others))
+    return (f"carry-over at {p.label} [{metric}]: a run differs by the arm run just before it ({carry} against after "
+            f"{base}; F p={f_p:.3g}): the verdicts' differences of means are biased by it, and the A/A control cannot "
+            f"see it. Carry-adjusted (block + arm + previous arm, least squares, 95% CI per comparison): {adjusted}")
 
 
 def default_baseline(table: Table) -> str | None:
@@ -366,7 +438,7 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
     hib, word = direction(metric)
     every = [r for runs in groups.values() for r in runs]
     margin = float(_study_value(every, "margin", stats.MARGIN))
-    looks = int(_study_value(every, "looks", 1))
+    looks = spent_looks(every)
     detect = float(_study_value(every, "detect", stats.DETECT))
     base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
     out = []
@@ -375,11 +447,30 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         if arm == base or not vals or not base_vals:
             continue
         design = blocked(runs, groups[base], metric)
+        label = design[1] if design else None
+        if design is None and all(r.study and r.study.get("block") is not None for r in [*runs, *groups[base]]):
+            # a study's counts or shares with a zero: no log-ratio, so not tested, but under the
+            # design the runs really had (never "run order not recorded")
+            names = sorted({str(r.study.get("design")) for r in [*runs, *groups[base]]})
+            label = f"{DESIGNS.get(names[0], names[0]) if len(names) == 1 else 'blocked'}, a value <= 0 in its blocks"
         control = any(r.control for r in runs)
         out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
-                                 blocks=design[0] if design else None, design=design[1] if design else None,
-                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect))
+                                 blocks=design[0] if design else None, design=label,
+                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect,
+                                 step=stats.resolution(vals + base_vals)))
     return out
+
+
+def spent_looks(runs: Iterable[Run]) -> int:
+    """How many looks alpha is spent over: a sequential study's planned looks, plus one for
+    every other size the study was run at. A study's records carry the blocks it was planned
+    for when they ran (`study.blocks`); records of one study with two sizes are a study that
+    was extended after its verdicts were printed (an older version allowed it): judging the
+    extension at full alpha again is optional stopping, so each size is a look."""
+    looks = [int(v) for r in runs if r.study and (v := r.study.get("looks")) is not None]
+    sizes = {(r.study.get("id"), int(b)) for r in runs if r.study and (b := r.study.get("blocks")) is not None}
+    per_study = Counter(i for i, _ in sizes)
+    return max(looks or [1]) + max(per_study.values() or [1]) - 1
 
 
 def _correct(raw: list[tuple[Point, stats.Comparison]], correction: str, alpha: float) -> list[tuple[Point, stats.Comparison]]:

@@ -45,7 +45,7 @@ def as_dict(result: Result) -> dict[str, Any]:
         "schema": "fabricbench.verdicts/1",
         "baseline": result.baseline, "correction": result.correction, "alpha": result.alpha,
         "control": result.control_lines(),
-        "notes": result.floor_lines(),
+        "notes": result.notes(),
         "excluded": [{"label": r.fabric, "status": r.status, "source": r.source} for r in result.excluded],
         "verdicts": [row(p, c) for p, c in result.comparisons],
         "refusals": [f.message() for f in result.refusals],

@@ -115,7 +115,7 @@ def _details(table: Table, result: Result) -> list[Section]:
     if failed:
         out.append(Section("Failed runs (not analysed)", [("list", failed)]))
     words = [f"{p.label} [{c.metric}]: {c.verdict}" for p, c in result.comparisons]
-    notes = result.control_lines() + result.floor_lines()
+    notes = result.control_lines() + result.notes()
     out.append(Section("Method", [("p", METHOD_NOTE), *([("list", notes)] if notes else []),
                                   *([("details", f"Every verdict in words ({len(words)})", [("list", words)])] if words else [])]))
     return out

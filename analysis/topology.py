@@ -241,8 +241,8 @@ def against_raw_link(table: Table) -> list[list[str]]:
 def jct_verdicts(summaries: list[dict], baseline: str | None = None) -> list[str]:
     """JCT across fabrics: each concurrent run's makespan (its longest job's JCT) is one sample,
     and every other fabric is compared with the baseline (the report's, else the first by name)
-    by the project's rank test (stats.compare: Hodges-Lehmann ratio, its interval, and "cannot
-    tell" said as such). The jobs of one run share its fabric at the same moments, so they are
+    by the project's loose-runs test (stats.compare: Welch's t on log makespans, its interval, and
+    "cannot tell" said as such). The jobs of one run share its fabric at the same moments, so they are
     not independent samples; runs are."""
     by: dict[str, list[float]] = defaultdict(list)
     for s in summaries:

@@ -52,16 +52,24 @@ def test_no_difference_says_so():
     _, c = res.comparisons[0]
     assert not c.significant and c.lo <= 1.0 <= c.hi
     # never a bare "not significant": the interval, and what this test could have seen
-    assert c.verdict.startswith("inconclusive: b faster than a by 0.7% [-3.2, +4.1]; it rules out a difference of "
-                                "10.0% or more, not yet equivalent within +-2.0% (95% CI; rank test p=0.721"), c.verdict
+    assert c.verdict.startswith("inconclusive: b faster than a by 0.3% [-3.2, +4.0]; it rules out a difference of "
+                                "10.0% or more, not yet equivalent within +-2.0% (95% CI; Welch t p=0.858"), c.verdict
     wide = stats.compare([1.0, 1.3, 0.8, 1.1, 0.95, 1.2], [1.1, 0.9, 1.25, 0.85, 1.0, 1.05], "b", "a", "samples_per_sec")
     assert wide.outcome == "inconclusive" and "; this test could detect >= " in wide.verdict, wide.verdict
 
 
-def test_lower_is_better_metric_inverts_speed():
+def test_lower_is_better_metric_is_worded_as_its_own_change():
+    # a halved TTFT is "50% lower", the metric's own change, never "100% faster" (a speed ratio
+    # read as a latency: TTFT cannot fall by more than 100%)
     c = stats.compare([50, 51, 52, 49, 50], [100, 101, 99, 100, 102], "b", "a", "median_ttft_ms", higher_is_better=False)
-    assert c.ratio == pytest.approx(0.5) and c.speedup == pytest.approx(2.0)
-    assert c.verdict.startswith("b is faster than a by 100.0%")
+    assert c.ratio == pytest.approx(0.5, rel=0.01) and c.speedup == pytest.approx(2.0, rel=0.01)
+    assert c.verdict.startswith("b's median_ttft_ms is 49.8% lower than a's [48.4, 51.2]"), c.verdict
+    assert "faster" not in c.verdict
+    # 25% higher the other way round: "lower" for the side ahead, its interval below 100%
+    up = stats.compare([125, 126, 124, 125, 125], [100, 101, 99, 100, 100], "roce", "ib", "p99_ttft_ms", higher_is_better=False)
+    assert up.verdict.startswith("ib's p99_ttft_ms is 20.0% lower than roce's ["), up.verdict
+    lead, _, frac, lo, hi = stats.edge(up)
+    assert lead == "ib" and 0 < lo < frac < hi < 1
 
 
 def test_single_trial_is_not_tested():

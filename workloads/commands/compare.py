@@ -61,7 +61,7 @@ def _load(args):
 
 
 def _print(result, verbose: bool = False, dirs: Sequence[str] = ()) -> None:
-    for line in result.control_lines() + result.floor_lines():  # first: whether any verdict below can be trusted
+    for line in result.control_lines() + result.notes():  # first: whether any verdict below can be trusted
         print(line)
     if (excluded := result.excluded_summary()) is not None:
         print(excluded)

@@ -6,27 +6,31 @@ expects, the smallest difference it can call, the blocks it needs, and its wall 
 The deciding family is one primary verdict per real arm and workload point (DESIGN.md,
 "Studies"); the A/A control's primaries are a family of their own. Its minimum detectable
 effect (MDE) is analysis.stats.plan_mde: the paired t-test over k blocks, one real effect
-among m tests judged at alpha/m (what Holm gives it), 80% power, each run's primary metric
-varying by CV (sd of its log; runs independent, so sd(d) = CV x sqrt(2)).
+among m tests judged at alpha/m (what Holm gives it), 80% power, with sd(d) = CV x sqrt(2):
+the CV is defined by the block log-ratio d the test uses.
 
 Where the CV comes from, first found wins: the study's `cv:` (per workload or study-wide);
-earlier records of the same workload (same entry and overrides) under the output root,
-pooled within arm over at least 3 runs per arm; else the workload's default_cv (workloads/catalog.py). The plan says
-which. Default trials: the fewest blocks (>= 3) whose MDE is at most `detect`. A study that
+earlier records of the same workload (same entry and overrides) under the output root:
+sd(d)/sqrt(2) of their blocks (measured_cv; the study's own fabrics first), else, with no
+blocked study, the within-arm spread over at least 3 runs per arm; else the workload's
+default_cv (workloads/catalog.py). The plan says which. A measured CV is an estimate: the
+blocks are counted on its 80% upper limit, the MDE printed at the estimate. Default trials: the fewest blocks (>= 3) whose MDE is at most `detect`. A study that
 cannot call `detect` with the trials it was given is refused before anything runs.
 
 Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 3, 4, 6, 8,
-12, 16, 24, ... blocks and at N; alpha is spent as alpha/L at each of the L looks (Bonferroni
-over looks: valid whenever the study stops), and the study stops at the first look where
-every primary verdict is settled: a difference called, equivalence within the margin, or a
-difference of `detect` ruled out by the interval (the study's own question, answered).
+12, 18, 24, 36, ... blocks below N (looks_at) and at N; alpha is spent as alpha/L at each of
+the L looks (Bonferroni over looks: valid whenever the study stops), and the study stops at the
+first look where every primary verdict is settled: a difference called, equivalence within the
+margin, or a difference of `detect` ruled out by the interval (the study's own question,
+answered). This is the only way to add blocks after a look: a fixed study whose verdicts were
+printed is not extended (workloads/study/run.py, extension_refusal).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import median
 
@@ -38,8 +42,9 @@ FIRST_LOOK = 3
 
 
 def looks_at(max_blocks: int) -> list[int]:
-    """The blocks after which a sequential study looks: 3, 4, 6, 8, 12, 16, ... (each about 1.5x
-    the last: few looks keep alpha/L large) and always the cap."""
+    """The blocks after which a sequential study looks: 3, 4, then x1.5 and x4/3 in turn (6, 8,
+    12, 18, 24, 36, ...: few looks keep alpha/L large), those below the cap, and always the cap
+    (16 gives 3, 4, 6, 8, 12, 16)."""
     out, k = [], FIRST_LOOK
     while k < max_blocks:
         out.append(k)
@@ -55,6 +60,9 @@ class Plan:
     cv: dict[str, tuple[float, str]]   # workload -> (expected CV, where it came from)
     seconds: dict[str, float]     # workload -> median seconds per run, from earlier runs
     looks: list[int]              # [trials] for a fixed design; the look schedule when sequential
+    # workload -> an 80% upper limit of its CV (a measured CV is an estimate: blocks are counted
+    # on its upper limit, so a lucky low estimate does not undersize the study); absent: the CV itself
+    cv_upper: dict[str, float] = field(default_factory=dict)
 
     @property
     def family(self) -> tuple[int, str]:
@@ -65,6 +73,11 @@ class Plan:
     def worst_cv(self) -> float:
         return max(cv for cv, _ in self.cv.values())
 
+    @property
+    def worst_cv_upper(self) -> float:
+        """The largest upper limit of a CV: what the block count is sized on."""
+        return max(self.cv_upper.get(name, cv) for name, (cv, _) in self.cv.items())
+
     def mde(self, blocks: int | None = None) -> float:
         from analysis import stats
 
@@ -72,13 +85,16 @@ class Plan:
 
     def equivalence_blocks(self) -> int | None:
         """About how many blocks let two equal arms be called equivalent at the margin (80%):
-        the interval's half-width plus its own wobble must fit inside the margin."""
+        the TOST interval's half-width (each side at alpha/(m x looks), stats.Comparison.equivalent)
+        plus its own wobble must fit inside the margin; never fewer than stats.MIN_EQUIVALENT."""
         from scipy import stats as sps
+
+        from analysis import stats
 
         m, sd = max(self.family[0], 1), self.worst_cv * math.sqrt(2)
         level = self.spec.alpha / (m * len(self.looks))
-        for k in range(3, 1001):
-            if (sps.t.ppf(1 - level / 2, k - 1) + sps.norm.ppf(0.9)) * sd / math.sqrt(k) <= math.log1p(self.spec.margin):
+        for k in range(stats.MIN_EQUIVALENT, 1001):
+            if (sps.t.ppf(1 - level, k - 1) + sps.norm.ppf(0.9)) * sd / math.sqrt(k) <= math.log1p(self.spec.margin):
                 return k
         return None
 
@@ -110,6 +126,12 @@ class Plan:
             cv, src = self.cv[w.name]
             out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or w.kind.primary_text}"
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
+        n = len(s.arms)
+        rows = n if n % 2 == 0 else 2 * n
+        if n >= 3 and s.design in ("abba", "williams") and s.trials % rows:
+            # arm positions and carry-over pairs balance only over whole squares
+            out.append(f"  design: a Williams square of {rows} rows; {s.trials} blocks leave its balance incomplete "
+                       f"(a multiple of {rows} completes it)")
         eq = self.equivalence_blocks()
         out.append(f"  can call: >= {stats.pct(self.mde())} with 80% power over the {name} family of {m} "
                    f"(asked: {stats.pct(s.detect)}); sign-flip check's smallest p {min(1.0, 2 / 2 ** s.trials):.3g}")
@@ -128,7 +150,7 @@ class Plan:
         if mde <= s.detect:
             return None
         m, name = self.family
-        need = stats.blocks_for(s.detect, m, self.worst_cv, s.alpha, len(self.looks))
+        need = stats.blocks_for(s.detect, m, self.worst_cv_upper, s.alpha, len(self.looks))
         fix = (f"set trials: {need} (or leave trials out to let the plan choose)" if need and len(self.looks) == 1 else
                f"raise --max-trials to at least {need}" if need else "the noise is too large for any number of blocks")
         return (f"study {s.id} cannot call a {stats.pct(s.detect)} difference: with {s.trials} blocks and {m} {name} "
@@ -178,27 +200,84 @@ def _primary_value(rec: dict, w: Workload) -> tuple[float | None, float]:
     return value, level
 
 
-def measured_cv(earlier: list[tuple[Path, dict]], w: Workload) -> tuple[float, str] | None:
-    """The pooled within-arm sd of log(primary metric) over earlier ok runs of this workload."""
+@dataclass(frozen=True)
+class Noise:
+    """A measured CV: its estimate, an 80% upper limit (the block count is sized on it), and where
+    it came from, said in the plan."""
+
+    cv: float
+    upper: float
+    source: str
+
+
+def _upper(sd: float, df: int) -> float:
+    """80% upper confidence limit of an sd estimated with `df` degrees of freedom: sd x
+    sqrt(df / chi2_0.2(df)) (x1.6 at 4 df, x1.16 at 23, x1.06 at 120)."""
+    from scipy import stats as sps
+
+    return sd * math.sqrt(df / sps.chi2.ppf(0.2, df))
+
+
+def measured_cv(earlier: list[tuple[Path, dict]], w: Workload, fabrics: set[str] | frozenset = frozenset()) -> Noise | None:
+    """The noise of what the verdict tests, from earlier ok runs of this workload.
+
+    The verdict's paired t-test sees the within-block log-ratio d, so its spread is what sizes a
+    study: CV = sd(d) / sqrt(2), pooled over every pair of arms within the blocks of earlier
+    studies (each pair's mean removed: its real difference is not noise). The between-run spread
+    of one arm is the wrong variance for a paired design: drift between blocks inflates it,
+    though pairing removes it (11 blocks planned where 4 suffice), while an order effect inside
+    a block adds to sd(d) and not to it (65% power at the plan's MDE). Only without a blocked
+    study does the plan fall back to the pooled within-arm sd, and says so. Earlier studies of
+    this study's own `fabrics` are preferred, and named."""
     logs: dict[tuple, list[tuple[float, float]]] = {}
+    cells: dict[tuple, dict[str, list[tuple[float, float]]]] = {}  # (folder, block) -> arm -> [(level, log)]
+    fabric_of: dict[tuple, str] = {}
     for folder, manifest in earlier:
         names = [o["name"] for o in manifest.get("workloads") or [] if _same(w, o)]
+        arms = {a.get("label"): a.get("fabric") for a in manifest.get("arms") or []}
         for _, rec in iter_records(folder, "*/records/*.json") if names else ():
             st = rec.get("study") or {}
             if rec.get("status") != "ok" or st.get("workload") not in names:
                 continue
             v, level = _primary_value(rec, w)
             if v is not None and v > 0:
-                logs.setdefault((folder.name, st.get("arm")), []).append((level, math.log(v)))
+                arm = st.get("arm")
+                logs.setdefault((folder.name, arm), []).append((level, math.log(v)))
+                fabric_of[(folder.name, arm)] = str(arms.get(arm) or (rec.get("fabric") or {}).get("name"))
+                if st.get("block") is not None:
+                    cells.setdefault((folder.name, st["block"]), {}).setdefault(arm, []).append((level, math.log(v)))
     # inference: the heaviest load point of each arm (the primary point when none is declared)
-    groups = [[x for lv, x in vals if lv == max(v[0] for v in vals)] for vals in logs.values()]
+    top = {key: max(lv for lv, _ in vals) for key, vals in logs.items()}
+    pairs: dict[tuple, list[float]] = {}
+    for (folder, _), by_arm in cells.items():
+        means = {arm: [x for lv, x in vals if lv == top[(folder, arm)]] for arm, vals in by_arm.items()}
+        means = {arm: sum(xs) / len(xs) for arm, xs in means.items() if xs}
+        for a in sorted(means):
+            for b in sorted(means):
+                if a < b:
+                    pairs.setdefault((folder, a, b), []).append(means[a] - means[b])
+    own = {k: d for k, d in pairs.items() if fabric_of[(k[0], k[1])] in fabrics and fabric_of[(k[0], k[2])] in fabrics}
+    use = {k: d for k, d in (own or pairs).items() if len(d) >= 2}
+    dof = sum(len(d) - 1 for d in use.values())
+    if dof >= 2:
+        ss = sum(sum((x - sum(d) / len(d)) ** 2 for x in d) for d in use.values())
+        sd = math.sqrt(ss / dof) / math.sqrt(2)
+        names = sorted({fabric_of[(k[0], a)] for k in use for a in k[1:]})
+        where = f"{'' if own else 'other fabrics: '}{', '.join(names)}"
+        return Noise(max(sd, 0.005), max(_upper(sd, dof), 0.005),  # a floor: no study is noise-free
+                     f"sd of the block log-ratio / sqrt 2 over {sum(len(d) for d in use.values())} earlier blocks "
+                     f"({where}); blocks sized on its 80% upper limit {100 * _upper(sd, dof):.1f}%")
+    groups = [[x for lv, x in vals if lv == top[key]] for key, vals in logs.items()]
     groups = [g for g in groups if len(g) >= 3]
     if not groups:
         return None
     dof = sum(len(g) - 1 for g in groups)
     ss = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups)
     n = sum(len(g) for g in groups)
-    return max(math.sqrt(ss / dof), 0.005), f"measured over {n} earlier runs"  # a floor: no study is noise-free
+    sd = math.sqrt(ss / dof)
+    return Noise(max(sd, 0.005), max(_upper(sd, dof), 0.005),
+                 f"measured over {n} earlier runs, within arm: no blocked study to measure the block log-ratio; "
+                 f"blocks sized on its 80% upper limit {100 * _upper(sd, dof):.1f}%")
 
 
 def _seconds(earlier: list[tuple[Path, dict]], w: Workload) -> float | None:
@@ -223,14 +302,18 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
     """The plan for `spec`; `max_trials` makes it sequential. Fills in `trials` when the study
     left it out. Raises UsageError (exit 2) when the plan cannot call `detect`."""
     cv: dict[str, tuple[float, str]] = {}
+    upper: dict[str, float] = {}
     earlier = _earlier(spec)
+    fabrics = {a.fabric for a in spec.arms}
     for w in spec.workloads:
         if w.cv is not None:
             cv[w.name] = (w.cv, "declared for the workload")
         elif spec.cv is not None:
             cv[w.name] = (spec.cv, "declared for the study")
+        elif (got := measured_cv(earlier, w, fabrics)) is not None:
+            cv[w.name], upper[w.name] = (got.cv, got.source), got.upper
         else:
-            cv[w.name] = measured_cv(earlier, w) or (w.kind.default_cv, f"default for {w.entry}; no earlier runs")
+            cv[w.name] = (w.kind.default_cv, f"default for {w.entry}; no earlier runs")
     control = any(a.control for a in spec.arms)
     real = len(spec.arms) - 1 - int(control)
     tests, control_tests = real * len(spec.workloads), int(control) * len(spec.workloads)
@@ -240,13 +323,13 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
             raise UsageError(f"--max-trials {max_trials}: a sequential study looks first after {FIRST_LOOK} blocks; "
                              f"give at least {FIRST_LOOK}")
         spec = replace(spec, trials=max_trials, trials_given=True)
-        return _checked(Plan(spec, tests, control_tests, cv, seconds, looks_at(max_trials)))
-    plan = Plan(spec, tests, control_tests, cv, seconds, [spec.trials or 1])
+        return _checked(Plan(spec, tests, control_tests, cv, seconds, looks_at(max_trials), upper))
+    plan = Plan(spec, tests, control_tests, cv, seconds, [spec.trials or 1], upper)
     if not spec.trials_given:
         from analysis import stats
 
         m = plan.family[0]
-        k = stats.blocks_for(spec.detect, m, plan.worst_cv, spec.alpha)
+        k = stats.blocks_for(spec.detect, m, plan.worst_cv_upper, spec.alpha)
         if k is None:
             raise UsageError(f"study {spec.id}: at CV {stats.pct(plan.worst_cv)} no number of blocks up to 200 can call "
                              f"a {stats.pct(spec.detect)} difference over {m} tests; raise detect: or compare fewer points")
