@@ -160,7 +160,7 @@ def _study_value(runs: Iterable[Run], key: str, default):
 
 
 def primary_metric(workload: str, names: Iterable[str]) -> str | None:
-    """The metric a workload is judged on when none is declared (DESIGN.md, "Studies"), as
+    """The metric a workload is judged on when none is declared (docs/statistics.md), as
     its catalog entry picks it: training samples/s; collectives the bus bandwidth of
     all_reduce (else the first op) at its largest message size; inference request throughput."""
     choose = catalog.field(workload, "primary")

@@ -3,8 +3,8 @@ expects, the smallest difference it can call, the blocks it needs, and its wall 
 
     fabricbench study conf/study/emu-ab.yaml --plan     # print the plan, run nothing
 
-The deciding family is one primary verdict per real arm and workload point (DESIGN.md,
-"Studies"); the A/A control's primaries are a family of their own. Its minimum detectable
+The deciding family is one primary verdict per real arm and workload point
+(docs/statistics.md); the A/A control's primaries are a family of their own. Its minimum detectable
 effect (MDE) is analysis.stats.plan_mde: the paired t-test over k blocks, one real effect
 among m tests judged at alpha/m (what Holm gives it), 80% power, with sd(d) = CV x sqrt(2):
 the CV is defined by the block log-ratio d the test uses.

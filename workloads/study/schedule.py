@@ -12,7 +12,7 @@ run in the block's order, and each (arm, trial) cell runs the study's workloads 
   follows itself, while A and C each follow themselves at every block boundary, so a run
   that gains from a run of its own configuration before it (a warm cache, a qdisc left in
   place, GPU clocks) biases B's verdict while the A/A control, balanced by the same reversal,
-  stays blind to it (shared/reviews/study-statistics.md, 1.2). A Williams square (n rows for
+  stays blind to it (docs/statistics.md). A Williams square (n rows for
   even n, 2n for odd) has every arm once per row and every ordered pair of different arms
   adjacent equally often; the rows are chained so that no arm follows itself across a block
   boundary, and which arm plays which letter is a seeded shuffle, so the A/A control's
