@@ -184,6 +184,7 @@ def _iperf3_mbit(topo: Topology, seconds: int = 4) -> tuple[float, int]:
         server.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timing  # a measured rate, round trip and delay against what was asked
 @pytest.mark.requires("root", "iperf3")
 def test_equal_bandwidth_different_latency():
