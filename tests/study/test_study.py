@@ -128,12 +128,12 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
     recorded(jobs[0], here)
     _same_code(spec, jobs)  # resumed on its own commit
     recorded(jobs[1], "a" * 40)
-    with pytest.raises(UsageError, match="already holds runs of 2 commits"):
+    with pytest.raises(UsageError, match="already holds runs of 2 versions of the code"):
         _same_code(spec, jobs)
     recorded(jobs[0], "a" * 40)
     with pytest.raises(UsageError) as e:
         _same_code(spec, jobs)
-    assert str(e.value).startswith(f"study aa was measured on commit {'a' * 12} and this checkout is {'c' * 12}: ")
+    assert str(e.value).startswith(f"study aa was measured on commit {'a' * 12} and this checkout is commit {'c' * 12}: ")
     assert f"git checkout {'a' * 40}" in str(e.value)
     for j in jobs[2:]:
         recorded(j, "a" * 40)
@@ -487,3 +487,159 @@ def test_sigterm_stops_the_running_cell_and_keeps_what_is_done(tmp_path):
     assert p.returncode == 130 and "rerun the same command to continue" in stderr, stdout + stderr
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"output_root={out / 'aa'}" not in ps  # no run of ours outlived the study
+
+
+def test_no_cell_starts_while_a_run_of_an_earlier_attempt_lives(tmp_path, monkeypatch):
+    """A cell's processes share the study's cell lock (their environment names it): a study
+    resumed while one lives waits for it, saying for whom, and refuses in one line, naming the
+    pid, when it outlives the wait. The processes here take the lock as a cell's ranks do."""
+    from workloads.core import celllock
+    from workloads.study import run as study_run
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    spec.dir.mkdir(parents=True)
+    env = child_env(**{celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)})
+    take = "from workloads.core import celllock; import time; celllock.hold_shared(); print('held', flush=True); time.sleep({})"
+
+    def orphan(seconds):
+        p = subprocess.Popen([sys.executable, "-c", take.format(seconds)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout.readline() == "held\n"
+        return p
+
+    p = orphan(1.5)
+    said = []
+    held = study_run._cells_lock(spec, said.append)
+    assert p.poll() is not None  # it waited for the orphan to end
+    assert len(said) == 1 and said[0].startswith("waiting up to 60 s for the run(s) of an earlier attempt of this study "
+                                                 f"to end: pid {p.pid} ({sys.executable} -c"), said
+    celllock.release(held)
+
+    p = orphan(60)
+    monkeypatch.setattr(study_run, "ORPHAN_WAIT_S", 0.5)
+    try:
+        with pytest.raises(UsageError) as e:
+            study_run._cells_lock(spec, said.append)
+        assert f"wait for them to end or stop them (kill {p.pid}), then rerun" in str(e.value), e.value
+    finally:
+        p.kill()
+        p.wait()
+    celllock.release(study_run._cells_lock(spec, said.append))  # once it is gone, at once
+
+
+TRAIN = AA.replace("""  - name: ar
+    entry: collectives
+    overrides: ["collectives.ops=[all_reduce]", collectives.minbytes=64K, collectives.maxbytes=64K,
+                collectives.iters=5, collectives.warmup_iters=1]""", """  - name: tr
+    entry: train
+    overrides: [model=neox-tiny, train.steps=100, train.warmup_steps=2]""").replace("name: aa", "name: tr")
+
+
+def _ours(out: Path) -> list[int]:
+    """Pids of the processes of a study's cells (their command line names the study's folder)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = d.joinpath("cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "launch/train.py" in argv and str(out) in argv:
+            pids.append(int(d.name))
+    return pids
+
+
+def _measuring(out: Path) -> bool:
+    """Whether a rank of the study's cell measures a point: its in-flight copy of the point's
+    record exists (a self-launch keeps it in its launcher's temporary folder)."""
+    import tempfile
+
+    for p in Path(tempfile.gettempdir()).glob("fabricbench-inflight-*/*.inflight"):
+        try:
+            if str(out) in p.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.slow
+def test_a_study_killed_mid_cell_takes_its_cell_with_it_and_resumes_alone(tmp_path):
+    """`kill -9` of the study during a training cell, then the same command at once: the cell's
+    launcher and ranks die with the study (their interrupted point's record says so), and the
+    resumed study measures that cell again alone; no verdict holds a run measured beside
+    another. Without the parent-death signal the orphan trained on beside the resumed study's
+    first cell and its record was a second "ok" trial."""
+    import time
+
+    out = tmp_path / "results"
+    cmd = [*STUDY, str(write(tmp_path, TRAIN)), "--output-root", str(out)]
+    p = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not _measuring(out / "tr") and time.monotonic() < deadline:
+        assert p.poll() is None
+        time.sleep(0.2)
+    time.sleep(1)  # the ranks are training (100 steps: about 4 s here)
+    orphans = _ours(out / "tr")
+    assert len(orphans) >= 3, "the cell's processes"
+    p.kill()
+    p.wait()
+    r = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not set(orphans) & set(_ours(out / "tr"))
+    recs = records(out / "tr")
+    ok = [x for x in recs if x["status"] == "ok"]
+    assert len(ok) == 4 and len({(x["study"]["arm"], x["config"]["trial"]) for x in ok}) == 4, \
+        [(x["run_id"], x["status"]) for x in recs]
+    killed = [x for x in recs if x["status"] != "ok"]
+    assert len(killed) == 1 and "interrupted" in killed[0]["error"], [(x["run_id"], x["status"], x["error"]) for x in recs]
+    assert "overlapped" not in r.stdout + r.stderr
+
+
+def test_an_edit_to_a_tracked_file_is_other_code(tmp_path, monkeypatch):
+    """Uncommitted edits are code identity beside the commit: measured in a clone of this
+    repository before and after a real edit to a tracked file, the two fingerprints differ in
+    git.dirty_hash alone; compare keeps them apart (`--allow fingerprint.git.dirty_hash` pools
+    them) and a study resumed on the edited tree is refused in one line, as on another commit."""
+    from analysis import guard
+    from workloads.core import records
+    from workloads.study.run import _same_code
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    probe = "import json; from workloads.core.records import git_commit; print(json.dumps(git_commit()))"
+
+    def code() -> dict:  # the clone's own package: `python -c` puts its working folder first on sys.path
+        r = subprocess.run([sys.executable, "-c", probe], cwd=clone, env=child_env(), capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    clean = code()
+    assert clean["dirty"] is False and clean["dirty_hash"] is None
+    readme = clone / "README.md"
+    readme.write_text(readme.read_text() + "\nan uncommitted line\n")
+    edited = code()
+    assert edited["commit"] == clean["commit"] and edited["dirty"] is True and edited["dirty_hash"]
+    readme.write_text(readme.read_text() + "another\n")
+    assert code()["dirty_hash"] not in (None, edited["dirty_hash"])  # the content, not only "dirty"
+
+    a, b = ({"workload": "collectives", "fingerprint": {"git": g}} for g in (clean, edited))
+    assert set(guard.differences(a, b)) == {"fingerprint.git.dirty_hash"}
+    assert not guard.differences(a, b, allow=["fingerprint.git.dirty_hash"])
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    jobs = plan(spec)
+    d = jobs[0].records_dir(spec)
+    d.mkdir(parents=True)
+    (d / "collectives-000.json").write_text(json.dumps({
+        "status": "ok", "run_id": jobs[0].run_id(spec), "config": {"trial": jobs[0].cell.trial},
+        "study": {"id": spec.id, "arm": jobs[0].arm.label, "workload": jobs[0].workload.name},
+        "fingerprint": {"git": clean}}))
+    monkeypatch.setattr(records, "git_commit", lambda: edited)
+    with pytest.raises(UsageError) as e:
+        _same_code(spec, jobs)
+    assert str(e.value).startswith(f"study aa was measured on commit {clean['commit'][:12]} and this checkout is commit "
+                                   f"{clean['commit'][:12]} with uncommitted changes (diff hash {edited['dirty_hash']}): ")
+    assert "with no uncommitted edits (git stash)" in str(e.value)
+    monkeypatch.setattr(records, "git_commit", lambda: clean)
+    _same_code(spec, jobs)  # the edit undone: the same code again

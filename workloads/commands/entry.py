@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from workloads import CONF_DIR, catalog
-from workloads.core import signals
+from workloads.core import celllock, signals
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.inflight import INFLIGHT_ENV, recover
@@ -396,6 +396,7 @@ def hydra_entry(
 
     signals.install()
     die_with_launcher()
+    celllock.hold_shared()  # a study's cell: no rerun of the study starts a cell while this process lives
     try:
         try:
             # --help is this process's to print: self-launched, every local rank printed it

@@ -7,6 +7,7 @@ raw samples and status. Secrets never enter it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -165,9 +166,16 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 @lru_cache(maxsize=1)
 def git_commit() -> dict[str, Any]:
+    """The code a run measured: the commit, and a hash of the uncommitted changes to tracked
+    files (`dirty_hash`, None when there are none). A commit alone would pool a run of an
+    edited checkout with the clean runs of the same commit; the hash makes the edit identity
+    (analysis/guard.py), as a commit is. Untracked files are not code git knows of: results,
+    caches and local configs lie there."""
     commit = _run(["git", "rev-parse", "HEAD"], REPO_ROOT)
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO_ROOT)
-    return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None}
+    diff = _run(["git", "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], REPO_ROOT) if dirty else None
+    return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None,
+            "dirty_hash": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
 
 
 def _version(mod: str) -> str | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from statistics import median
 
 from workloads import CONF_DIR, REPO_ROOT
+from workloads.core import celllock
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records
@@ -177,32 +178,50 @@ def _manifest(spec: StudySpec) -> None:
 
 
 def _commit(record: dict) -> str | None:
-    """The git commit a record's run was measured on (None outside a checkout)."""
-    return ((record.get("fingerprint") or {}).get("git") or {}).get("commit")
+    """The code a record's run was measured on: its git commit, with `+<hash>` of the
+    uncommitted changes to tracked files when there were any (None outside a checkout)."""
+    git = (record.get("fingerprint") or {}).get("git") or {}
+    return _code(git) if git.get("commit") else None
+
+
+def _code(git: dict) -> str:
+    return git["commit"] + (f"+{git['dirty_hash']}" if git.get("dirty_hash") else "")
+
+
+def _words(code: str, full: bool = False) -> str:
+    """'commit 0123456789ab' or 'commit 0123456789ab with uncommitted changes (diff hash …)'."""
+    commit, _, diff = code.partition("+")
+    return f"commit {commit if full else commit[:12]}" + (f" with uncommitted changes (diff hash {diff})" if diff else "")
 
 
 def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
     """Refuse to resume a study on other code than its recorded runs: compare never pools
-    runs of two commits (the commit is identity, analysis/guard.py), so the runs added now
-    would have no counterpart among those of the first session and the study would lose
-    its blocks. Checked before anything runs; a finished study (nothing to run) is not."""
+    runs of two commits, nor of one commit with and without uncommitted edits (code is
+    identity, analysis/guard.py), so the runs added now would have no counterpart among those
+    of the first session and the study would lose its blocks. Checked before anything runs; a
+    finished study (nothing to run) is not."""
     from workloads.core.records import git_commit
 
-    mine = git_commit()["commit"]
-    if mine is None or all(complete(spec, j) for j in jobs):
+    here = git_commit()
+    if here["commit"] is None or all(complete(spec, j) for j in jobs):
         return  # no commit here (an installed copy, not a checkout), or nothing left to run
+    mine = _code(here)
     runs = Counter(c for j in jobs for r in job_records(spec, j) if r.get("status") == "ok" and (c := _commit(r)))
     if not set(runs) - {mine}:
         return
     if len(runs) == 1:
         (theirs,) = runs
-        raise UsageError(f"study {spec.id} was measured on commit {theirs[:12]} and this checkout is {mine[:12]}: compare "
+        commit, _, diff = theirs.partition("+")
+        back = f"git checkout {commit}" + (", with the same uncommitted edits" if diff else
+                                           " with no uncommitted edits (git stash)" if "+" in mine else "")
+        raise UsageError(f"study {spec.id} was measured on {_words(theirs)} and this checkout is {_words(mine)}: compare "
                          "never pools runs of different code, so the runs still to do would have no counterpart. Finish "
-                         f"it on its commit (git checkout {theirs}), or pass --id <new id> to run the study again on this one")
-    held = ", ".join(f"{c[:12]}: {n} run(s)" for c, n in runs.most_common())
-    raise UsageError(f"study {spec.id} already holds runs of {len(runs)} commits ({held}) and this checkout is {mine[:12]}: "
-                     "compare never pools runs of different code. Pass --id <new id> to run the study again on one commit, "
-                     f"or delete the records of the runs of the other commits under {spec.dir} and finish it on one")
+                         f"it on its code ({back}), or pass --id <new id> to run the study again on this one")
+    held = ", ".join(f"{_words(c)}: {n} run(s)" for c, n in runs.most_common())
+    raise UsageError(f"study {spec.id} already holds runs of {len(runs)} versions of the code ({held}) and this checkout "
+                     f"is {_words(mine)}: compare never pools runs of different code. Pass --id <new id> to run the study "
+                     "again on one version, or delete the records of the runs of the other versions under "
+                     f"{spec.dir} and finish it on one")
 
 
 def _lock(spec: StudySpec):
@@ -227,6 +246,23 @@ def _lock(spec: StudySpec):
     return f
 
 
+# How long a resumed study waits for the runs of a killed attempt: they got SIGTERM when it died,
+# and a rank has signals.TERM_GRACE_S to write its interrupted record before it is gone.
+ORPHAN_WAIT_S = 60.0
+
+
+def _cells_lock(spec: StudySpec, say=print):
+    """No cell starts while a run of an earlier attempt of this study lives (workloads/core/celllock.py):
+    it would measure beside it, and both would count the contention."""
+    held = celllock.acquire(spec.dir, ORPHAN_WAIT_S, say)
+    if held is None:
+        who = celllock.holders(spec.dir / celllock.NAME)
+        raise UsageError(f"study {spec.id}: run(s) of an earlier attempt are still running after {ORPHAN_WAIT_S:.0f} s "
+                         f"({', '.join(map(celllock.describe, who)) or 'processes of another user'}); wait for them to "
+                         f"end or stop them{' (kill ' + ' '.join(map(str, who)) + ')' if who else ''}, then rerun")
+    return held
+
+
 def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta: float | None) -> str:
     w = spec.workloads.index(job.workload)
     return (f"[{k}/{n}] block {job.cell.block} · {job.arm.label} · trial {job.cell.trial} · "
@@ -241,7 +277,7 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
     log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = cell_argv(spec, job, launcher)
-    env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT)}
+    env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT), celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)}
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "ab") as out:
         from workloads.core.records import redact_argv
@@ -249,8 +285,10 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
         out.write(f"# {redact_argv(argv)}\n".encode())
         out.flush()
         t0 = time.monotonic()
+        # the cell dies with the study (SIGKILL included) and holds the study's cell lock meanwhile
         proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                pass_fds=celllock.inherited(), preexec_fn=celllock.die_with_parent)
         try:
             code = proc.wait(timeout=spec.timeout_s + 60)
         except subprocess.TimeoutExpired:
@@ -428,6 +466,15 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     jobs = plan(spec)
     _manifest(spec)
     lock = _lock(spec)  # noqa: F841  (held until this function returns)
+    cells = _cells_lock(spec, say)
+    try:
+        return _run_locked(spec, jobs, launcher, the_plan, max_trials, say)
+    finally:
+        celllock.release(cells)
+
+
+def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_trials: int | None, say) -> int:
+    """run_study once it holds the study's locks: check the code, run what is left, analyse."""
     _same_code(spec, jobs)
     say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
         f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
@@ -439,7 +486,8 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     say(summary_table(spec, jobs))
     commits = {_commit(r) for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
-        say(f"warning: the study's records come from {len(commits)} git commits ({', '.join(sorted(map(str, commits)))}): "
+        say(f"warning: the study's records come from {len(commits)} versions of the code "
+            f"({'; '.join(_words(c) if c else 'no commit' for c in sorted(commits, key=str))}): "
             "the code changed during the study, and compare will not pool trials of different code")
     if ran == 0:
         say("every run of this study is recorded; nothing was run")
