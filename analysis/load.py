@@ -239,7 +239,24 @@ def load_dirs(dirs: Iterable[str]) -> list[dict]:
             seen.add(real)
             out.append(rec)
     _warn_unread(dirs, seen)
-    return once(out)
+    return without_overlaps(once(out))
+
+
+def without_overlaps(recs: list[dict]) -> list[dict]:
+    """A study's records measured at the same time as another run of the study (records.overlap)
+    are read as status "overlapped": left out of every verdict, each named in one warning."""
+    import sys
+
+    from workloads.core.records import overlapped
+
+    hit = sorted(overlapped(recs))
+    for i in hit:
+        recs[i]["status"] = "overlapped"
+    if hit:
+        print(f"warning: {len(hit)} record(s) of a study were measured while another run of the same study was running "
+              "(each measured the other's load) and are left out of every verdict; rerun the study to measure them "
+              "again: " + ", ".join(str(recs[i].get("_path")) for i in hit), file=sys.stderr)
+    return recs
 
 
 def record_identity(rec: Mapping[str, Any]) -> str:

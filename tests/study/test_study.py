@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from statistics import median
 
@@ -643,3 +644,33 @@ def test_an_edit_to_a_tracked_file_is_other_code(tmp_path, monkeypatch):
     assert "with no uncommitted edits (git stash)" in str(e.value)
     monkeypatch.setattr(records, "git_commit", lambda: clean)
     _same_code(spec, jobs)  # the edit undone: the same code again
+
+
+def test_runs_of_one_study_that_overlapped_are_flagged_and_left_out(tmp_path, capsys):
+    """Two runs of one study measured at the same time by two processes (an earlier attempt's
+    orphan, whatever code it runs): the later record names the earlier in its file, analysis
+    leaves both out with one warning, and the study measures both cells again."""
+    from analysis.load import load_dirs
+    from workloads.core.records import write_record
+    from workloads.study.run import complete
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    jobs = plan(spec)
+
+    def rec(job, pid, start, end=None):
+        st = {"id": spec.id, "arm": job.arm.label, "workload": job.workload.name, "host": "h", "pid": pid,
+              "started": start} | ({"ended": end} if end else {})
+        return {"schema": "fabricbench.record/1", "workload": "collectives", "status": "ok",
+                "config": {"trial": job.cell.trial}, "study": st}
+
+    now = time.time()
+    first = write_record(jobs[0].records_dir(spec), rec(jobs[0], 1, now - 100, now - 10), "c")  # the orphan
+    second = write_record(jobs[1].records_dir(spec), rec(jobs[1], 2, now - 50), "c")  # beside it
+    after = write_record(jobs[2].records_dir(spec), rec(jobs[2], 3, time.time()), "c")  # once both had ended
+    assert json.loads(second.read_text())["study"]["overlapped"] == [str(first)]
+    assert "overlapped" not in json.loads(after.read_text())["study"]
+    assert [complete(spec, j) for j in jobs[:3]] == [False, False, True]
+    recs = load_dirs([str(spec.dir)])
+    assert sorted(r["_path"] for r in recs if r["status"] == "overlapped") == sorted([str(first), str(second)])
+    err = capsys.readouterr().err
+    assert "warning: 2 record(s) of a study were measured while another run of the same study was running" in err, err

@@ -39,7 +39,7 @@ from workloads import CONF_DIR, REPO_ROOT
 from workloads.core import celllock
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
-from workloads.core.records import iter_records
+from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id
 from workloads.core.signals import stop_group
 from workloads.study.plan import clock, primary_of
@@ -141,19 +141,25 @@ def plan(spec: StudySpec) -> list[Job]:
             for w in spec.workloads]
 
 
+def _belongs(spec: StudySpec, job: Job, rec: dict) -> bool:
+    st = rec.get("study") or {}
+    return (st.get("id"), st.get("arm"), st.get("workload")) == (spec.id, job.arm.label, job.workload.name) and \
+        (rec.get("config") or {}).get("trial") == job.cell.trial
+
+
 def job_records(spec: StudySpec, job: Job) -> list[dict]:
     """This job's records (every status), read from its run directory."""
-    out = []
-    for _, rec in iter_records(job.records_dir(spec)):
-        st = rec.get("study") or {}
-        if (st.get("id"), st.get("arm"), st.get("workload")) == (spec.id, job.arm.label, job.workload.name) and \
-                (rec.get("config") or {}).get("trial") == job.cell.trial:
-            out.append(rec)
-    return out
+    return [rec for _, rec in iter_records(job.records_dir(spec)) if _belongs(spec, job, rec)]
 
 
 def complete(spec: StudySpec, job: Job) -> bool:
-    ok = {r.get("point") or "" for r in job_records(spec, job) if r.get("status") == "ok"}
+    """Every point of the job has an ok record that no other run of the study overlapped
+    (records.overlap: a rerun measures such a point again; analysis leaves it out)."""
+    every = list(iter_records(spec.dir, "*/records/*.json"))
+    bad = {every[i][0] for i in overlapped([r for _, r in every])}
+    here = job.records_dir(spec)
+    ok = {r.get("point") or "" for p, r in every
+          if p.parent == here and p not in bad and r.get("status") == "ok" and _belongs(spec, job, r)}
     return ok >= set(job.points)
 
 
