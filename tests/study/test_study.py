@@ -154,6 +154,9 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
     (("entry: collectives", "entry: bench"), "workloads[0].entry must be one of train, finetune, collectives, infer"),
     (("control: true", "control: false"), "a study needs two arms"),
     (("trials: 2", "trials: 2\ndesign: latin"), "design='latin'; use abba (2 arms; Williams for 3 or more)"),
+    (("trials: 2", "trials: 2\ntimeout_s: soon"), "timeout_s='soon' must be a positive number of seconds"),
+    (("trials: 2", "trials: 2\ntimeout_s: -5"), "timeout_s=-5 must be a positive number of seconds"),
+    (("trials: 2", "trials: 2\ntimeout_s: 0"), "timeout_s=0 must be a positive number of seconds"),
 ])
 def test_spec_errors_name_the_field_and_the_fix(tmp_path, edit, message):
     with pytest.raises(UsageError) as e:
@@ -485,7 +488,7 @@ def test_sigterm_stops_the_running_cell_and_keeps_what_is_done(tmp_path):
     assert f"(pid {p.pid})" in twin.stderr and "Traceback" not in twin.stderr
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=90)
-    assert p.returncode == 130 and "rerun the same command to continue" in stderr, stdout + stderr
+    assert p.returncode == 143 and "rerun the same command to continue" in stderr, stdout + stderr
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"output_root={out / 'aa'}" not in ps  # no run of ours outlived the study
 
@@ -674,3 +677,30 @@ def test_runs_of_one_study_that_overlapped_are_flagged_and_left_out(tmp_path, ca
     assert sorted(r["_path"] for r in recs if r["status"] == "overlapped") == sorted([str(first), str(second)])
     err = capsys.readouterr().err
     assert "warning: 2 record(s) of a study were measured while another run of the same study was running" in err, err
+
+
+def test_a_full_disk_during_analysis_is_one_line_naming_the_disk_and_the_records(tmp_path):
+    """compare.txt refused by a full disk (records already safe): one error line naming the disk
+    and where the records are, exit 1, and no half-written compare.txt to be taken for verdicts."""
+    from helpers import need
+
+    need("root")
+    from workloads.study.run import analyse
+
+    with tmpfs(tmp_path / "disk") as disk:
+        spec = load_spec(write(tmp_path, AA), output_root=str(disk))
+        spec.dir.mkdir()
+        with open(disk / "filler", "wb") as f:  # the disk, full
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        said = []
+        assert analyse(spec, refresh=True, say=said.append) == 1
+        errors = [line for line in said if line.startswith("error: cannot write")]  # compare's own: no records here
+        assert errors == [f"error: cannot write {spec.dir / 'compare.txt'} (No space left on device) on the disk mounted "
+                          f"at {disk}: the records are kept in {spec.dir}/*/records; free space there and rerun the same "
+                          "command (it measures nothing again, and writes compare.txt and the report)"], said
+        assert not (spec.dir / "compare.txt").exists()

@@ -19,7 +19,7 @@ finished study writes nothing. At the end: the summary table, `fabricbench compa
 verdicts (saved as compare.txt) and the report (report/).
 
 Exit status: 0 every cell ok, 1 a cell failed (the others still ran), 2 bad input,
-130 interrupted (finished cells are kept; rerun to continue).
+130 interrupted by Ctrl-C, 143 by SIGTERM (finished cells are kept; rerun to continue).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id
-from workloads.core.signals import stop_group
+from workloads.core.signals import Terminated, stop_group
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
@@ -312,7 +312,7 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 
 def _sigterm(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated(f"received signal {signum}")  # a KeyboardInterrupt that exits 143, as docs/reliability.md says
 
 
 def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
@@ -335,9 +335,12 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
         if code == 130:
             raise KeyboardInterrupt
         ok = code == 0 and complete(spec, job)
-        with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
-            f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
-                                "ok": ok}) + "\n")
+        try:
+            with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
+                f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
+                                    "ok": ok}) + "\n")
+        except OSError:
+            pass  # a full disk: only a later plan's estimate is lost; the run said where its record went
         if not ok:
             line = f"{job.run_id(spec)}: exit {code} after {seconds:.1f} s; log {log}"
             failures.append(line)
@@ -416,11 +419,27 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
                          capture_output=True, text=True)
     text = (cmp.stdout + cmp.stderr).rstrip()
     say(text)
-    out_txt.write_text(text + "\n")
+    try:
+        out_txt.write_text(text + "\n")
+    except OSError as e:  # a full disk: the verdicts are on the console, the records are safe; no traceback
+        out_txt.unlink(missing_ok=True)
+        say(f"error: cannot write {out_txt} ({e.strerror}) on the disk mounted at {_mount(spec.dir)}: the records are "
+            f"kept in {spec.dir}/*/records; free space there and rerun the same command (it measures nothing again, "
+            "and writes compare.txt and the report)")
+        return 1
     rep = subprocess.run([*base, "report", str(spec.dir), "--baseline", spec.baseline.label, "--out", str(report_dir)],
                          cwd=str(REPO_ROOT), capture_output=True, text=True)
     say(f"report: {report_dir}" if rep.returncode == 0 else f"warning: report failed: {(rep.stdout + rep.stderr)[-500:]}")
     return cmp.returncode
+
+
+def _mount(path: Path) -> Path:
+    """The mount point of the filesystem `path` lies on (the disk a user has to free)."""
+    path = path.resolve()
+    dev = path.stat().st_dev
+    while path.parent != path and path.parent.stat().st_dev == dev:
+        path = path.parent
+    return path
 
 
 def decided(spec: StudySpec) -> tuple[int, int, list[str]]:
@@ -526,8 +545,8 @@ def run(args) -> int:
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
         return run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_code", 130)
     finally:
         signal.signal(signal.SIGTERM, old)
