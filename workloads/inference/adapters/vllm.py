@@ -30,6 +30,8 @@ from workloads.core.errors import UsageError
 from workloads.fabric.netns import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path, tp_spans_nodes
 
+LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
+
 # Where `make engines` puts vLLM (its own venv: vLLM pins its own torch).
 ENGINE_ENV = REPO_ROOT / ".engines" / "vllm"
 API_SERVER = "vllm.entrypoints.openai.api_server"
