@@ -143,6 +143,7 @@ def _node_argv(spec: ServerSpec, python: str, path: str, cpu: bool) -> list[str]
                  "--node-rank", str(spec.node_rank)]
     if spec.served_model_name:
         argv += ["--served-model-name", spec.served_model_name]
+    argv.append("--enable-cache-report")  # usage.prompt_tokens_details.cached_tokens: what the prefix cache served
     return argv + (list(CPU_FLAGS) if cpu else []) + list(spec.extra_args)
 
 

@@ -76,6 +76,8 @@ def _node_argv(spec: ServerSpec, path: str) -> list[str]:
             argv.append("--headless")
     if spec.served_model_name:
         argv += ["--served-model-name", spec.served_model_name]
+    if spec.node_rank == 0:  # the API server's: usage.prompt_tokens_details.cached_tokens, what the prefix cache served
+        argv.append("--enable-prompt-tokens-details")
     return argv + list(spec.extra_args)
 
 
