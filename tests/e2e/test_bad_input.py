@@ -401,3 +401,32 @@ def test_a_peer_rank_gone_is_one_line_not_a_traceback():
                         "This is typically caused by a remote worker hanging")
     assert _peer_lost(gloo) == "Connection reset by peer"
     assert _peer_lost(RuntimeError("CUDA out of memory")) is None and _peer_lost(ValueError("Broken pipe")) is None
+
+
+def test_a_rank_the_oom_killer_ended_says_out_of_memory(tmp_path, capsys):
+    """A rank's SIGKILL while the kernel's oom_kill count grew is the out-of-memory killer, said
+    with the model and micro-batch that needed the memory; a SIGKILL with the count unchanged
+    (a user's kill -9) is said as before. The counts come from /proc/vmstat and the cgroup's
+    memory.events (here: files of the same format)."""
+    from types import SimpleNamespace
+
+    from workloads.commands.entry import _rank_failure
+    from workloads.core.hostmem import oom_killed_since, oom_kills
+
+    (tmp_path / "vmstat").write_text("pgfault 10\noom_kill 3\n")
+    (tmp_path / "cgroup").write_text("0::/job\n")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "memory.events").write_text("low 0\noom 1\noom_kill 1\n")
+    before = oom_kills(str(tmp_path / "vmstat"), str(tmp_path / "cgroup"), str(tmp_path))
+    assert before == (3, 1)
+    (tmp_path / "job" / "memory.events").write_text("low 0\noom 2\noom_kill 2\n")  # the job's limit, not the host's
+    assert oom_killed_since(before, oom_kills(str(tmp_path / "vmstat"), str(tmp_path / "cgroup"), str(tmp_path)))
+    assert not oom_killed_since(before, before) and not oom_killed_since((None, None), (4, 2))
+
+    killed = SimpleNamespace(failures={0: SimpleNamespace(exitcode=-9, timestamp=1)})
+    what, code = _rank_failure(killed, oom=True, job="model=neox-moe-125m at train.micro_batch_size=4")
+    assert code == 137 and capsys.readouterr().err == (
+        "error: rank 0 was killed by the kernel's out-of-memory killer (SIGKILL, exit code -9): out of memory with "
+        "model=neox-moe-125m at train.micro_batch_size=4; use a smaller micro-batch or model, or fewer ranks per node\n")
+    _rank_failure(killed, oom=False)
+    assert capsys.readouterr().err == "error: rank 0 was killed by SIGKILL (exit code -9)\n"

@@ -37,6 +37,7 @@ from workloads import CONF_DIR, catalog
 from workloads.core import celllock, signals
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError
+from workloads.core.hostmem import oom_killed_since, oom_kills
 from workloads.core.inflight import INFLIGHT_ENV, recover
 from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
 
@@ -125,18 +126,20 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             target = str(compose(conf_dir, jobs[0], config_name, hydra_config=True).hydra.launcher.get("_target_", ""))
             if "submitit" in target.lower():
                 return None
-        nproc = None
+        nproc, what = None, ""
         for job in jobs:
             cfg = compose(conf_dir, job, config_name)
             nproc = int(cfg.launcher.nproc_per_node)
             if nproc <= 0:
                 raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
             validate_job(cfg, nproc)
+            if len(jobs) == 1 and "train" in cfg and "model" in cfg:  # what an out-of-memory rank needed memory for
+                what = f"model={cfg.model.name} at train.micro_batch_size={cfg.train.micro_batch_size}"
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 
-    return _run_ranks(script, argv, nproc)
+    return _run_ranks(script, argv, nproc, what)
 
 
 def _check_path_overrides(argv: list[str]) -> None:
@@ -202,7 +205,7 @@ def _quiet_torchelastic() -> None:
 _AGENT_RAN = False
 
 
-def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
+def _run_ranks(script: str, argv: list[str], nproc: int, job: str = "") -> int:
     global _AGENT_RAN
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -214,10 +217,11 @@ def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
     os.environ[LAUNCHER_ENV], os.environ[INFLIGHT_ENV] = str(os.getpid()), inflight
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
     code, why = 0, "the run ended without writing this record"
+    ooms = oom_kills()
     try:
         run(args)
     except ChildFailedError as e:
-        what, code = _rank_failure(e)
+        what, code = _rank_failure(e, oom_killed_since(ooms), job)
         why = f"{what} during this point"
     except (SignalException, KeyboardInterrupt) as e:
         sig = getattr(e, "sigval", signal.SIGINT)
@@ -252,11 +256,16 @@ def torchrun(args: list[str]) -> int:
     return 0
 
 
-def _rank_failure(e) -> tuple[str, int]:
+def _rank_failure(e, oom: bool = False, job: str = "") -> tuple[str, int]:
     """The first failed rank (failures are keyed by global rank), said in one line; and the
-    exit code to pass on (128 + signal for a killed rank, as a shell reports it)."""
+    exit code to pass on (128 + signal for a killed rank, as a shell reports it). `oom`: the
+    kernel's OOM killer ended a process meanwhile (hostmem.oom_killed_since), so a rank's SIGKILL
+    was it, said with `job` (the model and micro-batch that needed the memory)."""
     rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
     what = f"rank {rank} {_exit_words(first.exitcode)}"
+    if oom and first.exitcode == -signal.SIGKILL:
+        what = (f"rank {rank} was killed by the kernel's out-of-memory killer (SIGKILL, exit code -9): out of memory"
+                + (f" with {job}" if job else "") + "; use a smaller micro-batch or model, or fewer ranks per node")
     # a rank killed by a signal printed nothing: there is no message above to point to
     print(f"error: {what}" + ("; its message is above" if first.exitcode > 0 else ""), file=sys.stderr)
     return what, first.exitcode if first.exitcode > 0 else 128 - first.exitcode
