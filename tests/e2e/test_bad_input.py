@@ -316,6 +316,8 @@ def test_bad_input_is_one_line(outcomes, name, needle):
     written = {p for p in d.rglob("records/*.json") if (d / "in") not in p.parents}
     assert written == {earlier}, written
     assert not (d / "rep").exists(), "a refused report left its --out folder"
+    empty = [p for p in (d / "res").rglob("*") if p.is_dir() and not any(p.iterdir())]
+    assert not empty, f"a refused run left empty folders: {empty}"
 
 
 @pytest.mark.slow

@@ -309,6 +309,16 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool, scri
         sys.exit(e.exit_code)
 
 
+def _drop_if_empty(run_dir: str) -> None:
+    """A refused run leaves no run folder: Hydra made it before the job's checks refused it, and
+    empty `<time>-p<pid>/` folders piled up in output_root, one a refusal. Kept when anything is
+    in it (another rank's file, an earlier run's records)."""
+    try:
+        os.rmdir(run_dir)
+    except OSError:
+        pass
+
+
 def _multirun_first(argv: list[str]) -> None:
     """`launch/train.py a=1 -m b=1,2`: Hydra takes its flags before the overrides, and printed
     its usage (from every rank) for a `-m` after one. The sweep is meant: `-m` is moved first,
@@ -421,6 +431,7 @@ def hydra_entry(
             return
         except UsageError as e:
             _say(e)
+            _drop_if_empty(HydraConfig.get().runtime.output_dir)
             sys.exit(e.exit_code)
         except Exception as e:
             if signals.received():  # what stopping did to this rank (a peer gone), not a bug
