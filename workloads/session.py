@@ -222,10 +222,10 @@ class Recorded:
                 # The measured record is kept elsewhere (the error says where): the in-flight
                 # copy, which lacks the measurement, must not become a second, failed record.
                 if e.kept is not None and self.inflight is not None:
-                    self.inflight.unlink(missing_ok=True)
+                    inflight.discard(self.inflight)
                 raise
             if self.inflight is not None:
-                self.inflight.unlink(missing_ok=True)
+                inflight.discard(self.inflight)
         elif exc is not None and not isinstance(exc, UsageError) and self.info is not None:
             # A UsageError is the config's, seen by every rank; anything else may be the
             # writer's death reaching this rank (a peer-closed collective, torchrun's SIGTERM).
