@@ -512,9 +512,10 @@ def test_no_cell_starts_while_a_run_of_an_earlier_attempt_lives(tmp_path, monkey
         return p
 
     p = orphan(1.5)
-    said = []
+    said, start = [], time.monotonic()
     held = study_run._cells_lock(spec, said.append)
-    assert p.poll() is not None  # it waited for the orphan to end
+    assert time.monotonic() - start > 1.0  # it waited for the orphan to end (its lock goes as it exits)
+    p.wait()
     assert len(said) == 1 and said[0].startswith("waiting up to 60 s for the run(s) of an earlier attempt of this study "
                                                  f"to end: pid {p.pid} ({sys.executable} -c"), said
     celllock.release(held)
