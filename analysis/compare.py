@@ -224,6 +224,8 @@ class Result:
                    f"only in {', '.join(keys)}")
             if "fingerprint.git.commit" in keys:
                 why += " (the code changed between their runs: run a study on one commit)"
+            elif "fingerprint.git.dirty_hash" in keys:
+                why += " (uncommitted edits changed the code between their runs: run a study on one version of the code)"
             parts.append(why + f"; --allow {' --allow '.join(keys)} pools them")
         return "; ".join(parts) + (":" if verbose else "; --verbose lists them")
 

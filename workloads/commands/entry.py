@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from workloads import CONF_DIR, catalog
-from workloads.core import signals
+from workloads.core import celllock, signals
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError
+from workloads.core.hostmem import oom_killed_since, oom_kills
 from workloads.core.inflight import INFLIGHT_ENV, recover
 from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
 
@@ -125,18 +126,20 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             target = str(compose(conf_dir, jobs[0], config_name, hydra_config=True).hydra.launcher.get("_target_", ""))
             if "submitit" in target.lower():
                 return None
-        nproc = None
+        nproc, what = None, ""
         for job in jobs:
             cfg = compose(conf_dir, job, config_name)
             nproc = int(cfg.launcher.nproc_per_node)
             if nproc <= 0:
                 raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
             validate_job(cfg, nproc)
+            if len(jobs) == 1 and "train" in cfg and "model" in cfg:  # what an out-of-memory rank needed memory for
+                what = f"model={cfg.model.name} at train.micro_batch_size={cfg.train.micro_batch_size}"
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 
-    return _run_ranks(script, argv, nproc)
+    return _run_ranks(script, argv, nproc, what)
 
 
 def _check_path_overrides(argv: list[str]) -> None:
@@ -150,10 +153,31 @@ def _check_path_overrides(argv: list[str]) -> None:
         if key == "run_id" and value:
             for v in value.split(","):
                 check_run_id(v.strip())
+        if key == "hydra/launcher" and value == "slurm":
+            _slurm_answers()
         if key == "hydra/launcher" and value == "submitit_slurm":
             raise UsageError("hydra/launcher=submitit_slurm is the plugin's bare launcher: its jobs lack the setup lines "
                              "that give each rank MASTER_ADDR and one run folder; write hydra/launcher=slurm, fabricbench's "
                              "launcher on top of it (conf/hydra/launcher/slurm.yaml)")
+
+
+def _slurm_answers() -> None:
+    """hydra/launcher=slurm submits each job with sbatch: without a Slurm controller that answers,
+    submitit printed sbatch's error and its own 45-line traceback."""
+    import subprocess
+
+    if shutil.which("sbatch") is None:
+        raise UsageError("hydra/launcher=slurm submits each job with sbatch, which is not on this host's PATH; run from "
+                         "a Slurm login node, or drop hydra/launcher=slurm to run here")
+    try:
+        r = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=15)
+        ok, said = r.returncode == 0, (r.stderr or r.stdout).strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        ok, said = False, [str(e)]
+    if not ok:
+        raise UsageError("hydra/launcher=slurm: no Slurm controller answers from this host (scontrol ping: "
+                         f"{said[-1] if said else 'no answer'}); run from a Slurm login node, or drop "
+                         "hydra/launcher=slurm to run here")
 
 
 def _compose_each_job(argv: list[str], config_name: str) -> None:
@@ -181,7 +205,7 @@ def _quiet_torchelastic() -> None:
 _AGENT_RAN = False
 
 
-def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
+def _run_ranks(script: str, argv: list[str], nproc: int, job: str = "") -> int:
     global _AGENT_RAN
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -193,10 +217,11 @@ def _run_ranks(script: str, argv: list[str], nproc: int) -> int:
     os.environ[LAUNCHER_ENV], os.environ[INFLIGHT_ENV] = str(os.getpid()), inflight
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
     code, why = 0, "the run ended without writing this record"
+    ooms = oom_kills()
     try:
         run(args)
     except ChildFailedError as e:
-        what, code = _rank_failure(e)
+        what, code = _rank_failure(e, oom_killed_since(ooms), job)
         why = f"{what} during this point"
     except (SignalException, KeyboardInterrupt) as e:
         sig = getattr(e, "sigval", signal.SIGINT)
@@ -231,11 +256,16 @@ def torchrun(args: list[str]) -> int:
     return 0
 
 
-def _rank_failure(e) -> tuple[str, int]:
+def _rank_failure(e, oom: bool = False, job: str = "") -> tuple[str, int]:
     """The first failed rank (failures are keyed by global rank), said in one line; and the
-    exit code to pass on (128 + signal for a killed rank, as a shell reports it)."""
+    exit code to pass on (128 + signal for a killed rank, as a shell reports it). `oom`: the
+    kernel's OOM killer ended a process meanwhile (hostmem.oom_killed_since), so a rank's SIGKILL
+    was it, said with `job` (the model and micro-batch that needed the memory)."""
     rank, first = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
     what = f"rank {rank} {_exit_words(first.exitcode)}"
+    if oom and first.exitcode == -signal.SIGKILL:
+        what = (f"rank {rank} was killed by the kernel's out-of-memory killer (SIGKILL, exit code -9): out of memory"
+                + (f" with {job}" if job else "") + "; use a smaller micro-batch or model, or fewer ranks per node")
     # a rank killed by a signal printed nothing: there is no message above to point to
     print(f"error: {what}" + ("; its message is above" if first.exitcode > 0 else ""), file=sys.stderr)
     return what, first.exitcode if first.exitcode > 0 else 128 - first.exitcode
@@ -277,6 +307,25 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool, scri
     except UsageError as e:
         _say(e)  # under torchrun: one rank per node, not every rank
         sys.exit(e.exit_code)
+
+
+def _drop_if_empty(run_dir: str) -> None:
+    """A refused run leaves no run folder: Hydra made it before the job's checks refused it, and
+    empty `<time>-p<pid>/` folders piled up in output_root, one a refusal. Kept when anything is
+    in it (another rank's file, an earlier run's records)."""
+    try:
+        os.rmdir(run_dir)
+    except OSError:
+        pass
+
+
+def _multirun_first(argv: list[str]) -> None:
+    """`launch/train.py a=1 -m b=1,2`: Hydra takes its flags before the overrides, and printed
+    its usage (from every rank) for a `-m` after one. The sweep is meant: `-m` is moved first,
+    in place, so that ranks started from this argv get it there too."""
+    flags = [a for a in argv[1:] if a in ("-m", "--multirun")]
+    if flags and argv[1] not in ("-m", "--multirun"):
+        argv[1:] = [flags[0], *(a for a in argv[1:] if a not in ("-m", "--multirun"))]
 
 
 def _end(code: int | str | None) -> None:
@@ -364,6 +413,7 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
+    _multirun_first(sys.argv)
     _precheck(config_name, workload, self_launching=distributed and not launched(), script=script)
     if os.environ.get("RANK", "0") != "0":
         add_override(sys.argv, "hydra/hydra_logging=disabled")  # one "Launching N jobs" banner, from rank 0
@@ -381,6 +431,7 @@ def hydra_entry(
             return
         except UsageError as e:
             _say(e)
+            _drop_if_empty(HydraConfig.get().runtime.output_dir)
             sys.exit(e.exit_code)
         except Exception as e:
             if signals.received():  # what stopping did to this rank (a peer gone), not a bug
@@ -396,6 +447,7 @@ def hydra_entry(
 
     signals.install()
     die_with_launcher()
+    celllock.hold_shared()  # a study's cell: no rerun of the study starts a cell while this process lives
     try:
         try:
             # --help is this process's to print: self-launched, every local rank printed it

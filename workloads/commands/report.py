@@ -30,12 +30,16 @@ def cmd_report(args) -> int:
     from analysis import external
     from analysis.report import write_report
 
-    _check_out(args.out)
-    slo = args.slo_ttft_ms
-    if slo is not None and not (0 < slo < float("inf")):  # a negative bound would mark every point as missing it
-        raise UsageError(f"--slo-ttft-ms {slo:g}: give the TTFT bound as a positive number of milliseconds, e.g. 500")
-    ext = external.load(args.external)  # a bad file is named before any work
-    table, result = _load(args)
+    made = _check_out(args.out)
+    try:
+        slo = args.slo_ttft_ms
+        if slo is not None and not (0 < slo < float("inf")):  # a negative bound would mark every point as missing it
+            raise UsageError(f"--slo-ttft-ms {slo:g}: give the TTFT bound as a positive number of milliseconds, e.g. 500")
+        ext = external.load(args.external)  # a bad file is named before any work
+        table, result = _load(args)
+    except BaseException:
+        _unmake(made)  # a refused report leaves no empty --out folder behind
+        raise
     _print(result, getattr(args, "verbose", False), args.dirs)
     rep = write_report(table, result, args.out, args.slo_ttft_ms, f"{args.slo_percentile}_ttft_ms", external_runs=ext)
     print(f"report: {rep.markdown}\nreport: {rep.html}\nverdicts: {rep.json}\nmetrics: {rep.csv}\n"
@@ -43,7 +47,8 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _check_out(out: str) -> None:
+def _check_out(out: str) -> list:
+    """Refuse an --out that cannot take the report; the folders this check created, deepest first."""
     from pathlib import Path
 
     p = Path(out)
@@ -51,8 +56,19 @@ def _check_out(out: str) -> None:
         raise UsageError(f"--out {out} is a file; give a directory for the report (it is created if missing)")
     from workloads.core.records import not_writable
 
+    made = [q for q in [p, *p.parents] if not q.exists()]
     if (why := not_writable(p)) is not None:
+        _unmake(made)
         raise UsageError(f"--out {out} is not writable ({why}); give a directory you can write")
+    return made
+
+
+def _unmake(made: list) -> None:
+    for q in made:
+        try:
+            q.rmdir()  # only while empty
+        except OSError:
+            return
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:

@@ -67,6 +67,23 @@ def device_index(local_rank: int, visible: int) -> int:
     return local_rank % max(1, visible)
 
 
+JOIN_NOTICE_S = 5.0  # a node that has not joined by then is said to be awaited, once
+
+
+def _join_notice(rank: int, world: int, local_world: int, timeout_s: float) -> threading.Timer:
+    """One line from each node's first rank when the other nodes have not joined within
+    JOIN_NOTICE_S: for whom it waits, where, and for how long. A node started alone (torchrun
+    --nnodes=2 on node 0 only) printed nothing until the timeout, minutes later."""
+    others = world - local_world
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    text = (f"rank {rank}: waiting for the other {others} rank(s) ({world // max(1, local_world) - 1} other node(s)) to "
+            f"join at {where}; giving up after {timeout_s:g} s (dist.timeout_s). Start the same command on every node")
+    t = threading.Timer(JOIN_NOTICE_S, lambda: print(text, file=sys.stderr, flush=True))
+    t.daemon = True
+    t.start()
+    return t
+
+
 def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
     global _INFO, _FABRIC
     if _INFO is not None:
@@ -91,6 +108,7 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
     kwargs = {}
     if backend == "nccl":
         kwargs["device_id"] = device  # eager NCCL communicator init: errors surface here
+    notice = _join_notice(rank, world, local_world, timeout_s) if local_rank == 0 and world > local_world else None
     try:
         dist.init_process_group(
             backend=backend,
@@ -107,6 +125,9 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
             f"timeout {timeout_s:g}s): {str(e).splitlines()[0]}. Check that every rank started "
             "and that MASTER_ADDR is reachable on the fabric's interface."
         ) from None
+    finally:
+        if notice is not None:
+            notice.cancel()
     atexit.register(shutdown)
     _INFO = DistInfo(rank, world, local_rank, local_world, backend, device)
     _FABRIC = fabric_name

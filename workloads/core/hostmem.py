@@ -46,3 +46,35 @@ def headroom(shared_by: int = 1, meminfo: str = "/proc/meminfo", status: str = "
         used = _status_kib(status, "VmSize") or 0
         out.append(Headroom(max(0, soft - used), "RLIMIT_AS, ulimit -v"))
     return min(out, key=lambda h: h.bytes) if out else None
+
+
+def oom_kills(vmstat: str = "/proc/vmstat", cgroups: str = "/proc/self/cgroup",
+              root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None]:
+    """The kernel's counts of processes its out-of-memory killer ended: the host's (/proc/vmstat
+    oom_kill) and this process's cgroup's, its children's included (cgroup v2 memory.events
+    oom_kill: a container's or a Slurm job's limit). A rank's SIGKILL with either count grown
+    meanwhile was the OOM killer's, not a user's `kill -9`. None where a count is not readable."""
+    def count(path: str, key: str) -> int | None:
+        try:
+            for line in open(path):
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
+    group = None
+    try:
+        for line in open(cgroups):
+            if line.startswith("0::"):  # the unified (v2) hierarchy
+                group = f"{root}/{line[3:].strip().lstrip('/')}/memory.events"
+    except OSError:
+        pass
+    return count(vmstat, "oom_kill"), (count(group, "oom_kill") if group else None)
+
+
+def oom_killed_since(before: tuple[int | None, int | None], now: tuple[int | None, int | None] | None = None) -> bool:
+    """Whether the OOM killer ended a process since `before` (oom_kills())."""
+    now = oom_kills() if now is None else now
+    return any(a is not None and b is not None and b > a for a, b in zip(before, now))

@@ -60,6 +60,18 @@ def write(record: dict, directory: Path, stem: str) -> Path:
     return path
 
 
+def discard(path: Path) -> None:
+    """The copy is done with (its record written, or kept elsewhere): removed, and the hidden
+    `.inflight/` folder beside the records with it once empty (empty ones piled up in run
+    folders). A self-launch's folder is its launcher's to remove."""
+    path.unlink(missing_ok=True)
+    if path.parent.name == ".inflight":
+        try:
+            path.parent.rmdir()
+        except OSError:
+            pass  # another copy is in it (another rank's point), or it is gone already
+
+
 def finish(path: Path, why: str) -> Path | None:
     """The copy at `path` as a failed record named by `why`; None when another finisher (or
     the writer itself, done after all) got there first."""
@@ -92,7 +104,7 @@ def finish(path: Path, why: str) -> Path | None:
         print(f"warning: could not write the failed record of {path} ({type(e).__name__}: {e}); "
               "the copy is kept", file=sys.stderr, flush=True)
         return None
-    claimed.unlink()
+    discard(claimed)
     return written
 
 

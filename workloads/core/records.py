@@ -7,6 +7,7 @@ raw samples and status. Secrets never enter it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -165,9 +166,16 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 @lru_cache(maxsize=1)
 def git_commit() -> dict[str, Any]:
+    """The code a run measured: the commit, and a hash of the uncommitted changes to tracked
+    files (`dirty_hash`, None when there are none). A commit alone would pool a run of an
+    edited checkout with the clean runs of the same commit; the hash makes the edit identity
+    (analysis/guard.py), as a commit is. Untracked files are not code git knows of: results,
+    caches and local configs lie there."""
     commit = _run(["git", "rev-parse", "HEAD"], REPO_ROOT)
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO_ROOT)
-    return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None}
+    diff = _run(["git", "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], REPO_ROOT) if dirty else None
+    return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None,
+            "dirty_hash": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
 
 
 def _version(mod: str) -> str | None:
@@ -327,6 +335,7 @@ def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str
     run_id and trial) is kept but written with status "duplicate", so no analysis counts
     it twice; the check and the link happen under one lock on the directory."""
     d = Path(directory)
+    _flag_overlap(d, record)
     # The record's identity, whatever file it is later copied to: analysis counts a copied
     # run folder or a .bak of a record once (analysis/load.py), not as another trial.
     record.setdefault("record_id", uuid.uuid4().hex)
@@ -334,6 +343,44 @@ def write_record(directory: str | os.PathLike, record: dict[str, Any], stem: str
         return _write_here(d, record, stem)
     except OSError as e:  # a full disk, a read-only or over-quota filesystem: the measurement is kept elsewhere
         raise rescue(d, record, stem, e) from None
+
+
+def _span(rec: dict[str, Any]) -> tuple | None:
+    """(study id, process, start, end) of a study's record that says when it ran, else None."""
+    st = rec.get("study")
+    if not isinstance(st, dict) or not all(isinstance(st.get(k), (int, float)) for k in ("started", "ended")):
+        return None
+    return st.get("id"), (st.get("host"), st.get("pid")), st["started"], st["ended"]
+
+
+def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two records of one study were measured at the same time by two processes (a run of
+    an earlier attempt of the study still alive, a second study process): each measured the
+    other's load, so neither is a trial of the fabric alone."""
+    sa, sb = _span(a), _span(b)
+    return bool(sa and sb and sa[0] == sb[0] and sa[1] != sb[1] and sa[2] < sb[3] and sb[2] < sa[3])
+
+
+def overlapped(recs: Sequence[dict[str, Any]]) -> set[int]:
+    """Indices of the records that overlap another (`overlap`), or that say so themselves."""
+    out = {i for i, r in enumerate(recs) if isinstance(r.get("study"), dict) and r["study"].get("overlapped")}
+    timed = [i for i, r in enumerate(recs) if _span(r)]
+    for k, i in enumerate(timed):
+        out |= {x for j in timed[k + 1:] if overlap(recs[i], recs[j]) for x in (i, j)}
+    return out
+
+
+def _flag_overlap(d: Path, record: dict[str, Any]) -> None:
+    """A study's record about to be written: it ends now, and it names the study's records that
+    another process measured meanwhile (`<study folder>/<run>/records/`), so that it says itself
+    that it is no trial of the fabric alone."""
+    st = record.get("study")
+    if not isinstance(st, dict) or "started" not in st:
+        return
+    st.setdefault("ended", time.time())
+    hits = [str(p) for p, other in iter_records(d.parent.parent, "*/records/*.json") if overlap(record, other)]
+    if hits:
+        st["overlapped"] = hits
 
 
 def _write_here(d: Path, record: dict[str, Any], stem: str) -> Path:

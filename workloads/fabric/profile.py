@@ -33,6 +33,10 @@ def check_env_name(name: str) -> None:
     from workloads.fabric.envnames import KNOWN
 
     for prefix, (library, names) in KNOWN.items():
+        # environment names are case-sensitive: a lower-case gloo_socket_ifname is exported and read by no one
+        if name.upper().startswith(prefix) and name != name.upper() and name.upper() in names:
+            raise UsageError(f"fabric.env.{name}: {library} reads no such variable (names are case-sensitive: did you "
+                             f"mean {name.upper()}?); fix the name")
         if name.startswith(prefix) and name not in names:
             near = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
             guess = f" (did you mean {near[0]}?)" if near else ""

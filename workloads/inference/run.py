@@ -17,6 +17,7 @@ import copy
 import math
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +35,7 @@ from workloads.fabric.noise import PointMeter
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
-from workloads.inference.adapters.base import Launch, ServerSpec
+from workloads.inference.adapters.base import Launch, ServerSpec, check_weights
 from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
@@ -200,6 +201,8 @@ def validate(cfg: DictConfig, overrides: list[str]) -> SweepPlan:
         check_tp_divides(spec.tp, model)
     adapter.check_available(spec, OmegaConf.to_container(cfg.server, resolve=True))
     launch = adapter.command(spec, model, _chosen("fabric", fabric.name), adapter.forwarded_overrides(overrides))
+    if adapter.loads_weights and launch.argv and shutil.which(launch.argv[0]):  # one not installed says so at start
+        check_weights(spec, model)
     load = cfg.load
     backend = get_backend(str(load.backend))
     points = arrivals(load)

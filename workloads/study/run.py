@@ -19,7 +19,7 @@ finished study writes nothing. At the end: the summary table, `fabricbench compa
 verdicts (saved as compare.txt) and the report (report/).
 
 Exit status: 0 every cell ok, 1 a cell failed (the others still ran), 2 bad input,
-130 interrupted (finished cells are kept; rerun to continue).
+130 interrupted by Ctrl-C, 143 by SIGTERM (finished cells are kept; rerun to continue).
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from pathlib import Path
 from statistics import median
 
 from workloads import CONF_DIR, REPO_ROOT
+from workloads.core import celllock
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
-from workloads.core.records import iter_records
+from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id
-from workloads.core.signals import stop_group
+from workloads.core.signals import Terminated, stop_group
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
@@ -140,19 +141,25 @@ def plan(spec: StudySpec) -> list[Job]:
             for w in spec.workloads]
 
 
+def _belongs(spec: StudySpec, job: Job, rec: dict) -> bool:
+    st = rec.get("study") or {}
+    return (st.get("id"), st.get("arm"), st.get("workload")) == (spec.id, job.arm.label, job.workload.name) and \
+        (rec.get("config") or {}).get("trial") == job.cell.trial
+
+
 def job_records(spec: StudySpec, job: Job) -> list[dict]:
     """This job's records (every status), read from its run directory."""
-    out = []
-    for _, rec in iter_records(job.records_dir(spec)):
-        st = rec.get("study") or {}
-        if (st.get("id"), st.get("arm"), st.get("workload")) == (spec.id, job.arm.label, job.workload.name) and \
-                (rec.get("config") or {}).get("trial") == job.cell.trial:
-            out.append(rec)
-    return out
+    return [rec for _, rec in iter_records(job.records_dir(spec)) if _belongs(spec, job, rec)]
 
 
 def complete(spec: StudySpec, job: Job) -> bool:
-    ok = {r.get("point") or "" for r in job_records(spec, job) if r.get("status") == "ok"}
+    """Every point of the job has an ok record that no other run of the study overlapped
+    (records.overlap: a rerun measures such a point again; analysis leaves it out)."""
+    every = list(iter_records(spec.dir, "*/records/*.json"))
+    bad = {every[i][0] for i in overlapped([r for _, r in every])}
+    here = job.records_dir(spec)
+    ok = {r.get("point") or "" for p, r in every
+          if p.parent == here and p not in bad and r.get("status") == "ok" and _belongs(spec, job, r)}
     return ok >= set(job.points)
 
 
@@ -177,32 +184,50 @@ def _manifest(spec: StudySpec) -> None:
 
 
 def _commit(record: dict) -> str | None:
-    """The git commit a record's run was measured on (None outside a checkout)."""
-    return ((record.get("fingerprint") or {}).get("git") or {}).get("commit")
+    """The code a record's run was measured on: its git commit, with `+<hash>` of the
+    uncommitted changes to tracked files when there were any (None outside a checkout)."""
+    git = (record.get("fingerprint") or {}).get("git") or {}
+    return _code(git) if git.get("commit") else None
+
+
+def _code(git: dict) -> str:
+    return git["commit"] + (f"+{git['dirty_hash']}" if git.get("dirty_hash") else "")
+
+
+def _words(code: str, full: bool = False) -> str:
+    """'commit 0123456789ab' or 'commit 0123456789ab with uncommitted changes (diff hash …)'."""
+    commit, _, diff = code.partition("+")
+    return f"commit {commit if full else commit[:12]}" + (f" with uncommitted changes (diff hash {diff})" if diff else "")
 
 
 def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
     """Refuse to resume a study on other code than its recorded runs: compare never pools
-    runs of two commits (the commit is identity, analysis/guard.py), so the runs added now
-    would have no counterpart among those of the first session and the study would lose
-    its blocks. Checked before anything runs; a finished study (nothing to run) is not."""
+    runs of two commits, nor of one commit with and without uncommitted edits (code is
+    identity, analysis/guard.py), so the runs added now would have no counterpart among those
+    of the first session and the study would lose its blocks. Checked before anything runs; a
+    finished study (nothing to run) is not."""
     from workloads.core.records import git_commit
 
-    mine = git_commit()["commit"]
-    if mine is None or all(complete(spec, j) for j in jobs):
+    here = git_commit()
+    if here["commit"] is None or all(complete(spec, j) for j in jobs):
         return  # no commit here (an installed copy, not a checkout), or nothing left to run
+    mine = _code(here)
     runs = Counter(c for j in jobs for r in job_records(spec, j) if r.get("status") == "ok" and (c := _commit(r)))
     if not set(runs) - {mine}:
         return
     if len(runs) == 1:
         (theirs,) = runs
-        raise UsageError(f"study {spec.id} was measured on commit {theirs[:12]} and this checkout is {mine[:12]}: compare "
+        commit, _, diff = theirs.partition("+")
+        back = f"git checkout {commit}" + (", with the same uncommitted edits" if diff else
+                                           " with no uncommitted edits (git stash)" if "+" in mine else "")
+        raise UsageError(f"study {spec.id} was measured on {_words(theirs)} and this checkout is {_words(mine)}: compare "
                          "never pools runs of different code, so the runs still to do would have no counterpart. Finish "
-                         f"it on its commit (git checkout {theirs}), or pass --id <new id> to run the study again on this one")
-    held = ", ".join(f"{c[:12]}: {n} run(s)" for c, n in runs.most_common())
-    raise UsageError(f"study {spec.id} already holds runs of {len(runs)} commits ({held}) and this checkout is {mine[:12]}: "
-                     "compare never pools runs of different code. Pass --id <new id> to run the study again on one commit, "
-                     f"or delete the records of the runs of the other commits under {spec.dir} and finish it on one")
+                         f"it on its code ({back}), or pass --id <new id> to run the study again on this one")
+    held = ", ".join(f"{_words(c)}: {n} run(s)" for c, n in runs.most_common())
+    raise UsageError(f"study {spec.id} already holds runs of {len(runs)} versions of the code ({held}) and this checkout "
+                     f"is {_words(mine)}: compare never pools runs of different code. Pass --id <new id> to run the study "
+                     "again on one version, or delete the records of the runs of the other versions under "
+                     f"{spec.dir} and finish it on one")
 
 
 def extension_refusal(folder: Path, study_id: str, trials: int) -> str | None:
@@ -245,6 +270,23 @@ def _lock(spec: StudySpec):
     return f
 
 
+# How long a resumed study waits for the runs of a killed attempt: they got SIGTERM when it died,
+# and a rank has signals.TERM_GRACE_S to write its interrupted record before it is gone.
+ORPHAN_WAIT_S = 60.0
+
+
+def _cells_lock(spec: StudySpec, say=print):
+    """No cell starts while a run of an earlier attempt of this study lives (workloads/core/celllock.py):
+    it would measure beside it, and both would count the contention."""
+    held = celllock.acquire(spec.dir, ORPHAN_WAIT_S, say)
+    if held is None:
+        who = celllock.holders(spec.dir / celllock.NAME)
+        raise UsageError(f"study {spec.id}: run(s) of an earlier attempt are still running after {ORPHAN_WAIT_S:.0f} s "
+                         f"({', '.join(map(celllock.describe, who)) or 'processes of another user'}); wait for them to "
+                         f"end or stop them{' (kill ' + ' '.join(map(str, who)) + ')' if who else ''}, then rerun")
+    return held
+
+
 def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta: float | None) -> str:
     w = spec.workloads.index(job.workload)
     return (f"[{k}/{n}] block {job.cell.block} · {job.arm.label} · trial {job.cell.trial} · "
@@ -259,7 +301,7 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
     log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = cell_argv(spec, job, launcher)
-    env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT)}
+    env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT), celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)}
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "ab") as out:
         from workloads.core.records import redact_argv
@@ -267,8 +309,10 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
         out.write(f"# {redact_argv(argv)}\n".encode())
         out.flush()
         t0 = time.monotonic()
+        # the cell dies with the study (SIGKILL included) and holds the study's cell lock meanwhile
         proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                pass_fds=celllock.inherited(), preexec_fn=celllock.die_with_parent)
         try:
             code = proc.wait(timeout=spec.timeout_s + 60)
         except subprocess.TimeoutExpired:
@@ -286,7 +330,7 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 
 def _sigterm(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated(f"received signal {signum}")  # a KeyboardInterrupt that exits 143, as docs/reliability.md says
 
 
 def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
@@ -309,9 +353,12 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
         if code == 130:
             raise KeyboardInterrupt
         ok = code == 0 and complete(spec, job)
-        with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
-            f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
-                                "ok": ok}) + "\n")
+        try:
+            with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
+                f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
+                                    "ok": ok}) + "\n")
+        except OSError:
+            pass  # a full disk: only a later plan's estimate is lost; the run said where its record went
         if not ok:
             line = f"{job.run_id(spec)}: exit {code} after {seconds:.1f} s; log {log}"
             failures.append(line)
@@ -400,11 +447,27 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
                          capture_output=True, text=True)
     text = (cmp.stdout + cmp.stderr).rstrip()
     say(text)
-    out_txt.write_text(text + "\n")
+    try:
+        out_txt.write_text(text + "\n")
+    except OSError as e:  # a full disk: the verdicts are on the console, the records are safe; no traceback
+        out_txt.unlink(missing_ok=True)
+        say(f"error: cannot write {out_txt} ({e.strerror}) on the disk mounted at {_mount(spec.dir)}: the records are "
+            f"kept in {spec.dir}/*/records; free space there and rerun the same command (it measures nothing again, "
+            "and writes compare.txt and the report)")
+        return 1
     rep = subprocess.run([*base, "report", str(spec.dir), "--baseline", spec.baseline.label, "--out", str(report_dir)],
                          cwd=str(REPO_ROOT), capture_output=True, text=True)
     say(f"report: {report_dir}" if rep.returncode == 0 else f"warning: report failed: {(rep.stdout + rep.stderr)[-500:]}")
     return cmp.returncode
+
+
+def _mount(path: Path) -> Path:
+    """The mount point of the filesystem `path` lies on (the disk a user has to free)."""
+    path = path.resolve()
+    dev = path.stat().st_dev
+    while path.parent != path and path.parent.stat().st_dev == dev:
+        path = path.parent
+    return path
 
 
 def decided(spec: StudySpec, upto: int | None = None) -> tuple[int, int, list[str]]:
@@ -462,6 +525,15 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     jobs = plan(spec)
     _manifest(spec)
     lock = _lock(spec)  # noqa: F841  (held until this function returns)
+    cells = _cells_lock(spec, say)
+    try:
+        return _run_locked(spec, jobs, launcher, the_plan, max_trials, say)
+    finally:
+        celllock.release(cells)
+
+
+def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_trials: int | None, say) -> int:
+    """run_study once it holds the study's locks: check the code, run what is left, analyse."""
     _same_code(spec, jobs)
     if (why := extension_refusal(spec.dir, spec.id, spec.trials)) is not None:
         raise UsageError(why)
@@ -475,7 +547,8 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     say(summary_table(spec, jobs))
     commits = {_commit(r) for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
-        say(f"warning: the study's records come from {len(commits)} git commits ({', '.join(sorted(map(str, commits)))}): "
+        say(f"warning: the study's records come from {len(commits)} versions of the code "
+            f"({'; '.join(_words(c) if c else 'no commit' for c in sorted(commits, key=str))}): "
             "the code changed during the study, and compare will not pool trials of different code")
     if ran == 0:
         say("every run of this study is recorded; nothing was run")
@@ -508,8 +581,8 @@ def run(args) -> int:
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
         return run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_code", 130)
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -262,7 +262,10 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
     seed = raw.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise UsageError(f"seed={seed!r} must be an integer")
-    timeout = float(raw.get("timeout_s", 1800))
+    timeout = raw.get("timeout_s", 1800)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise UsageError(f"timeout_s={timeout!r} must be a positive number of seconds (the most one run may take, "
+                         "e.g. timeout_s: 1800)")
     arms = _arms(raw.get("arms"), bool(raw.get("control", False)))
     if design == "abba" and len(arms) > 2:
         # ABBA reversal does not balance carry-over over 3+ arms (the middle arm is never first
@@ -270,7 +273,7 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
         design = "williams"
     return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"), arms=arms,
                      workloads=_workloads(raw.get("workloads")), trials=trials or 0, design=design, seed=seed,
-                     output_root=str(output_root or raw.get("output_root") or "results"), timeout_s=timeout,
+                     output_root=str(output_root or raw.get("output_root") or "results"), timeout_s=float(timeout),
                      source=str(p), detect=fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0),
                      margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0),
                      cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),

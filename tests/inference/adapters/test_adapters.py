@@ -50,7 +50,8 @@ def test_sglang_command_line():
     spec, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=8", "server.port=31000",
                          "server.extra_args=[--mem-fraction-static,0.85]", "server.device=cuda")
     assert l.argv[1:] == ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
-                          "--tp-size", "8", "--host", "127.0.0.1", "--port", "31000", "--mem-fraction-static", "0.85"]
+                          "--tp-size", "8", "--host", "127.0.0.1", "--port", "31000", "--enable-cache-report",
+                          "--mem-fraction-static", "0.85"]  # the engine's prompt-cache report is on by default
     assert l.model_name == "meta-llama/Llama-3.1-8B-Instruct"
     _, l, _ = _launch("server=sglang", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
                       "server.dist_init_addr=10.0.0.1:20000", "server.model_path=/models/llama")
@@ -65,13 +66,14 @@ def test_vllm_command_line(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm, "ENGINE_ENV", tmp_path / "no-engines")
     _, l, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=4")
     assert l.argv == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "4",
-                      "--host", "127.0.0.1", "--port", "8000"]
+                      "--host", "127.0.0.1", "--port", "8000", "--enable-prompt-tokens-details"]
     _, head, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2",
                          "server.dist_init_addr=10.0.0.1:29600")
-    assert head.argv[-8:] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29600"]
+    assert head.argv[-9:-1] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29600"]
     _, worker, _ = _launch("server=vllm", "model=llama-3.1-8b", "server.tp=16", "server.nnodes=2", "server.node_rank=1",
                            "server.dist_init_addr=10.0.0.1:29600")
     assert worker.argv[-1] == "--headless" and "--node-rank" in worker.argv
+    assert "--enable-prompt-tokens-details" not in worker.argv  # an API server's flag; a headless node serves none
 
 
 def test_vllm_launcher_rule(monkeypatch, tmp_path):

@@ -14,7 +14,9 @@ default does not fit:
   a verdict recorded beside the transport's (a `mismatch` stops the sweep as the transport's
   does), `.begin() -> mark` before a point and `.end(mark, results, warmup) -> dict` of record fields;
 - `spans_emulated_nodes(server, nodes)`: the engine can run across launch/emulate.py's nodes;
-  raise UsageError when not with this many (absent: it does not run across emulated nodes).
+  raise UsageError when not with this many (absent: it does not run across emulated nodes);
+- `LOADS_WEIGHTS = True`: the engine loads server.model_path (or the model's `path`), a local
+  folder or a Hugging Face id, checked before it starts (base.check_weights).
 The orchestrator (orchestrator.py) starts, watches and stops every engine alike.
 """
 
@@ -49,6 +51,7 @@ class Adapter:
     forwarded_overrides: Callable[[list[str]], tuple[str, ...]] = _no_overrides
     observer: Callable[..., Any] | None = None
     spans_emulated_nodes: Callable[[dict, int], None] | None = None
+    loads_weights: bool = False
 
 
 def builtin() -> list[str]:
@@ -70,7 +73,8 @@ def get_adapter(name: str) -> Adapter:
                          f"{', '.join(builtin())}, or a dotted module path (see workloads/inference/adapters/__init__.py)")
     return Adapter(name, mod.command, bool(getattr(mod, "STARTS_PROCESS", True)),
                    getattr(mod, "check_available", _nothing), getattr(mod, "forwarded_overrides", _no_overrides),
-                   getattr(mod, "observer", None), getattr(mod, "spans_emulated_nodes", None))
+                   getattr(mod, "observer", None), getattr(mod, "spans_emulated_nodes", None),
+                   bool(getattr(mod, "LOADS_WEIGHTS", False)))
 
 
 def check_emulated(server: Mapping[str, Any], nodes: int) -> None:

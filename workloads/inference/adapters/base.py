@@ -7,7 +7,9 @@ way for every engine.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from workloads.core.errors import UsageError
@@ -81,6 +83,53 @@ def model_path(spec: ServerSpec, model: Mapping[str, Any]) -> str:
         raise UsageError(f"server={spec.adapter} needs a model to load: set server.model_path=<HF id or local dir> "
                          f"or a `path:` in conf/model/{model.get('name')}.yaml")
     return str(path)
+
+
+def _looks_local(path: str) -> bool:
+    """A folder, not a Hugging Face id (`org/name`, or a bare `name`)."""
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or Path(path).exists()
+
+
+def _hub_cached(repo: str, env: Mapping[str, str]) -> bool:
+    """Whether the Hugging Face cache the engine reads (its environment's) holds a snapshot of `repo`."""
+    home = env.get("HF_HUB_CACHE") or os.path.join(
+        env.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    snapshots = Path(home) / ("models--" + repo.replace("/", "--")) / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def _hub_reachable(env: Mapping[str, str], timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face endpoint answers a TCP connection (the engines would otherwise
+    retry for a minute or more, then print their own traceback)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(env.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def check_weights(spec: ServerSpec, model: Mapping[str, Any]) -> None:
+    """The weights an engine is to load, before it starts: a local folder that exists, or a
+    Hugging Face id that this host has cached or can download."""
+    path = model_path(spec, model)
+    key = "server.model_path" if spec.model_path else f"conf/model/{model.get('name')}.yaml's path"
+    if _looks_local(path):
+        if not Path(path).expanduser().is_dir():
+            raise UsageError(f"{key}={path}: no such folder; point it at a local model folder (config.json and "
+                             "weights) or a Hugging Face id")
+        return
+    env = dict(os.environ) | dict(spec.env)  # where the engine will look: its own environment
+    if not _hub_cached(path, env) and not _hub_reachable(env):
+        raise UsageError(f"{key}={path} is a Hugging Face id that this host has not cached, and the hub is not "
+                         "reachable from here: weights must be local. Download them where there is network "
+                         f"(huggingface-cli download {path} --local-dir <folder>) and set server.model_path=<folder>")
 
 
 @dataclass(frozen=True)

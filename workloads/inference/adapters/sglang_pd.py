@@ -29,6 +29,8 @@ from workloads.core.ports import quiet_ports
 from workloads.inference.adapters import sglang, vllm_pd
 from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
 
+LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
+
 ROLES = vllm_pd.ROLES
 CHOICES = "sglang/srt/arg_groups/choices.py"
 DEFAULTS = {"transfer_backend": "nixl", "ib_device": None, "warmup_timeout_s": 120}

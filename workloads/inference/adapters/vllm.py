@@ -30,6 +30,8 @@ from workloads.core.errors import UsageError
 from workloads.fabric.netns import EmuSpec, emulated_nodes
 from workloads.inference.adapters.base import Launch, ServerSpec, model_path, tp_spans_nodes
 
+LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
+
 # Where `make engines` puts vLLM (its own venv: vLLM pins its own torch).
 ENGINE_ENV = REPO_ROOT / ".engines" / "vllm"
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -74,6 +76,8 @@ def _node_argv(spec: ServerSpec, path: str) -> list[str]:
             argv.append("--headless")
     if spec.served_model_name:
         argv += ["--served-model-name", spec.served_model_name]
+    if spec.node_rank == 0:  # the API server's: usage.prompt_tokens_details.cached_tokens, what the prefix cache served
+        argv.append("--enable-prompt-tokens-details")
     return argv + list(spec.extra_args)
 
 

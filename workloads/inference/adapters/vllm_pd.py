@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +44,8 @@ from workloads.fabric.netns import IFNAME, EmuSpec, emulated_nodes
 from workloads.inference.adapters import vllm
 from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
 from workloads.inference.adapters.sglang import host_has_gpu
+
+LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
 
 ROLES = ("prefill", "decode")
 UCX_PORTS = 16   # UCX_TCP_PORT_RANGE width per instance: NIXL's UCX backend opens 4 listeners a worker
@@ -90,8 +93,24 @@ def spans_emulated_nodes(server: dict, nodes: int) -> None:
                          f"use 2 emulated nodes, not {nodes} (fabric.emulate.nodes=2 or --nodes 2)")
 
 
+KV_BUFFER_DEVICES = ("auto", "cpu", "cuda")  # where vLLM's KV connectors stage blocks; auto: kv_transfer_config
+
+
+def check_kv_options(o: dict) -> None:
+    """The KV connector's settings, before any engine starts: vLLM would refuse them only once
+    its instances load (a traceback 49 s later), or not at all."""
+    if o["kv_buffer_device"] not in KV_BUFFER_DEVICES:
+        raise UsageError(f"server.kv_buffer_device={o['kv_buffer_device']!r}: use {', '.join(KV_BUFFER_DEVICES)} "
+                         "(auto: cuda where a GPU is, else cpu)")
+    extra = o["kv_connector_extra_config"]
+    if extra is not None and not isinstance(extra, Mapping):
+        raise UsageError(f"server.kv_connector_extra_config={extra!r} must be a mapping of the connector's own "
+                         "settings: set one key at a time, e.g. +server.kv_connector_extra_config.kv_lease_duration=6")
+
+
 def check_available(spec: ServerSpec, server: dict) -> None:
     o = options(spec)
+    check_kv_options(o)
     tps(spec)
     if spec.nnodes > 2:
         raise UsageError(f"server=vllm-pd runs its prefill instance on node 0 and its decode instance on node 1: "
