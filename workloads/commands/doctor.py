@@ -3,6 +3,12 @@
     fabricbench doctor                       # RDMA ports, GIDs, interfaces, GPUs, NCCL
     fabricbench doctor fabric=roce           # ... and is this host ready for fabric=roce?
     fabricbench doctor fabric=roce fabric.env.NCCL_IB_HCA==mlx5_0 --json
+    fabricbench doctor --container fabric=roce   # ... and this process's container settings too
+
+`--container` (run it inside the container, e.g. as the job's first srun step) adds what a
+container changes and sysfs does not show: the verbs devices of the selected HCAs, pinning
+(RLIMIT_MEMLOCK / CAP_IPC_LOCK), the /dev/shm size and the libraries NCCL dlopens; each is a
+setting under which NCCL or UCX would quietly leave the fabric (workloads/fabric/readiness.py).
 
 Read-only: sysfs, `nvidia-smi`/`rocm-smi` where installed, torch's NCCL version. It never
 needs root and changes nothing. Exit status 1 when the checked profile has problems.
@@ -25,6 +31,10 @@ def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides choosing the profile to check, e.g. fabric=roce")
     p.add_argument("--json", action="store_true", help="print the inventory and check as JSON")
     p.add_argument("--sysfs-root", default=None, help="read this tree instead of /sys (a fixture, a copy)")
+    p.add_argument("--container", action="store_true",
+                   help="also check this process's container settings: RDMA device nodes, CAP_IPC_LOCK and "
+                        "memlock, /dev/shm size, the libraries NCCL loads (needs a fabric=...)")
+    p.add_argument("--dev-root", default="/dev", help="look for /dev/infiniband under this folder instead")
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -79,7 +89,7 @@ def inventory(root=None) -> dict[str, Any]:
     }
 
 
-def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
+def check_profile(overrides: list[str], root=None, container: bool = False, dev_root="/dev") -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from workloads import CONF_DIR
@@ -91,6 +101,10 @@ def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
     cfg = compose(CONF_DIR, overrides)
     profile = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     problems = preflight.check(profile, root=root)
+    if container:
+        from workloads.fabric import readiness
+
+        problems += readiness.check(profile, root=root, dev_root=dev_root)
     if root is None:  # the live host: can its backend run here at all (NCCL needs a GPU)?
         try:
             profile.check_backend_usable()
@@ -99,7 +113,7 @@ def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
     env = preflight.effective_env(profile.env)
     shown = {k: env.get(k) for k in profile.env}
     return {"fabric": profile.name, "backend": profile.backend, "env": shown, "expect": profile.expect,
-            "ready": not problems, "problems": problems}
+            "container": container, "ready": not problems, "problems": problems}
 
 
 def render(inv: dict, check: dict | None) -> str:
@@ -133,7 +147,8 @@ def render(inv: dict, check: dict | None) -> str:
         for k, v in check["env"].items():
             out.append(f"  {k}={'(unset)' if v is None else v}")
         if check["ready"]:
-            out.append("  OK: everything the profile names is present and up")
+            out.append("  OK: everything the profile names is present and up"
+                       + (", and this container lets NCCL use it" if check.get("container") else ""))
         else:
             out += [f"  FAIL: {p}" for p in check["problems"]]
     return "\n".join(out)
@@ -145,8 +160,12 @@ def run(args) -> int:
         from workloads.core.errors import UsageError
 
         raise UsageError(f"--sysfs-root {root} is not a directory")
+    if args.container and not args.overrides:
+        from workloads.core.errors import UsageError
+
+        raise UsageError("--container checks a profile's needs: name one, e.g. fabricbench doctor --container fabric=roce")
     inv = inventory(root)
-    check = check_profile(args.overrides, root) if args.overrides else None
+    check = check_profile(args.overrides, root, args.container, args.dev_root) if args.overrides else None
     if args.json:
         print(json.dumps({"inventory": inv, "check": check}, indent=1))
     else:
