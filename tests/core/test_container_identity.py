@@ -12,7 +12,7 @@ def test_runtimes_as_they_announce_themselves(tmp_path, monkeypatch):
         monkeypatch.delenv(v, raising=False)
     assert container_identity(str(tmp_path)) is None
     (tmp_path / ".dockerenv").write_text("")
-    assert container_identity(str(tmp_path)) == {"runtime": "docker", "image": None}
+    assert container_identity(str(tmp_path)) == {"runtime": "docker", "image": None, "name": None}
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / ".containerenv").write_text("")
     assert container_identity(str(tmp_path)) == {"runtime": "podman", "image": None, "name": None}
@@ -22,9 +22,10 @@ def test_runtimes_as_they_announce_themselves(tmp_path, monkeypatch):
     assert container_identity(str(tmp_path)) == {"runtime": "podman-4.3.1", "image": "localhost/fabricbench:cpu",
                                                  "name": "fb-node0"}
     monkeypatch.setenv("APPTAINER_CONTAINER", "/shared/fabricbench-cuda.sif")
-    assert container_identity(str(tmp_path)) == {"runtime": "apptainer", "image": "/shared/fabricbench-cuda.sif"}
+    assert container_identity(str(tmp_path)) == {"runtime": "apptainer", "image": "/shared/fabricbench-cuda.sif",
+                                                 "name": None}
     monkeypatch.delenv("APPTAINER_CONTAINER")
     empty = tmp_path / "host"
     empty.mkdir()
     monkeypatch.setenv("container", "systemd-nspawn")
-    assert container_identity(str(empty)) == {"runtime": "systemd-nspawn", "image": None}
+    assert container_identity(str(empty)) == {"runtime": "systemd-nspawn", "image": None, "name": None}

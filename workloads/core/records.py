@@ -191,11 +191,12 @@ def container_identity(root: str = "/") -> dict[str, Any] | None:
     record made in a container must say so (its devices, limits and /dev/shm are the
     container's, docs/cluster.md). podman writes /run/.containerenv (engine, name, image when
     run as root), docker /.dockerenv, Apptainer sets APPTAINER_CONTAINER (the image), and
-    podman, systemd-nspawn and enroot set `container`."""
+    podman, systemd-nspawn and enroot set `container`. Always the same keys (runtime, image, name),
+    unknown ones null, so records from different runtimes have one shape."""
     r = Path(root)
     image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
     if image:
-        return {"runtime": "apptainer", "image": image}
+        return {"runtime": "apptainer", "image": image, "name": None}
     try:
         text = (r / "run" / ".containerenv").read_text()
     except OSError:
@@ -204,9 +205,9 @@ def container_identity(root: str = "/") -> dict[str, Any] | None:
         kv = dict(re.findall(r'^(\w+)="([^"]*)"$', text, re.M))
         return {"runtime": kv.get("engine", "podman"), "image": kv.get("image") or None, "name": kv.get("name") or None}
     if (r / ".dockerenv").exists():
-        return {"runtime": "docker", "image": None}
+        return {"runtime": "docker", "image": None, "name": None}
     if os.environ.get("container"):
-        return {"runtime": os.environ["container"], "image": None}
+        return {"runtime": os.environ["container"], "image": None, "name": None}
     return None
 
 
