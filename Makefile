@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 # collectives run went from 8.1 s to 4.8 s).
 export UV_COMPILE_BYTECODE ?= 1
 
-.PHONY: train test check lint sync bench gpu-check engines
+.PHONY: train test check lint sync bench gpu-check engines image
 
 .tools/bin/uv:
 	python3 -m venv .tools
@@ -49,6 +49,12 @@ bench: sync
 # engine and transport verdicts on this machine's 1-8 GPUs, one table, non-zero on a mismatch.
 gpu-check: sync
 	$(UV) run --frozen fabricbench gpu-check $(ARGS)
+
+# The cpu image (the Dockerfile's cpu target: the cuda target's steps on Debian bookworm) with
+# podman or docker, from a base made here with mmdebstrap and cached in .image/ (git-ignored), so no
+# container registry is needed. tools/image.sh prints each step's time; a failed step is one line.
+image:
+	tools/image.sh
 
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see

@@ -11,6 +11,7 @@
 #   FB_CONTAINER_IMAGE run each node's agent in this image with pyxis (srun --container-image)
 #   FB_APPTAINER_IMAGE ... or with Apptainer (a .sif file): apptainer exec --nv
 #   FB_CONTAINER_MOUNTS extra pyxis mounts (src:dst[,src:dst]); FB_HOME and FB_MODEL_PATH are always mounted
+#   MELLANOX_VISIBLE_DEVICES  HCAs enroot exposes in a pyxis container          [all]
 #   FABRICBENCH_RUN_ID run directory name shared by all nodes  [slurm-$SLURM_JOB_ID]
 # Fabric variables (NCCL_*, GLOO_*, UCX_*, ...) set before sbatch reach every rank: srun,
 # pyxis and Apptainer (without --cleanenv) pass the whole environment through, and the
@@ -65,6 +66,9 @@ fb_srun_per_node() {
     # the serving batch file's model directory lives outside FB_HOME (e.g. /models/...)
     [ -n "${FB_MODEL_PATH:-}" ] && mounts="$mounts,$FB_MODEL_PATH:$FB_MODEL_PATH"
     [ -n "${FB_CONTAINER_MOUNTS:-}" ] && mounts="$mounts,$FB_CONTAINER_MOUNTS"
+    # enroot's 99-mellanox hook mounts /dev/infiniband and the verbs providers only when this is
+    # set; without them NCCL finds no HCA in the container and silently uses sockets.
+    export MELLANOX_VISIBLE_DEVICES="${MELLANOX_VISIBLE_DEVICES:-all}"
     srun "${srun_args[@]}" --container-image="$FB_CONTAINER_IMAGE" --container-mounts="$mounts" \
       --container-workdir="$FB_HOME" "$@"
   elif [ -n "${FB_APPTAINER_IMAGE:-}" ]; then

@@ -128,10 +128,22 @@ def _missing(capability: str) -> str | None:
     if capability == "iperf3":
         import shutil
         return None if shutil.which("iperf3") else "iperf3 is not installed (apt-get install -y iperf3; .ci/run does)"
+    if capability == "podman":
+        import shutil
+        missing = [t for t in ("podman", "runc", "mmdebstrap") if not shutil.which(t)]
+        return (f"{', '.join(missing)} not installed (apt-get install -y podman buildah runc mmdebstrap; "
+                ".ci/run does)") if missing else None
+    if capability == "ibverbs":
+        import ctypes
+        try:
+            ctypes.CDLL("libibverbs.so.1")
+        except OSError:
+            return "libibverbs.so.1 is not installed (apt-get install -y libibverbs1; .ci/run does)"
+        return None
     raise ValueError(f"unknown capability {capability!r}: one of {', '.join(CAPABILITIES)}")
 
 
-CAPABILITIES = ("root", "slurm", "chromium", "hadolint", "iperf3")
+CAPABILITIES = ("root", "slurm", "chromium", "hadolint", "iperf3", "ibverbs", "podman")
 
 
 def required() -> set[str]:

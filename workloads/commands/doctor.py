@@ -3,6 +3,17 @@
     fabricbench doctor                       # RDMA ports, GIDs, interfaces, GPUs, NCCL
     fabricbench doctor fabric=roce           # ... and is this host ready for fabric=roce?
     fabricbench doctor fabric=roce fabric.env.NCCL_IB_HCA==mlx5_0 --json
+    fabricbench doctor --container fabric=roce   # ... and this process's container settings too
+
+    fabricbench doctor --spec launch/slurm/train.sbatch --spec pod.yaml fabric=roce   # run specs, statically
+
+`--container` (run it inside the container, e.g. as the job's first srun step) adds what a
+container changes and sysfs does not show: the verbs devices of the selected HCAs, pinning
+(RLIMIT_MEMLOCK / CAP_IPC_LOCK), the /dev/shm size and the libraries NCCL dlopens; each is a
+setting under which NCCL or UCX would quietly leave the fabric (workloads/fabric/readiness.py).
+`--spec` reads the flags users write instead (docker/podman run lines in scripts and docs, pyxis
+`srun --container-image`, Kubernetes pod specs) and names the same settings before a job is
+submitted (workloads/fabric/runspec.py); it looks at nothing on this host.
 
 Read-only: sysfs, `nvidia-smi`/`rocm-smi` where installed, torch's NCCL version. It never
 needs root and changes nothing. Exit status 1 when the checked profile has problems.
@@ -11,6 +22,7 @@ needs root and changes nothing. Exit status 1 when the checked profile has probl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +37,13 @@ def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides choosing the profile to check, e.g. fabric=roce")
     p.add_argument("--json", action="store_true", help="print the inventory and check as JSON")
     p.add_argument("--sysfs-root", default=None, help="read this tree instead of /sys (a fixture, a copy)")
+    p.add_argument("--container", action="store_true",
+                   help="also check this process's container settings: RDMA device nodes, CAP_IPC_LOCK and "
+                        "memlock, /dev/shm size, the libraries NCCL loads (needs a fabric=...)")
+    p.add_argument("--dev-root", default="/dev", help="look for /dev/infiniband under this folder instead")
+    p.add_argument("--spec", action="append", default=[], metavar="FILE",
+                   help="check this run spec (a script, batch file, Markdown or Kubernetes YAML) for the container "
+                        "settings the profile needs, instead of this host (repeatable; needs a fabric=...)")
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -79,7 +98,7 @@ def inventory(root=None) -> dict[str, Any]:
     }
 
 
-def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
+def load_profile(overrides: list[str]):
     from omegaconf import OmegaConf
 
     from workloads import CONF_DIR
@@ -89,8 +108,31 @@ def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
 
     register_resolvers()
     cfg = compose(CONF_DIR, overrides)
-    profile = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+    return FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
+
+
+def check_specs(overrides: list[str], paths: list[str]) -> tuple[str, list[str]]:
+    """The profile's name and one line per problem in the run specs `paths`."""
+    from workloads.fabric import runspec
+
+    profile = load_profile(overrides)
+    env = preflight.effective_env(profile.env)
+    needs = runspec.Needs(ib=preflight.uses_ib(profile, env), shm=profile.backend == "nccl")
+    problems = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise UsageError(f"--spec {path}: no such file; name a script, batch file, Markdown or YAML file")
+        problems += runspec.lint_file(path, needs)
+    return profile.name, problems
+
+
+def check_profile(overrides: list[str], root=None, container: bool = False, dev_root="/dev") -> dict[str, Any]:
+    profile = load_profile(overrides)
     problems = preflight.check(profile, root=root)
+    if container:
+        from workloads.fabric import readiness
+
+        problems += readiness.check(profile, root=root, dev_root=dev_root)
     if root is None:  # the live host: can its backend run here at all (NCCL needs a GPU)?
         try:
             profile.check_backend_usable()
@@ -99,7 +141,7 @@ def check_profile(overrides: list[str], root=None) -> dict[str, Any]:
     env = preflight.effective_env(profile.env)
     shown = {k: env.get(k) for k in profile.env}
     return {"fabric": profile.name, "backend": profile.backend, "env": shown, "expect": profile.expect,
-            "ready": not problems, "problems": problems}
+            "container": container, "ready": not problems, "problems": problems}
 
 
 def render(inv: dict, check: dict | None) -> str:
@@ -133,7 +175,8 @@ def render(inv: dict, check: dict | None) -> str:
         for k, v in check["env"].items():
             out.append(f"  {k}={'(unset)' if v is None else v}")
         if check["ready"]:
-            out.append("  OK: everything the profile names is present and up")
+            out.append("  OK: everything the profile names is present and up"
+                       + (", and this container lets NCCL use it" if check.get("container") else ""))
         else:
             out += [f"  FAIL: {p}" for p in check["problems"]]
     return "\n".join(out)
@@ -142,11 +185,23 @@ def render(inv: dict, check: dict | None) -> str:
 def run(args) -> int:
     root = args.sysfs_root
     if root and not preflight.sysfs_root(root).is_dir():
-        from workloads.core.errors import UsageError
-
         raise UsageError(f"--sysfs-root {root} is not a directory")
+    if (args.container or args.spec) and not args.overrides:
+        flag = "--container" if args.container else "--spec"
+        raise UsageError(f"{flag} checks a profile's needs: name one, e.g. fabricbench doctor {flag}"
+                         f"{' FILE' if flag == '--spec' else ''} fabric=roce")
+    if args.spec:
+        name, problems = check_specs(args.overrides, args.spec)
+        if args.json:
+            print(json.dumps({"fabric": name, "specs": args.spec, "ready": not problems, "problems": problems}, indent=1))
+        else:
+            print("\n".join([f"Run specs for fabric={name}: {', '.join(args.spec)}",
+                             *(f"  FAIL: {p}" for p in problems)] if problems else
+                            [f"Run specs for fabric={name}: {', '.join(args.spec)}",
+                             "  OK: every container setting the profile needs is there"]))
+        return 1 if problems else 0
     inv = inventory(root)
-    check = check_profile(args.overrides, root) if args.overrides else None
+    check = check_profile(args.overrides, root, args.container, args.dev_root) if args.overrides else None
     if args.json:
         print(json.dumps({"inventory": inv, "check": check}, indent=1))
     else:

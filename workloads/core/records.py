@@ -194,6 +194,31 @@ def cpu_affinity() -> int | None:
         return None  # not Linux
 
 
+def container_identity(root: str = "/") -> dict[str, Any] | None:
+    """The container this process runs in, as its runtime announces it, or None on a host: a
+    record made in a container must say so (its devices, limits and /dev/shm are the
+    container's, docs/cluster.md). podman writes /run/.containerenv (engine, name, image when
+    run as root), docker /.dockerenv, Apptainer sets APPTAINER_CONTAINER (the image), and
+    podman, systemd-nspawn and enroot set `container`. Always the same keys (runtime, image, name),
+    unknown ones null, so records from different runtimes have one shape."""
+    r = Path(root)
+    image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    if image:
+        return {"runtime": "apptainer", "image": image, "name": None}
+    try:
+        text = (r / "run" / ".containerenv").read_text()
+    except OSError:
+        text = None
+    if text is not None:
+        kv = dict(re.findall(r'^(\w+)="([^"]*)"$', text, re.M))
+        return {"runtime": kv.get("engine", "podman"), "image": kv.get("image") or None, "name": kv.get("name") or None}
+    if (r / ".dockerenv").exists():
+        return {"runtime": "docker", "image": None, "name": None}
+    if os.environ.get("container"):
+        return {"runtime": os.environ["container"], "image": None, "name": None}
+    return None
+
+
 @lru_cache(maxsize=1)
 def fingerprint() -> dict[str, Any]:
     """Hardware and software this process runs on. Cached: it does not change mid-run."""
@@ -214,6 +239,7 @@ def fingerprint() -> dict[str, Any]:
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "cpu_affinity": cpu_affinity(),  # CPUs this process may run on (a Slurm task may get one)
+        "container": container_identity(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),

@@ -1,0 +1,78 @@
+"""`fabricbench doctor --spec`: the container flags users write, read statically for the
+settings under which NCCL would quietly leave the fabric (fixtures in tests/fixtures/runspec,
+each citing the format it follows), and the project's own batch files and documented docker
+run pass."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import FIXTURES, REPO, SLURM_DIR
+from workloads.commands import cli
+
+SPECS = FIXTURES / "runspec"
+
+
+def lint(capsys, *args: str) -> tuple[int, list[str]]:
+    rc = cli.main(["doctor", *args])
+    out = capsys.readouterr().out
+    return rc, [line.strip()[len("FAIL: "):] for line in out.splitlines() if line.strip().startswith("FAIL: ")]
+
+
+def test_docker_and_podman_run_lines(capsys):
+    rc, fails = lint(capsys, "--spec", str(SPECS / "docker_runs.sh"), "fabric=roce")
+    by_line: dict[int, list[str]] = {}
+    for f in fails:
+        n = int(re.match(r".*docker_runs\.sh:(\d+): ", f).group(1))
+        by_line.setdefault(n, []).append(f)
+    assert rc == 1 and sorted(by_line) == [6, 14], fails
+    defaults = " | ".join(by_line[6])
+    assert len(by_line[6]) == 3
+    assert "fix: add --device=/dev/infiniband" in defaults and "--cap-add=IPC_LOCK --ulimit memlock=-1" in defaults
+    assert "fix: add --ipc=host or --shm-size=16g" in defaults
+    # memlock=-1 without IPC_LOCK is enough to pin; the 512m /dev/shm is the one problem
+    assert len(by_line[14]) == 1 and by_line[14][0].split(": ", 1)[1].startswith("--shm-size=512m: /dev/shm is below 1 GiB")
+
+
+def test_kubernetes_pod_specs(capsys):
+    rc, fails = lint(capsys, "--spec", str(SPECS / "pods.yaml"), "fabric=ib")
+    assert rc == 1
+    who = [re.match(r".*pods\.yaml: (\S+) container trainer: ", f).group(1) for f in fails]
+    assert who == ["pod/defaults"] * 3 + ["job/small-shm"], fails
+    assert "rdma/rdma_shared_device_a: 1" in fails[0] and "capabilities.add: [IPC_LOCK]" in fails[1]
+    assert "emptyDir: {medium: Memory} mounted at /dev/shm" in fails[2] and "sizeLimit" in fails[3]
+
+
+def test_a_gloo_profile_needs_none_of_it(capsys):
+    assert cli.main(["doctor", "--spec", str(SPECS / "docker_runs.sh"), "--spec", str(SPECS / "pods.yaml"),
+                     "fabric=loopback"]) == 0
+    assert "OK: every container setting the profile needs is there" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fabric", ["roce", "ib"])
+def test_the_projects_batch_files_and_documented_run_pass(capsys, fabric):
+    """lib.sh's pyxis path sets MELLANOX_VISIBLE_DEVICES (enroot's 99-mellanox hook mounts the HCAs
+    only then), and docs/cluster.md's GPU `docker run` has every flag; its CPU `podman run`
+    (make train in the cpu image) is not a fabric run and is left out by line."""
+    files = [str(p) for p in sorted(SLURM_DIR.glob("*.sbatch"))] + [str(SLURM_DIR / "lib.sh")]
+    rc, fails = lint(capsys, *(a for f in files for a in ("--spec", f)), f"fabric={fabric}")
+    assert rc == 0 and not fails, fails
+    docs = REPO / "docs" / "cluster.md"
+    gpu_run = next(n for n, line in enumerate(docs.read_text().splitlines(), 1)
+                   if line.startswith("docker run") and "--gpus" in line)
+    _, fails = lint(capsys, "--spec", str(docs), f"fabric={fabric}")
+    assert not [f for f in fails if f.startswith(f"{docs}:{gpu_run}: ")], fails
+
+
+def test_usage_errors_are_one_line(capsys, tmp_path):
+    assert cli.main(["doctor", "--spec", str(tmp_path / "absent.sh"), "fabric=roce"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "absent.sh: no such file" in err, err
+    assert cli.main(["doctor", "--spec", str(SPECS / "pods.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "e.g. fabricbench doctor --spec FILE fabric=roce" in err, err
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    rc, fails = lint(capsys, "--spec", str(tmp_path / "bad.yaml"), "fabric=roce")
+    assert rc == 1 and len(fails) == 1 and "not YAML" in fails[0]

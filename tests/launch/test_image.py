@@ -1,0 +1,144 @@
+"""make image (tools/image.sh): a missing tool, a missing base that cannot be made, and a step
+that fails are each one line naming the command and the fix, with the step's log kept; and,
+where the image has been built (make image: 23 min here, docs/cluster.md; CI does not build it),
+`make train` runs inside it as a user runs it and writes a record."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import REPO
+
+SCRIPT = REPO / "tools" / "image.sh"
+TAG = "localhost/fabricbench:cpu"
+
+
+def image(tmp_path, **env):
+    e = os.environ | {"IMAGE_CACHE": str(tmp_path / "cache")} | env
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=300, env=e, cwd=tmp_path)
+
+
+def one_line(p) -> str:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    return lines[0]
+
+
+def test_no_container_tool(tmp_path):
+    line = one_line(image(tmp_path, IMAGE_TOOL=str(tmp_path / "podman")))
+    assert "make image needs podman or docker: apt-get install -y podman buildah runc" in line
+
+
+def test_missing_base_without_mmdebstrap(tmp_path):
+    """A fresh machine that has a container tool but cannot make the base."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for t in ("bash", "dirname", "mkdir", "true"):
+        (bin_ / t).symlink_to(shutil.which(t))
+    line = one_line(image(tmp_path, IMAGE_TOOL="true", PATH=str(bin_)))
+    assert "the base" in line and "bookworm.tar is missing and mmdebstrap is not installed" in line
+    assert "apt-get install -y mmdebstrap" in line
+
+
+@pytest.mark.requires("root", "podman")
+def test_failed_step_names_its_command_and_keeps_the_log(tmp_path):
+    """A base tarball that is not one: podman's import fails, and the line says which command
+    failed, how, and where its whole output is."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "bookworm.tar").write_text("not a tar\n")
+    line = one_line(image(tmp_path, IMAGE_TOOL="podman", IMAGE_BASE="localhost/fabricbench-test-notatar:x"))
+    assert line.startswith(f"error: `podman import {cache}/bookworm.tar localhost/fabricbench-test-notatar:x` "
+                           "failed (exit "), line
+    assert line.endswith(f"the whole log: {cache}/import.log")
+    assert (cache / "import.log").read_text().strip()
+
+
+def _built() -> bool:
+    return bool(shutil.which("podman")) and subprocess.run(
+        ["podman", "image", "exists", TAG], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.requires("root", "podman")
+@pytest.mark.skipif(not _built(), reason=f"{TAG} is not built: run make image first (23 min here, "
+                                         "docs/cluster.md); CI does not build it")
+def test_make_train_in_the_cpu_image(tmp_path):
+    """`make train` in the container, as docs/cluster.md runs it: the record lands on the
+    mounted folder and says it was made in a podman container."""
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run(
+        ["podman", "--runtime", "runc", "run", "--rm", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+         "--network", "host", "-v", f"{out}:/out", TAG,
+         "make", "train", "ARGS=output_root=/out"],
+        capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    records = sorted(out.rglob("records/*.json"))
+    assert len(records) == 1, p.stdout[-2000:]
+    rec = json.loads(records[0].read_text())
+    assert rec["status"] == "ok" and rec["workload"] == "pretrain", (rec["status"], rec["error"])
+    assert rec["fingerprint"]["container"]["runtime"].startswith("podman"), rec["fingerprint"]["container"]
+
+
+PODMAN_RUN = ["podman", "--runtime", "runc", "run", "--rm", "--ulimit", "nofile=4096:4096",
+              "--ulimit", "nproc=4096:4096"]
+COLLECTIVES = ["workload=collectives", "fabric=emu-100m", "collectives.maxbytes=64K", "collectives.iters=5",
+               "collectives.warmup_iters=2"]
+
+
+def _shape(rec: dict) -> set[str]:
+    from workloads.core.records import flatten
+
+    return {k for k in flatten(rec, ".") if not k.startswith(("config.hydra", "env."))}
+
+
+@pytest.mark.slow
+@pytest.mark.requires("root", "podman")
+@pytest.mark.skipif(not _built(), reason=f"{TAG} is not built: run make image first; CI does not build it")
+def test_two_containers_on_emulated_nodes_match_the_run_without(tmp_path):
+    """Each emulated node is a container joined to the node's namespace (`--network
+    ns:/run/netns/<node>`), the records on a shared volume; the same 2-node collectives run
+    without containers writes a record of the same shape, the same software, and a fingerprint
+    that differs in `container`."""
+    import yaml
+
+    from workloads.commands.emulate import agent_argv, run_agents
+    from workloads.fabric.netns import EmuSpec, Topology
+
+    spec = EmuSpec.from_config(yaml.safe_load((REPO / "conf/fabric/emu-100m.yaml").read_text())["emulate"])
+    out_c, out_h = tmp_path / "containers", tmp_path / "host"
+    out_c.mkdir()
+    with Topology(spec, tag=f"ct{os.getpid()}") as topo:
+        procs = []
+        for i, node in enumerate(topo.nodes):
+            argv = agent_argv("python", spec, i, 1, "launch/collectives.py", [*COLLECTIVES, "output_root=/out"])
+            procs.append(subprocess.Popen(
+                [*PODMAN_RUN, "--network", f"ns:/run/netns/{node}", "-v", f"{out_c}:/out",
+                 "-e", "FABRICBENCH_RUN_ID=containers", "-e", "OMP_NUM_THREADS=1", "-e", "GLOO_SOCKET_IFNAME=emu0",
+                 TAG, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        logs = [p.communicate(timeout=400)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+    with Topology(spec, tag=f"ht{os.getpid()}") as topo:
+        code = run_agents(topo, 1, "launch/collectives.py", [*COLLECTIVES, f"output_root={out_h}"], 400,
+                          env=os.environ | {"FABRICBENCH_RUN_ID": "host", "OMP_NUM_THREADS": "1"})
+        assert code == 0
+    recs = {}
+    for name, out in (("containers", out_c), ("host", out_h)):
+        found = sorted(out.rglob("records/*.json"))
+        assert len(found) == 1, (name, found)
+        recs[name] = json.loads(found[0].read_text())
+    c, h = recs["containers"], recs["host"]
+    assert c["status"] == h["status"] == "ok", (c["status"], c["error"], h["status"], h["error"])
+    assert _shape(c) == _shape(h), sorted(_shape(c) ^ _shape(h))
+    assert c["fabric"]["name"] == h["fabric"]["name"] == "emu-100m"
+    same = ("torch", "cuda", "fabricbench", "deepspeed", "transformers", "gpu_count")
+    assert {k: c["fingerprint"][k] for k in same} == {k: h["fingerprint"][k] for k in same}
+    assert c["fingerprint"]["container"]["runtime"].startswith("podman")
+    assert c["fingerprint"]["container"] != h["fingerprint"]["container"]

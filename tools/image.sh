@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# make image: the Dockerfile's `cpu` target (the cuda target's steps on a plain Debian base),
+# from nothing but a Debian mirror and the package index, so it builds where no container
+# registry is reachable:
+#   1. the base: `mmdebstrap` of Debian bookworm into $IMAGE_CACHE/bookworm.tar (cached: a CI
+#      machine that keeps the folder pays for it once; it took 75-106 s here);
+#   2. `import` of that tar as $IMAGE_BASE (again only when the tar is newer than the import);
+#   3. `build --target cpu` tagged $IMAGE_TAG.
+# podman (with buildah's engine and runc) or docker, whichever is installed ($IMAGE_TOOL
+# chooses). Each step logs to $IMAGE_CACHE/<step>.log; a failed step is one line naming the
+# command, its exit status, its last log line and the log. Settings (environment):
+#   IMAGE_TOOL    podman | docker                       [podman if installed, else docker]
+#   IMAGE_CACHE   base tarball, stamps and logs         [.image, git-ignored]
+#   IMAGE_BASE    the imported base's name              [localhost/fabricbench-base:bookworm]
+#   IMAGE_TAG     the built image's name                [localhost/fabricbench:cpu]
+#   DEBIAN_MIRROR                                       [http://deb.debian.org/debian]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cache="${IMAGE_CACHE:-.image}"
+base="${IMAGE_BASE:-localhost/fabricbench-base:bookworm}"
+tag="${IMAGE_TAG:-localhost/fabricbench:cpu}"
+mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+tool="${IMAGE_TOOL:-$(command -v podman || command -v docker || true)}"
+
+die() { echo "error: $*" >&2; exit 2; }
+# run <step> <command...>: the command's output goes to the step's log; a failure is one line.
+run() {
+  local step="$1" rc=0; shift
+  "$@" >"$cache/$step.log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    local last; last="$(grep -v '^\s*$' "$cache/$step.log" | tail -n 1 | cut -c1-200)"
+    die "\`$*\` failed (exit $rc): ${last:-no output}; the whole log: $cache/$step.log"
+  fi
+}
+
+[ -n "$tool" ] && command -v "$tool" >/dev/null \
+  || die "make image needs podman or docker: apt-get install -y podman buildah runc (or set IMAGE_TOOL)"
+mkdir -p "$cache"
+tar="$cache/bookworm.tar"
+t0=$SECONDS
+if [ ! -s "$tar" ]; then
+  command -v mmdebstrap >/dev/null || die "the base $tar is missing and mmdebstrap is not installed: apt-get install -y mmdebstrap"
+  hooks=()
+  # A site whose HTTPS goes through an inspecting proxy trusts a local CA
+  # (/usr/local/share/ca-certificates); the image's ca-certificates folds it in, so that pip
+  # and uv inside the build reach the package index as the host does.
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    hooks+=(--customize-hook='copy-in /usr/local/share/ca-certificates /usr/local/share')
+  fi
+  run base mmdebstrap --variant=apt --format=tar "${hooks[@]}" bookworm "$tar.part" "$mirror"
+  mv "$tar.part" "$tar"
+  echo "base: $tar made in $((SECONDS - t0)) s"
+else
+  echo "base: $tar (cached)"
+fi
+if [ ! -e "$cache/imported" ] || [ "$tar" -nt "$cache/imported" ] || ! "$tool" image inspect "$base" >/dev/null 2>&1; then
+  run import "$tool" import "$tar" "$base"
+  touch "$cache/imported"
+fi
+flags=()
+if [ "$(basename "$tool")" = podman ]; then
+  # crun refuses a hybrid cgroup hierarchy; runc runs on both. A host whose hard RLIMIT_NOFILE is
+  # below podman's default (1048576) fails every RUN step unless the build asks for less.
+  command -v runc >/dev/null && flags+=(--runtime runc)
+  build=("$tool" "${flags[@]}" build --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --network host)
+else
+  build=("$tool" build --network host)
+fi
+# The host's CA settings for pip and uv (set where HTTPS is inspected, as on this project's CI);
+# the bundle path is the Debian one, which the image has once ca-certificates is installed.
+for v in SSL_CERT_FILE PIP_CERT; do
+  [ -n "${!v:-}" ] && build+=(--build-arg "$v=${!v}")
+done
+t1=$SECONDS
+run build "${build[@]}" --target cpu --build-arg "CPU_BASE=$base" -t "$tag" .
+run_flags="${flags[*]:+${flags[*]} }run --rm"
+[ "$(basename "$tool")" = podman ] && run_flags="$run_flags --ulimit nofile=4096:4096 --ulimit nproc=4096:4096"
+echo "image: $tag built in $((SECONDS - t1)) s ($tool); run it: $tool $run_flags $tag make train"

@@ -1,0 +1,203 @@
+"""Run specs read statically: the container flags users write (docker/podman run lines in shell
+scripts, batch files and Markdown; `srun --container-image` for pyxis; Kubernetes pod specs),
+checked for the settings under which NCCL or UCX would quietly leave the fabric. It is the same
+list as workloads/fabric/readiness.py, which reads them from inside a running container; this
+one catches them before a job is submitted.
+
+- verbs devices: `--device=/dev/infiniband` (or `--privileged`); Kubernetes: an RDMA
+  device-plugin resource (`rdma/...`, k8s-rdma-shared-dev-plugin; the NVIDIA network
+  operator's `nvidia.com/...rdma...`/`hostdev`/`sriov...`) or `privileged: true`; pyxis: enroot's
+  `99-mellanox` hook mounts the devices only when `MELLANOX_VISIBLE_DEVICES` is set;
+- pinning: `--cap-add=IPC_LOCK` or `--ulimit memlock=-1` (either lifts the limit on registered
+  memory); Kubernetes cannot set a memlock limit, so `capabilities.add: [IPC_LOCK]`;
+- `/dev/shm`: `--ipc=host` or `--shm-size` of at least 1 GiB; Kubernetes: `hostIPC: true` or an
+  `emptyDir` of `medium: Memory` mounted at `/dev/shm` (no `sizeLimit`, or at least 1 GiB).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from workloads.fabric.readiness import SHM_MIN
+
+# docker/podman run flags that take the next word as their value (when written without `=`).
+_VALUED = {"-v", "--volume", "-e", "--env", "--env-file", "--device", "--ulimit", "--cap-add", "--cap-drop",
+           "--shm-size", "--ipc", "--network", "--net", "--name", "-w", "--workdir", "--gpus", "--runtime",
+           "--mount", "--entrypoint", "-u", "--user", "--security-opt", "--label", "-l", "-p", "--publish",
+           "--hostname", "-h", "--memory", "-m", "--cpus", "--pull", "--platform", "--add-host", "--tmpfs"}
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_K8S_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+              "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Which settings the profile depends on."""
+
+    ib: bool     # NCCL over IB verbs: devices and pinning
+    shm: bool    # NCCL between a node's ranks: /dev/shm
+
+
+def _docker_size(v: str) -> int | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([bkmgt]?)b?", v.strip().lower())
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
+def _k8s_size(v: Any) -> int | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(v).strip())
+    return int(float(m.group(1)) * _K8S_UNITS[m.group(2) or ""]) if m else None
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, line) with backslash continuations joined."""
+    buf, start = "", 0
+    for n, line in enumerate(text.splitlines(), 1):
+        if not buf:
+            start = n
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        yield start, buf + line
+        buf = ""
+    if buf:
+        yield start, buf
+
+
+def _run_flags(words: list[str]) -> dict[str, list[str]] | None:
+    """The options of a `docker run`/`podman run` in `words` (global options before `run`
+    allowed), as {flag: [values]}; None when the words are not one."""
+    for i, w in enumerate(words):
+        if w.rsplit("/", 1)[-1] in ("docker", "podman") and "run" in words[i + 1:]:
+            j = words.index("run", i + 1)
+            if any(not x.startswith("-") and x not in ("runc", "crun") for x in words[i + 1:j]):
+                continue  # `run` is an argument further on, not the subcommand
+            break
+    else:
+        return None
+    flags: dict[str, list[str]] = {}
+    k = j + 1
+    while k < len(words) and words[k].startswith("-"):
+        name, eq, value = words[k].partition("=")
+        if not eq and name in _VALUED and k + 1 < len(words):
+            value, k = words[k + 1], k + 1
+        flags.setdefault(name, []).append(value)
+        k += 1
+    return flags
+
+
+def lint_run(flags: dict[str, list[str]], needs: Needs) -> list[str]:
+    privileged = "--privileged" in flags
+    problems = []
+    if needs.ib and not privileged and not any(v.split(":")[0].startswith("/dev/infiniband")
+                                               for v in flags.get("--device", [])):
+        problems.append("no --device=/dev/infiniband: NCCL finds no IB device in the container and silently uses "
+                        "NET/Socket; fix: add --device=/dev/infiniband")
+    caps = {c.upper().removeprefix("CAP_") for v in flags.get("--cap-add", []) for c in v.split(",")}
+    memlock = [v.split("=", 1)[1] for v in flags.get("--ulimit", []) if v.startswith("memlock=")]
+    unlimited = any(v.split(":")[0] in ("-1", "unlimited") for v in memlock)
+    if needs.ib and not (privileged or caps & {"IPC_LOCK", "ALL"} or unlimited):
+        problems.append("neither --cap-add=IPC_LOCK nor --ulimit memlock=-1: the runtime's memlock limit (a few "
+                        "MiB) bounds registered memory, ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to "
+                        "tcp); fix: add --cap-add=IPC_LOCK --ulimit memlock=-1")
+    shm = [_docker_size(v) for v in flags.get("--shm-size", [])]
+    if needs.shm and "host" not in flags.get("--ipc", []) and not any(s and s >= SHM_MIN for s in shm):
+        problems.append(f"{'--shm-size=' + flags['--shm-size'][-1] if shm else 'no --ipc=host or --shm-size'}: "
+                        "/dev/shm is below 1 GiB (the runtime's default is 64 MB) and NCCL's SHM transport fails "
+                        "when it fills; fix: add --ipc=host or --shm-size=16g")
+    return problems
+
+
+def lint_text(text: str, needs: Needs) -> list[tuple[int, str]]:
+    """(line, problem) for each docker/podman run line and pyxis srun in a script or document."""
+    out = []
+    pyxis_env = re.search(r"^\s*(export\s+)?MELLANOX_VISIBLE_DEVICES=", text, re.M)
+    for n, line in _logical_lines(text):
+        code = line.split(" #", 1)[0].strip().strip("`")
+        if not code or code.startswith("#"):
+            continue
+        try:
+            words = shlex.split(code)
+        except ValueError:
+            continue  # not shell (prose with a lone quote)
+        flags = _run_flags(words)
+        if flags is not None:
+            out += [(n, p) for p in lint_run(flags, needs)]
+        elif needs.ib and "srun" in words and any(w.startswith("--container-image") for w in words) and not pyxis_env:
+            out.append((n, "srun --container-image (pyxis) without MELLANOX_VISIBLE_DEVICES in this file: enroot's "
+                           "99-mellanox hook then mounts no /dev/infiniband and NCCL silently uses NET/Socket; fix: "
+                           "export MELLANOX_VISIBLE_DEVICES=all (or set it in enroot.conf)"))
+    return out
+
+
+def _rdma_resource(name: str) -> bool:
+    return name.startswith("rdma/") or (name.startswith("nvidia.com/")
+                                        and any(s in name for s in ("rdma", "hostdev", "sriov", "hca")))
+
+
+def _pod_specs(doc: Any, where: str = "") -> Iterator[tuple[str, dict]]:
+    """Every pod spec in a manifest (a Pod, or a template of a Job, Deployment, ...)."""
+    if isinstance(doc, dict):
+        if isinstance(doc.get("containers"), list):
+            yield where, doc
+            return
+        name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+        here = f"{doc.get('kind', '').lower()}/{name}" if doc.get("kind") and name else where
+        for v in doc.values():
+            yield from _pod_specs(v, here)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from _pod_specs(v, where)
+
+
+def lint_pod(spec: dict, needs: Needs) -> list[tuple[str, str]]:
+    """(container, problem) for one pod spec."""
+    volumes = {v.get("name"): v for v in spec.get("volumes") or [] if isinstance(v, dict)}
+    out = []
+    for c in spec.get("containers") or []:
+        name = c.get("name", "?")
+        sc = c.get("securityContext") or {}
+        privileged = bool(sc.get("privileged"))
+        res = c.get("resources") or {}
+        names = {*(res.get("limits") or {}), *(res.get("requests") or {})}
+        if needs.ib and not privileged and not any(_rdma_resource(n) for n in names):
+            out.append((name, "requests no RDMA device-plugin resource: /dev/infiniband is empty in the container "
+                              "and NCCL silently uses NET/Socket; fix: resources.limits with the plugin's resource, "
+                              "e.g. rdma/rdma_shared_device_a: 1"))
+        caps = {str(x).upper().removeprefix("CAP_") for x in ((sc.get("capabilities") or {}).get("add") or [])}
+        if needs.ib and not privileged and not caps & {"IPC_LOCK", "ALL"}:
+            out.append((name, "no IPC_LOCK: a pod spec cannot raise memlock, so registered memory is bounded by the "
+                              "runtime's limit and ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to tcp); "
+                              "fix: securityContext.capabilities.add: [IPC_LOCK]"))
+        if needs.shm and not spec.get("hostIPC"):
+            ok = False
+            for m in c.get("volumeMounts") or []:
+                v = volumes.get(m.get("name")) or {}
+                ed = v.get("emptyDir") if isinstance(v.get("emptyDir"), dict) else None
+                if m.get("mountPath", "").rstrip("/") == "/dev/shm" and ed is not None and ed.get("medium") == "Memory":
+                    size = _k8s_size(ed["sizeLimit"]) if ed.get("sizeLimit") is not None else None
+                    ok = ed.get("sizeLimit") is None or (size is not None and size >= SHM_MIN)
+            if not ok:
+                out.append((name, "/dev/shm is not a memory emptyDir of at least 1Gi (nor hostIPC), so it is the "
+                                  "runtime's 64 MiB or the sizeLimit: NCCL's SHM transport fails when it fills; fix: "
+                                  "a volume emptyDir: {medium: Memory} mounted at /dev/shm"))
+    return out
+
+
+def lint_file(path: str | Path, needs: Needs) -> list[str]:
+    """One line per problem: `path:line: ...` or `path: pod/x container y: ...`."""
+    p = Path(path)
+    text = p.read_text()
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as e:
+            return [f"{p}: not YAML ({str(e).splitlines()[0]}); fix the manifest"]
+        return [f"{p}: {where or 'pod'} container {c}: {why}"
+                for d in docs for where, spec in _pod_specs(d) for c, why in lint_pod(spec, needs)]
+    return [f"{p}:{n}: {why}" for n, why in lint_text(text, needs)]
