@@ -6,7 +6,8 @@ latency-bound all_reduce costs its round trips, and a decoded token or a trainin
 a known number of them. The study prices one small all_reduce with its own collectives cell (its
 added time between the arms, the median over trials), and multiplies:
 
-    added per token (TP inference)  = 2 x layers all_reduces x added time of one all_reduce
+    added per token (TP inference)  = (2 x layers all_reduces + the step plan's broadcast)
+                                      x added time of one small all_reduce
     round trips per all_reduce      = added time of one all_reduce / (2 x added one-way delay)
     all_reduce-equivalents per step = added step time (training) / added time of one all_reduce
 
@@ -118,9 +119,13 @@ def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
                 measured = b["tpot"] - a["tpot"]
                 text = f"  {w} {p}: TPOT +{measured:.2f} ms, TTFT +{b.get('ttft', 0) - a.get('ttft', 0):.2f} ms measured"
                 if price is not None and layers and tp and tp > 1:
-                    predicted = 2 * layers * price[1]
-                    text += (f"; arithmetic: {2 * layers} all_reduces per token (2 x {layers} layers, TP={tp}) x "
-                             f"+{price[1]:.3f} ms = +{predicted:.2f} ms (measured/arithmetic {measured / predicted:.2f})")
+                    # every decode step: the leader's plan reaches the other ranks (one broadcast they
+                    # wait for before their forward), then each layer all-reduces twice
+                    calls = 2 * layers + 1
+                    predicted = calls * price[1]
+                    text += (f"; arithmetic: {calls} collectives per token (2 x {layers} layers' all_reduces + the "
+                             f"step plan's broadcast, TP={tp}) x +{price[1]:.3f} ms = +{predicted:.2f} ms "
+                             f"(measured/arithmetic {measured / predicted:.2f})")
                 out.append(text)
             elif "step" in a and "step" in b:
                 added = b["step"] - a["step"]

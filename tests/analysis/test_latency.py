@@ -46,10 +46,10 @@ def test_units_and_the_achieved_delay():
 
 def test_arithmetic_worked_values():
     """+2 ms one way; one 1 KiB all_reduce +8 ms = 2 round trips; a TP=2 token of a 2-layer model
-    waits for 4 all_reduces, so +32 ms is predicted, and +32 measured reads 1.00; a 47 ms step that
-    gains 33 ms gained 4.1 small all_reduces' worth."""
+    waits for 4 all_reduces and the step plan's broadcast, so +40 ms is predicted, and +40 measured
+    reads 1.00; a 47 ms step that gains 33 ms gained 4.1 small all_reduces' worth."""
     cells = []
-    for arm, d, ar, tpot, step1, step8 in (("near", 500.0, 1.0, 24.0, 47.0, 125.0), ("far", 2500.0, 9.0, 56.0, 80.0, 158.0)):
+    for arm, d, ar, tpot, step1, step8 in (("near", 500.0, 1.0, 24.0, 47.0, 125.0), ("far", 2500.0, 9.0, 64.0, 80.0, 158.0)):
         for trial in range(3):
             cells += [Cell("allreduce-1k", "-", arm, _rec("collectives", d, ar)),
                       Cell("tp2", "c1", arm, _rec("inference", d, tpot)),
@@ -59,8 +59,8 @@ def test_arithmetic_worked_values():
     assert lines[0] == ("latency arithmetic, far vs near: +2.000 ms one way (achieved, median of the records' "
                         "delay-line p50s)")
     assert lines[1] == "  one all_reduce of 1024 B (allreduce-1k): +8.000 ms = 2.00 round trips of the added delay"
-    assert ("  tp2 c1: TPOT +32.00 ms, TTFT +32.00 ms measured; arithmetic: 4 all_reduces per token (2 x 2 layers, "
-            "TP=2) x +8.000 ms = +32.00 ms (measured/arithmetic 1.00)") in lines
+    assert ("  tp2 c1: TPOT +40.00 ms, TTFT +40.00 ms measured; arithmetic: 5 collectives per token (2 x 2 layers' "
+            "all_reduces + the step plan's broadcast, TP=2) x +8.000 ms = +40.00 ms (measured/arithmetic 1.00)") in lines
     assert ("  train p0: step +33.00 ms measured (+70.2% of 47.0 ms) = 4.1 small all_reduces' worth of waiting "
             "per step") in lines
     assert "  train p1: step +33.00 ms measured (+26.4% of 125.0 ms)" in " ".join(lines)
