@@ -232,10 +232,14 @@ def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monk
         if name == "finetune":
             extra.append("init.checkpoint=/nonexistent")
         if root == "workload=inference" and group == "server":
-            extra += {"external": ["server.url=http://127.0.0.1:9"], "sglang": ["model=llama-3.1-8b", f"server.python={sys.executable}"],
-                      "vllm": ["model=llama-3.1-8b"], "vllm-pd": ["model=llama-3.1-8b"],
+            # weights at a local folder: where the engine is installed, a hub id this host has not
+            # cached is refused before it starts (adapters/base.check_weights), and there is no network
+            local = f"server.model_path={tmp_path}"
+            extra += {"external": ["server.url=http://127.0.0.1:9"],
+                      "sglang": ["model=llama-3.1-8b", f"server.python={sys.executable}", local],
+                      "vllm": ["model=llama-3.1-8b", local], "vllm-pd": ["model=llama-3.1-8b", local],
                       # GPUs only (it refuses a CPU host): composed as for a GPU node
-                      "sglang-pd": ["model=llama-3.1-8b", f"server.python={sys.executable}", "server.device=cuda"],
+                      "sglang-pd": ["model=llama-3.1-8b", f"server.python={sys.executable}", "server.device=cuda", local],
                       }.get(name, [])
         if root == "workload=inference" and group == "load":  # GPU-sized loads: against a server of that size
             extra += ["server=external", "server.url=http://127.0.0.1:9", "model=llama-3.1-8b"]

@@ -171,7 +171,8 @@ def test_a_server_death_is_named_in_the_point_record(tmp_path):
                     f"exec {sys.executable} -m workloads.testing.scripted_server --die-after 20 \"$@\"\n")
     fake.chmod(0o755)
     port = free_port()
-    r = _infer("server=vllm", f"server.executable={fake}", "model=llama-3.1-8b", f"server.port={port}",
+    r = _infer("server=vllm", f"server.executable={fake}", "model=llama-3.1-8b", f"server.model_path={tmp_path}",
+               f"server.port={port}",
                "server.ready_timeout_s=30", f"output_root={out}", "run_id=d1", *SMALL, "load.warmup_requests=0",
                "load.points=[1,4]")
     assert r.returncode == 2, r.stdout + r.stderr
@@ -210,7 +211,8 @@ def test_sigterm_mid_sweep_stops_it_at_once_and_keeps_the_finished_point(tmp_pat
     fake.chmod(0o755)
     port = free_port()
     p = subprocess.Popen([sys.executable, str(REPO / "launch" / "infer.py"), "server=vllm", f"server.executable={fake}",
-                          "model=llama-3.1-8b", f"server.port={port}", "server.ready_timeout_s=60",
+                          "model=llama-3.1-8b", f"server.model_path={tmp_path}", f"server.port={port}",
+                          "server.ready_timeout_s=60",
                           f"output_root={out}", "run_id=t1", *SMALL, "load.num_requests=3", "load.warmup_requests=0",
                           "load.dataset.output_len=40", "load.points=[1,2]"],
                          cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

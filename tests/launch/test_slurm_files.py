@@ -108,14 +108,16 @@ def _head_argv(engine: str, overrides: list[str]) -> list[str]:
 
 
 def _without_node_fields(argv: list[str]) -> list[str]:
-    """argv less what the adapters make differ per node: --node-rank, --host, --headless."""
+    """argv less what the adapters make differ per node: --node-rank, --host, --headless, and the
+    API server's own --enable-prompt-tokens-details (node 0 answers the requests; a headless node
+    has no API server to report cached prompt tokens)."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
         elif a in ("--node-rank", "--host"):
             skip = True
-        elif a != "--headless":
+        elif a not in ("--headless", "--enable-prompt-tokens-details"):
             out.append(a)
     return out
 

@@ -298,7 +298,9 @@ def _ucx_net(o: dict, host: str, nodes: list[str] | None) -> dict[str, str]:
     never crosses the link (seen on a CPU host: docs/engines.md). server.env.UCX_TLS overrides it, and the
     KV-path verdict then says what was used."""
     if nodes:
-        return {"UCX_NET_DEVICES": o["ucx_net_devices"] or IFNAME, "UCX_TLS": "tcp"}
+        # UCX_MODULES=^ib: nothing but tcp may carry it here, and on a host with libibverbs but no
+        # RDMA device UCX 1.23's ib module crashed the NIXL agent at exit (SIGSEGV)
+        return {"UCX_NET_DEVICES": o["ucx_net_devices"] or IFNAME, "UCX_TLS": "tcp", "UCX_MODULES": "^ib"}
     net = o["ucx_net_devices"] or ("lo" if host.startswith("127.") else None)
     return {"UCX_NET_DEVICES": net} if net else {}
 
