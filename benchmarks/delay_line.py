@@ -21,7 +21,6 @@ The ratio and the errors are measured against a baseline from the same run, neve
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -31,58 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workloads.fabric.delaymeter import DelayMeter, tolerance_us  # noqa: E402
+from workloads.fabric.linkprobe import iperf3_mbit, rtt_us  # noqa: E402
 from workloads.fabric.netns import EmuSpec, Topology, delay_us  # noqa: E402
-
-PING = """
-import socket, statistics, sys, time
-role, host, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if role == "serve":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, 5999)); s.listen(1)
-    print("listening", flush=True)
-    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while (d := c.recv(64)):
-        c.sendall(d)
-else:
-    c = socket.create_connection((host, 5999)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    rt = []
-    for i in range(n):
-        t = time.perf_counter_ns(); c.sendall(b"x"); c.recv(64); rt.append((time.perf_counter_ns() - t) / 1e3)
-    print(statistics.median(rt[n // 10:]))
-"""
-
-
-def _in(ns: str, *argv: str) -> list[str]:
-    return ["ip", "netns", "exec", ns, *argv]
-
-
-def rtt_us(topo: Topology, n: int = 200) -> float:
-    server = subprocess.Popen(_in(topo.nodes[1], sys.executable, "-c", PING, "serve", topo.spec.addr(1), "0"),
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        server.stdout.readline()
-        out = subprocess.run(_in(topo.nodes[0], sys.executable, "-c", PING, "ping", topo.spec.addr(1), str(n)),
-                             capture_output=True, text=True, timeout=120, check=True)
-        return float(out.stdout)
-    finally:
-        server.kill()
-        server.wait()
-
-
-def iperf3_mbit(topo: Topology, seconds: int) -> float:
-    server = subprocess.Popen(_in(topo.nodes[1], "iperf3", "-s", "-1", "-B", topo.spec.addr(1)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            out = subprocess.run(_in(topo.nodes[0], "iperf3", "-J", "-c", topo.spec.addr(1), "-t", str(seconds)),
-                                 capture_output=True, text=True, timeout=seconds + 60)
-            report = json.loads(out.stdout or "{}")
-            if out.returncode == 0 and "error" not in report:
-                return report["end"]["sum_received"]["bits_per_second"] / 1e6
-            time.sleep(0.1)
-        raise RuntimeError(f"iperf3 never connected: {out.stdout[-300:]} {out.stderr[-300:]}")
-    finally:
-        server.kill()
-        server.wait()
 
 
 def cpu_s(pid: int) -> float:
@@ -94,11 +43,11 @@ def measure(rate: str | None, delay: str | None, seconds: int, tag: str) -> dict
     with Topology(EmuSpec(rate=rate, latency=delay), tag=tag) as topo:
         out = {"rtt_us": rtt_us(topo)}
         if topo.delay_line is None:
-            out["mbit"] = iperf3_mbit(topo, seconds)
+            out["mbit"] = iperf3_mbit(topo, seconds, omit=0)[0]
             return out
         meter, pid = DelayMeter(topo.env()), topo.delay_line.pid
         c0, t0 = cpu_s(pid), time.monotonic()
-        out["mbit"] = iperf3_mbit(topo, seconds)
+        out["mbit"] = iperf3_mbit(topo, seconds, omit=0)[0]
         out["cpu"] = (cpu_s(pid) - c0) / (time.monotonic() - t0)
         time.sleep(0.6)  # the line's report is rewritten twice a second
         dirs = meter.record()["links"]["n0-n1"]["directions"].values()

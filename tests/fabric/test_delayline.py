@@ -22,6 +22,7 @@ import pytest
 from helpers import REPO, child_env, records_in, started_here
 from workloads.core.errors import UsageError
 from workloads.fabric.delaymeter import DELAY_ENV, DelayMeter, judge, quantile_us, tolerance_us, window
+from workloads.fabric.linkprobe import iperf3_mbit, rtt_us
 from workloads.fabric.netns import EmuSpec, Topology, delay_us, leftovers
 
 EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
@@ -131,59 +132,6 @@ def test_meter_stamps_the_record_and_fails_a_point_off_its_delay(tmp_path):
 
 # --- real namespaces -------------------------------------------------------------------
 
-RTT_PROBE = """
-import os, socket, statistics, sys, time
-try:
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(5))  # the probe times the wire, not the run queue
-except OSError:
-    pass
-role, host, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if role == "serve":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, 5999)); s.listen(1)
-    print("listening", flush=True)
-    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while (d := c.recv(64)):
-        c.sendall(d)
-else:
-    c = socket.create_connection((host, 5999)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    rt = []
-    for i in range(n):
-        t = time.perf_counter_ns(); c.sendall(b"x"); c.recv(64); rt.append((time.perf_counter_ns() - t) / 1e3)
-    print(statistics.median(rt[n // 10:]))  # the first tenth: slow start, first ARP
-"""
-
-
-def _rtt_us(topo: Topology, n: int = 200) -> float:
-    server = subprocess.Popen(["ip", "netns", "exec", topo.nodes[1], sys.executable, "-c", RTT_PROBE, "serve",
-                               topo.spec.addr(1), "0"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline().strip() == "listening"
-        out = subprocess.run(["ip", "netns", "exec", topo.nodes[0], sys.executable, "-c", RTT_PROBE, "ping",
-                              topo.spec.addr(1), str(n)], capture_output=True, text=True, timeout=60, check=True)
-        return float(out.stdout)
-    finally:
-        server.kill()
-        server.wait()
-
-
-def _iperf3_mbit(topo: Topology, seconds: int = 4) -> tuple[float, int]:
-    server = subprocess.Popen(["ip", "netns", "exec", topo.nodes[1], "iperf3", "-s", "-1", "-B", topo.spec.addr(1)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            out = subprocess.run(["ip", "netns", "exec", topo.nodes[0], "iperf3", "-J", "-c", topo.spec.addr(1),
-                                  "-t", str(seconds), "-O", "1"], capture_output=True, text=True, timeout=60)
-            report = json.loads(out.stdout or "{}")
-            if out.returncode == 0 and "error" not in report:
-                end = report["end"]
-                return end["sum_received"]["bits_per_second"] / 1e6, end["sum_sent"].get("retransmits", 0)
-            time.sleep(0.1)  # the server not listening yet
-        raise AssertionError(out.stdout[-500:] + out.stderr[-500:])
-    finally:
-        server.kill()
-        server.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.timing  # a measured rate, round trip and delay against what was asked
 @pytest.mark.requires("root", "iperf3")
@@ -194,14 +142,14 @@ def test_equal_bandwidth_different_latency():
     RTT 4.06 ms vs 0.05 ms, line median 1.995-2.005 ms.)"""
     tag = f"{os.getpid()}dl"
     with Topology(EmuSpec(rate="100mbit"), tag=tag + "0") as plain:
-        rtt0 = _rtt_us(plain)
-        mbit0, _ = _iperf3_mbit(plain)
+        rtt0 = rtt_us(plain)
+        mbit0, _ = iperf3_mbit(plain)
     spec = EmuSpec(rate="100mbit", latency="2ms")
     with Topology(spec, tag=tag) as topo:
         assert topo.delay_ns in leftovers() and DELAY_ENV in topo.env()
         meter = DelayMeter(topo.env())
-        rtt = _rtt_us(topo)
-        mbit, retrans = _iperf3_mbit(topo)
+        rtt = rtt_us(topo)
+        mbit, retrans = iperf3_mbit(topo)
         time.sleep(0.6)  # the line writes its report twice a second
         rec = {"status": "ok", "fabric": {}}
         meter.stamp(rec)
