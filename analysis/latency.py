@@ -167,7 +167,7 @@ class Slope:
     """unit time (ms) = intercept + per_ms_delay x one-way delay (ms) + per_inv_gbit x (s/Gbit)."""
 
     workload: str
-    point: str | None
+    point: str | None              # the point, with what tells it from its siblings (mb=8, 1024 B)
     unit: str                      # step | tpot | ttft | all_reduce
     n: int
     base_ms: float                 # the fit at the smallest delay and fastest rate measured
@@ -202,6 +202,7 @@ def slopes(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[
             groups.setdefault(_group(rec), []).append(rec)
     out = []
     for (workload, point, _), recs in groups.items():
+        point = _point_label(point, recs[0])
         for unit in ("step", "tpot", "ttft", "all_reduce"):
             rows = [(one_way_ms(r) or 0.0, inv_rate(r), unit_ms(r).get(unit)) for r in recs]
             rows = [r for r in rows if r[2] is not None]
@@ -233,6 +234,17 @@ def slopes(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[
                              tuple(sorted(set(np.round(d, 3).tolist()))),
                              tuple(sorted({round(1 / v, 3) for v in ir if not np.isnan(v)}))))
     return out
+
+
+def _point_label(point: str | None, rec: dict[str, Any]) -> str | None:
+    """The point as a reader tells it from its siblings: training's micro-batch, an all_reduce's size."""
+    parts = [point] if point else []
+    mb = ((rec.get("config") or {}).get("train") or {}).get("micro_batch_size")
+    if mb is not None:
+        parts.append(f"mb={mb}")
+    if "size" in (units := unit_ms(rec)):
+        parts.append(f"{int(units['size'])} B")
+    return " ".join(parts) or None
 
 
 def slope_lines(found: list[Slope], what_if_delay_ms: float = 0.0, what_if_inv_gbit: float = 0.0) -> list[str]:

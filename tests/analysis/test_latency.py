@@ -79,7 +79,12 @@ def test_slopes_recover_a_known_line():
             for e in (0.1, -0.1):
                 recs.append(_rec("pretrain", d, 40 + 10 * d / 1e3 + 8 * inv + e, rate=rate))
     (s,) = slopes(recs)
-    assert s.unit == "step" and s.n == 12
+    assert s.unit == "step" and s.n == 12 and s.point is None
+    for r in recs:
+        r["config"]["train"] = {"micro_batch_size": 8}
+    assert [x.point for x in slopes(recs)] == ["mb=8"]       # what tells it from its siblings
+    ar = [_rec("collectives", d, 1.0 + d / 1e3 + e) for d in (500.0, 2500.0) for e in (0.1, -0.1)]
+    assert [(x.point, x.unit) for x in slopes(ar)] == [("1024 B", "all_reduce")]
     b, lo, hi = s.per_ms_delay
     assert b == pytest.approx(10.0, abs=1e-6) and lo < 10 < hi and hi - lo < 0.5
     b, lo, hi = s.per_inv_gbit
