@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shlex
@@ -396,7 +397,7 @@ class Topology:
                 why = err.read_text().strip().splitlines()
                 raise TopologyError(f"the delay line did not start ({why[-1] if why else 'no message'})")
             time.sleep(0.02)
-        if '"policy": "other"' in stats.read_text():
+        if (json.loads(stats.read_text()) or {}).get("policy") == "other":
             print("warning: the delay line runs at the normal scheduling policy (this host or cgroup refused it a "
                   "real-time priority): on a busy host its delays may miss their tolerance, and those points fail; "
                   "run as root outside a cgroup without a real-time budget, or leave it a core", file=sys.stderr,
