@@ -19,16 +19,21 @@ LONG = ["train.steps=100000", "train.warmup_steps=1"]
 
 
 def _ranks(launcher: int) -> dict[int, int]:
-    """rank -> pid of the launcher's rank processes."""
+    """rank -> pid of the launcher's rank processes: a rank forked from the launcher is named
+    fb-rank<N> (workloads/core/forkrank.py; its /proc environ is the launcher's), one exec'd by
+    torchrun has RANK in its environment."""
     out = {}
     for d in Path("/proc").glob("[0-9]*"):
         try:
             if int(d.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
                 continue
+            comm = d.joinpath("comm").read_text().strip()
             env = dict(kv.split("=", 1) for kv in d.joinpath("environ").read_text().split("\0") if "=" in kv)
         except (OSError, ValueError):
             continue
-        if "RANK" in env:
+        if comm.startswith("fb-rank") and comm[7:].isdigit():
+            out[int(comm[7:])] = int(d.name)
+        elif "RANK" in env:
             out[int(env["RANK"])] = int(d.name)
     return out
 

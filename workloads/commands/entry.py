@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from workloads import CONF_DIR, catalog
-from workloads.core import celllock, signals
+from workloads.core import celllock, forkrank, signals
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.hostmem import oom_killed_since, oom_kills
@@ -205,6 +205,14 @@ def _quiet_torchelastic() -> None:
 _AGENT_RAN = False
 
 
+def _warm(script: str) -> tuple[str, ...]:
+    """What every rank imports on its way to its first step (forkrank.warm): DDP's constructor
+    imports torch._dynamo (sympy, triton's probe), the process group torch.distributed's
+    tensor and FSDP modules; 1.3-2 s of CPU per rank here, once in the launcher instead."""
+    return ("torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.tensor",
+            "torch.distributed.algorithms.join")
+
+
 def _run_ranks(script: str, argv: list[str], nproc: int, job: str = "") -> int:
     global _AGENT_RAN
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -219,7 +227,8 @@ def _run_ranks(script: str, argv: list[str], nproc: int, job: str = "") -> int:
     code, why = 0, "the run ended without writing this record"
     ooms = oom_kills()
     try:
-        run(args)
+        with forkrank.forking(_warm(script)):
+            run(args)
     except ChildFailedError as e:
         what, code = _rank_failure(e, oom_killed_since(ooms), job)
         why = f"{what} during this point"
@@ -247,8 +256,10 @@ def torchrun(args: list[str]) -> int:
     from torch.distributed.run import get_args_parser, run
 
     _AGENT_RAN = True
+    parsed = get_args_parser().parse_args(args)
     try:
-        run(get_args_parser().parse_args(args))
+        with forkrank.forking(_warm(parsed.training_script)):
+            run(parsed)
     except ChildFailedError as e:
         return _rank_failure(e)[1]
     except (SignalException, KeyboardInterrupt) as e:
