@@ -63,6 +63,9 @@ class Workload:
     crosses_link: bool = True     # its ranks (a served workload: its server's) span emulated nodes
     study_entry: str = ""         # the word a study's `entry:` takes (the written studies' vocabulary)
     default_cv: float = 0.05      # a study's expected run-to-run noise when nothing else says
+    # (total steps key, warm-up steps key) when a study may size the measured window
+    # (`window: auto`, workloads/study/window.py): the records carry per-step samples
+    window: tuple[str, str] | None = None
 
     @property
     def entry(self) -> str:
@@ -117,7 +120,7 @@ def scripts(**having) -> tuple[str, ...]:
 # machine cannot deliver.
 _TRAINING = dict(script="launch/train.py", validator="workloads.training.run", primary=named("samples_per_sec"),
                  primary_text="samples_per_sec", headline=("samples_per_sec", "alltoall_share"), training=True,
-                 default_cv=0.03)
+                 default_cv=0.03, window=("train.steps", "train.warmup_steps"))
 register(Workload("pretrain", "Pre-training", study_entry="train", **_TRAINING))
 register(Workload("finetune", "Fine-tuning", overrides=("workload=finetune",), **_TRAINING))
 register(Workload("collectives", "Collectives", "launch/collectives.py", overrides=("workload=collectives",),

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from workloads.core import dist as fdist
-from workloads.core import inflight, rundir, schema, signals
+from workloads.core import inflight, rundir, schema, signals, timeline
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
@@ -77,6 +77,7 @@ def start(run: RunContext, fabric: FabricProfile) -> tuple[fdist.DistInfo, Path,
     run_dir = Path(rundir.run_dir(run.output_root, run.run_id))
     applied_env = fabric.apply(run_dir)
     info = fdist.init_once(fabric.backend, fabric.name, run.timeout_s)
+    timeline.mark("group")
     if info.local_rank == 0 and (why := affinity_warning(cpu_affinity(), info.local_world_size)):
         print(f"warning: {why}", flush=True)
     agreed, disagreeing = fdist.agree(str(run_dir), info)
@@ -222,6 +223,7 @@ class Recorded:
                 rec["traceback"] = trace
         if self.delay is not None:  # after the status: an ok point run at another delay fails
             self.delay.stamp(rec)
+        timeline.stamp(rec)
         if self.write:
             try:
                 self.path = write_record(self.directory, rec, self.stem)

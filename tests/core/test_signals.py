@@ -49,12 +49,17 @@ def _start_measuring(tmp_path: Path, out_root: Path, torchrun: list[str] | None 
     p = subprocess.Popen([sys.executable, *agent, str(REPO / "launch" / "train.py"), f"output_root={out_root}", *LONG],
                          cwd=REPO, env=child_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    deadline = time.monotonic() + 240
-    while not (list(tmp.glob("fabricbench-inflight-*/*.inflight")) or _copies(out_root)):
-        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-        time.sleep(0.2)
-    ranks = _ranks(p.pid)
-    assert sorted(ranks) == [0, 1]
+    try:
+        deadline = time.monotonic() + 240
+        while not (list(tmp.glob("fabricbench-inflight-*/*.inflight")) or _copies(out_root)):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.2)
+        ranks = _ranks(p.pid)
+        assert sorted(ranks) == [0, 1]
+    except BaseException:  # a run of 100000 steps must not outlive the test that failed to find its ranks
+        p.kill()
+        p.communicate()
+        raise
     return p, ranks
 
 

@@ -222,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args, conf_dir: str | None = None) -> int:
+    from workloads.core import timeline
+
+    timeline.begin()  # the run's clock: namespaces, links and agents are its start-up too
     conf_dir = conf_dir or CONF_DIR
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     died: list[str] = []  # the delay line's death, said once by its watcher

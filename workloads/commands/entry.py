@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from workloads import CONF_DIR, catalog
-from workloads.core import celllock, forkrank, signals
+from workloads.core import celllock, forkrank, signals, timeline
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError
 from workloads.core.hostmem import oom_killed_since, oom_kills
@@ -424,6 +424,8 @@ def hydra_entry(
     from workloads.core.rundir import register_resolvers
 
     register_resolvers()
+    if not launched():
+        timeline.begin()  # this process starts the run's clock (a study's cell started it before)
     _multirun_first(sys.argv)
     _precheck(config_name, workload, self_launching=distributed and not launched(), script=script)
     if os.environ.get("RANK", "0") != "0":

@@ -25,9 +25,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 
+FORKED_AT_ENV = "FB_FORKED_AT"
 MODE_ENV = "FB_RANK_START"  # fork (default) | exec: torchrun's own `python -u script`
 # Our own packages: imported afresh in each rank, so no module state of the launcher's is inherited.
 OWN = ("workloads", "analysis", "launch", "__main__")
@@ -119,6 +121,7 @@ def _child(script: str, argv: list[str], env: dict[str, str], stdout, stderr) ->
         signal.signal(sig, how)
     os.environ.clear()
     os.environ.update(env)
+    os.environ[FORKED_AT_ENV] = f"{time.time():.3f}"  # the rank's start (core/timeline.py): /proc says the launcher's
     _name(f"fb-rank{env.get('RANK', '')}")
     for fd, f in ((1, stdout), (2, stderr)):
         if f is not None:

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workloads.core import timeline
 from workloads.fabric.preflight import SYSFS_ENV, sysfs_root
 
 Counters = dict[str, tuple[int, int]]  # rail -> (tx bytes, rx bytes)
@@ -213,6 +214,9 @@ class NicSampler:
                 comm_window_s: float | None = None) -> dict:
         """`rates`: bit/s per rail (linerate.node_line_rate) for the % of line rate;
         `comm_window_s`: the time collectives were in flight, for the rate while they were."""
+        if self.steps:  # the record's timeline: its measured window on the wall clock
+            wall = time.time() - time.perf_counter()
+            timeline.window(self.steps[0][0] + wall, self.steps[-1][2] + wall)
         out = summarize(self.steps, rails)
         out["host"] = socket.gethostname()
         out["scope"] = "host-wide counters: every process's traffic on these rails, headers included"

@@ -37,6 +37,7 @@ from statistics import median
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records
 from workloads.study.spec import StudySpec, Workload
+from workloads.study.window import Costs, choose, costs_from, run_seconds, shortest
 
 FIRST_LOOK = 3
 
@@ -63,6 +64,9 @@ class Plan:
     # workload -> an 80% upper limit of its CV (a measured CV is an estimate: blocks are counted
     # on its upper limit, so a lucky low estimate does not undersize the study); absent: the CV itself
     cv_upper: dict[str, float] = field(default_factory=dict)
+    # workload -> (measured steps per run, its costs) where `window: auto` chose the window
+    windows: dict[str, tuple[int, "Costs"]] = field(default_factory=dict)
+    window_notes: dict[str, str] = field(default_factory=dict)   # workload -> why no window was chosen
 
     @property
     def family(self) -> tuple[int, str]:
@@ -126,6 +130,12 @@ class Plan:
             cv, src = self.cv[w.name]
             out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or w.kind.primary_text}"
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
+            if w.name in self.windows:
+                n, c = self.windows[w.name]
+                out.append(f"    window: {n} measured steps per run ({w.window}); a run about {c.run_s(n):.1f} s, "
+                           f"duty cycle {100 * c.duty(n):.0f}% (measured / wall)")
+            elif w.name in self.window_notes:
+                out.append(f"    window: the workload's own ({self.window_notes[w.name]})")
         n = len(s.arms)
         rows = n if n % 2 == 0 else 2 * n
         if n >= 3 and s.design in ("abba", "williams") and s.trials % rows:
@@ -138,9 +148,18 @@ class Plan:
         out.append(f"  equivalence within +-{stats.pct(s.margin)}: needs about {eq} blocks at that noise" if eq else
                    f"  equivalence within +-{stats.pct(s.margin)}: out of reach at that noise")
         wall = self.wall_seconds()
-        out.append(f"  wall time: about {clock(wall)} ({self.runs()} runs at the median of earlier runs)" if wall is not None
-                   else "  wall time: unknown until the first runs (the progress line then gives an ETA)")
+        duty = self.duty()
+        out.append(f"  wall time: about {clock(wall)} ({self.runs()} runs at the median of earlier runs"
+                   + (f"; duty cycle {100 * duty:.0f}% of it measured" if duty is not None else "") + ")"
+                   if wall is not None else "  wall time: unknown until the first runs (the progress line then gives an ETA)")
         return out
+
+    def duty(self) -> float | None:
+        """Measured time over wall time of the study's runs, when every workload's window was chosen."""
+        if not self.windows or len(self.windows) < len(self.spec.workloads):
+            return None
+        measured = sum(n * c.step_s for n, c in self.windows.values())
+        return measured / sum(c.run_s(n) for n, c in self.windows.values())
 
     def refusal(self) -> str | None:
         from analysis import stats
@@ -165,7 +184,112 @@ def clock(s: float) -> str:
 
 
 def _same(w: Workload, other: dict) -> bool:
-    return other.get("entry") == w.entry and list(other.get("overrides") or []) == list(w.overrides)
+    """Another study's workload is this one: the same entry and overrides, whatever window either
+    measured (a window the plan chose is an override of the steps key)."""
+    return other.get("entry") == w.entry and _unwindowed(w, other.get("overrides") or []) == _unwindowed(w, w.overrides)
+
+
+def _unwindowed(w: Workload, overrides) -> list[str]:
+    knob = w.kind.window[0] if w.kind.window else None
+    return [str(o) for o in overrides if knob is None or str(o).lstrip("+~").split("=", 1)[0] != knob]
+
+
+def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float | None) -> tuple[Costs | None, str]:
+    """The costs of `w`'s runs (window.py) from earlier studies' records and timings, or why not."""
+    records, seconds = [], []
+    for folder, manifest in earlier:
+        names = {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)}
+        if not names:
+            continue
+        seconds += run_seconds(folder, names)
+        records += [rec for _, rec in iter_records(folder, "*/records/*.json")
+                    if rec.get("status") == "ok" and (rec.get("study") or {}).get("workload") in names]
+    if not records:
+        return None, "no earlier runs to size it from"
+    if block_cv is None:
+        return None, "no measured CV of earlier blocks"
+    c = costs_from(records, seconds, block_cv)
+    return c, "" if c is not None else "earlier runs lack per-step samples or run times"
+
+
+def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[str, Noise]) -> Plan:
+    """`window: auto`: for each workload that has a window (catalog), the measured steps with the
+    least wall time at the plan's power (window.choose), then the shortest window that needs no
+    more blocks than the study's slowest-to-decide workload; the choice becomes the workload's
+    steps override and its `window` text, which its records carry. A study resumed keeps the
+    windows its manifest holds."""
+    spec = plan.spec
+    pinned = _pinned_windows(spec)
+    m = max(plan.family[0], 1)
+    looks = len(plan.looks)
+    costs: dict[str, tuple[Costs, float]] = {}
+    notes: dict[str, str] = {}
+    for w in spec.workloads:
+        if w.kind.window is None:
+            continue
+        if any(str(o).lstrip("+~").split("=", 1)[0] == w.kind.window[0] for o in w.overrides) and w.name not in pinned:
+            notes[w.name] = f"pinned by its overrides ({w.kind.window[0]})"
+            continue
+        noise = measured.get(w.name)
+        c, why = _window_costs(earlier, w, noise.cv if noise else None)
+        if c is None:
+            notes[w.name] = f"{why}: a first study at the workload's own window measures it"
+            continue
+        costs[w.name] = (c, (noise.upper / noise.cv) if noise and noise.cv else 1.0)
+    if not costs:
+        return replace(plan, window_notes=notes)
+    from analysis import stats
+
+    chosen = {name: choose(c, spec.detect, m, spec.alpha, len(spec.arms), looks, ratio) for name, (c, ratio) in costs.items()}
+    best = [ch.blocks for ch in chosen.values() if ch]
+    if spec.trials_given and looks == 1:
+        blocks = spec.trials  # blocks pinned by the user: the windows that reach the power in them
+    elif spec.trials_given:
+        blocks = min(spec.trials, max(best, default=spec.trials))  # sequential: the cap only bounds the optimum
+    else:
+        others = [stats.blocks_for(spec.detect, m, plan.cv_upper.get(w.name, plan.cv[w.name][0]), spec.alpha, looks)
+                  for w in spec.workloads if w.name not in costs]
+        blocks = max([k for k in others if k] + best)
+    workloads, windows, cv, upper = [], {}, dict(plan.cv), dict(plan.cv_upper)
+    for w in spec.workloads:
+        if w.name in pinned:
+            w = replace(w, overrides=pinned[w.name][0], window=pinned[w.name][1])
+        elif w.name in costs and chosen[w.name] is not None:
+            c, ratio = costs[w.name]
+            n = shortest(c, blocks, spec.detect, m, spec.alpha, looks, ratio) or chosen[w.name].steps
+            warm = _warmup(earlier, w)
+            why = (f"chosen: run overhead {c.overhead_s:.1f} s, step {1000 * c.step_s:.1f} ms, between-run sd "
+                   f"{100 * c.between:.1f}%, step sd {100 * c.within:.1f}% over {c.steps_before}-step windows")
+            w = replace(w, overrides=(*_unwindowed(w, w.overrides), f"{w.kind.window[0]}={warm + n}"), window=why)
+            windows[w.name] = (n, c)
+            cv[w.name] = (c.cv(n), f"at the chosen window: sqrt(between^2 + step^2/{n}) from earlier runs")
+            upper[w.name] = c.cv(n) * ratio
+        workloads.append(w)
+    new = replace(spec, workloads=tuple(workloads))
+    seconds = {**plan.seconds, **{name: c.run_s(n) for name, (n, c) in windows.items()}}
+    return replace(plan, spec=new, cv=cv, cv_upper=upper, windows=windows, window_notes=notes, seconds=seconds)
+
+
+def _pinned_windows(spec: StudySpec) -> dict[str, tuple[tuple[str, ...], str]]:
+    """The windows an earlier run of this same study chose (its manifest): a rerun resumes with them."""
+    try:
+        manifest = json.loads((spec.dir / "study.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {o["name"]: (tuple(o.get("overrides") or ()), o["window"])
+            for o in manifest.get("workloads") or [] if o.get("window")}
+
+
+def _warmup(earlier: list[tuple[Path, dict]], w: Workload) -> int:
+    """The warm-up steps the workload's runs take (its override, else what earlier records say)."""
+    key = w.kind.window[1]
+    for o in w.overrides:
+        if str(o).lstrip("+~").split("=", 1)[0] == key:
+            return int(str(o).split("=", 1)[1])
+    seen = [int((rec.get("samples") or {}).get("warmup_steps") or 0)
+            for folder, manifest in earlier if any(_same(w, o) for o in manifest.get("workloads") or [])
+            for _, rec in iter_records(folder, "*/records/*.json") if (rec.get("study") or {}).get("workload")]
+    return int(median(seen)) if seen else 0
 
 
 def _earlier(spec: StudySpec) -> list[tuple[Path, dict]]:
@@ -281,20 +405,8 @@ def measured_cv(earlier: list[tuple[Path, dict]], w: Workload, fabrics: set[str]
 
 
 def _seconds(earlier: list[tuple[Path, dict]], w: Workload) -> float | None:
-    spent = []
-    for folder, manifest in earlier:
-        names = {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)}
-        try:
-            lines = (folder / "timings.jsonl").read_text().splitlines() if names else []
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                t = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if t.get("workload") in names and t.get("ok"):
-                spent.append(float(t["seconds"]))
+    spent = [t for folder, manifest in earlier
+             for t in run_seconds(folder, {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)})]
     return median(spent) if spent else None
 
 
@@ -303,6 +415,7 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
     left it out. Raises UsageError (exit 2) when the plan cannot call `detect`."""
     cv: dict[str, tuple[float, str]] = {}
     upper: dict[str, float] = {}
+    measured: dict[str, Noise] = {}
     earlier = _earlier(spec)
     fabrics = {a.fabric for a in spec.arms}
     for w in spec.workloads:
@@ -312,6 +425,7 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
             cv[w.name] = (spec.cv, "declared for the study")
         elif (got := measured_cv(earlier, w, fabrics)) is not None:
             cv[w.name], upper[w.name] = (got.cv, got.source), got.upper
+            measured[w.name] = got
         else:
             cv[w.name] = (w.kind.default_cv, f"default for {w.entry}; no earlier runs")
     control = any(a.control for a in spec.arms)
@@ -323,8 +437,12 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
             raise UsageError(f"--max-trials {max_trials}: a sequential study looks first after {FIRST_LOOK} blocks; "
                              f"give at least {FIRST_LOOK}")
         spec = replace(spec, trials=max_trials, trials_given=True)
-        return _checked(Plan(spec, tests, control_tests, cv, seconds, looks_at(max_trials), upper))
+        plan = Plan(spec, tests, control_tests, cv, seconds, looks_at(max_trials), upper)
+        return _checked(_apply_windows(plan, earlier, measured) if spec.window == "auto" else plan)
     plan = Plan(spec, tests, control_tests, cv, seconds, [spec.trials or 1], upper)
+    if spec.window == "auto":
+        plan = _apply_windows(plan, earlier, measured)
+        spec = plan.spec
     if not spec.trials_given:
         from analysis import stats
 

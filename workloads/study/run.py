@@ -36,7 +36,7 @@ from pathlib import Path
 from statistics import median
 
 from workloads import CONF_DIR, REPO_ROOT
-from workloads.core import celllock
+from workloads.core import celllock, timeline
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
@@ -75,6 +75,8 @@ def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
         f["primary_metric"] = job.workload.primary_metric
     if job.workload.primary_point:
         f["primary_point"] = job.workload.primary_point
+    if job.workload.window:
+        f["window"] = job.workload.window  # the plan chose this run's measured steps (window: auto), and why
     if env.get("SLURM_JOB_ID"):
         f["slurm_job"] = str(env["SLURM_JOB_ID"])
         f["nodes"] = str(env.get("SLURM_JOB_NODELIST", ""))  # both arms' steps run on these nodes
@@ -304,6 +306,7 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
     env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT), celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)}
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "ab") as out:
+        env[timeline.T0_ENV] = f"{time.time():.3f}"  # the record's timeline counts from the study starting the cell
         from workloads.core.records import redact_argv
 
         out.write(f"# {redact_argv(argv)}\n".encode())

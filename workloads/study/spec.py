@@ -11,6 +11,7 @@
     detect: 10%                      # the smallest difference the study must be able to call
     equivalence: 2%                  # the margin within which two arms are called equivalent
     cv: 5%                           # expected run-to-run noise; default: earlier records, else per entry
+    window: auto                     # the plan sizes each run's measured window (training); default fixed
     design: abba                     # abba (2 arms; Williams for 3+) | williams | permuted (seeded)
     seed: 0
     control: false                   # true adds an A/A arm: the baseline again as <baseline>~aa
@@ -56,6 +57,7 @@ class Workload:
     primary_metric: str | None = None   # declared; None: the workload's default (analysis/compare.py)
     primary_point: str | None = None    # inference: the load point that decides ("c8"); None: the heaviest
     cv: float | None = None             # expected noise of the primary metric, when declared
+    window: str | None = None           # the measured window the plan chose and why (`window: auto`)
 
     @property
     def kind(self) -> catalog.Workload:
@@ -88,6 +90,7 @@ class StudySpec:
     trials_given: bool = True      # False: `trials` was chosen by the plan
     alpha: float = 0.05
     looks: int = 1                 # a sequential study's planned looks (workloads/study/plan.py)
+    window: str = "fixed"          # auto: the plan sizes each run's measured window (workloads/study/window.py)
 
     @property
     def baseline(self) -> Arm:
@@ -104,10 +107,12 @@ class StudySpec:
         """What defines the study (not where it runs): a rerun must match it to resume."""
         return {"name": self.name, "id": self.id, "design": self.design, "seed": self.seed,
                 "detect": self.detect, "margin": self.margin, "looks": self.looks,
+                **({"window": self.window} if self.window != "fixed" else {}),
                 "arms": [{"label": a.label, "fabric": a.fabric, "overrides": list(a.overrides),
                           "baseline": a.baseline, "control": a.control} for a in self.arms],
                 "workloads": [{"name": w.name, "entry": w.entry, "overrides": list(w.overrides),
-                               "primary_metric": w.primary_metric, "primary_point": w.primary_point}
+                               "primary_metric": w.primary_metric, "primary_point": w.primary_point,
+                               **({"window": w.window} if w.window else {})}
                               for w in self.workloads]}
 
 
@@ -246,7 +251,7 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
     if not isinstance(raw, Mapping):
         raise UsageError(f"{p}: a study is a mapping with name, arms, workloads, trials")
     fields = ("name", "id", "arms", "workloads", "trials", "design", "seed", "control", "output_root", "timeout_s",
-              "detect", "equivalence", "cv", "alpha")
+              "detect", "equivalence", "cv", "alpha", "window")
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a study has {', '.join(fields)}")
@@ -267,6 +272,11 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
         raise UsageError(f"timeout_s={timeout!r} must be a positive number of seconds (the most one run may take, "
                          "e.g. timeout_s: 1800)")
     arms = _arms(raw.get("arms"), bool(raw.get("control", False)))
+    window = str(raw.get("window", "fixed"))
+    if window not in ("fixed", "auto"):
+        raise UsageError(f"window={raw.get('window')!r}: use auto (the plan sizes each run's measured window from "
+                         "earlier runs) or fixed (each workload's own steps); pin one workload's window with its "
+                         "overrides, e.g. train.steps=60")
     if design == "abba" and len(arms) > 2:
         # ABBA reversal does not balance carry-over over 3+ arms (the middle arm is never first
         # and never follows itself); Williams' square is its generalisation and equals ABBA for 2
@@ -277,4 +287,5 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
                      source=str(p), detect=fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0),
                      margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0),
                      cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),
-                     trials_given=trials is not None, alpha=fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5))
+                     trials_given=trials is not None, alpha=fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5),
+                     window=window)

@@ -1,0 +1,204 @@
+"""The measured window a study's plan chooses (`window: auto`, workloads/study/window.py): the
+formulas with worked values, the choice against every other window, what the earlier runs say,
+and, by simulation through the verdict code, that the chosen window and blocks keep the power
+the plan prints and the false-call rate at alpha."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from analysis import stats
+from workloads.study.window import Costs, choose, costs_from, run_seconds, shortest, step_costs
+
+ALPHA = 0.05
+# A training run of the emulated study in docs/studies.md: 10 s outside a window of 80 ms
+# steps, 2% between runs, 20% between steps.
+C = Costs(overhead_s=10.0, step_s=0.08, between=0.02, within=0.20, steps_before=15)
+
+
+def test_costs_worked_values():
+    # n* = sqrt(sw^2 O / (sb^2 t)) = sqrt(0.04 x 10 / (0.0004 x 0.08)) = sqrt(12500)
+    assert C.unconstrained() == pytest.approx(111.803, abs=1e-3)
+    # CV(112)^2 = 0.02^2 + 0.2^2/112 = 0.0004 + 0.000357143
+    assert C.cv(112) == pytest.approx(math.sqrt(0.000757143), rel=1e-6)
+    assert C.run_s(112) == pytest.approx(18.96)
+    assert C.duty(112) == pytest.approx(8.96 / 18.96)
+    assert C.cv(15) == pytest.approx(math.sqrt(0.0004 + 0.04 / 15))
+
+
+def test_choice_is_the_least_wall_time_of_every_window():
+    """The chosen (steps, blocks) costs no more wall time than any window from 5 to 2000 steps
+    (within the 5% grid above 50 steps), and says its blocks and duty cycle as computed."""
+    ch = choose(C, detect=0.10, tests=1, alpha=ALPHA, arms=2)
+    assert ch is not None
+    assert ch.blocks == stats.blocks_for(0.10, 1, C.cv(ch.steps), ALPHA)
+    assert ch.wall_s == pytest.approx(ch.blocks * 2 * C.run_s(ch.steps))
+    assert ch.duty == pytest.approx(C.duty(ch.steps))
+    every = min(stats.blocks_for(0.10, 1, C.cv(n), ALPHA) * 2 * C.run_s(n) for n in [*range(5, 300), 400, 800, 2000])
+    assert ch.wall_s <= every * 1.05
+    # the fixed 15-step window of today's studies costs more for the same power
+    k15 = stats.blocks_for(0.10, 1, C.cv(15), ALPHA)
+    assert ch.wall_s < k15 * 2 * C.run_s(15)
+
+
+@pytest.mark.parametrize("overhead,between,within,expect", [
+    (10.0, 0.02, 0.20, "longer"),    # start-up dominates and steps are noisy: measure longer
+    (0.5, 0.05, 0.02, "shorter"),    # cheap runs, quiet steps, noisy runs: more, shorter runs
+])
+def test_window_moves_the_way_the_costs_say(overhead, between, within, expect):
+    c = Costs(overhead, 0.08, between, within, 15)
+    ch = choose(c, detect=0.10, tests=1, alpha=ALPHA, arms=2)
+    assert (ch.steps > 15) if expect == "longer" else (ch.steps < 15)
+
+
+def test_shortest_window_for_pinned_blocks():
+    """Blocks pinned (the user's trials): the fewest steps that still call the difference in them."""
+    ch = choose(C, 0.10, 1, ALPHA, 2)
+    n = shortest(C, ch.blocks + 2, 0.10, 1, ALPHA)
+    assert n < ch.steps
+    assert stats.blocks_for(0.10, 1, C.cv(n), ALPHA) <= ch.blocks + 2 < stats.blocks_for(0.10, 1, C.cv(n - 1), ALPHA)
+    assert shortest(Costs(10, 0.08, 0.5, 0.2, 15), 3, 0.01, 1, ALPHA) is None
+
+
+def test_upper_limit_and_unreachable():
+    """Blocks are counted on the CV's upper limit; a difference no window can call is None."""
+    plain = choose(C, 0.10, 1, ALPHA, 2)
+    wary = choose(C, 0.10, 1, ALPHA, 2, upper_ratio=1.6)
+    assert wary.blocks >= plain.blocks and wary.wall_s > plain.wall_s
+    assert choose(Costs(10, 0.08, 0.5, 0.2, 15), 0.01, 1, ALPHA, 2) is None
+
+
+def _rec(times, warmup=2, workload="w"):
+    return {"status": "ok", "study": {"workload": workload},
+            "samples": {"step_time_s": [0.5] * warmup + times, "warmup_steps": warmup}}
+
+
+def test_step_costs_worked_values():
+    """Ten measured steps, five of 0.1 s then five of 0.2 s, in batches of two: batch means of the
+    logs a, a, (a+b)/2, b, b about (a+b)/2 give sd^2 = (b-a)^2 / 4 and sw^2 = 2 x that = (b-a)^2/2."""
+    a, b = math.log(0.1), math.log(0.2)
+    t, sw, n, overhead = step_costs([_rec([0.1] * 5 + [0.2] * 5)], [5.0, 6.0, 7.0])
+    assert t == pytest.approx(0.15)
+    assert sw == pytest.approx(math.sqrt((b - a) ** 2 / 2))
+    assert n == 10
+    assert overhead == pytest.approx(6.0 - 1.5)  # the median run less the measured 1.5 s
+    c = costs_from([_rec([0.1] * 5 + [0.2] * 5)], [5.0, 6.0, 7.0], block_cv=0.2)
+    assert c.between == pytest.approx(math.sqrt(0.04 - (b - a) ** 2 / 2 / 10))
+    assert costs_from([_rec([0.1] * 5 + [0.2] * 5)], [6.0], block_cv=0.01).between == 0.005  # the floor
+    assert step_costs([_rec([0.1] * 4)], [6.0]) is None  # too few steps for five batches
+    assert costs_from([_rec([0.1] * 10)], [6.0], block_cv=None) is None
+
+
+def test_run_seconds_reads_ok_runs_of_the_workload(tmp_path):
+    (tmp_path / "timings.jsonl").write_text("\n".join(json.dumps(x) for x in [
+        {"workload": "w", "arm": "a", "seconds": 8.0, "ok": True},
+        {"workload": "w", "arm": "b", "seconds": 9.0, "ok": False},
+        {"workload": "v", "arm": "a", "seconds": 1.0, "ok": True}]) + "\nnot json\n")
+    assert run_seconds(tmp_path, {"w"}) == [8.0]
+    assert run_seconds(tmp_path / "nowhere", {"w"}) == []
+
+
+def _simulate(c: Costs, n: int, k: int, effect: float, rng, studies: int) -> float:
+    """Fraction of `studies` simulated studies whose verdict (stats.compare over the k blocks' log
+    ratios) is significant: each run's log metric is its arm's truth, a between-run draw and the
+    mean of n step draws."""
+    calls = 0
+    for _ in range(studies):
+        run = lambda: rng.normal(0, c.between) + rng.normal(0, c.within, n).mean()  # noqa: E731
+        d = np.array([effect + run() - run() for _ in range(k)])
+        cmp = stats.compare([1.0] * k, [1.0] * k, "b", "a", "samples_per_sec", blocks=d, design="abba")
+        calls += bool(cmp.significant)
+    return calls / studies
+
+
+def test_chosen_window_keeps_the_printed_power_and_alpha():
+    """At the plan's choice, the MDE it prints (at the estimate) is called 75-85% of the time,
+    and two equal arms are called different at most alpha (binomial slack) of the time."""
+    ch = choose(C, detect=0.10, tests=1, alpha=ALPHA, arms=2)
+    mde = math.log1p(stats.plan_mde(ch.blocks, 1, C.cv(ch.steps), ALPHA))
+    rng = np.random.default_rng(48)
+    power = _simulate(C, ch.steps, ch.blocks, mde, rng, 500)
+    assert 0.75 <= power <= 0.85, power
+    false = _simulate(C, ch.steps, ch.blocks, 0.0, rng, 500)
+    assert false <= ALPHA + 0.03, false
+
+
+SPEC = """name: sized
+arms:
+  - {label: ib, fabric: loopback, baseline: true}
+  - {label: roce, fabric: loopback, overrides: [parallel.bucket_cap_mb=1]}
+workloads:
+  - {name: t, entry: train}
+detect: 10%
+window: auto
+"""
+
+
+def _earlier(root, rng, blocks=8, steps=15, warmup=2, name="old"):
+    """An earlier study `old` of workload t (train) under `root`: each run 10 s outside a window of
+    `steps` steps of ~80 ms (2% between runs, 20% between steps), its records and timings.jsonl."""
+    from helpers.records import train_record
+    from workloads.core.records import write_record
+
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "study.json").write_text(json.dumps({"id": name, "workloads": [{"name": "t", "entry": "train", "overrides": []}],
+                                                   "arms": [{"label": "ib", "fabric": "loopback"},
+                                                            {"label": "roce", "fabric": "loopback"}]}))
+    timings = []
+    for b in range(blocks):
+        for arm in ("ib", "roce"):
+            times = list(0.08 * np.exp(rng.normal(0, 0.02) + rng.normal(0, 0.2, steps)))
+            rec = train_record(arm, 8 / float(np.mean(times)), trial=b, run_id=f"{arm}-{b}")
+            rec["study"] = {"id": name, "arm": arm, "block": b, "workload": "t", "design": "abba"}
+            rec["samples"] = {"step_time_s": [0.3] * warmup + times, "warmup_steps": warmup}
+            write_record(folder / f"{arm}-{b}" / "records", rec, "r")
+            timings.append({"workload": "t", "arm": arm, "seconds": 10 + sum(times), "ok": True})
+    (folder / "timings.jsonl").write_text("".join(json.dumps(t) + "\n" for t in timings))
+
+
+def test_plan_sizes_the_window_from_earlier_runs_and_a_rerun_keeps_it(tmp_path):
+    """`window: auto` with an earlier study of the workload: the plan chooses the steps (an
+    override of train.steps, warm-up included), prints the window, the duty cycle and the wall
+    time, and the records' study block says why; a rerun of the same study keeps the window its
+    manifest holds even when the earlier runs would now say otherwise. Without earlier runs it
+    says that it is not sizing, and why."""
+    from workloads.study import run as study_run
+    from workloads.study.plan import make_plan
+    from workloads.study.spec import load_spec
+
+    (tmp_path / "sized.yaml").write_text(SPEC)
+    out = tmp_path / "out"
+    spec = load_spec(str(tmp_path / "sized.yaml"), None, str(out))
+    bare = make_plan(spec)
+    assert not bare.windows and "no earlier runs" in "\n".join(bare.lines())
+    _earlier(out, np.random.default_rng(5))
+    plan = make_plan(load_spec(str(tmp_path / "sized.yaml"), None, str(out)))
+    (w,) = plan.spec.workloads
+    n, costs = plan.windows["t"]
+    assert f"train.steps={n + 2}" in w.overrides and n > 15  # 10 s of start-up against 80 ms steps: longer
+    assert 0.05 < costs.within < 0.4 and 9 < costs.overhead_s < 11 and 0.07 < costs.step_s < 0.09
+    text = "\n".join(plan.lines())
+    assert f"window: {n} measured steps per run" in text and "duty cycle" in text and "wall time: about" in text
+    job = study_run.plan(plan.spec)[0]
+    assert study_run.study_field(plan.spec, job, env={})["window"].startswith("chosen: run overhead")
+    study_run._manifest(plan.spec)
+    _earlier(out, np.random.default_rng(6), steps=60, name="newer")  # new evidence: a rerun must not move the window
+    fresh = make_plan(load_spec(str(tmp_path / "sized.yaml"), None, str(out)).__class__(
+        **{**load_spec(str(tmp_path / "sized.yaml"), None, str(out)).__dict__, "id": "other"}))
+    assert fresh.windows["t"][1] != costs  # ... which a new study would use
+    again = make_plan(load_spec(str(tmp_path / "sized.yaml"), None, str(out)))
+    assert again.spec.workloads[0].overrides == w.overrides
+
+
+def test_window_field_is_checked(tmp_path):
+    from workloads.core.errors import UsageError
+    from workloads.study.spec import load_spec
+
+    (tmp_path / "s.yaml").write_text(SPEC.replace("window: auto", "window: sometimes"))
+    with pytest.raises(UsageError, match="window='sometimes': use auto"):
+        load_spec(str(tmp_path / "s.yaml"))

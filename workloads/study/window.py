@@ -1,0 +1,175 @@
+"""How long each run of a study measures: the window that reaches the asked power in the least
+wall time, from what earlier runs of the workload cost and how they varied.
+
+A run of n measured steps costs O + n·t seconds (O: everything outside the window, start-up,
+warm-up and the record; t: one step) and its log metric varies between runs by
+CV(n)² = σ_b² + σ_w²/n: σ_b the run-to-run part no window removes (placement, the fabric's
+state, the run's own start), σ_w the step-to-step part that averaging over n steps shrinks.
+The blocks a study needs grow with CV(n)², so its wall time is about
+
+    blocks(CV(n)) · Σ_arms (O + n·t)
+
+and the best window balances the two: without the integer block count, (σ_b² + σ_w²/n)(O + n·t)
+is least at n* = sqrt(σ_w²·O / (σ_b²·t)). The plan evaluates the integer block count
+(analysis.stats.blocks_for) at every n from a short window to a long one and keeps the n with the
+least wall time; a longer window than needed is never bought when it does not save a block.
+
+Where the numbers come from, for a workload with per-step samples (training: samples.step_time_s
+after the warm-up): t the median measured step; σ_w from batch means of the steps' logs (five
+batches, so steps that drift together are not counted as independent); O the median wall time
+of the runs (the study's timings.jsonl) less their measured window; σ_b from the block CV the
+plan measured (its upper limit for the block count), less the σ_w²/n that window contributed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+MIN_STEPS, MAX_STEPS = 5, 2000
+BATCHES = 5
+FLOOR = 0.005  # no run is noise-free: the plan's CV floor (plan.py), here for σ_b
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one run of the workload costs and how it varies (see the module docstring)."""
+
+    overhead_s: float   # O
+    step_s: float       # t
+    between: float      # σ_b
+    within: float       # σ_w
+    steps_before: int   # the measured steps of the runs these came from
+
+    def cv(self, n: int) -> float:
+        return math.sqrt(self.between ** 2 + self.within ** 2 / n)
+
+    def run_s(self, n: int) -> float:
+        return self.overhead_s + n * self.step_s
+
+    def duty(self, n: int) -> float:
+        return n * self.step_s / self.run_s(n)
+
+    def unconstrained(self) -> float:
+        """n* of the continuous problem (the module docstring)."""
+        if self.between <= 0 or self.step_s <= 0:
+            return math.inf
+        return math.sqrt(self.within ** 2 * self.overhead_s / (self.between ** 2 * self.step_s))
+
+
+@dataclass(frozen=True)
+class Choice:
+    steps: int
+    blocks: int
+    wall_s: float       # the study's runs of this workload, every arm
+    duty: float         # measured time / wall time of a run
+    cv: float
+
+
+def choose(costs: Costs, detect: float, tests: int, alpha: float, arms: int, looks: int = 1,
+           upper_ratio: float = 1.0, lo: int = MIN_STEPS, hi: int = MAX_STEPS) -> Choice | None:
+    """The window (measured steps) and blocks with the least wall time that reach 80% power at
+    `detect` over `tests` verdicts; blocks are counted on CV(n)·upper_ratio (the plan's upper
+    limit of a measured CV over its estimate). None: no window up to `hi` can call `detect`."""
+    from analysis import stats
+
+    def reachable(n: int) -> bool:  # within blocks_for's 200 blocks: one MDE, not 200
+        return stats.plan_mde(200, tests, costs.cv(n) * upper_ratio, alpha, looks) <= detect
+
+    if not reachable(hi):
+        return None
+    first = hi
+    while lo < first:  # the shortest window that can call it at all (CV(n) falls with n)
+        mid = (lo + first) // 2
+        lo, first = (lo, mid) if reachable(mid) else (mid + 1, first)
+    best: Choice | None = None
+    for n in _grid(first, hi):
+        k = stats.blocks_for(detect, tests, costs.cv(n) * upper_ratio, alpha, looks)
+        if k is None:
+            continue
+        wall = k * arms * costs.run_s(n)
+        if best is None or wall < best.wall_s - 1e-9:
+            best = Choice(n, k, wall, costs.duty(n), costs.cv(n))
+    return best
+
+
+def shortest(costs: Costs, blocks: int, detect: float, tests: int, alpha: float, looks: int = 1,
+             upper_ratio: float = 1.0, lo: int = MIN_STEPS, hi: int = MAX_STEPS) -> int | None:
+    """The fewest measured steps that call `detect` in `blocks` blocks (CV(n) falls as n grows, so
+    the blocks needed never rise with n: bisection). None: not even `hi` steps do."""
+    from analysis import stats
+
+    def enough(n: int) -> bool:
+        k = stats.blocks_for(detect, tests, costs.cv(n) * upper_ratio, alpha, looks)
+        return k is not None and k <= blocks
+
+    if not enough(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
+
+
+def _grid(lo: int, hi: int) -> list[int]:
+    """Every n up to 50, then steps of ~5%: the wall time is flat near its least."""
+    out, n = [], lo
+    while n <= hi:
+        out.append(n)
+        n = n + 1 if n < 50 else int(math.ceil(n * 1.05))
+    return out
+
+
+def step_costs(records: list[dict], run_seconds: list[float]) -> tuple[float, float, int, float] | None:
+    """(t, σ_w, measured steps, O) from ok records of one workload (their per-step samples) and
+    the wall seconds of their runs; None without at least BATCHES·2 measured steps in a record."""
+    steps, within, windows, counts = [], [], [], []
+    for rec in records:
+        s = rec.get("samples") or {}
+        times = [float(x) for x in (s.get("step_time_s") or [])[int(s.get("warmup_steps") or 0):] if x and x > 0]
+        if len(times) < 2 * BATCHES:
+            continue
+        logs = [math.log(x) for x in times]
+        size = len(logs) // BATCHES
+        means = [sum(logs[i * size:(i + 1) * size]) / size for i in range(BATCHES)]
+        grand = sum(means) / BATCHES
+        within.append(sum((m - grand) ** 2 for m in means) / (BATCHES - 1) * size)  # σ_w² from batch means
+        steps.append(median(times))
+        windows.append(sum(times))
+        counts.append(len(times))
+    if not steps or not run_seconds:
+        return None
+    t = median(steps)
+    overhead = max(median(run_seconds) - median(windows), 0.0)
+    return t, math.sqrt(sum(within) / len(within)), int(median(counts)), overhead
+
+
+def costs_from(records: list[dict], run_seconds: list[float], block_cv: float | None) -> Costs | None:
+    """Costs of a workload from its earlier runs; σ_b from the block CV measured at their window
+    (None: the plan has no measured CV, and then no window is chosen from a guess)."""
+    got = step_costs(records, run_seconds)
+    if got is None or block_cv is None:
+        return None
+    t, sw, n, overhead = got
+    between = math.sqrt(max(block_cv ** 2 - sw ** 2 / n, FLOOR ** 2))
+    return Costs(overhead, t, between, sw, n)
+
+
+def run_seconds(folder: Path, names: set[str]) -> list[float]:
+    """The wall seconds of the ok runs of workloads `names` in a study folder (timings.jsonl)."""
+    try:
+        lines = (folder / "timings.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            t = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if t.get("workload") in names and t.get("ok"):
+            out.append(float(t["seconds"]))
+    return out
