@@ -37,7 +37,7 @@ from statistics import median
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records
 from workloads.study.spec import StudySpec, Workload
-from workloads.study.window import Costs, choose, costs_from, run_seconds, shortest
+from workloads.study.window import MAX_STEPS, Costs, choose, costs_from, run_seconds, shortest
 
 FIRST_LOOK = 3
 
@@ -242,6 +242,11 @@ def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
 
     chosen = {name: choose(c, spec.detect, m, spec.alpha, len(spec.arms), looks, ratio) for name, (c, ratio) in costs.items()}
     best = [ch.blocks for ch in chosen.values() if ch]
+    for name, ch in chosen.items():
+        if ch is None:
+            notes[name] = f"no window up to {MAX_STEPS} steps calls {stats.pct(spec.detect)} at the noise earlier runs had"
+    if not best:
+        return replace(plan, window_notes=notes)
     if spec.trials_given and looks == 1:
         blocks = spec.trials  # blocks pinned by the user: the windows that reach the power in them
     elif spec.trials_given:
@@ -254,7 +259,7 @@ def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
     for w in spec.workloads:
         if w.name in pinned:
             w = replace(w, overrides=pinned[w.name][0], window=pinned[w.name][1])
-        elif w.name in costs and chosen[w.name] is not None:
+        elif chosen.get(w.name) is not None:
             c, ratio = costs[w.name]
             n = shortest(c, blocks, spec.detect, m, spec.alpha, looks, ratio) or chosen[w.name].steps
             warm = _warmup(earlier, w)

@@ -371,6 +371,37 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
     return len(todo), len(failures), failures
 
 
+def measured_s(rec: dict) -> float | None:
+    """The seconds a record measured: its timeline's window, else its NIC counters' window."""
+    tl = rec.get("timeline") or {}
+    if isinstance(tl.get("window"), (int, float)) and isinstance(tl.get("window_end"), (int, float)):
+        return max(tl["window_end"] - tl["window"], 0.0)
+    w = (rec.get("nic") or {}).get("window_s")
+    return float(w) if isinstance(w, (int, float)) else None
+
+
+def clock_line(spec: StudySpec, jobs: list[Job], wall_s: float) -> str | None:
+    """The study's clock: how much of its runs' wall time was measured (the duty cycle) and the
+    wall time per decided primary verdict of this invocation."""
+    try:
+        spent = [json.loads(x)["seconds"] for x in (spec.dir / "timings.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError, KeyError):
+        return None
+    measured = [m for j in jobs for r in job_records(spec, j) if r.get("status") == "ok"
+                and (m := measured_s(r)) is not None]
+    if not spent or not measured:
+        return None
+    duty = sum(measured) / sum(spent)
+    try:
+        n_decided, n, _ = decided(spec)
+    except (UsageError, ValueError):  # compare refuses (mixed code...): analyse() says why, below
+        return f"clock: {sum(measured):.0f} s measured of {sum(spent):.0f} s of runs (duty cycle {100 * duty:.0f}%)"
+    per = f"; {n_decided} of {n} primary verdict(s) decided, {clock(wall_s / n_decided)} of wall time each" \
+        if n_decided else f"; none of {n} primary verdict(s) decided yet"
+    return (f"clock: {sum(measured):.0f} s measured of {sum(spent):.0f} s of runs (duty cycle {100 * duty:.0f}%), "
+            f"{clock(wall_s)} in this invocation{per}")
+
+
 def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
     """Per workload (and load point) and arm: trials ok / asked, and the primary metric's
     median and range over trials (the metric the verdicts are called on), in the style of a
@@ -543,11 +574,14 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_t
     say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
         f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
         f"{' seed ' + str(spec.seed) if spec.design != 'abba' else ''}, {launcher}; records in {spec.dir}")
+    started = time.monotonic()
     if max_trials:
         ran, failed, failures = execute_sequential(spec, jobs, launcher, the_plan.looks, say)
     else:
         ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
+    if (line := clock_line(spec, jobs, time.monotonic() - started)) is not None:
+        say(line)
     commits = {_commit(r) for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
         say(f"warning: the study's records come from {len(commits)} versions of the code "
