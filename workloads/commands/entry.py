@@ -121,6 +121,7 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
     multirun = any(a in ("-m", "--multirun") for a in argv)
     overrides = [a for a in argv if not a.startswith("-")]
     try:
+        forkrank.mode()  # FB_RANK_START checked before anything starts
         jobs = expand_sweep(overrides) if multirun else [overrides]
         if multirun:
             target = str(compose(conf_dir, jobs[0], config_name, hydra_config=True).hydra.launcher.get("_target_", ""))

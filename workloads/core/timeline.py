@@ -66,3 +66,4 @@ def stamp(record: dict) -> None:
             _marks["process"] = t
     _marks["record"] = time.time()
     record["timeline"] = {name: round(_marks[name] - t0, 3) for name in ORDER if name in _marks}
+    record["timeline"]["rank_start"] = "fork" if os.environ.get("FB_FORKED_AT") else "exec"

@@ -1,0 +1,45 @@
+"""Ranks forked from their launcher (workloads/core/forkrank.py), against torchrun's exec: real
+self-launched training runs over Gloo. Both start real, separate rank processes that each build
+their own process group; the record says how the writing rank started and where its time went;
+a wrong FB_RANK_START is one line before anything starts. (The signals, in-flight and bad-input
+tests exercise the forked ranks' deaths, exits and messages: fork is the default.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, child_env, records_in
+
+SHORT = ["train.steps=4", "train.warmup_steps=1"]
+
+
+def _train(out, mode: str | None, *extra: str) -> subprocess.CompletedProcess:
+    env = child_env(**({"FB_RANK_START": mode} if mode else {}))
+    return subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), f"output_root={out}", *SHORT, *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_forked_and_execd_ranks_both_measure_and_say_how_they_started(tmp_path):
+    for mode, expect in ((None, "fork"), ("exec", "exec")):
+        out = tmp_path / expect
+        r = _train(out, mode, f"run_id={expect}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        (rec,) = records_in(out)
+        tl = rec["timeline"]
+        assert tl["rank_start"] == expect, tl
+        # one clock from the launch: the rank started, joined its group, measured, then wrote
+        assert 0 < tl["process"] <= tl["group"] <= tl["window"] < tl["window_end"] <= tl["record"], tl
+        assert rec["world"]["world_size"] == 2 and rec["metrics"]["samples_per_sec"] > 0
+        assert rec["fabric"]["transport"]["verdict"] == "ok"  # each rank's own sockets, found in its own /proc
+
+
+def test_a_wrong_rank_start_is_one_line(tmp_path):
+    r = _train(tmp_path / "o", "spawn")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: FB_RANK_START='spawn': choose fork (ranks forked from the launcher) or exec "
+                                "(a fresh interpreter per rank, as torchrun starts them)"), r.stderr
+    assert not list((tmp_path / "o").rglob("*.json"))
