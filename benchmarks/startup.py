@@ -29,19 +29,19 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RUNS = {
-    "train": ["launch/train.py"],
-    "collectives": ["launch/collectives.py", "workload=collectives", "collectives.minbytes=1M", "collectives.maxbytes=4M"],
-}
+# (label, command): the default tiny GPT-NeoX training run, and an all_reduce sweep of 1-4 MiB
+RUNS = (("neox-tiny", ["launch/train.py"]),
+        ("allreduce", ["launch/collectives.py", "workload=collectives", "collectives.minbytes=1M",
+                       "collectives.maxbytes=4M"]))
 PHASES = [("start", None, "process"), ("init", "process", "group"), ("setup", "group", "window"),
           ("measured", "window", "window_end"), ("record", "window_end", "record"), ("exit", "record", None)]
 
 
-def one(kind: str, mode: str, out: Path, extra: list[str], k: int) -> dict:
+def one(kind: str, argv: list[str], mode: str, out: Path, extra: list[str], k: int) -> dict:
     run_id = f"{kind}-{mode}-{k}"
     env = dict(os.environ, FB_RANK_START=mode, OMP_NUM_THREADS="1", FB_T0=f"{time.time():.3f}")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run([sys.executable, *RUNS[kind], f"output_root={out}", f"run_id={run_id}", *extra],
+    r = subprocess.run([sys.executable, *argv, f"output_root={out}", f"run_id={run_id}", *extra],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     wall = time.time() - float(env["FB_T0"])
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -74,15 +74,15 @@ def main() -> int:
         k = 0
         for r in range(args.rounds):
             for mode in ("exec", "fork", "fork", "exec") if r % 2 == 0 else ("fork", "exec", "exec", "fork"):
-                for kind in RUNS:
+                for kind, argv in RUNS:
                     k += 1
-                    results.setdefault((kind, mode), []).append(one(kind, mode, Path(tmp), args.extra, k))
+                    results.setdefault((kind, mode), []).append(one(kind, argv, mode, Path(tmp), args.extra, k))
                     got = results[(kind, mode)][-1]
                     print(f"  {kind:11s} {mode:4s} wall {got['wall']:6.2f} s  cpu {got['cpu']:6.2f} s", flush=True)
     print(f"\nmedians over {2 * args.rounds} runs per cell (load average now {os.getloadavg()[0]:.1f}):")
     names = [p[0] for p in PHASES]
     print(f"{'run':11s} {'mode':4s} " + " ".join(f"{n:>8s}" for n in names) + f" {'wall':>7s} {'cpu':>7s} {'duty':>5s}")
-    for kind in RUNS:
+    for kind, _ in RUNS:
         for mode in ("exec", "fork"):
             rs = results[(kind, mode)]
             ph = [phases(x["tl"]) for x in rs]

@@ -185,7 +185,8 @@ def test_record_blocks_and_table_header_are_pinned(out_root):
         ("warmup_iters", 1), ("average", "mean"), ("check", True), ("min_busbw", 1e-06), ("groups", [[0, 1]])]
     assert list(rec) == [
         "schema", "workload", "status", "error", "created", "run_id", "overrides", "config", "fabric", "study", "world",
-        "collectives", "fingerprint", "metrics", "rows", "p2p", "external", "line_rate", "nic", "ceiling", "record_id"]
+        "collectives", "fingerprint", "metrics", "rows", "p2p", "external", "line_rate", "nic", "ceiling", "timeline",
+        "record_id"]
     config = rec["config"]
     assert list(config) == ["fabric", "model", "parallel", "workload", "collectives", "logger", "run_id",
                             "output_root", "seed", "trial", "study", "dist", "metrics", "launcher"]
