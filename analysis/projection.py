@@ -3,7 +3,7 @@
 Per fabric and collective the time of one call of S bytes (nccl-tests' size column) over p ranks
 is the ring algorithm's cost (docs/projection.md):
 
-    T(S, p) = alpha x L(p) + S x G(p) / B
+    T(S, p) = L(p) x (alpha + kappa x log2(p/2)) + S x G(p) / B
 
     all_reduce       L = 2(p-1)   G = 2(p-1)/p     (reduce-scatter then all-gather around the ring)
     all_gather,
@@ -11,9 +11,13 @@ is the ring algorithm's cost (docs/projection.md):
     alltoall         L = p-1      G = (p-1)/p      (p-1 exchanges; S the total buffer)
 
 G is nccl-tests' bus-bandwidth factor, so B is the bus bandwidth a large call approaches (what
-`busbw` measures) and alpha the time of one of the L serial steps a small call cannot hide. Both
-are fitted by non-negative least squares on relative error (each point weighted by 1/T, so a 64
-KiB call counts as much as a 16 MiB one) over every scale's points at once.
+`busbw` measures); alpha is the time of one of the L serial steps at 2 ranks, and kappa what a
+step gains per doubling of the ranks: a step ends when the slowest of its ranks has been
+scheduled and has answered, and the expected maximum of p alike delays grows with log p (on a
+host with fewer cores than ranks this is most of a small call's time). kappa needs two scales
+to be told from alpha and is 0 in a fit from one. All three are fitted by non-negative least
+squares on relative error (each point weighted by 1/T, so a 64 KiB call counts as much as a 16
+MiB one) over every scale's points at once.
 
 The 90% prediction interval is on log T, with three parts added in quadrature:
   - parameters: the spread of the prediction over refits of resampled *blocks* (a study's blocks;
@@ -27,7 +31,8 @@ The 90% prediction interval is on log T, with three parts added in quadrature:
     scales below it (4 from 2; 8 from 2 and 4); the 90% quantile of |log(measured/predicted)|
     per doubling of the extrapolation distance is the margin, applied x log2(p / largest
     measured) doublings (at least one) beyond the data, and the fit's own residual quantile
-    within it.
+    within it. With two scales the held-out fit has one scale, so no kappa: the margin then
+    also holds what kappa explains, and is wider than the full model's own error.
 A projection beyond MODEL_ONLY x the largest measured scale is labelled model-only.
 
 Everything here reads records or a calibration file; nothing runs.
@@ -71,10 +76,11 @@ def terms(op: str, p: int) -> tuple[float, float]:
     return ALGORITHMS[op][1](p)
 
 
-def model_time(op: str, p: int, size: float, alpha: float, beta: float) -> float:
-    """Seconds of one call: alpha x L(p) + size x G(p) x beta, beta = 1/B in s per byte."""
+def model_time(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0) -> float:
+    """Seconds of one call: L(p) x (alpha + kappa x log2(p/2)) + size x G(p) x beta, beta = 1/B in
+    s per byte."""
     L, G = terms(op, p)
-    return alpha * L + size * G * beta
+    return L * (alpha + kappa * math.log2(p / 2)) + size * G * beta
 
 
 # --- reading records ---------------------------------------------------------------------------
@@ -167,16 +173,21 @@ def select(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None
 
 # --- fitting ----------------------------------------------------------------------------------
 
-def fit_params(op: str, pts: list[tuple[int, int, float]]) -> tuple[float, float]:
-    """(alpha s, beta s/byte) minimising sum((T - model)/T)^2, both >= 0; pts = (p, size, time_s)."""
+def fit_params(op: str, pts: list[tuple[int, int, float]]) -> tuple[float, float, float]:
+    """(alpha s, beta s/byte, kappa s) minimising sum((T - model)/T)^2, all >= 0; pts = (p, size,
+    time_s). kappa is 0 when the points are of one scale (it cannot be told from alpha there)."""
     import numpy as np
     from scipy.optimize import nnls
 
-    x = np.array([terms(op, p) for p, _, _ in pts], dtype=float)
-    x[:, 1] *= np.array([s for _, s, _ in pts], dtype=float)
+    scales = {p for p, _, _ in pts}
+    rows = []
+    for p, s, _ in pts:
+        L, G = terms(op, p)
+        rows.append([L, s * G] + ([L * math.log2(p / 2)] if len(scales) > 1 else []))
+    x = np.array(rows, dtype=float)
     y = np.array([t for _, _, t in pts], dtype=float)
     theta, _ = nnls(x / y[:, None], np.ones_like(y))
-    return float(theta[0]), float(theta[1])
+    return float(theta[0]), float(theta[1]), float(theta[2]) if len(scales) > 1 else 0.0
 
 
 def _cells(pts: list[Point]) -> dict[tuple[int, int], float]:
@@ -207,11 +218,11 @@ def holdout(op: str, cells: dict[tuple[int, int], float]) -> list[dict[str, Any]
     out = []
     for k in range(1, len(scales)):
         train = [(p, s, t) for (p, s), t in cells.items() if p < scales[k]]
-        a, b = fit_params(op, train)
+        a, b, kap = fit_params(op, train)
         dist = math.log2(scales[k] / scales[k - 1])
         for (p, s), t in sorted(cells.items()):
             if p == scales[k]:
-                pred = model_time(op, p, s, a, b)
+                pred = model_time(op, p, s, a, b, kap)
                 out.append({"p": p, "from": scales[:k], "size": s, "measured_s": t, "predicted_s": pred,
                             "log_error": math.log(t / pred), "doublings": dist})
     return out
@@ -223,14 +234,14 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -
     import numpy as np
 
     cells = _cells(pts)
-    a, b = fit_params(op, [(p, s, t) for (p, s), t in cells.items()])
+    a, b, kap = fit_params(op, [(p, s, t) for (p, s), t in cells.items()])
     scales = sorted({p for p, _ in cells})
     blocks: dict[int, dict[str, list[Point]]] = {}
     for pt in pts:
         blocks.setdefault(pt.p, {}).setdefault(pt.block, []).append(pt)
     rng = np.random.default_rng(seed)
     by_block = all(len(v) >= 2 for v in blocks.values())
-    resid = {k: math.log(t / model_time(op, k[0], k[1], a, b)) for k, t in cells.items()}
+    resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap)) for k, t in cells.items()}
     draws = []
     for _ in range(boot):
         if by_block:
@@ -243,7 +254,7 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -
         else:  # one block per scale: resample the fit's own log residuals instead
             keys = sorted(cells)
             r = [resid[keys[i]] for i in rng.integers(0, len(keys), len(keys))]
-            c = {k: model_time(op, k[0], k[1], a, b) * math.exp(e) for k, e in zip(keys, r)}
+            c = {k: model_time(op, k[0], k[1], a, b, kap) * math.exp(e) for k, e in zip(keys, r)}
         draws.append(fit_params(op, [(p, s, t) for (p, s), t in c.items()]))
     # noise: the spread of log time between blocks at one scale and size, pooled over sizes
     noise = {}
@@ -258,10 +269,11 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -
     held = holdout(op, cells)
     mf = [abs(h["log_error"]) / h["doublings"] for h in held]
     q = lambda v: [float(x) for x in np.quantile(v, [0.05, 0.5, 0.95])]  # noqa: E731
-    al, be = [d[0] for d in draws], [d[1] for d in draws]
+    al, be, ka = [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws]
     return {
         "algorithm": ALGORITHMS[op][0],
-        "alpha_s": a, "beta_s_per_byte": b,
+        "alpha_s": a, "beta_s_per_byte": b, "kappa_s": kap,
+        "kappa_90": q(ka)[0:1] + q(ka)[2:3],
         "bandwidth_GBps": (1 / b / 1e9) if b > 0 else None,
         "alpha_90": q(al)[0:1] + q(al)[2:3],
         "bandwidth_GBps_90": [1 / x / 1e9 if x > 0 else None for x in (q(be)[2], q(be)[0])],
@@ -275,7 +287,7 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -
         "noise_log_sd": {str(p): v for p, v in noise.items()},
         "holdout": held,
         "model_form_q90_per_doubling": _quantile(mf, PI_LEVEL) if mf else None,
-        "draws": [[x, y] for x, y in draws],
+        "draws": [list(d) for d in draws],
     }
 
 
@@ -376,8 +388,8 @@ def project(cal: dict[str, Any], op: str, p: int, size: int) -> Projection:
     if op not in cal["ops"]:
         raise UsageError(f"the calibration of {cal['fabric']} has no {op} (it has {', '.join(cal['ops'])})")
     c = cal["ops"][op]
-    t = model_time(op, p, size, c["alpha_s"], c["beta_s_per_byte"])
-    logs = [math.log(model_time(op, p, size, a, b)) for a, b in c["draws"] if model_time(op, p, size, a, b) > 0]
+    t = model_time(op, p, size, c["alpha_s"], c["beta_s_per_byte"], c["kappa_s"])
+    logs = [math.log(v) for a, b, k in c["draws"] if (v := model_time(op, p, size, a, b, k)) > 0]
     mean = sum(logs) / len(logs)
     param_sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
     z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
@@ -492,7 +504,9 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     for op, c in cal["ops"].items():
         lo, hi = c["alpha_90"]
         blo, bhi = c["bandwidth_GBps_90"]
-        line = (f"  {op} ({c['algorithm']}): alpha {c['alpha_s'] * 1e6:.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}] per step, "
+        klo, khi = c["kappa_90"]
+        line = (f"  {op} ({c['algorithm']}): alpha {c['alpha_s'] * 1e6:.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}] per step "
+                f"at 2 ranks, + {c['kappa_s'] * 1e6:.1f} us [{klo * 1e6:.1f}, {khi * 1e6:.1f}] per doubling, "
                 f"B {c['bandwidth_GBps']:.5g} GB/s [{blo:.5g}, {bhi:.5g}] bus bandwidth (90% intervals over "
                 f"{c['uncertainty'].split(' (')[0]}); scales {', '.join(map(str, c['scales']))}, blocks "
                 f"{', '.join(f'{k}: {v}' for k, v in c['blocks'].items())}")
@@ -506,3 +520,90 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
                        f"median |error| {100 * median(errs):.1f}%, worst {100 * max(errs):.1f}%; model-form margin "
                        f"{100 * (math.exp(c['model_form_q90_per_doubling']) - 1):.1f}% per doubling of scale")
     return out
+
+
+# --- training: the step time at other scales -------------------------------------------------
+
+def _call_size(op: str, numel: int, dtype: str, p0: int) -> int:
+    """nccl-tests' size of a traced call: an all_reduce's (broadcast's, alltoall's) buffer; an
+    all_gather's or reduce_scatter's whole buffer, the rank's part x its ranks (ZeRO's shards
+    shrink as ranks grow; the whole stays)."""
+    item = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 1)
+    n = numel * item
+    return n * p0 if op in ("all_gather", "reduce_scatter") else n
+
+
+_TRACE_OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "all_gather": "all_gather",
+              "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+              "all_to_all_single": "alltoall"}
+
+
+@dataclass(frozen=True)
+class StepProjection:
+    p: int
+    step_s: float
+    low_s: float
+    high_s: float
+    measured_step_s: float
+    measured_comm_s: float
+    comm_s: float           # projected time with a collective in flight
+    label: str
+    ranks: int              # the record's own scale
+
+
+def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjection:
+    """A training record's step time at p ranks: the time with no collective in flight stays
+    (compute the communication did not overlap), and the time with one in flight (CommTimer's,
+    overlap included) scales as the calibrated model's time of the step's own collectives (the
+    record's trace) at p over its time at the record's scale. The interval: each call's 90% PI
+    at p, and the record's step-to-step spread (z x sd / sqrt(steps))."""
+    from scipy import stats
+
+    if rec.get("workload") not in ("pretrain", "finetune") or rec.get("status") != "ok":
+        raise UsageError("--training takes an ok training record (pretrain or finetune)")
+    if fabric_of(rec) != cal["fabric"]:
+        raise UsageError(f"the training record ran on {fabric_of(rec)}, the calibration is of {cal['fabric']}; "
+                         "project a record with its own fabric's calibration")
+    if code_of(rec) != (cal["code"]["commit"], cal["code"]["dirty_hash"]):
+        raise UsageError(f"the training record was made by other code (commit {str(code_of(rec)[0])[:12]}) than the "
+                         f"calibration (commit {str(cal['code']['commit'])[:12]}); refit or rerun on one commit")
+    s = rec.get("samples") or {}
+    calls = s.get("comm_calls")
+    m = rec.get("metrics") or {}
+    if not calls or m.get("comm_share") is None:
+        raise UsageError("the training record holds no collectives trace (samples.comm_calls) or comm share; rerun it "
+                         "on this version")
+    p0 = int((rec.get("world") or {}).get("world_size"))
+    step, comm = float(m["iteration_time(s)"]), float(m["comm_share"]) * float(m["iteration_time(s)"])
+    at, base, lows, highs = 0.0, 0.0, 0.0, 0.0
+    labels = set()
+    for one in calls:
+        for name, dtype, numel, _, _, _ in one:
+            op = _TRACE_OPS.get(name)
+            if op is None or not numel:
+                continue
+            if op not in cal["ops"]:
+                raise UsageError(f"the record's steps run {op}, which the calibration of {cal['fabric']} lacks; "
+                                 f"calibrate it (collectives.ops=[{op}])")
+            size = _call_size(op, numel, dtype, p0)
+            pr = project(cal, op, p, size)
+            at, lows, highs = at + pr.time_s, lows + pr.low_s, highs + pr.high_s
+            base += model_time(op, p0, size, cal["ops"][op]["alpha_s"], cal["ops"][op]["beta_s_per_byte"],
+                               cal["ops"][op]["kappa_s"])
+            labels.add(pr.label)
+    if base <= 0:
+        raise UsageError("the record's trace holds no collective the model prices")
+    other = max(0.0, step - comm)
+    z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
+    n = int(m.get("measured_steps") or 1)
+    spread = z * float(m.get("iteration_time_std(s)") or 0.0) / math.sqrt(n)
+    order = ("model-only", "extrapolated", "interpolated", "measured")
+    lab = next(x for x in order if x in labels)
+    return StepProjection(p, other + comm * at / base, other + comm * lows / base - spread,
+                          other + comm * highs / base + spread, step, comm, comm * at / base, lab, p0)
+
+
+def step_line(sp: StepProjection) -> str:
+    return (f"training step at {sp.p} ranks: {sp.step_s * 1e3:.1f} ms [{sp.low_s * 1e3:.1f}, {sp.high_s * 1e3:.1f}] "
+            f"({round(100 * PI_LEVEL)}% PI; communication {sp.comm_s * 1e3:.1f} ms of it) from {sp.measured_step_s * 1e3:.1f} "
+            f"ms measured at {sp.ranks} ranks ({sp.measured_comm_s * 1e3:.1f} ms with a collective in flight); {sp.label}")

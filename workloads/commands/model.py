@@ -30,6 +30,8 @@ def add_arguments(ap) -> None:
     p.add_argument("--sizes", help="message sizes, e.g. 64K,16M [the calibration's sizes]")
     p.add_argument("--ops", help="comma-separated collectives [every one calibrated]")
     p.add_argument("--json", dest="json_out", help="also write the projections here as JSON")
+    p.add_argument("--training", metavar="RECORD", help="also project this training record's step time (its fabric's "
+                   "calibration; its collectives trace and comm share)")
     c = sub.add_parser("check", help="the calibration's projections against records it was not fitted on")
     c.add_argument("calibration")
     c.add_argument("dirs", nargs="+", help="results folders of the same fabric and code")
@@ -42,6 +44,16 @@ def _records(dirs: list[str]):
         if not Path(d).is_dir():
             raise UsageError(f"{d} is not a folder; give the results folder(s) of collectives runs")
     return [(p, r) for d in dirs for p, r in iter_records(d, "**/records/*.json")]
+
+
+def _record(path: str) -> dict:
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--training {path}: cannot read a record ({e.__class__.__name__})") from None
+    if not isinstance(rec, dict):
+        raise UsageError(f"--training {path}: not a record")
+    return rec
 
 
 def _sizes(text: str | None) -> list[int] | None:
@@ -80,7 +92,7 @@ def run(args) -> int:
         if not ops:
             raise UsageError("these calibrations have no collective in common")
         rows = []
-        for op in ops:
+        for op in ops if not args.training or args.sizes else ():  # --training alone: the steps only
             for p in ranks:
                 for s in sizes or cals[0]["ops"].get(op, {}).get("sizes", []):
                     prs = [pj.project(c, op, p, s) for c in cals]
@@ -89,6 +101,12 @@ def run(args) -> int:
                     if len(prs) == 2:
                         print("  " + pj.compare(*prs))
                     rows += [pr.__dict__ | {"busbw_GBps": pr.busbw_GBps} for pr in prs]
+        if args.training:
+            rec = _record(args.training)
+            for p in ranks:
+                sp = pj.project_step(cals[0], rec, p)
+                print(pj.step_line(sp))
+                rows.append(sp.__dict__ | {"kind": "training_step"})
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
         return 0
