@@ -95,7 +95,13 @@ class Point:
 
 
 def fabric_of(rec: dict[str, Any]) -> str:
-    return str((rec.get("fabric") or {}).get("name") or ((rec.get("config") or {}).get("fabric") or {}).get("name"))
+    """The fabric a record ran on: its profile's name, and for an emulated one what the emulator
+    set (rate, delay, burst, ...; the node count is the scale, not the fabric): emu-100m asked for
+    10mbit is another fabric than emu-100m as shipped."""
+    name = str((rec.get("fabric") or {}).get("name") or ((rec.get("config") or {}).get("fabric") or {}).get("name"))
+    emu = {k: v for k, v in ((((rec.get("config") or {}).get("fabric") or {}).get("emulate")) or {}).items()
+           if k != "nodes" and v is not None and (k, v) not in (("mtu", 1500), ("qdisc", "tbf"))}
+    return name + (" (" + ", ".join(f"{k}={v}" for k, v in sorted(emu.items())) + ")" if emu else "")
 
 
 def code_of(rec: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -152,12 +158,14 @@ def select(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None
                          "(emulated: launch/emulate.py --nodes 2, then --nodes 4) and fit their results folder")
     fabrics = sorted({fabric_of(r) for _, r in recs})
     if fabric is not None:
-        if fabric not in fabrics:
-            raise UsageError(f"no collectives records of fabric {fabric!r}; these records are of {', '.join(fabrics)}")
-        recs = [(p, r) for p, r in recs if fabric_of(r) == fabric]
-    elif len(fabrics) > 1:
-        raise UsageError(f"these records are of {len(fabrics)} fabrics ({', '.join(fabrics)}); one calibration is one "
-                         f"fabric: pass --fabric {fabrics[0]} (and fit each fabric on its own)")
+        recs = [(p, r) for p, r in recs if fabric in (fabric_of(r), fabric_of(r).split(" (")[0])]
+        if not recs:
+            raise UsageError(f"no collectives records of fabric {fabric!r}; these records are of {'; '.join(fabrics)}")
+        fabrics = sorted({fabric_of(r) for _, r in recs})
+    if len(fabrics) > 1:
+        raise UsageError(f"these records are of {len(fabrics)} fabrics ({'; '.join(fabrics)}); one calibration is one "
+                         "fabric: pass --fabric NAME (and fit each fabric on its own; an emulated fabric's rate and "
+                         "delay are part of it: fit each setting's folder apart)")
     codes = sorted({code_of(r) for _, r in recs}, key=str)
     if len(codes) > 1:
         shown = "; ".join(f"commit {c[0] and c[0][:12]}{' + edits ' + c[1][:8] if c[1] else ''}" for c in codes[:4])
@@ -316,6 +324,7 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
     first = recs[0][1]
     commit, dirty = code_of(first)
     payload = [(r.get("line_rate") or {}).get("payload_per_comm(GB/s)") for _, r in recs]
+    line = [(r.get("line_rate") or {}).get("per_comm(GB/s)") for _, r in recs]
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -326,6 +335,7 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
         "records_digest": hashlib.sha256("\n".join(sorted(str(r.get("record_id")) for _, r in recs)).encode()).hexdigest()[:16],
         "newest_record": max((r.get("created") or "" for _, r in recs), default=None),
         "payload_GBps": min(payload) if payload and all(payload) else None,
+        "line_rate_GBps": min(line) if line and all(line) else None,
         "pi_level": PI_LEVEL,
         "model_only_beyond": MODEL_ONLY,
         "ops": fitted,
@@ -567,15 +577,14 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     if code_of(rec) != (cal["code"]["commit"], cal["code"]["dirty_hash"]):
         raise UsageError(f"the training record was made by other code (commit {str(code_of(rec)[0])[:12]}) than the "
                          f"calibration (commit {str(cal['code']['commit'])[:12]}); refit or rerun on one commit")
-    s = rec.get("samples") or {}
-    calls = s.get("comm_calls")
+    calls = (rec.get("samples") or {}).get("comm_calls")
     m = rec.get("metrics") or {}
     if not calls or m.get("comm_share") is None:
         raise UsageError("the training record holds no collectives trace (samples.comm_calls) or comm share; rerun it "
                          "on this version")
     p0 = int((rec.get("world") or {}).get("world_size"))
     step, comm = float(m["iteration_time(s)"]), float(m["comm_share"]) * float(m["iteration_time(s)"])
-    at, base, lows, highs = 0.0, 0.0, 0.0, 0.0
+    at = base = lows = highs = 0.0
     labels = set()
     for one in calls:
         for name, dtype, numel, _, _, _ in one:
@@ -593,7 +602,7 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
             labels.add(pr.label)
     if base <= 0:
         raise UsageError("the record's trace holds no collective the model prices")
-    other = max(0.0, step - comm)
+    other = max(0.0, step - comm) * host_share(rec, p)
     z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
     n = int(m.get("measured_steps") or 1)
     spread = z * float(m.get("iteration_time_std(s)") or 0.0) / math.sqrt(n)
@@ -601,6 +610,22 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     lab = next(x for x in order if x in labels)
     return StepProjection(p, other + comm * at / base, other + comm * lows / base - spread,
                           other + comm * highs / base + spread, step, comm, comm * at / base, lab, p0)
+
+
+def host_share(rec: dict[str, Any], p: int) -> float:
+    """How much longer a step's compute takes at p ranks than at the record's own scale, when every
+    rank shares one host's cores (an emulated fabric: all its nodes are namespaces of this machine):
+    max(1, p / cores) over the same at the record's scale. 1 on real nodes, whose ranks each have
+    their own device: a fabric model cannot see compute, and on a cluster it does not change with DP
+    width."""
+    if not (((rec.get("config") or {}).get("fabric") or {}).get("emulate")):
+        return 1.0
+    fp = rec.get("fingerprint") or {}
+    cores = fp.get("cpu_affinity") or fp.get("cpu_count")
+    if not cores:
+        return 1.0
+    p0 = int((rec.get("world") or {}).get("world_size") or 1)
+    return max(1.0, p / cores) / max(1.0, p0 / cores)
 
 
 def step_line(sp: StepProjection) -> str:

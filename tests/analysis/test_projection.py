@@ -235,3 +235,30 @@ def test_step_time_projection_worked():
         pj.project_step(cal, _training(commit="beef"), 4)
     with pytest.raises(UsageError, match="ok training record"):
         pj.project_step(cal, {"workload": "collectives", "status": "ok"}, 4)
+
+
+def test_an_emulated_fabric_is_its_settings_too():
+    def at(rate):
+        recs = _recs()
+        for _, r in recs:
+            r["config"]["fabric"]["emulate"] = {"nodes": r["world"]["world_size"], "rate": rate, "mtu": 1500}
+        return recs
+    assert pj.fabric_of(at("10mbit")[0][1]) == "emu-100m (rate=10mbit)"        # the node count is the scale
+    with pytest.raises(UsageError, match=r"2 fabrics \(emu-100m \(rate=100mbit\); emu-100m \(rate=10mbit\)\)"):
+        pj.fit(at("10mbit") + at("100mbit"))
+    with pytest.raises(UsageError, match="2 fabrics"):
+        pj.fit(at("10mbit") + at("100mbit"), fabric="emu-100m")             # the name alone does not pick one
+    assert pj.fit(at("10mbit") + at("100mbit"), fabric="emu-100m (rate=10mbit)", boot=50)["fabric"].endswith("10mbit)")
+
+
+def test_emulated_nodes_share_the_hosts_cores():
+    recs = [(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)]
+    for _, r in recs:
+        r["config"]["fabric"]["emulate"] = {"nodes": r["world"]["world_size"], "rate": "10mbit"}
+    cal = pj.fit(recs, boot=50)
+    rec = _training() | {"config": {"fabric": {"emulate": {"rate": "10mbit"}}}, "fingerprint": {
+        "git": {"commit": "c0ffee", "dirty_hash": None}, "cpu_count": 2, "cpu_affinity": 2}}
+    assert pj.host_share(rec, 2) == 1.0 and pj.host_share(rec, 4) == 2.0 and pj.host_share(rec, 8) == 4.0
+    assert pj.host_share(_training(), 8) == 1.0                         # real nodes: compute stays
+    # the 0.2 s of compute doubles when 4 ranks share 2 cores: 0.4 + 0.8 x 1.50806 = 1.60645 s
+    assert pj.project_step(cal, rec, 4).step_s == pytest.approx(0.4 + 0.8 * 0.11216064 / 0.07437376, rel=1e-6)

@@ -4,6 +4,7 @@
     fabricbench model project cal.json --ranks 64,512          # time and busbw per size, 90% PIs
     fabricbench model project a.json b.json --ranks 512        # a projected comparison: verdict words
     fabricbench model check cal.json results-8/                # measured cells inside their PIs?
+    fabricbench model export cal.json --ranks 512 --out sim/   # ASTRA-sim, Calculon and Vidur inputs
 
 The model, its intervals and their checked coverage: docs/projection.md.
 """
@@ -32,6 +33,11 @@ def add_arguments(ap) -> None:
     p.add_argument("--json", dest="json_out", help="also write the projections here as JSON")
     p.add_argument("--training", metavar="RECORD", help="also project this training record's step time (its fabric's "
                    "calibration; its collectives trace and comm share)")
+    e = sub.add_parser("export", help="the calibration as ASTRA-sim, Calculon and Vidur inputs")
+    e.add_argument("calibration")
+    e.add_argument("--ranks", required=True, help="the simulated network's ranks, e.g. 512")
+    e.add_argument("--out", required=True, help="folder for astra-sim-network.yml, calculon-network.json, "
+                   "vidur-all_reduce.csv")
     c = sub.add_parser("check", help="the calibration's projections against records it was not fitted on")
     c.add_argument("calibration")
     c.add_argument("dirs", nargs="+", help="results folders of the same fabric and code")
@@ -75,7 +81,7 @@ def run(args) -> int:
         if unknown:
             raise UsageError(f"--ops {', '.join(unknown)}: the model knows {', '.join(pj.ALGORITHMS)}")
         cal = pj.fit(_records(args.dirs), args.fabric, ops, args.bootstrap)
-        out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric']}.json")
+        out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric'].split(' (')[0]}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(cal, indent=1) + "\n")
         for line in pj.fit_lines(cal):
@@ -109,6 +115,24 @@ def run(args) -> int:
                 rows.append(sp.__dict__ | {"kind": "training_step"})
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
+    if args.action == "export":
+        from analysis import simexport
+
+        cal = pj.load(args.calibration)
+        (n,) = pj.parse_ranks(args.ranks) if "," not in args.ranks else (None,)
+        if n is None:
+            raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {"astra-sim-network.yml": simexport.astra_sim(cal, n),
+                 "calculon-network.json": json.dumps(simexport.calculon(cal, n), indent=1) + "\n",
+                 "vidur-all_reduce.csv": simexport.vidur(cal, sorted({2, 4, 8, n}), [1 << k for k in range(10, 29)])}
+        for name, text in files.items():
+            (out / name).write_text(text)
+            print(f"{out / name}")
+        if n > pj.MODEL_ONLY * max(cal["ops"]["all_reduce"]["scales"]):
+            print(f"note: {n} ranks is beyond {pj.MODEL_ONLY}x the largest measured scale: these inputs are model-only")
         return 0
     cal = pj.load(args.calibration)
     rows = pj.check_against(cal, _records(args.dirs))
