@@ -262,3 +262,21 @@ def test_emulated_nodes_share_the_hosts_cores():
     assert pj.host_share(_training(), 8) == 1.0                         # real nodes: compute stays
     # the 0.2 s of compute doubles when 4 ranks share 2 cores: 0.4 + 0.8 x 1.50806 = 1.60645 s
     assert pj.project_step(cal, rec, 4).step_s == pytest.approx(0.4 + 0.8 * 0.11216064 / 0.07437376, rel=1e-6)
+
+
+def test_the_reports_projection_section(tmp_path):
+    from analysis import projection_report
+    from analysis.report import Section, to_html, to_markdown
+
+    assert projection_report.blocks(tmp_path, tmp_path / "plots") == []          # no calibration: no section
+    cal = pj.fit(_recs(blocks=3), boot=50)
+    (tmp_path / "calibration-emu-100m.json").write_text(json.dumps(cal))
+    blocks = projection_report.blocks(tmp_path, tmp_path / "plots")
+    table = next(b for b in blocks if b[0] == "table")
+    assert table[1] == projection_report.HEAD and [r[0] for r in table[2]] == ["all_gather", "all_reduce"]
+    assert "4 from 2: median" in table[2][1][5] and "at 16 ranks" in table[2][1][6]
+    figures = [b for b in blocks if b[0] == "figure"]
+    assert len(figures) == 2 and all(f[1].stat().st_size > 1000 for f in figures)
+    md = to_markdown("t", [Section("Projection to scale", blocks)], tmp_path)
+    assert "## Projection to scale" in md and "model-only" in md and "projection-calibration-emu-100m-all_reduce.png" in md
+    assert "<img" in to_html("t", [Section("Projection to scale", blocks)])
