@@ -565,8 +565,9 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     """A training record's step time at p ranks: the time with no collective in flight stays
     (compute the communication did not overlap), and the time with one in flight (CommTimer's,
     overlap included) scales as the calibrated model's time of the step's own collectives (the
-    record's trace) at p over its time at the record's scale. The interval: each call's 90% PI
-    at p, and the record's step-to-step spread (z x sd / sqrt(steps))."""
+    record's trace) at p over its time at the record's scale (as the calibration's sweep measured
+    it there, when it did: measured_at). The interval: each call's 90% PI at p, and the record's
+    step-to-step spread (z x sd / sqrt(steps))."""
     from scipy import stats
 
     if rec.get("workload") not in ("pretrain", "finetune") or rec.get("status") != "ok":
@@ -586,6 +587,10 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     step, comm = float(m["iteration_time(s)"]), float(m["comm_share"]) * float(m["iteration_time(s)"])
     at = base = lows = highs = 0.0
     labels = set()
+    groups = sorted({c[3] for one in calls for c in one if c[3] and c[3] != p0})
+    if groups:
+        raise UsageError(f"the record's steps run collectives on groups of {groups} ranks (tensor or expert "
+                         f"parallel), not all {p0}: the step projection prices whole-world (DP) collectives only")
     for one in calls:
         for name, dtype, numel, _, _, _ in one:
             op = _TRACE_OPS.get(name)
@@ -597,8 +602,9 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
             size = _call_size(op, numel, dtype, p0)
             pr = project(cal, op, p, size)
             at, lows, highs = at + pr.time_s, lows + pr.low_s, highs + pr.high_s
-            base += model_time(op, p0, size, cal["ops"][op]["alpha_s"], cal["ops"][op]["beta_s_per_byte"],
-                               cal["ops"][op]["kappa_s"])
+            c = cal["ops"][op]
+            base += measured_at(c, p0, size) or model_time(op, p0, size, c["alpha_s"], c["beta_s_per_byte"],
+                                                           c["kappa_s"])
             labels.add(pr.label)
     if base <= 0:
         raise UsageError("the record's trace holds no collective the model prices")
@@ -610,6 +616,20 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     lab = next(x for x in order if x in labels)
     return StepProjection(p, other + comm * at / base, other + comm * lows / base - spread,
                           other + comm * highs / base + spread, step, comm, comm * at / base, lab, p0)
+
+
+def measured_at(c: dict[str, Any], p: int, size: int) -> float | None:
+    """What the calibration's sweep measured for one call of `size` bytes at p ranks: log-log
+    interpolation between the two measured sizes around it; None when p was not measured or size
+    lies outside the sweep. The step projection prices the record's own scale by this, so the
+    model's error at that scale (Gloo's 2-rank ring is slower than its bytes) is not carried into
+    the ratio."""
+    pts = sorted((x["size"], x["time_s"]) for x in c["cells"] if x["p"] == p)
+    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+        if s0 <= size <= s1:
+            f = math.log(size / s0) / math.log(s1 / s0)
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return None
 
 
 def host_share(rec: dict[str, Any], p: int) -> float:

@@ -220,19 +220,31 @@ def _training(p0=2, fabric="emu-100m", commit="c0ffee") -> dict:
 def test_step_time_projection_worked():
     cal = pj.fit([(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)], boot=50)
     sp = pj.project_step(cal, _training(), 4)
-    # the bucket: 924672 B. At 2 ranks 2 x 200 us + 924672 / 12.5e6 = 0.07437376 s; at 4 ranks
-    # 6 x 200 us + 1.5 x 924672 / 12.5e6 = 0.11216064 s: ratio 1.50806...; the 0.2 s without a
-    # collective in flight stays, the 0.8 s with one scales: 0.2 + 0.8 x 1.50806 = 1.40645 s
-    assert sp.step_s == pytest.approx(0.2 + 0.8 * 0.11216064 / 0.07437376, rel=1e-6)
-    assert sp.comm_s == pytest.approx(0.8 * 0.11216064 / 0.07437376, rel=1e-6)
+    # the bucket: 924672 B. At 2 ranks the sweep measured it between its 256 KiB and 1 MiB cells
+    # (the model: 2 x 200 us + 924672 / 12.5e6 = 0.07437376 s); at 4 ranks the model gives 6 x 200 us
+    # + 1.5 x 924672 / 12.5e6 = 0.11216064 s. The 0.2 s without a collective in flight stays, the
+    # 0.8 s with one scales by their ratio (~1.508)
+    base = pj.measured_at(cal["ops"]["all_reduce"], 2, 924672)
+    assert base == pytest.approx(0.07437376, rel=2e-3)
+    assert sp.step_s == pytest.approx(0.2 + 0.8 * 0.11216064 / base, rel=1e-6)
+    assert sp.comm_s == pytest.approx(0.8 * 0.11216064 / base, rel=1e-6)
     assert sp.label == "measured" and sp.ranks == 2
     assert sp.low_s == pytest.approx(sp.step_s) and sp.high_s == pytest.approx(sp.step_s)   # exact data, no spread
-    assert "training step at 4 ranks: 1406.5 ms" in pj.step_line(sp)
+    assert f"training step at 4 ranks: {sp.step_s * 1e3:.1f} ms" in pj.step_line(sp)
+    # log-log between measured cells: 1 s at 1000 B and 4 s at 4000 B give 2 s at 2000 B
+    c = {"cells": [{"p": 2, "size": 1000, "time_s": 1.0}, {"p": 2, "size": 4000, "time_s": 4.0}]}
+    assert pj.measured_at(c, 2, 2000) == pytest.approx(2.0)
+    assert pj.measured_at(c, 2, 8000) is None and pj.measured_at(c, 4, 2000) is None
     assert pj.project_step(cal, _training(), 64).label == "model-only"
     with pytest.raises(UsageError, match="ran on emu-10m"):
         pj.project_step(cal, _training(fabric="emu-10m"), 4)
     with pytest.raises(UsageError, match="other code"):
         pj.project_step(cal, _training(commit="beef"), 4)
+    tp = _training()
+    tp["samples"] = {"comm_calls": [[["all_reduce", "float32", 1024, 1, 0.0, 0.1]]]}
+    tp["world"] = {"world_size": 4}
+    with pytest.raises(UsageError, match=r"groups of \[1\] ranks"):
+        pj.project_step(cal, tp, 8)
     with pytest.raises(UsageError, match="ok training record"):
         pj.project_step(cal, {"workload": "collectives", "status": "ok"}, 4)
 
@@ -260,8 +272,9 @@ def test_emulated_nodes_share_the_hosts_cores():
         "git": {"commit": "c0ffee", "dirty_hash": None}, "cpu_count": 2, "cpu_affinity": 2}}
     assert pj.host_share(rec, 2) == 1.0 and pj.host_share(rec, 4) == 2.0 and pj.host_share(rec, 8) == 4.0
     assert pj.host_share(_training(), 8) == 1.0                         # real nodes: compute stays
-    # the 0.2 s of compute doubles when 4 ranks share 2 cores: 0.4 + 0.8 x 1.50806 = 1.60645 s
-    assert pj.project_step(cal, rec, 4).step_s == pytest.approx(0.4 + 0.8 * 0.11216064 / 0.07437376, rel=1e-6)
+    # the 0.2 s of compute doubles when 4 ranks share 2 cores
+    base = pj.measured_at(cal["ops"]["all_reduce"], 2, 924672)
+    assert pj.project_step(cal, rec, 4).step_s == pytest.approx(0.4 + 0.8 * 0.11216064 / base, rel=1e-6)
 
 
 def test_the_reports_projection_section(tmp_path):
