@@ -63,7 +63,8 @@ def training(tmp_path_factory) -> dict[int, dict]:
     out = tmp_path_factory.mktemp("train")
     recs = {}
     for n in (2, 4):
-        _emulate(n, "launch/train.py", "train.steps=8", "train.warmup_steps=2", f"output_root={out}", f"run_id=t{n}")
+        _emulate(n, "launch/train.py", "train.steps=8", "train.warmup_steps=2", f"output_root={out}", f"run_id=t{n}",
+                 "+fabric.env.TORCH_FR_BUFFER_SIZE=2000")  # the Flight Recorder too: both traces of one run
         (rec,) = [r for _, r in iter_records(out / f"t{n}", "records/*.json")]
         recs[n] = rec | {"_path": str(next((out / f"t{n}" / "records").glob("*.json")))}
     return recs
@@ -128,6 +129,14 @@ def test_a_replayed_trace_reproduces_the_runs_communication_time(training, tmp_p
     assert m["original_comm_time_per_step(s)"] == pytest.approx(
         sum(rec["samples"]["comm_time_s"][2:8]) / 6, rel=1e-9)          # the captured run's own, same steps
     assert abs(m["replay_vs_original"] - 1) <= 0.15, (m, cpu_share.state())
+    # the same run's Flight Recorder dump (every collective since the group started: the setup's
+    # broadcasts too) holds the gradient bucket the record's trace replayed
+    from workloads.replay.trace import load
+
+    fr = load(rec["comm"]["flight_recorder"])
+    bucket = rec["samples"]["comm_calls"][0][0][2]
+    assert fr.source == "flight-recorder" and fr.world == 2
+    assert sum(1 for c in fr.steps[0] if c.op == "all_reduce" and c.numel == bucket) == 8   # one per step
 
 
 def test_the_four_node_step_is_projected_from_two_inside_its_interval(training, calibration):

@@ -59,3 +59,10 @@ def test_bad_traces_are_named(tmp_path):
         load(tmp_path / "z.json")
     with pytest.raises(UsageError, match="no collective replay can run"):
         load(_training(tmp_path, [[["barrier", None, 0, 2, 0.0, 0.1]]]))
+
+
+def test_no_flight_recorder_dump_unless_asked(tmp_path, monkeypatch):
+    from workloads.training.commtimer import dump_flight_recorder
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    assert dump_flight_recorder(tmp_path / "fr", 0) is None and not (tmp_path / "fr").exists()

@@ -181,3 +181,25 @@ def comm_dtypes(step_bytes: list[dict[str, int]], warmup_steps: int) -> dict:
     keys = sorted({k for s in timed for k in s})
     mean = {k: sum(s.get(k, 0) for s in timed) / max(1, len(timed)) for k in keys}
     return {"bytes_per_step_by_dtype": mean, "dtype": max(mean, key=mean.get) if mean else None}
+
+
+def dump_flight_recorder(directory, rank: int) -> str | None:
+    """When TORCH_FR_BUFFER_SIZE was set before the process group started, write this rank's
+    Flight Recorder dump (PyTorch's JSON, the same from Gloo and NCCL; what launch/replay.py
+    reads) to directory/rank<r>.json and return its path; None when the recorder is off. A torch
+    whose dump call differs says so in the returned text instead of failing the run."""
+    import os
+    from pathlib import Path
+
+    if not os.environ.get("TORCH_FR_BUFFER_SIZE"):
+        return None
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        data = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+    except (ImportError, TypeError, RuntimeError) as e:
+        return f"not written: this torch's Flight Recorder dump failed ({e.__class__.__name__}: {str(e)[:120]})"
+    path = Path(directory) / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else str(data).encode())
+    return str(path)

@@ -27,7 +27,7 @@ from workloads.fabric.verify import check_transport
 from workloads.models import moe
 from workloads.models.hf import load_hf, load_hf_config
 from workloads.models.neox import PRECISIONS, GPTNeoX, NeoXConfig
-from workloads.training.commtimer import CommTimer, comm_dtypes
+from workloads.training.commtimer import CommTimer, comm_dtypes, dump_flight_recorder
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.training.engines import TrainSettings, build_engine
 from workloads.training.metrics import (
@@ -337,6 +337,8 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                                            _rank_mean(moe_steps[warmup:], info))
         record["samples"]["moe"] = moe_steps
     record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
+    # every rank's own, when TORCH_FR_BUFFER_SIZE was set (fabric.env): rank 0's path is recorded
+    record["comm"]["flight_recorder"] = dump_flight_recorder(run_dir / "flight_recorder", info.rank)
     if plan.experts:  # and the MoE token all-to-alls (the autocast dtype: moe.wire_dtype)
         record["comm"]["alltoall_dtype"] = next((st["dtype"] for st in moe_steps if st.get("dtype")), None)
     record["samples"] = record.get("samples", {}) | {"step_time_s": step_times, "comm_time_s": comm_times,
