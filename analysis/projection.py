@@ -570,7 +570,9 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     step-to-step spread (z x sd / sqrt(steps))."""
     from scipy import stats
 
-    if rec.get("workload") not in ("pretrain", "finetune") or rec.get("status") != "ok":
+    from workloads import catalog
+
+    if not catalog.field(rec.get("workload"), "training", False) or rec.get("status") != "ok":
         raise UsageError("--training takes an ok training record (pretrain or finetune)")
     if fabric_of(rec) != cal["fabric"]:
         raise UsageError(f"the training record ran on {fabric_of(rec)}, the calibration is of {cal['fabric']}; "
