@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import capacity, export, external, plots, results_csv, summary, topology
+from analysis import capacity, export, external, plots, projection_report, results_csv, summary, topology
 from analysis.compare import Result
 from analysis.load import Table, records_root
 
@@ -256,6 +256,8 @@ def write_report(table: Table, result: Result, out_dir: str | Path, slo_ms: floa
     charts = plots.make_all(table, out / "plots", result, slo_ms, slo_metric, external_runs)
     _nccl_tests_exports(table, out)
     secs = sections(table, result, charts, slo_ms, slo_metric)
+    if proj := projection_report.blocks(records_root(table), out / "plots"):  # beside a `model fit` calibration
+        secs.insert(2, Section("Projection to scale", proj))
     md_path, html_path, json_path, csv_path = (out / n for n in ("report.md", "report.html", "report.json", "results.csv"))
     md_path.write_text(to_markdown(title, secs, out))
     html_path.write_text(to_html(title, secs))

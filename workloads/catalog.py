@@ -141,3 +141,10 @@ register(Workload("link", "Raw link", "launch/link.py", overrides=("workload=lin
                   "bandwidth / typical latency", headline=("throughput_received(Gbit/s)", "throughput(%payload)",
                                                            "bw_average(Gbit/s)", "lat_typical(us)"),
                   not_applicable=("model", "parallel"), group="link", default_cv=0.03))
+# a captured run's collectives alone (a training record's trace or a Flight Recorder dump): the job's own
+# communication pattern without its compute; lower is faster
+register(Workload("replay", "Communication replay", "launch/replay.py", overrides=("workload=replay",),
+                  validator="workloads.replay.run", primary=named("comm_time_per_step(s)"),
+                  primary_text="communication time per replayed step",
+                  headline=("comm_time_per_step(s)", "replay_vs_original"),
+                  not_applicable=("model", "parallel"), group="replay-ws{world}"))

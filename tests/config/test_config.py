@@ -193,6 +193,10 @@ def _build(root: str, group: str, cfg, tmp_path, monkeypatch):
         from workloads.link.run import settings
 
         return settings(cfg)  # its Options; the whole validate also needs iperf3 here (tests/link)
+    if group == "workload" and cfg.workload.name == "replay":
+        from workloads.replay.run import validate as validate_replay
+
+        return validate_replay(cfg, 2)  # the ReplayPlan, its trace read
     if group == "workload" and cfg.workload.name == "inference":
         from workloads.inference.run import validate as validate_sweep
 
@@ -231,6 +235,8 @@ def test_every_group_of_every_root_builds_its_object(root, group, tmp_path, monk
         extra = [f"output_root={tmp_path}"]
         if name == "finetune":
             extra.append("init.checkpoint=/nonexistent")
+        if name == "replay":
+            extra.append(f"replay.trace={REPO / 'tests' / 'fixtures' / 'flight_recorder' / 'gloo_torch2.15_rank0.json'}")
         if root == "workload=inference" and group == "server":
             # weights at a local folder: where the engine is installed, a hub id this host has not
             # cached is refused before it starts (adapters/base.check_weights), and there is no network

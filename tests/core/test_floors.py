@@ -19,7 +19,7 @@ FLOORS = {
     "core": 1,                                       # errors, dist, records, loggers, config, signals
     "fabric": 2, "models": 2,                        # fabric profiles and proof; the models
     "session": 3,                                    # the opening every workload shares
-    "training": 4, "collectives": 4, "inference": 4, "link": 4,  # the workloads
+    "training": 4, "collectives": 4, "inference": 4, "link": 4, "replay": 4,  # the workloads
     "study": 5, "testing": 5, "analysis": 5,         # what runs or reads workloads
     "commands": 6,                                   # entry points' machinery, fabricbench's dispatcher, doctor, emulate
 }

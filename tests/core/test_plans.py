@@ -24,6 +24,8 @@ ENTRIES = {
     **{f"workloads/training/{m}.py": set() for m in ("engines", "data", "metrics", "commtimer", "expected")},
     "workloads/link/run.py": {"validate", "settings", "run_link"},
     "workloads/link/tools.py": set(),
+    "workloads/replay/run.py": {"validate", "run_replay"},
+    "workloads/replay/trace.py": set(),
     "workloads/inference/engine/run.py": {"validate", "run_server"},
     # arrivals and _load_settings are validate's, reading the load: section they check
     "workloads/inference/run.py": {"validate", "arrivals", "_load_settings", "run_sweep"},

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("workloads.commands.report", "Markdown + self-contained HTML: verdicts, capacity, plots"),
     "emulate": ("workloads.commands.emulate", "a workload across emulated nodes: namespaces, shaped links, a leaf-spine, noise (root)"),
     "sensitivity": ("workloads.commands.sensitivity", "per workload, time per ms of delay and per 1/bandwidth, with intervals"),
+    "model": ("workloads.commands.model", "calibrate a latency-bandwidth model from collectives; project it to scale with 90% PIs"),
     "study": ("workloads.study.run", "arms x workloads x trials, interleaved; then compare and report"),
     "gpu-check": ("workloads.commands.gpu_check", "the GPU acceptance check: real workloads on NCCL, one table (make gpu-check)"),
 }

@@ -70,8 +70,9 @@ def _wrap(fn):
         timer = _ACTIVE
         if timer is None:
             return fn(*args, **kwargs)
-        timer._count(payload(fn.__name__, args, kwargs))
-        slot = timer._open()
+        sent = payload(fn.__name__, args, kwargs)
+        timer._count(sent)
+        slot = timer._open(fn.__name__, sent, kwargs.get("group"))
         work = fn(*args, **kwargs)
         if kwargs.get("async_op") and work is not None:
             work.get_future().then(lambda fut: timer._close(slot))
@@ -99,6 +100,7 @@ class CommTimer:
         install()
         self.cuda = device.type == "cuda"
         self._intervals: list[list] = []
+        self._calls: list[tuple] = []     # (op, dtype, numel, group size) of each slot, in launch order
         self._ref = None
         self.step_bytes: dict[str, int] = {}  # dtype -> bytes this rank's collectives sent this step
 
@@ -114,9 +116,12 @@ class CommTimer:
             return e
         return time.perf_counter()
 
-    def _open(self) -> list:
+    def _open(self, name: str = "", sent: torch.Tensor | None = None, group=None) -> list:
         slot = [self._mark(), None]
         self._intervals.append(slot)
+        size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self._calls.append((name, str(sent.dtype).removeprefix("torch.") if sent is not None else None,
+                            sent.numel() if sent is not None else 0, size))
         return slot
 
     def _close(self, slot: list) -> None:
@@ -133,6 +138,7 @@ class CommTimer:
 
     def begin_step(self) -> None:
         self._intervals = []
+        self._calls = []
         self.step_bytes = {}
         self._ref = self._mark()
 
@@ -142,6 +148,19 @@ class CommTimer:
         if self.cuda:
             done = [(self._ref.elapsed_time(a) / 1e3, self._ref.elapsed_time(b) / 1e3) for a, b in done]
         return union_length(done)
+
+    def step_calls(self) -> list[list]:
+        """This step's collectives in launch order, the replay workload's trace (workloads/replay/):
+        [op, dtype, elements this rank sent, ranks in its group, start s, end s], times from the
+        step's start (None: not completed). Call after end_step."""
+        out = []
+        for (name, dtype, numel, size), (a, b) in zip(self._calls, self._intervals):
+            if self.cuda:
+                a, b = self._ref.elapsed_time(a) / 1e3, None if b is None else self._ref.elapsed_time(b) / 1e3
+            else:
+                a, b = a - self._ref, None if b is None else b - self._ref
+            out.append([name, dtype, numel, size, a, b])
+        return out
 
     @staticmethod
     def ddp_hook(process_group, bucket):
@@ -162,3 +181,25 @@ def comm_dtypes(step_bytes: list[dict[str, int]], warmup_steps: int) -> dict:
     keys = sorted({k for s in timed for k in s})
     mean = {k: sum(s.get(k, 0) for s in timed) / max(1, len(timed)) for k in keys}
     return {"bytes_per_step_by_dtype": mean, "dtype": max(mean, key=mean.get) if mean else None}
+
+
+def dump_flight_recorder(directory, rank: int) -> str | None:
+    """When TORCH_FR_BUFFER_SIZE was set before the process group started, write this rank's
+    Flight Recorder dump (PyTorch's JSON, the same from Gloo and NCCL; what launch/replay.py
+    reads) to directory/rank<r>.json and return its path; None when the recorder is off. A torch
+    whose dump call differs says so in the returned text instead of failing the run."""
+    import os
+    from pathlib import Path
+
+    if not os.environ.get("TORCH_FR_BUFFER_SIZE"):
+        return None
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        data = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+    except (ImportError, TypeError, RuntimeError) as e:
+        return f"not written: this torch's Flight Recorder dump failed ({e.__class__.__name__}: {str(e)[:120]})"
+    path = Path(directory) / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else str(data).encode())
+    return str(path)

@@ -27,7 +27,7 @@ from workloads.fabric.verify import check_transport
 from workloads.models import moe
 from workloads.models.hf import load_hf, load_hf_config
 from workloads.models.neox import PRECISIONS, GPTNeoX, NeoXConfig
-from workloads.training.commtimer import CommTimer, comm_dtypes
+from workloads.training.commtimer import CommTimer, comm_dtypes, dump_flight_recorder
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.training.engines import TrainSettings, build_engine
 from workloads.training.metrics import (
@@ -295,7 +295,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                         hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
                         checkpoint_activations=settings.activation_checkpointing, moe=moe_flops_args(mcfg.to_dict()))
     nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
-    step_times, comm_times, losses, comm_bytes, moe_steps = [], [], [], [], []
+    step_times, comm_times, losses, comm_bytes, moe_steps, calls = [], [], [], [], [], []
     with timer.active():
         for step in range(plan.steps):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
@@ -309,6 +309,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
             step_times.append(time.perf_counter() - t0)
             comm_times.append(timer.end_step())
             comm_bytes.append(dict(timer.step_bytes))
+            calls.append(timer.step_calls())
             moe_steps.append(moe_stats.take())
             if step >= warmup:
                 nic.end_step()
@@ -336,10 +337,17 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                                            _rank_mean(moe_steps[warmup:], info))
         record["samples"]["moe"] = moe_steps
     record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
+    # every rank's own, when TORCH_FR_BUFFER_SIZE was set (fabric.env): rank 0's path is recorded
+    record["comm"]["flight_recorder"] = dump_flight_recorder(run_dir / "flight_recorder", info.rank)
     if plan.experts:  # and the MoE token all-to-alls (the autocast dtype: moe.wire_dtype)
         record["comm"]["alltoall_dtype"] = next((st["dtype"] for st in moe_steps if st.get("dtype")), None)
     record["samples"] = record.get("samples", {}) | {"step_time_s": step_times, "comm_time_s": comm_times,
-                                                     "loss": losses, "warmup_steps": warmup}
+                                                     "loss": losses, "warmup_steps": warmup,
+                                                     # what `launch/replay.py replay.trace=<this record>` replays
+                                                     "comm_calls": calls[warmup:][:MAX_TRACED_STEPS]}
+
+
+MAX_TRACED_STEPS = 50  # a long run's record keeps the collectives of its first 50 timed steps
 
 
 def _rank_mean(timed: list[dict], info: fdist.DistInfo) -> dict:

@@ -1,0 +1,295 @@
+"""The alpha-beta calibration and its projections (analysis/projection.py, `fabricbench model`),
+pinned with worked values on records built from known parameters."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import projection as pj
+from helpers import REPO, child_env
+from workloads.core.errors import UsageError
+
+ALPHA, B = 200e-6, 12.5e6          # 200 us per step, 12.5 MB/s of bus bandwidth
+SIZES = [1 << 16, 1 << 18, 1 << 20, 1 << 22]
+
+
+def _rec(p: int, block: int, *, fabric="emu-100m", commit="c0ffee", noise=None, alpha=ALPHA, bw=B,
+         created="2026-11-28T10:00:00+0000", ops=("all_reduce", "all_gather")) -> dict:
+    """One collectives record at p ranks whose times follow the model, times (1 + noise(size, op))."""
+    rows = []
+    for op in ops:
+        for s in SIZES:
+            t = pj.model_time(op, p, s, alpha, 1 / bw) * (1 + (noise(s, op) if noise else 0.0))
+            cell = {"time_us": t * 1e6}
+            rows.append({"op": op, "size": s, "group_size": p, "in_place": cell,
+                         "out_of_place": None if op == "all_reduce" else cell})
+    return {"workload": "collectives", "status": "ok", "run_id": f"n{p}", "record_id": f"{p}-{block}-{fabric}",
+            "created": created, "config": {"trial": block, "fabric": {"name": fabric}},
+            "fabric": {"name": fabric}, "world": {"world_size": p}, "rows": rows,
+            "study": {"id": "s1", "block": block},
+            "fingerprint": {"git": {"commit": commit, "dirty_hash": None}},
+            "line_rate": {"payload_per_comm(GB/s)": 0.011955}}
+
+
+def _wobble(block: int, p: int):
+    """A deterministic +-3% block effect (some blocks slower, some faster), alike at every size."""
+    return lambda s, op: 0.03 * math.sin(1.7 * block + 0.9 * p + (s.bit_length() % 3))
+
+
+def _recs(scales=(2, 4), blocks=3, **kw) -> list[tuple[Path, dict]]:
+    return [(Path(f"/r/n{p}/records/{b}.json"), _rec(p, b, noise=_wobble(b, p), **kw))
+            for p in scales for b in range(blocks)]
+
+
+def test_ring_terms_and_the_model_time_worked():
+    assert pj.terms("all_reduce", 8) == (14, 1.75)
+    assert pj.terms("all_gather", 8) == (7, 0.875)
+    assert pj.terms("reduce_scatter", 2) == (1, 0.5)
+    # 4-rank all_reduce of 1 MiB at 100 us per step and 12.5 MB/s:
+    # 6 x 100 us + 1048576 x 1.5 / 12.5e6 = 0.0006 + 0.12582912 = 0.12642912 s
+    assert pj.model_time("all_reduce", 4, 1 << 20, 100e-6, 1 / 12.5e6) == pytest.approx(0.12642912)
+    # G(p) is nccl-tests' busbw factor: a large call's busbw approaches B at any scale
+    big = 1 << 34
+    t = pj.model_time("all_reduce", 64, big, 100e-6, 1 / B)
+    assert big / t * pj.terms("all_reduce", 64)[1] == pytest.approx(B, rel=1e-3)
+
+
+def test_the_fit_recovers_noise_free_parameters_exactly():
+    recs = [(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)]
+    cal = pj.fit(recs, boot=50)
+    for op in ("all_reduce", "all_gather"):
+        c = cal["ops"][op]
+        assert c["alpha_s"] == pytest.approx(ALPHA, rel=1e-9)
+        assert c["bandwidth_GBps"] == pytest.approx(B / 1e9, rel=1e-9)
+        assert c["holdout"][0]["p"] == 4 and c["holdout"][0]["from"] == [2]
+        assert max(abs(h["log_error"]) for h in c["holdout"]) < 1e-9
+        assert c["uncertainty"].startswith("residuals")        # one block per scale: said so
+    assert cal["schema"] == pj.SCHEMA and cal["fabric"] == "emu-100m" and cal["code"]["commit"] == "c0ffee"
+    assert cal["records"] == ["/r/2.json", "/r/4.json"]
+    # exact data: the projection to 8 ranks is the formula's value, its interval of zero width
+    pr = pj.project(cal, "all_reduce", 8, 1 << 20)
+    assert pr.time_s == pytest.approx(14 * ALPHA + (1 << 20) * 1.75 / B)
+    assert pr.low_s == pytest.approx(pr.time_s) and pr.high_s == pytest.approx(pr.time_s)
+    assert pr.label == "extrapolated"
+
+
+def test_block_noise_gives_block_intervals_that_cover_the_truth():
+    cal = pj.fit(_recs(blocks=4), boot=200)
+    c = cal["ops"]["all_reduce"]
+    assert c["uncertainty"] == "blocks" and c["blocks"] == {"2": 4, "4": 4}
+    lo, hi = c["alpha_90"]
+    assert lo <= ALPHA * 1.05 and hi >= ALPHA * 0.95
+    blo, bhi = c["bandwidth_GBps_90"]
+    assert blo < B / 1e9 * 1.03 and bhi > B / 1e9 * 0.97
+    assert c["noise_log_sd"]["2"] == pytest.approx(0.02, abs=0.015)
+    # the truth at 8 ranks lies inside the projected 90% intervals
+    for op in ("all_reduce", "all_gather"):
+        for s in SIZES:
+            pr = pj.project(cal, op, 8, s)
+            assert pr.low_s <= pj.model_time(op, 8, s, ALPHA, 1 / B) <= pr.high_s
+
+
+def test_noise_grows_with_scale_as_stated():
+    c = {"noise_log_sd": {"2": 0.05, "8": 0.1}}
+    assert pj.noise_at(c, 8) == pytest.approx(0.1)
+    assert pj.noise_at(c, 4) == pytest.approx(0.1)                      # never below the largest scale's
+    assert pj.noise_at(c, 512) == pytest.approx(0.1 * math.sqrt(3))     # sqrt(ln 512 / ln 8) = sqrt(3)
+    assert pj.noise_at({"noise_log_sd": {"2": None}}, 64) == 0.0
+
+
+def test_conformal_quantile_worked():
+    assert pj._quantile([float(x) for x in range(1, 10)], 0.9) == 9.0   # ceil(10 x 0.9) = 9th of 9
+    assert pj._quantile([1.0, 2.0, 3.0], 0.9) == 3.0                    # fewer points than 1/(1-q): the largest
+    assert pj._quantile([float(x) for x in range(1, 21)], 0.9) == 19.0  # ceil(21 x 0.9) = 19
+
+
+def test_model_form_margin_grows_with_the_distance_beyond_the_data():
+    # 4 ranks measured 10% slower than the model at every size: 4-from-2 errs by ln(1.1) per doubling
+    recs = [(Path("/r/2.json"), _rec(2, 0)),
+            (Path("/r/4.json"), _rec(4, 0, noise=lambda s, op: 0.10))]
+    cal = pj.fit(recs, boot=50)
+    c = cal["ops"]["all_gather"]
+    assert c["model_form_q90_per_doubling"] == pytest.approx(math.log(1.1), rel=1e-6)
+    at8, at64 = pj.project(cal, "all_gather", 8, 1 << 20), pj.project(cal, "all_gather", 64, 1 << 20)
+    assert at8.label == "extrapolated" and at64.label == "model-only"   # 64 > 4 x 4
+    assert pj.project(cal, "all_gather", 16, 1 << 20).label == "extrapolated"
+    assert pj.project(cal, "all_gather", 3, 1 << 20).label == "interpolated"
+    assert pj.project(cal, "all_gather", 4, 1 << 20).label == "measured"
+    # 8 is 1 doubling past 4, 64 is 4: the model-form margin scales with it (parameters add to both)
+    margin = c["model_form_q90_per_doubling"]
+    assert margin <= at8.half_log < 2 * margin and 4 * margin <= at64.half_log
+    assert "model-only" in pj.projection_line(at64)
+
+
+def test_projected_comparison_in_verdict_words_and_an_aa_control():
+    slow = pj.fit(_recs(blocks=3, fabric="emu-10m", bw=B / 4), boot=100)
+    fast = pj.fit(_recs(blocks=3), boot=100)
+    a, b = pj.project(fast, "all_reduce", 512, 16 << 20), pj.project(slow, "all_reduce", 512, 16 << 20)
+    line = pj.compare(a, b)
+    assert "at 512 ranks, all_reduce 16 MiB: emu-100m is faster than emu-10m by" in line
+    assert "cannot tell" not in line and "model-only" in line
+    ratio = b.time_s / a.time_s - 1
+    assert f"{100 * ratio:.1f}%" in line
+    # A/A: the same fabric against itself is never called
+    assert "cannot tell at that scale" in pj.compare(a, pj.project(fast, "all_reduce", 512, 16 << 20))
+    # order does not change the sentence's number
+    assert f"{100 * ratio:.1f}%" in pj.compare(b, a)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(UsageError, match="one scale only"):
+        pj.fit([(Path("/r/a.json"), _rec(2, 0)), (Path("/r/b.json"), _rec(2, 1))])
+    with pytest.raises(UsageError, match="2 fabrics .*--fabric"):
+        pj.fit(_recs() + _recs(fabric="emu-10m"))
+    assert pj.fit(_recs() + _recs(fabric="emu-10m"), fabric="emu-10m", boot=50)["fabric"] == "emu-10m"
+    with pytest.raises(UsageError, match="2 versions of the code"):
+        pj.fit(_recs(scales=(2,)) + _recs(scales=(4,), commit="beef"))
+    with pytest.raises(UsageError, match="no ok collectives records"):
+        pj.fit([(Path("/r/x.json"), {"workload": "pretrain", "status": "ok"})])
+    cal = pj.fit(_recs(), boot=50)
+    with pytest.raises(UsageError, match="older than these records"):
+        pj.check_against(cal, [(Path("/r/8.json"), _rec(8, 0, commit="beef", created="2099-01-01T00:00:00+0000"))])
+    with pytest.raises(UsageError, match="of emu-10m, the calibration of emu-100m"):
+        pj.check_against(cal, [(Path("/r/8.json"), _rec(8, 0, fabric="emu-10m"))])
+    with pytest.raises(UsageError, match="every scale must be 2"):
+        pj.parse_ranks("1,8")
+    with pytest.raises(UsageError, match="whole numbers"):
+        pj.parse_ranks("64,lots")
+
+
+def test_check_against_held_out_records():
+    cal = pj.fit(_recs(blocks=3), boot=100)
+    rows = pj.check_against(cal, [(Path("/r/8.json"), _rec(8, 0, noise=_wobble(0, 8)))])
+    assert len(rows) == 2 * len(SIZES) and all(r["inside"] for r in rows)
+    assert pj.check_summary(rows).startswith(f"{len(rows)} of {len(rows)} measured cells inside their 90% PI")
+
+
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "workloads.commands.cli", "model", *map(str, args)], cwd=cwd,
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+def _write(folder: Path, recs: list[tuple[Path, dict]]) -> Path:
+    for i, (_, r) in enumerate(recs):
+        d = folder / f"run{i}" / "records"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"collectives-{i}.json").write_text(json.dumps(r))
+    return folder
+
+
+def test_cli_fit_project_check_and_one_line_errors(tmp_path):
+    res = _write(tmp_path / "res", _recs(blocks=3))
+    cal = tmp_path / "cal.json"
+    r = _cli("fit", res, "--out", cal, "--bootstrap", 100)
+    assert r.returncode == 0, r.stderr
+    assert "all_reduce (ring" in r.stdout and "held out: 4 from 2" in r.stdout
+    assert json.loads(cal.read_text())["fabric"] == "emu-100m"
+    r = _cli("project", cal, "--ranks", "8,512", "--sizes", "1M", "--ops", "all_reduce")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and "at 8 ranks" in lines[0] and lines[0].endswith("extrapolated")
+    assert "model-only" in lines[1]
+    r = _cli("project", cal, cal, "--ranks", "64", "--sizes", "16M", "--ops", "all_gather")
+    assert r.returncode == 0 and "cannot tell at that scale" in r.stdout
+    # bad input: one line on stderr, non-zero, nothing written
+    one = _write(tmp_path / "one", [(None, _rec(2, 0)), (None, _rec(2, 1))])
+    for args, words in [(("fit", one), "one scale only"),
+                        (("fit", tmp_path / "nowhere"), "is not a folder"),
+                        (("project", tmp_path / "res" / "run0" / "records" / "collectives-0.json", "--ranks", "8"),
+                         "is not a fabricbench.calibration/1"),
+                        (("project", cal, "--ranks", "eight"), "whole numbers")]:
+        r = _cli(*args)
+        assert r.returncode != 0 and r.stderr.count("\n") == 1 and words in r.stderr, (args, r.stderr)
+    assert not (one / "calibration-emu-100m.json").exists()
+
+
+def _training(p0=2, fabric="emu-100m", commit="c0ffee") -> dict:
+    """A training record: 1 s steps, 80% of them with a gradient all_reduce of 231168 floats in flight."""
+    return {"workload": "pretrain", "status": "ok", "fabric": {"name": fabric}, "world": {"world_size": p0},
+            "fingerprint": {"git": {"commit": commit, "dirty_hash": None}},
+            "metrics": {"iteration_time(s)": 1.0, "iteration_time_std(s)": 0.0, "comm_share": 0.8, "measured_steps": 10},
+            "samples": {"comm_calls": [[["all_reduce", "float32", 231168, p0, 0.1, 0.9]]] * 3}}
+
+
+def test_step_time_projection_worked():
+    cal = pj.fit([(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)], boot=50)
+    sp = pj.project_step(cal, _training(), 4)
+    # the bucket: 924672 B. At 2 ranks the sweep measured it between its 256 KiB and 1 MiB cells
+    # (the model: 2 x 200 us + 924672 / 12.5e6 = 0.07437376 s); at 4 ranks the model gives 6 x 200 us
+    # + 1.5 x 924672 / 12.5e6 = 0.11216064 s. The 0.2 s without a collective in flight stays, the
+    # 0.8 s with one scales by their ratio (~1.508)
+    base = pj.measured_at(cal["ops"]["all_reduce"], 2, 924672)
+    assert base == pytest.approx(0.07437376, rel=2e-3)
+    assert sp.step_s == pytest.approx(0.2 + 0.8 * 0.11216064 / base, rel=1e-6)
+    assert sp.comm_s == pytest.approx(0.8 * 0.11216064 / base, rel=1e-6)
+    assert sp.label == "measured" and sp.ranks == 2
+    assert sp.low_s == pytest.approx(sp.step_s) and sp.high_s == pytest.approx(sp.step_s)   # exact data, no spread
+    assert f"training step at 4 ranks: {sp.step_s * 1e3:.1f} ms" in pj.step_line(sp)
+    # log-log between measured cells: 1 s at 1000 B and 4 s at 4000 B give 2 s at 2000 B
+    c = {"cells": [{"p": 2, "size": 1000, "time_s": 1.0}, {"p": 2, "size": 4000, "time_s": 4.0}]}
+    assert pj.measured_at(c, 2, 2000) == pytest.approx(2.0)
+    assert pj.measured_at(c, 2, 8000) is None and pj.measured_at(c, 4, 2000) is None
+    assert pj.project_step(cal, _training(), 64).label == "model-only"
+    with pytest.raises(UsageError, match="ran on emu-10m"):
+        pj.project_step(cal, _training(fabric="emu-10m"), 4)
+    with pytest.raises(UsageError, match="other code"):
+        pj.project_step(cal, _training(commit="beef"), 4)
+    tp = _training()
+    tp["samples"] = {"comm_calls": [[["all_reduce", "float32", 1024, 1, 0.0, 0.1]]]}
+    tp["world"] = {"world_size": 4}
+    with pytest.raises(UsageError, match=r"groups of \[1\] ranks"):
+        pj.project_step(cal, tp, 8)
+    with pytest.raises(UsageError, match="ok training record"):
+        pj.project_step(cal, {"workload": "collectives", "status": "ok"}, 4)
+
+
+def test_an_emulated_fabric_is_its_settings_too():
+    def at(rate):
+        recs = _recs()
+        for _, r in recs:
+            r["config"]["fabric"]["emulate"] = {"nodes": r["world"]["world_size"], "rate": rate, "mtu": 1500}
+        return recs
+    assert pj.fabric_of(at("10mbit")[0][1]) == "emu-100m (rate=10mbit)"        # the node count is the scale
+    with pytest.raises(UsageError, match=r"2 fabrics \(emu-100m \(rate=100mbit\); emu-100m \(rate=10mbit\)\)"):
+        pj.fit(at("10mbit") + at("100mbit"))
+    with pytest.raises(UsageError, match="2 fabrics"):
+        pj.fit(at("10mbit") + at("100mbit"), fabric="emu-100m")             # the name alone does not pick one
+    assert pj.fit(at("10mbit") + at("100mbit"), fabric="emu-100m (rate=10mbit)", boot=50)["fabric"].endswith("10mbit)")
+
+
+def test_emulated_nodes_share_the_hosts_cores():
+    recs = [(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)]
+    for _, r in recs:
+        r["config"]["fabric"]["emulate"] = {"nodes": r["world"]["world_size"], "rate": "10mbit"}
+    cal = pj.fit(recs, boot=50)
+    rec = _training() | {"config": {"fabric": {"emulate": {"rate": "10mbit"}}}, "fingerprint": {
+        "git": {"commit": "c0ffee", "dirty_hash": None}, "cpu_count": 2, "cpu_affinity": 2}}
+    assert pj.host_share(rec, 2) == 1.0 and pj.host_share(rec, 4) == 2.0 and pj.host_share(rec, 8) == 4.0
+    assert pj.host_share(_training(), 8) == 1.0                         # real nodes: compute stays
+    # the 0.2 s of compute doubles when 4 ranks share 2 cores
+    base = pj.measured_at(cal["ops"]["all_reduce"], 2, 924672)
+    assert pj.project_step(cal, rec, 4).step_s == pytest.approx(0.4 + 0.8 * 0.11216064 / base, rel=1e-6)
+
+
+def test_the_reports_projection_section(tmp_path):
+    from analysis import projection_report
+    from analysis.report import Section, to_html, to_markdown
+
+    assert projection_report.blocks(tmp_path, tmp_path / "plots") == []          # no calibration: no section
+    cal = pj.fit(_recs(blocks=3), boot=50)
+    (tmp_path / "calibration-emu-100m.json").write_text(json.dumps(cal))
+    blocks = projection_report.blocks(tmp_path, tmp_path / "plots")
+    table = next(b for b in blocks if b[0] == "table")
+    assert table[1] == projection_report.HEAD and [r[0] for r in table[2]] == ["all_gather", "all_reduce"]
+    assert "4 from 2: median" in table[2][1][5] and "at 16 ranks" in table[2][1][6]
+    figures = [b for b in blocks if b[0] == "figure"]
+    assert len(figures) == 2 and all(f[1].stat().st_size > 1000 for f in figures)
+    md = to_markdown("t", [Section("Projection to scale", blocks)], tmp_path)
+    assert "## Projection to scale" in md and "model-only" in md and "projection-calibration-emu-100m-all_reduce.png" in md
+    assert "<img" in to_html("t", [Section("Projection to scale", blocks)])

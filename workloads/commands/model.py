@@ -1,0 +1,144 @@
+"""Calibrate and project: a latency-bandwidth model of a fabric's collectives, projected to other scales.
+
+    fabricbench model fit results/ --out cal.json             # from collectives records at 2+ scales
+    fabricbench model project cal.json --ranks 64,512          # time and busbw per size, 90% PIs
+    fabricbench model project a.json b.json --ranks 512        # a projected comparison: verdict words
+    fabricbench model check cal.json results-8/                # measured cells inside their PIs?
+    fabricbench model export cal.json --ranks 512 --out sim/   # ASTRA-sim, Calculon and Vidur inputs
+
+The model, its intervals and their checked coverage: docs/projection.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workloads.core.errors import UsageError
+
+
+def add_arguments(ap) -> None:
+    sub = ap.add_subparsers(dest="action", metavar="action", required=True)
+    f = sub.add_parser("fit", help="fit a calibration from collectives records at two or more scales")
+    f.add_argument("dirs", nargs="+", help="results folders (records are found below them)")
+    f.add_argument("--fabric", help="the fabric to fit when the records hold several")
+    f.add_argument("--ops", help="comma-separated collectives to fit (default: every one measured)")
+    f.add_argument("--out", help="where to write the calibration JSON [<first dir>/calibration-<fabric>.json]")
+    f.add_argument("--bootstrap", type=int, default=400, help="block resamples for the parameter intervals [400]")
+    p = sub.add_parser("project", help="project a calibration (or compare two) to other scales")
+    p.add_argument("calibrations", nargs="+", help="one calibration, or two for a projected comparison")
+    p.add_argument("--ranks", required=True, help="scales, e.g. 64,512")
+    p.add_argument("--sizes", help="message sizes, e.g. 64K,16M [the calibration's sizes]")
+    p.add_argument("--ops", help="comma-separated collectives [every one calibrated]")
+    p.add_argument("--json", dest="json_out", help="also write the projections here as JSON")
+    p.add_argument("--training", metavar="RECORD", help="also project this training record's step time (its fabric's "
+                   "calibration; its collectives trace and comm share)")
+    e = sub.add_parser("export", help="the calibration as ASTRA-sim, Calculon and Vidur inputs")
+    e.add_argument("calibration")
+    e.add_argument("--ranks", required=True, help="the simulated network's ranks, e.g. 512")
+    e.add_argument("--out", required=True, help="folder for astra-sim-network.yml, calculon-network.json, "
+                   "vidur-all_reduce.csv")
+    c = sub.add_parser("check", help="the calibration's projections against records it was not fitted on")
+    c.add_argument("calibration")
+    c.add_argument("dirs", nargs="+", help="results folders of the same fabric and code")
+
+
+def _records(dirs: list[str]):
+    from workloads.core.records import iter_records
+
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise UsageError(f"{d} is not a folder; give the results folder(s) of collectives runs")
+    return [(p, r) for d in dirs for p, r in iter_records(d, "**/records/*.json")]
+
+
+def _record(path: str) -> dict:
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--training {path}: cannot read a record ({e.__class__.__name__})") from None
+    if not isinstance(rec, dict):
+        raise UsageError(f"--training {path}: not a record")
+    return rec
+
+
+def _sizes(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    from workloads.collectives.settings import parse_size
+
+    return [parse_size(s.strip(), "--sizes") for s in text.split(",") if s.strip()]
+
+
+def run(args) -> int:
+    from analysis import projection as pj
+
+    if args.action == "fit":
+        if args.bootstrap < 50:
+            raise UsageError(f"--bootstrap {args.bootstrap}: use 50 or more resamples (400 by default)")
+        ops = [o.strip() for o in args.ops.split(",")] if args.ops else None
+        unknown = sorted(set(ops or ()) - set(pj.ALGORITHMS))
+        if unknown:
+            raise UsageError(f"--ops {', '.join(unknown)}: the model knows {', '.join(pj.ALGORITHMS)}")
+        cal = pj.fit(_records(args.dirs), args.fabric, ops, args.bootstrap)
+        out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric'].split(' (')[0]}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(cal, indent=1) + "\n")
+        for line in pj.fit_lines(cal):
+            print(line)
+        print(f"calibration: {out}")
+        return 0
+    if args.action == "project":
+        if len(args.calibrations) > 2:
+            raise UsageError("give one calibration to project, or two to compare")
+        cals = [pj.load(c) for c in args.calibrations]
+        ranks = pj.parse_ranks(args.ranks)
+        sizes = _sizes(args.sizes)
+        ops = [o.strip() for o in args.ops.split(",")] if args.ops else sorted(set.intersection(*(set(c["ops"]) for c in cals)))
+        if not ops:
+            raise UsageError("these calibrations have no collective in common")
+        rows = []
+        for op in ops if not args.training or args.sizes else ():  # --training alone: the steps only
+            for p in ranks:
+                for s in sizes or cals[0]["ops"].get(op, {}).get("sizes", []):
+                    prs = [pj.project(c, op, p, s) for c in cals]
+                    for pr in prs:
+                        print(pj.projection_line(pr))
+                    if len(prs) == 2:
+                        print("  " + pj.compare(*prs))
+                    rows += [pr.__dict__ | {"busbw_GBps": pr.busbw_GBps} for pr in prs]
+        if args.training:
+            rec = _record(args.training)
+            for p in ranks:
+                sp = pj.project_step(cals[0], rec, p)
+                print(pj.step_line(sp))
+                rows.append(sp.__dict__ | {"kind": "training_step"})
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
+    if args.action == "export":
+        from analysis import simexport
+
+        cal = pj.load(args.calibration)
+        (n,) = pj.parse_ranks(args.ranks) if "," not in args.ranks else (None,)
+        if n is None:
+            raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {"astra-sim-network.yml": simexport.astra_sim(cal, n),
+                 "calculon-network.json": json.dumps(simexport.calculon(cal, n), indent=1) + "\n",
+                 "vidur-all_reduce.csv": simexport.vidur(cal, sorted({2, 4, 8, n}), [1 << k for k in range(10, 29)])}
+        for name, text in files.items():
+            (out / name).write_text(text)
+            print(f"{out / name}")
+        if n > pj.MODEL_ONLY * max(cal["ops"]["all_reduce"]["scales"]):
+            print(f"note: {n} ranks is beyond {pj.MODEL_ONLY}x the largest measured scale: these inputs are model-only")
+        return 0
+    cal = pj.load(args.calibration)
+    rows = pj.check_against(cal, _records(args.dirs))
+    for r in rows:
+        print(f"{r['op']} {r['size']} B at {r['p']} ranks: measured {r['measured_s'] * 1e3:.3f} ms, projected "
+              f"{r['predicted_s'] * 1e3:.3f} ms [{r['low_s'] * 1e3:.3f}, {r['high_s'] * 1e3:.3f}] "
+              f"({r['label']}): {'inside' if r['inside'] else 'OUTSIDE'}, error {100 * r['abs_error']:.1f}%")
+    print(pj.check_summary(rows))
+    return 0

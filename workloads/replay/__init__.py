@@ -1,0 +1,1 @@
+"""The replay workload: a captured run's sequence of collectives, run alone on any fabric."""
