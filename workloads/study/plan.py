@@ -22,8 +22,9 @@ Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 
 alpha x k_j / (k_1 + ... + k_L) (analysis/looks.py: weighted Bonferroni over looks, valid whenever
 the study stops), and the study stops at the first look where every primary verdict is settled:
 a difference called or equivalence within the margin (with `--stop-on ...,futility`, also a
-difference of `detect` ruled out by the interval). This is the only way to add blocks after a look: a fixed study whose verdicts were
-printed is not extended (workloads/study/run.py, extension_refusal).
+difference of `detect` ruled out by the interval). This is the only way to add blocks after a
+look: a fixed study whose verdicts were printed is not extended (workloads/study/run.py,
+extension_refusal).
 """
 
 from __future__ import annotations
