@@ -26,6 +26,7 @@ import numpy as np
 from scipy import stats as sps
 
 from analysis import guard, stats
+from analysis import looks as schedule
 from analysis.load import Run, Table, is_served
 from workloads import catalog
 from workloads.core.errors import UsageError
@@ -70,6 +71,16 @@ def expand(wanted: Iterable[str], names: Iterable[str]) -> list[str]:
     for pattern in wanted:
         out += [n for n in names if (n == pattern or fnmatchcase(n, pattern)) and n not in out]
     return out
+
+
+# Counts per run: a ratio of counts near 3 is mostly noise ("25% better"), and 0 is common, so a
+# study judges them by the blocks' raw differences, always (a share or fraction only when a
+# value is 0: elsewhere its log-ratio is the relative change the report states).
+COUNTS = ("*retransmits", "failed", "warmup_failed", "wrong_elements", "rows_with_wrong")
+
+
+def counted(metric: str) -> bool:
+    return any(metric == p or fnmatchcase(metric, p) for p in COUNTS)
 
 
 def higher_is_better(metric: str) -> bool:
@@ -117,9 +128,11 @@ def points(table: Table, allow: Iterable[str] = ()) -> list[Point]:
 DESIGNS = {"abba": "interleaved ABBA", "williams": "Williams design", "permuted": "permuted within blocks"}
 
 
-def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run], float | None]) -> tuple[list[float], str] | None:
+def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run], float | None],
+            raw: bool = False) -> tuple[list[float], str] | None:
     """Per-block log-ratios of `metric` (arm vs baseline) and the design's name, when every run
     of both sides carries a study block and a positive value; else None (Welch's t on the runs).
+    `raw`: the blocks' raw differences, mean(arm) - mean(baseline), where a value may be 0.
 
     A block holding both sides gives one log-ratio, mean log(arm) - mean log(baseline); a
     block is keyed by (study id, block) so pooled studies never mix their blocks. A block
@@ -136,9 +149,9 @@ def blocked(runs: list[Run], base_runs: list[Run], metric: str | Callable[[Run],
             v = value(r)
             if v is None:
                 continue
-            if v <= 0:
-                return None  # no log-ratio of a zero: not tested, and the verdict says why
-            cells[(r.study.get("id"), r.study["block"])][side].append(math.log(v))
+            if v <= 0 and not raw:
+                return None  # no log-ratio of a zero: the raw differences judge it (_compare_point)
+            cells[(r.study.get("id"), r.study["block"])][side].append(v if raw else math.log(v))
     d = [sum(a) / len(a) - sum(b) / len(b) for a, b in cells.values() if a and b and len(a) == len(b)]
     dropped = len(cells) - len(d)
     designs = sorted({str(r.study.get("design")) for r in every})
@@ -441,6 +454,7 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
     every = [r for runs in groups.values() for r in runs]
     margin = float(_study_value(every, "margin", stats.MARGIN))
     looks = spent_looks(every)
+    share = look_share(every)
     detect = float(_study_value(every, "detect", stats.DETECT))
     base_vals = [v for r in groups[base] if (v := r.metric(metric)) is not None]
     out = []
@@ -448,18 +462,19 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         vals = [v for r in runs if (v := r.metric(metric)) is not None]
         if arm == base or not vals or not base_vals:
             continue
-        design = blocked(runs, groups[base], metric)
-        label = design[1] if design else None
+        raw = counted(metric)
+        design = None if raw else blocked(runs, groups[base], metric)
         if design is None and all(r.study and r.study.get("block") is not None for r in [*runs, *groups[base]]):
-            # a study's counts or shares with a zero: no log-ratio, so not tested, but under the
-            # design the runs really had (never "run order not recorded")
-            names = sorted({str(r.study.get("design")) for r in [*runs, *groups[base]]})
-            label = f"{DESIGNS.get(names[0], names[0]) if len(names) == 1 else 'blocked'}, a value <= 0 in its blocks"
+            # a count, or a share with a zero (no log-ratio): the blocks' raw differences, stated
+            # per run, under the design the runs really had (never "run order not recorded")
+            raw, design = True, blocked(runs, groups[base], metric, raw=True)
+            design = design and (design[0], f"{design[1]}, paired differences per run")
+        label = design[1] if design else None
         control = any(r.control for r in runs)
         out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
                                  blocks=design[0] if design else None, design=label,
                                  control=control, margin=margin, primary=primary, looks=looks, detect=detect,
-                                 step=stats.resolution(vals + base_vals)))
+                                 step=stats.resolution(vals + base_vals), share=share, raw=raw and design is not None))
     return out
 
 
@@ -473,6 +488,22 @@ def spent_looks(runs: Iterable[Run]) -> int:
     sizes = {(r.study.get("id"), int(b)) for r in runs if r.study and (b := r.study.get("blocks")) is not None}
     per_study = Counter(i for i, _ in sizes)
     return max(looks or [1]) + max(per_study.values() or [1]) - 1
+
+
+def look_share(runs: Iterable[Run]) -> float:
+    """The fraction of alpha a sequential study's look spends (analysis/looks.py): its records
+    carry the cap (`study.blocks`) and the count of looks, which give the schedule, and the look
+    is the first at or past the blocks they hold. NaN (alpha/looks, compare.spent_looks) for a
+    fixed study, one extended after its verdicts, or records whose schedule is not the one
+    looks_at gives."""
+    runs = [r for r in runs if r.study]
+    looks = {int(v) for r in runs if (v := r.study.get("looks")) is not None}
+    caps = {(r.study.get("id"), int(b)) for r in runs if (b := r.study.get("blocks")) is not None}
+    if len(looks) != 1 or (n := looks.pop()) < 2 or len(caps) != 1:
+        return math.nan
+    plan = schedule.looks_at(next(iter(caps))[1])
+    held = max((int(b) + 1 for r in runs if (b := r.study.get("block")) is not None), default=0)
+    return schedule.share(plan, held) if len(plan) == n and held else math.nan
 
 
 def _correct(raw: list[tuple[Point, stats.Comparison]], correction: str, alpha: float) -> list[tuple[Point, stats.Comparison]]:

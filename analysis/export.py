@@ -37,6 +37,8 @@ def row(point, c) -> dict[str, Any]:
         "median": _num(c.median), "median_base": _num(c.median_base), "alpha": c.alpha, "verdict": c.verdict,
         "outcome": c.outcome, "primary": c.primary, "conf": _num(c.conf), "mde": _num(c.mde), "margin": c.margin,
         "p_exact": _num(c.p_exact), "blocks": c.blocks, "looks": c.looks,
+        # "difference": ratio, lo, hi and mde are arm - baseline in the metric's units (a count)
+        "scale": "difference" if c.raw else "ratio",
     }
 
 

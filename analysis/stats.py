@@ -35,8 +35,9 @@ decimals) floors the spread: a zero spread is rounding, never certainty.
 Every verdict is one of three, never a bare "not significant":
 - *A is x% faster [CI]* (a lower-is-better metric: *A's m is x% lower*, its own change): the
   corrected test rejects (the interval excludes 1);
-- *equivalent within +-m*: two one-sided tests at alpha/(tests x looks) each, that is the
-  1 - 2 alpha/(m L) interval (90% for one test) inside the margin (1/(1+m), 1+m): Bonferroni
+- *equivalent within +-m*: two one-sided tests at alpha x s/tests each (s: the look's share of
+  alpha, 1 outside a sequential study), that is the 1 - 2 alpha s/m interval (90% for one test)
+  inside the margin (1/(1+m), 1+m): Bonferroni
   over the family, so a false "equivalent" anywhere in it is at most alpha; never on fewer than
   MIN_EQUIVALENT blocks or while a block dominates;
 - *inconclusive: could detect >= x%*: neither; x is the minimum detectable effect (MDE),
@@ -50,9 +51,10 @@ the corrected verdict never disagree: under Holm the i-th smallest p is judged a
 alpha/(m-i+1) up to the first it keeps (the rest at that one's level); under BH every test
 at k*alpha/m, k the number rejected (alpha/m when none: Benjamini & Yekutieli's 2005
 false-coverage-rate intervals). These are per-comparison intervals, not a simultaneous set.
-A sequential study that may stop at any of L planned looks spends alpha/L at each (Bonferroni
-over looks), so stopping when it knows keeps the error rate; so does a study whose records were
-extended after a printed verdict (compare.spent_looks).
+A sequential study that may stop at any of L planned looks spends alpha x k_j / (k_1 + ... + k_L)
+at the look after k_j blocks (analysis/looks.py: weighted Bonferroni over the looks, the shares
+summing to 1), so stopping when it knows keeps the error rate; a study whose records were extended
+after a printed verdict spends alpha/L at each size it was judged at (compare.spent_looks).
 """
 
 from __future__ import annotations
@@ -189,6 +191,14 @@ def _t_mde(se: float, df: float, level: float, power: float = POWER) -> float:
     freedom calls at `level` with `power` (the noncentral t)."""
     if not se > 0:
         return 0.0
+    # the power depends on effect/se alone, so the MDE is se x the MDE at se 1: computed once per
+    # (df, level, power), which a simulation's thousands of verdicts share
+    return se * _unit_mde(float(df), float(level), float(power))
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_mde(df: float, level: float, power: float) -> float:
+    se = 1.0
     tc = sps.t.ppf(1 - level / 2, df)
 
     def short(delta: float) -> float:
@@ -379,7 +389,8 @@ def rank_mde(n: int, n_base: int, sd: float, level: float, power: float = POWER)
 def plan_mde(blocks: int, tests: int, cv: float, alpha: float = 0.05, looks: int = 1) -> float:
     """The difference (a fraction: 0.05 = 5%) one real effect among `tests` primary tests is
     called with 80% power over `blocks` blocks, when each run's metric varies by `cv` (the sd of
-    its log) and runs are independent: sd(d) = cv * sqrt(2); judged at alpha / (tests * looks),
+    its log) and runs are independent: sd(d) = cv * sqrt(2); judged at alpha / (tests * looks)
+    (`looks`: 1 / the look's share of alpha in a sequential study, analysis/looks.py),
     the level Holm gives the one real effect when it is the only one (Bonferroni's)."""
     d = t_mde(blocks, cv * math.sqrt(2), alpha / (max(tests, 1) * max(looks, 1)))
     return math.expm1(d) if math.isfinite(d) else math.inf
@@ -479,6 +490,7 @@ class Comparison:
     detect: float = DETECT    # the difference the study was sized to call (a fraction)
     primary: bool = True      # a decision (False: exploratory, a family of its own)
     looks: int = 1            # looks of a sequential or extended study (alpha is spent over them)
+    share: float = math.nan   # the fraction of alpha this look spends (analysis/looks.py); NaN: 1/looks
     higher_is_better: bool = True
     data: tuple = field(default=(), repr=False, compare=False)       # blocked: d; loose: log values of the arm
     data_base: tuple = field(default=(), repr=False, compare=False)  # loose: log values of the baseline
@@ -487,16 +499,25 @@ class Comparison:
     p_t: float = math.nan     # the t-test's p, printed beside when the robust test decides
     eq_lo: float = math.nan   # the equivalence (TOST) interval of the speedup, at eq_conf
     eq_hi: float = math.nan
-    eq_conf: float = math.nan  # 1 - 2 alpha / (tests x looks): TOST per claim at alpha/(tests x looks)
+    eq_conf: float = math.nan  # 1 - 2 alpha x spent / tests: TOST per claim at alpha x spent / tests
     why: str = ""             # why it was not tested, when it was not
+    # the data are the blocks' raw differences, arm - baseline in the metric's own units (a count
+    # or share that can be 0 has no log-ratio): ratio, lo, hi and mde are then that difference,
+    # speedup the arm's lead in it; no equivalence or `detect` (both are relative) is claimed
+    raw: bool = False
 
     @property
     def tested(self) -> bool:
         return not math.isnan(self.p)
 
     @property
+    def spent(self) -> float:
+        """The fraction of alpha this verdict's look spends: its planned share, else 1/looks."""
+        return self.share if self.share > 0 else 1 / max(self.looks, 1)
+
+    @property
     def equivalent(self) -> bool:
-        """Two one-sided tests at alpha/(tests x looks) each (the TOST interval at 1 - 2 alpha/(m L),
+        """Two one-sided tests at alpha x spent/tests each (the TOST interval at 1 - 2 alpha spent/m,
         90% for one test) lie inside the margin: Bonferroni over the family, so a false
         "equivalent" anywhere in it is at most alpha. Never while a block dominates (robust), and
         never on fewer than MIN_EQUIVALENT runs per arm: a slowdown that hits one arm's runs
@@ -508,13 +529,7 @@ class Comparison:
     def rules_out(self) -> bool:
         """The interval excludes a difference of `detect` or more either way: the question the
         study was sized for is answered 'no' even when equivalence at the margin is not."""
-        return self.tested and 1 / (1 + self.detect) < self.speedup_lo and self.speedup_hi < 1 + self.detect
-
-    @property
-    def settled(self) -> bool:
-        """Nothing more to learn at the study's scale: a difference called, equivalence, or one of
-        `detect` ruled out (what a sequential study stops on)."""
-        return self.significant or self.equivalent or self.rules_out
+        return self.tested and not self.raw and 1 / (1 + self.detect) < self.speedup_lo and self.speedup_hi < 1 + self.detect
 
     @property
     def outcome(self) -> str:
@@ -531,7 +546,7 @@ class Comparison:
     @property
     def bias_bound(self) -> float:
         """The largest difference (a fraction) the interval allows, either way."""
-        return max(self.speedup_hi - 1, 1 / self.speedup_lo - 1) if self.speedup_lo > 0 else math.inf
+        return max(self.speedup_hi - 1, 1 / self.speedup_lo - 1) if self.speedup_lo > 0 and not self.raw else math.inf
 
     @property
     def says(self) -> str:
@@ -547,6 +562,14 @@ def _interval(c: Comparison, conf: float, with_mde: bool = True) -> tuple[float,
     """(lo, hi, p, mde as a fraction; NaN unless `with_mde`: the noncentral t is the slow part) of
     c's data at `conf`."""
     level = 1 - conf
+    if c.blocks and c.raw:  # the same tests on differences in the metric's units: nothing to exp
+        if c.robust:
+            _, lo, hi, p = signed_rank(c.data, conf)
+            mde = t_mde(c.blocks, robust_sd(c.data) * math.sqrt(math.pi / 3), level) if with_mde else math.nan
+        else:
+            _, lo, hi, p = paired_t(c.data, conf)
+            mde = t_mde(c.blocks, c.sd, level) if with_mde else math.nan
+        return (math.nan, math.nan, math.nan, math.inf) if math.isnan(lo) else (lo, hi, p, mde)
     if c.blocks:
         if c.robust:
             _, lo, hi, p = signed_rank(c.data, conf)
@@ -568,36 +591,40 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
             higher_is_better: bool = True, alpha: float = 0.05, seed: int | None = None,
             word: str = "faster", blocks: Sequence[float] | None = None, design: str | None = None,
             control: bool = False, margin: float = MARGIN, primary: bool = True, looks: int = 1,
-            detect: float = DETECT, step: float = 0.0) -> Comparison:
+            detect: float = DETECT, step: float = 0.0, share: float = math.nan, raw: bool = False) -> Comparison:
     """`fabric` against `baseline` on one metric's per-trial values, as a family of one test
     (`correct` re-judges it once the whole family is known). `blocks`: the per-block
     log-ratios of a blocked design (then the paired t-test, or the signed-rank test when a
     block dominates; `design` names it); None: Welch's t on log values. `word` names the
     winner's edge: "faster" for times and rates, "better" for the rest (comm share, loss,
-    failures). `step`: the values' recorded resolution (resolution()), a floor on the spread."""
+    failures). `step`: the values' recorded resolution (resolution()), a floor on the spread.
+    `share`: the fraction of alpha this look of a sequential study spends (analysis/looks.py).
+    `raw`: `blocks` are the blocks' raw differences (arm - baseline, the metric's units), for a
+    count or share that can be 0: judged by the same tests, stated as a difference per run."""
     x, y = [float(v) for v in values], [float(v) for v in base]
     med, med_base = float(np.median(x)), float(np.median(y))
     if blocks is not None:
         d = tuple(float(v) for v in blocks)
         k = len(d)
         # no complete block (every pair lost a side): the medians' ratio is shown, not tested
-        ratio = math.exp(float(np.mean(d))) if d else med / med_base
-        fl = math.hypot(resolution_sd(step, x, len(x) / k), resolution_sd(step, y, len(y) / k)) if k else 0.0
+        ratio = (float(np.mean(d)) if d else med - med_base) if raw else math.exp(float(np.mean(d))) if d else med / med_base
+        fl = 0.0 if raw else math.hypot(resolution_sd(step, x, len(x) / k), resolution_sd(step, y, len(y) / k)) if k else 0.0
         far = outliers(d, fl)
         robust = "" if not far else (
-            f"{len(far)} of {k} block log-ratios lie more than {outlier_cut(k):.1f} robust sds from their median "
-            f"({', '.join(f'{100 * math.expm1(d[i]):+.1f}%' for i in far)} against {100 * math.expm1(float(np.median(d))):+.1f}%): "
+            f"{len(far)} of {k} block {'differences' if raw else 'log-ratios'} lie more than {outlier_cut(k):.1f} robust "
+            f"sds from their median ({', '.join(_amount(raw, d[i]) for i in far)} against {_amount(raw, float(np.median(d)))}): "
             f"decided by the signed-rank test, which counts a block as one rank, not by its size")
         p_t = paired_t(d, floor=fl)[3] if k >= 2 else math.nan
         p = signed_rank(d)[3] if robust else p_t
         sd = float(np.std(d, ddof=1)) if k >= 2 else math.nan
         floor = min(1.0, 2 / 2 ** k)  # the sign-flip test: all blocks one way is 1 of 2^k flips per tail
         why = "" if not math.isnan(p) else "need >= 2 blocks" if k < 2 else \
-            "every block log-ratio is the same and the values carry no resolution to bound their spread"
+            ("every block's difference is the same" if raw else
+             "every block log-ratio is the same and the values carry no resolution to bound their spread")
         c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
                        False, "", word, design or "blocked", k, p, control=control, alpha=alpha, floor=floor,
                        p_exact=sign_flip_p(d, seed) if k >= 2 else math.nan, sd=sd, margin=margin,
-                       primary=primary, looks=looks, data=d, floor_sd=fl, robust=robust, p_t=p_t, why=why)
+                       primary=primary, looks=looks, data=d, floor_sd=fl, robust=robust, p_t=p_t, why=why, raw=raw)
     else:
         pos = all(v > 0 for v in x + y)
         lx, ly = (tuple(np.log(x)), tuple(np.log(y))) if pos else (tuple(x), tuple(y))
@@ -615,24 +642,29 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
                        False, "", word, design or Comparison.design, 0, p, control=control, alpha=alpha,
                        p_exact=permutation_p(x, y, seed=seed) if not math.isnan(p) else math.nan, sd=sd,
                        margin=margin, primary=primary, looks=looks, data=lx, data_base=ly, floor_sd=fl, why=why)
-    c = replace(c, higher_is_better=higher_is_better, detect=detect)
+    c = replace(c, higher_is_better=higher_is_better, detect=detect, share=share)
     return correct([c], "holm", alpha)[0]
 
 
 def _judge(c: Comparison, conf: float, p_adj: float, method: str, m: int, alpha: float) -> Comparison:
-    eq_conf = 1 - 2 * alpha / (max(m, 1) * max(c.looks, 1))
+    eq_conf = 1 - 2 * alpha * c.spent / max(m, 1)
     if c.tested:
         lo, hi, _, mde = _interval(c, conf)
-        elo, ehi = _interval(c, eq_conf, with_mde=False)[:2] if not c.robust else (math.nan, math.nan)
+        elo, ehi = _interval(c, eq_conf, with_mde=False)[:2] if not (c.robust or c.raw) else (math.nan, math.nan)
     else:
         lo = hi = c.ratio
         elo = ehi = math.nan
         mde = math.inf
-    s, slo, shi = (c.ratio, lo, hi) if c.higher_is_better else (1 / c.ratio, _inv(hi), _inv(lo))
+    if c.raw:  # a difference: the arm's lead is the difference, negated where lower is better
+        s, slo, shi = (c.ratio, lo, hi) if c.higher_is_better else (-c.ratio, -hi, -lo)
+        elo = ehi = math.nan
+    else:
+        s, slo, shi = (c.ratio, lo, hi) if c.higher_is_better else (1 / c.ratio, _inv(hi), _inv(lo))
     eslo, eshi = (elo, ehi) if c.higher_is_better else (_inv(ehi), _inv(elo))
     c = replace(c, lo=lo, hi=hi, speedup=s, speedup_lo=slo, speedup_hi=shi, p_adj=p_adj, correction=method,
                 family=m, alpha=alpha, conf=conf, mde=mde, eq_lo=eslo, eq_hi=eshi, eq_conf=eq_conf)
-    sig = bool(c.tested and p_adj < alpha and (slo > 1 or shi < 1))
+    one = 0.0 if c.raw else 1.0
+    sig = bool(c.tested and p_adj < alpha and (slo > one or shi < one))
     c = replace(c, significant=sig)
     return replace(c, verdict=verdict(c))
 
@@ -640,19 +672,21 @@ def _judge(c: Comparison, conf: float, p_adj: float, method: str, m: int, alpha:
 def correct(family: Sequence[Comparison], method: str = "holm", alpha: float = 0.05) -> list[Comparison]:
     """The family's comparisons with corrected p, intervals at the level each was judged at,
     and verdicts; untested ones (too few trials) are not counted as tests. A sequential or
-    extended family (looks > 1) spends alpha/looks."""
+    extended family (looks > 1) spends its look's share of alpha (Comparison.spent)."""
     tested = [i for i, c in enumerate(family) if c.tested]
     looks = max([c.looks for c in family] or [1])
-    a = alpha / looks
+    spent = min([c.spent for c in family] or [1.0])
+    share = spent if any(c.share > 0 for c in family) else math.nan
+    a = alpha * spent
     ps = [family[i].p for i in tested]
-    padj = np.minimum(1.0, adjust(ps, method) * looks)
+    padj = np.minimum(1.0, adjust(ps, method) / spent)
     lev = levels(ps, method, a)
     out = list(family)
     for k, i in enumerate(tested):
-        out[i] = _judge(replace(family[i], looks=looks), 1 - lev[k], float(padj[k]), method, len(tested), alpha)
+        out[i] = _judge(replace(family[i], looks=looks, share=share), 1 - lev[k], float(padj[k]), method, len(tested), alpha)
     for i, c in enumerate(out):
         if i not in tested:
-            out[i] = _judge(replace(c, looks=looks), 1 - a, math.nan, method, len(tested), alpha)
+            out[i] = _judge(replace(c, looks=looks, share=share), 1 - a, math.nan, method, len(tested), alpha)
     return out
 
 
@@ -662,6 +696,8 @@ def method_note(c: Comparison) -> str:
         f"{CORRECTION_NAMES[c.correction]} over {c.family} {'primary' if c.primary else 'exploratory'} " \
         f"test{'s' if c.family != 1 else ''}"
     seq = f", sequential: alpha spent over {c.looks} looks" if c.looks > 1 else ""
+    if c.looks > 1 and c.share > 0:
+        seq += f" in proportion to their blocks ({100 * c.share:.3g}% of it at this look)"
     return f"{c.design}, {corr}{seq}"
 
 
@@ -672,6 +708,8 @@ def edge(c: Comparison) -> tuple[str, str, float, float, float]:
     its own change, so a halved latency is "50% lower", never "100% faster". The one way a ratio
     is put into words: the verdict sentence, the report's tables and its headlines all use it."""
     s, slo, shi = c.speedup, c.speedup_lo, c.speedup_hi
+    if c.raw:  # the lead in the metric's own units: the arm's when >= 0
+        return (c.fabric, c.baseline, s, slo, shi) if s >= 0 else (c.baseline, c.fabric, -s, -shi, -slo)
     if c.higher_is_better:
         if s >= 1:
             return c.fabric, c.baseline, s - 1, slo - 1, shi - 1
@@ -692,7 +730,10 @@ def pct(x: float) -> str:
 
 def gap(c: Comparison, lead: str, trail: str, frac: float, verb: str = " is") -> str:
     """'b is faster than a by 20.0%', or for a lower-is-better metric 'b's median_ttft_ms is
-    49.7% lower than a's' (verb "" for the short form of the equivalent and inconclusive lines)."""
+    49.7% lower than a's' (verb "" for the short form of the equivalent and inconclusive lines);
+    a raw difference 'b's tcp_retransmits is 1.25 lower than a's per run'."""
+    if c.raw:
+        return f"{lead}'s {c.metric}{verb} {frac:.3g} {'higher' if c.higher_is_better else 'lower'} than {trail}'s per run"
     if c.higher_is_better:
         return f"{lead}{verb} {c.says} than {trail} by {pct(frac)}"
     return f"{lead}'s {c.metric}{verb} {pct(frac)} lower than {trail}'s"
@@ -714,7 +755,15 @@ def _tail(c: Comparison) -> str:
     return f"({level}; {p}{corrected}{exact}; {n}{method_note(c)}{robust})"
 
 
-def _fmt(lo: float, hi: float, signed: bool = True) -> str:
+def _amount(raw: bool, x: float) -> str:
+    """A block's difference in words: '+1.25' (raw, the metric's units) or '+3.0%' (a log-ratio)."""
+    return f"{x:+.3g}" if raw else f"{100 * math.expm1(x):+.1f}%"
+
+
+def _fmt(lo: float, hi: float, signed: bool = True, raw: bool = False) -> str:
+    if raw:
+        ok = math.isfinite(lo) and math.isfinite(hi)
+        return "[unbounded]" if not ok else f"[{lo:+.3g}, {hi:+.3g}]" if signed else f"[{lo:.3g}, {hi:.3g}]"
     if not (math.isfinite(hi) and lo > -1 and math.isfinite(lo)):
         return "[unbounded]"
     return f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" if signed else f"[{100 * lo:.1f}, {100 * hi:.1f}]"
@@ -730,16 +779,16 @@ def verdict(c: Comparison) -> str:
         need = c.why or ("need >= 2 blocks" if c.blocks or "block" in c.design else "need >= 2 runs each")
         return (f"not tested ({c.n} vs {c.n_base} runs{f', {c.blocks} block(s)' if c.blocks else ''}; {need}): "
                 f"{gap(c, lead, trail, frac, '')} ({c.design})")
-    interval = _fmt(flo, fhi)
+    interval = _fmt(flo, fhi, raw=c.raw)
     if c.significant:
         within = f"; within the +-{pct(c.margin)} equivalence margin" if c.equivalent else ""
-        return f"{gap(c, lead, trail, frac)} {_fmt(flo, fhi, False)}{within} {_tail(c)}"
+        return f"{gap(c, lead, trail, frac)} {_fmt(flo, fhi, False, c.raw)}{within} {_tail(c)}"
     if c.equivalent:
         elo, ehi = edge(replace(c, speedup_lo=c.eq_lo, speedup_hi=c.eq_hi))[3:]
         return (f"equivalent within +-{pct(c.margin)}: {gap(c, lead, trail, frac, '')} {interval}; "
                 f"its {100 * c.eq_conf:.4g}% interval {_fmt(elo, ehi)} lies inside the margin "
                 f"(two one-sided tests) {_tail(c)}")
-    could = f"this test could detect >= {pct(c.mde)}" if math.isfinite(c.mde) else \
+    could = f"this test could detect >= {f'{c.mde:.3g} per run' if c.raw else pct(c.mde)}" if math.isfinite(c.mde) else \
         f"this test cannot call any difference (its smallest p is {c.floor:.3g}; more runs are needed)"
     if c.rules_out:
         could = f"it rules out a difference of {pct(c.detect)} or more, not yet equivalent within +-{pct(c.margin)}"

@@ -45,6 +45,9 @@ def edge_text(c: stats.Comparison) -> str:
     interval at the level its test was judged at (the table's "CI level" column; 95% for a test
     alone, per comparison under Holm or BH). A latency: 'roce 49.7% lower [48.2, 51.2]'."""
     lead, _, pct, lo, hi = stats.edge(c)
+    if c.raw:  # a count's difference per run, in its own units (stats.gap)
+        word = "higher" if c.higher_is_better else "lower"
+        return f"{lead} {pct:.3g} {word} per run" + (" (not tested)" if not c.tested else f" [{lo:.3g}, {hi:.3g}]")
     if not c.tested:
         return f"{lead} {100 * pct:.1f}% {c.says} (not tested)"
     return f"{lead} {100 * pct:.1f}% {c.says} [{100 * lo:.1f}%, {100 * hi:.1f}%]"
@@ -106,6 +109,8 @@ def claim(c: stats.Comparison) -> str:
     """'samples/s: roce is 12.0% faster than ib [95% CI 9.1% to 15.2%].', or equivalent, or inconclusive."""
     metric = metric_name(c.metric)
     lead, trail, frac, lo, hi = stats.edge(c)
+    if c.raw:  # a count's difference per run: the verdict's own sentence, its units kept
+        return f"{metric}: {c.verdict}"
     ci = f"[{100 * c.conf:.4g}% CI {100 * lo:.1f}% to {100 * hi:.1f}%]"
     if c.outcome == "untested":
         return f"{metric}: not tested, too few trials ({lead} {100 * frac:.1f}% {c.says} than {trail})."

@@ -199,6 +199,15 @@ def test_plan_is_printed_and_a_study_that_cannot_call_is_refused_before_it_runs(
     assert "x 7 blocks = 14 runs, design abba (trials chosen by this plan)" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([*STUDY, str(tight), "--until-decided"], cwd=REPO, env=child_env(), capture_output=True, text=True)
     assert r.returncode == 2 and "--until-decided and --max-trials N go together" in r.stderr
+    r = subprocess.run([*STUDY, str(tight), "--until-decided", "--max-trials", "16", "--stop-on", "futile", "--plan"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == ("error: --stop-on futile: a comma-separated subset of difference, "
+                                                      "equivalence, futility (the default is difference,equivalence)")
+    r = subprocess.run([*STUDY, str(write(tmp_path, AA)), "--until-decided", "--max-trials", "16", "--plan"], cwd=REPO,
+                       env=child_env(), capture_output=True, text=True)
+    assert r.stdout.startswith("plan of study aa: 2 arms x 1 workload point(s) x 16 blocks = 32 runs, design abba, "
+                               "sequential: looks after 3, 4, 6, 8, 12, 16 blocks (alpha x 3/49, 4/49, 6/49, 8/49, "
+                               "12/49, 16/49: in proportion to the blocks)"), r.stdout + r.stderr
 
 
 def test_a_cell_the_workload_would_refuse_is_refused_before_the_study_runs(tmp_path):
@@ -354,26 +363,30 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_sequential_study_stops_at_the_first_look_that_decides(tmp_path):
-    """`--until-decided --max-trials 4`: looks after 3 and 4 blocks, alpha/2 at each. An A/A pair
-    with a (deliberately wide) 900% margin is usually settled at the first look, so block 4
+    """`--until-decided --max-trials 4 --stop-on difference,equivalence,futility`: looks after 3
+    and 4 blocks, alpha x 3/7 and 4/7 there. An A/A pair with a (deliberately wide) 900% `detect`
+    is usually settled at the first look (900% ruled out: futility, asked for here), so block 4
     never runs; on a loaded machine its noise can keep it open to the cap. Either way the
     console says what each look found, the records match it, and carry the looks, so the
     verdict is judged at the spent alpha."""
     out = tmp_path / "results"
     spec = write(tmp_path, AA.replace("trials: 2\n", "equivalence: 900%\n").replace("detect: 500%", "detect: 900%"))
-    r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--until-decided", "--max-trials", "4"], cwd=REPO,
+    r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--until-decided", "--max-trials", "4",
+                        "--stop-on", "difference,equivalence,futility"], cwd=REPO,
                        env=child_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "sequential: looks after 3, 4 blocks (alpha/2 each)" in r.stdout.splitlines()[0]
+    assert "sequential: looks after 3, 4 blocks (alpha x 3/7, 4/7: in proportion to the blocks)" in r.stdout.splitlines()[0]
     recs = records(out / "aa")
     assert {x["study"]["looks"] for x in recs} == {2}
     if "look after 3 blocks: 1 of 1 primary verdict(s) decided; stopping" in r.stdout:
         assert len(recs) == 6 and "look after 4 blocks" not in r.stdout
+        level = "97.86% CI"  # 1 - 0.05 x 3/7
     else:
         assert "look after 3 blocks: 0 of 1 primary verdict(s) decided; adding blocks" in r.stdout, r.stdout
         assert len(recs) == 8 and "look after 4 blocks: " in r.stdout
+        level = "97.14% CI"  # 1 - 0.05 x 4/7
     text = (out / "aa" / "compare.txt").read_text()
-    assert "97.5% CI" in text and "sequential: alpha spent over 2 looks" in text, text
+    assert level in text and "sequential: alpha spent over 2 looks in proportion to their blocks" in text, text
     # the plan of a rerun reads the noise these runs measured
     r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--plan"], cwd=REPO, env=child_env(),
                        capture_output=True, text=True)

@@ -18,12 +18,13 @@ blocks are counted on its 80% upper limit, the MDE printed at the estimate. Defa
 cannot call `detect` with the trials it was given is refused before anything runs.
 
 Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 3, 4, 6, 8,
-12, 18, 24, 36, ... blocks below N (looks_at) and at N; alpha is spent as alpha/L at each of
-the L looks (Bonferroni over looks: valid whenever the study stops), and the study stops at the
-first look where every primary verdict is settled: a difference called, equivalence within the
-margin, or a difference of `detect` ruled out by the interval (the study's own question,
-answered). This is the only way to add blocks after a look: a fixed study whose verdicts were
-printed is not extended (workloads/study/run.py, extension_refusal).
+12, 18, 24, 36, ... blocks below N (looks_at) and at N; the look after k_j blocks spends
+alpha x k_j / (k_1 + ... + k_L) (analysis/looks.py: weighted Bonferroni over looks, valid whenever
+the study stops), and the study stops at the first look where every primary verdict is settled:
+a difference called or equivalence within the margin (with `--stop-on ...,futility`, also a
+difference of `detect` ruled out by the interval). This is the only way to add blocks after a
+look: a fixed study whose verdicts were printed is not extended (workloads/study/run.py,
+extension_refusal).
 """
 
 from __future__ import annotations
@@ -43,14 +44,11 @@ FIRST_LOOK = 3
 
 
 def looks_at(max_blocks: int) -> list[int]:
-    """The blocks after which a sequential study looks: 3, 4, then x1.5 and x4/3 in turn (6, 8,
-    12, 18, 24, 36, ...: few looks keep alpha/L large), those below the cap, and always the cap
-    (16 gives 3, 4, 6, 8, 12, 16)."""
-    out, k = [], FIRST_LOOK
-    while k < max_blocks:
-        out.append(k)
-        k = k + 1 if k < 4 else (k * 3 // 2 if k % 4 == 0 else k * 4 // 3)
-    return [*out, max_blocks]
+    """The blocks after which a sequential study looks (analysis/looks.py: 16 gives 3, 4, 6, 8,
+    12, 16); the verdicts read the same schedule back from the records."""
+    from analysis import looks
+
+    return looks.looks_at(max_blocks, FIRST_LOOK)
 
 
 @dataclass(frozen=True)
@@ -78,6 +76,12 @@ class Plan:
         return max(cv for cv, _ in self.cv.values())
 
     @property
+    def spread(self) -> float:
+        """What alpha is divided by at the last look (the cap, where the plan's MDE applies): the
+        looks' total blocks over the cap's (analysis/looks.py); 1 for a fixed design."""
+        return sum(self.looks) / self.looks[-1]
+
+    @property
     def worst_cv_upper(self) -> float:
         """The largest upper limit of a CV: what the block count is sized on."""
         return max(self.cv_upper.get(name, cv) for name, (cv, _) in self.cv.items())
@@ -85,7 +89,7 @@ class Plan:
     def mde(self, blocks: int | None = None) -> float:
         from analysis import stats
 
-        return stats.plan_mde(blocks or self.spec.trials, self.family[0], self.worst_cv, self.spec.alpha, len(self.looks))
+        return stats.plan_mde(blocks or self.spec.trials, self.family[0], self.worst_cv, self.spec.alpha, self.spread)
 
     def equivalence_blocks(self) -> int | None:
         """About how many blocks let two equal arms be called equivalent at the margin (80%):
@@ -96,7 +100,7 @@ class Plan:
         from analysis import stats
 
         m, sd = max(self.family[0], 1), self.worst_cv * math.sqrt(2)
-        level = self.spec.alpha / (m * len(self.looks))
+        level = self.spec.alpha / (m * self.spread)
         for k in range(stats.MIN_EQUIVALENT, 1001):
             if (sps.t.ppf(1 - level, k - 1) + sps.norm.ppf(0.9)) * sd / math.sqrt(k) <= math.log1p(self.spec.margin):
                 return k
@@ -117,7 +121,8 @@ class Plan:
         m, name = self.family
         out = [f"plan of study {s.id}: {len(s.arms)} arms x {len(s.workloads)} workload point(s) x {s.trials} blocks = "
                f"{self.runs()} runs, design {s.design}"
-               + (f", sequential: looks after {', '.join(map(str, self.looks))} blocks (alpha/{len(self.looks)} each)"
+               + (f", sequential: looks after {', '.join(map(str, self.looks))} blocks (alpha x "
+                  f"{', '.join(f'{k}/{sum(self.looks)}' for k in self.looks)}: in proportion to the blocks)"
                   if len(self.looks) > 1 else "")
                + ("" if s.trials_given else " (trials chosen by this plan)"),
                (f"  decides: {self.tests} primary verdict(s) ({len(s.arms) - 1 - bool(self.control_tests)} arm(s) x "
@@ -169,7 +174,7 @@ class Plan:
         if mde <= s.detect:
             return None
         m, name = self.family
-        need = stats.blocks_for(s.detect, m, self.worst_cv_upper, s.alpha, len(self.looks))
+        need = stats.blocks_for(s.detect, m, self.worst_cv_upper, s.alpha, self.spread)
         fix = (f"set trials: {need} (or leave trials out to let the plan choose)" if need and len(self.looks) == 1 else
                f"raise --max-trials to at least {need}" if need else "the noise is too large for any number of blocks")
         return (f"study {s.id} cannot call a {stats.pct(s.detect)} difference: with {s.trials} blocks and {m} {name} "

@@ -504,13 +504,14 @@ def _mount(path: Path) -> Path:
     return path
 
 
-def decided(spec: StudySpec, upto: int | None = None) -> tuple[int, int, list[str]]:
+def decided(spec: StudySpec, upto: int | None = None, stop_on: tuple[str, ...] | None = None) -> tuple[int, int, list[str]]:
     """(decided, primary verdicts, their sentences) over the study's records of blocks before
     `upto` (all when None): the real arms' primaries (the A/A control's when the study has no
-    other arm). Decided: faster, slower, equivalent, or a difference of `detect` ruled out
-    (stats.Comparison.settled). A look judges only its own blocks: a study resumed after a
+    other arm). Decided: what `stop_on` stops on (analysis/looks.py: by default faster, slower or
+    equivalent; a difference of `detect` ruled out only with futility). A look judges only its own blocks: a study resumed after a
     failure may hold later blocks already, and judging those at an early look would be a look
     the plan did not spend alpha on."""
+    from analysis import looks
     from analysis.compare import compare_table
     from analysis.load import Table, load_table
 
@@ -520,11 +521,12 @@ def decided(spec: StudySpec, upto: int | None = None) -> tuple[int, int, list[st
     res = compare_table(table, spec.baseline.label, alpha=spec.alpha)
     real = [(p, c) for p, c in res.comparisons if c.primary and not c.control]
     mine = real or [(p, c) for p, c in res.comparisons if c.primary]
-    return (sum(c.settled for _, c in mine), len(mine),
+    return (sum(looks.stops(c, stop_on or looks.STOP_ON) for _, c in mine), len(mine),
             [f"{p.label} [{c.metric}]: {c.verdict}" for p, c in mine])
 
 
-def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: list[int], say=print) -> tuple[int, int, list[str]]:
+def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: list[int], say=print,
+                       stop_on: tuple[str, ...] | None = None) -> tuple[int, int, list[str]]:
     """Run block after block; at each look, stop when every primary verdict is decided."""
     ran = failed = 0
     failures: list[str] = []
@@ -533,7 +535,7 @@ def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: l
         ran, failed, failures = ran + r, failed + f, failures + lines
         if failed:
             return ran, failed, failures  # a failed run is retried by a rerun, not judged around
-        n_decided, n, _ = decided(spec, k)
+        n_decided, n, _ = decided(spec, k, stop_on)
         say(f"look after {k} blocks: {n_decided} of {n} primary verdict(s) decided"
             + ("; stopping" if n and n_decided == n else "" if k == looks[-1] else "; adding blocks"))
         if n and n_decided == n:
@@ -542,7 +544,7 @@ def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: l
 
 
 def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: bool = False,
-              max_trials: int | None = None) -> int:
+              max_trials: int | None = None, stop_on: tuple[str, ...] | None = None) -> int:
     from workloads.study.plan import make_plan
 
     if launcher == "auto":
@@ -561,12 +563,13 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     lock = _lock(spec)  # noqa: F841  (held until this function returns)
     cells = _cells_lock(spec, say)
     try:
-        return _run_locked(spec, jobs, launcher, the_plan, max_trials, say)
+        return _run_locked(spec, jobs, launcher, the_plan, max_trials, say, stop_on)
     finally:
         celllock.release(cells)
 
 
-def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_trials: int | None, say) -> int:
+def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_trials: int | None, say,
+                stop_on: tuple[str, ...] | None = None) -> int:
     """run_study once it holds the study's locks: check the code, run what is left, analyse."""
     _same_code(spec, jobs)
     if (why := extension_refusal(spec.dir, spec.id, spec.trials)) is not None:
@@ -576,7 +579,7 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_t
         f"{' seed ' + str(spec.seed) if spec.design != 'abba' else ''}, {launcher}; records in {spec.dir}")
     started = time.monotonic()
     if max_trials:
-        ran, failed, failures = execute_sequential(spec, jobs, launcher, the_plan.looks, say)
+        ran, failed, failures = execute_sequential(spec, jobs, launcher, the_plan.looks, say, stop_on)
     else:
         ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
@@ -605,9 +608,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plan", action="store_true",
                         help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
     parser.add_argument("--until-decided", action="store_true",
-                        help="add blocks until every primary verdict is settled: faster, slower, equivalent, or a `detect`-sized "
-                             "difference ruled out (needs --max-trials)")
+                        help="add blocks until every primary verdict is settled: faster, slower or equivalent (see "
+                             "--stop-on; needs --max-trials)")
     parser.add_argument("--max-trials", type=int, metavar="N", help="the most blocks a --until-decided study runs")
+    parser.add_argument("--stop-on", metavar="WHAT", default=None,
+                        help="what settles a verdict of --until-decided: a comma-separated subset of difference, "
+                             "equivalence, futility (a `detect`-sized difference ruled out: fewer blocks, but a true "
+                             "difference below detect is then rarely called); default difference,equivalence")
 
 
 def run(args) -> int:
@@ -615,9 +622,19 @@ def run(args) -> int:
     spec = load_spec(args.study, args.id, args.output_root)
     if args.until_decided != (args.max_trials is not None):
         raise UsageError("--until-decided and --max-trials N go together: a sequential study needs its cap")
+    stop_on = None
+    if args.stop_on is not None:
+        from analysis import looks
+
+        if not args.until_decided:
+            raise UsageError("--stop-on goes with --until-decided --max-trials N: only a sequential study stops early")
+        try:
+            stop_on = looks.stop_on(args.stop_on)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        return run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials)
+        return run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials, stop_on=stop_on)
     except KeyboardInterrupt as e:
         print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
         return getattr(e, "exit_code", 130)
