@@ -70,8 +70,9 @@ def plan_lines(tune: TuneSpec) -> list[str]:
             f"  confirm: the winner against the default on {tune.confirm_blocks} fresh blocks, ABBA; can call >= "
             f"{stats.pct(stats.plan_mde(tune.confirm_blocks, w, tune.cv, tune.alpha))} with 80% power over {w} primary "
             f"verdict(s) at CV {stats.pct(tune.cv)} ({tune.cv_source}; asked: {stats.pct(tune.detect)}), Holm at alpha "
-            f"{tune.alpha:g}; equivalence within ±{stats.pct(tune.margin)} needs about "
-            f"{_eq_blocks(tune) or 'more than 1000'} blocks at that noise",
+            f"{tune.alpha:g}; " + (f"equivalence within ±{stats.pct(tune.margin)} needs about {eq} blocks at that noise"
+                                   if (eq := _eq_blocks(tune)) else
+                                   f"equivalence within ±{stats.pct(tune.margin)}: out of reach at that noise"),
             "  the search's scores choose, they are never the gain: the winner of k noisy candidates is biased "
             "upward (the winner's curse); the gain reported is the confirmation's"]
     return out
