@@ -80,6 +80,7 @@ def main(n: int = 1000, seed: int = 0) -> None:
         named = [t for t in tunes if t.outcome.kind == halving.WINNER]
         right = sum(t.outcome.winner == "b" for t in named)
         gains = [t for t in tunes if t.outcome.winner != DEFAULT]
-        print(f"{label:50s} winner named {len(named) / n:6.1%} (the right one {right / n:6.1%}); mean search figure "
+        which = f" (the right one {right / n:6.1%})" if any(effects.values()) else ""
+        print(f"{label:50s} winner named {len(named) / n:6.1%}{which}; mean search figure "
               f"{100 * math.expm1(np.mean([t.search_gain for t in gains])):+.1f}%, mean confirmed "
               f"{100 * math.expm1(np.mean([t.confirmed_gain for t in gains])):+.1f}%")
