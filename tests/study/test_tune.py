@@ -241,3 +241,38 @@ def test_the_tuned_arm_file_round_trips_into_a_study_arm(tmp_path):
     assert cfg.tuned.tune == "a" and dict(cfg.tuned.settings.env) == settings["env"]
     with pytest.raises(UsageError, match="a tuned arm has tuned:, label: and baseline: only"):
         load_spec(write(tmp_path, study.read_text().replace("label: ta}", "label: ta, fabric: ib}"), "s2.yaml"))
+
+
+def test_node_sysctls_are_checked_and_named_by_the_emulator():
+    from workloads.fabric.netns import EmuSpec, Topology
+
+    spec = EmuSpec.from_config({"rate": "100mbit", "sysctls": {"net.ipv4.tcp_rmem": "4096  16384 16384",
+                                                                "net.ipv4.tcp_congestion_control": "reno"}})
+    assert spec.sysctls == (("net.ipv4.tcp_congestion_control", "reno"), ("net.ipv4.tcp_rmem", "4096 16384 16384"))
+    assert Topology(spec, tag="x").describe().endswith(
+        "; in every node net.ipv4.tcp_congestion_control=reno, net.ipv4.tcp_rmem=4096 16384 16384")
+    with pytest.raises(UsageError, match="net.core.rmem_max: not a per-namespace TCP setting"):
+        EmuSpec.from_config({"sysctls": {"net.core.rmem_max": 1}})
+    with pytest.raises(UsageError, match="give a mapping"):
+        EmuSpec.from_config({"sysctls": ["net.ipv4.tcp_rmem=1"]})
+
+
+def test_a_study_naming_tune_specs_plans_the_tunes_first(tmp_path):
+    """Tuned arms may name tune specs: `fabricbench study` runs each tune not yet run under the
+    study's output root, then the study (one command); --plan prints the tunes' plans."""
+    from workloads.study.spec import TuneFirst, load_spec
+
+    tune = write(tmp_path, TUNE, "tune-a.yaml")
+    study = write(tmp_path, f"name: two\narms:\n  - {{tuned: {tune}, label: a}}\n  - {{tuned: {tune}, label: b}}\n"
+                  "workloads:\n  - {name: ar, entry: collectives}\ntrials: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
+    with pytest.raises(TuneFirst) as e:
+        load_spec(study, output_root=str(tmp_path / "o"))
+    assert e.value.tunes == [(str(tune), str(tmp_path / "o"))]          # two arms, one tune: tuned once
+    r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "study", str(study), "--plan", "--output-root",
+                        str(tmp_path / "o")], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("plan of tune t: 24 runs") == 1 and "once its tunes have run" in r.stdout, r.stdout
+    # once the tune has written its arm, the study loads it from <output root>/<tune id>
+    (tmp_path / "o" / "t").mkdir(parents=True)
+    tuned.write(tmp_path / "o" / "t", {"id": "t", "candidate": DEFAULT}, "t-tuned", "loopback", [], {})
+    assert [a.label for a in load_spec(study, output_root=str(tmp_path / "o")).arms] == ["a", "b"]

@@ -156,14 +156,29 @@ def _overrides(value: Any, what: str) -> tuple[str, ...]:
     return out
 
 
-def _arms(raw: Any, control: bool) -> tuple[Arm, ...]:
+class TuneFirst(UsageError):
+    """Tuned arms name tune specs whose output is not there yet: `fabricbench study` runs those
+    tunes first (workloads/commands/study.py), `--plan` prints their plans."""
+
+    def __init__(self, tunes: list[tuple[str, str]]):
+        self.tunes = tunes  # (tune file, output root) of each
+        super().__init__(f"arm(s) tuned by {', '.join(t for t, _ in tunes)}: the tune has not run yet under "
+                         f"{tunes[0][1]}; `fabricbench study` runs it first (or run `fabricbench tune` yourself)")
+
+
+def _arms(raw: Any, control: bool, output_root: str = "results") -> tuple[Arm, ...]:
     if not isinstance(raw, list) or len(raw) < 1:
         raise UsageError("arms: give a list of at least one arm, e.g. [{label: ib, fabric: ib, baseline: true}, "
                          "{label: roce, fabric: roce}]")
-    arms = []
+    arms, pending = [], []
     for i, a in enumerate(raw):
         if isinstance(a, Mapping) and a.get("tuned") is not None:
-            arms.append(_tuned_arm(a, i))
+            folder, tune_file = _tune_output(str(a["tuned"]), output_root)
+            if tune_file is not None and not (folder / "tuned.yaml").is_file():
+                pending.append((tune_file, output_root))
+                arms.append(Arm(f"pending-{i}", "loopback"))  # a stand-in until the tune has run
+                continue
+            arms.append(_tuned_arm(a, i, folder))
             continue
         if not isinstance(a, Mapping) or "fabric" not in a:
             raise UsageError(f"arms[{i}] needs at least fabric: <profile> (and label:, overrides:, baseline:), or "
@@ -173,6 +188,8 @@ def _arms(raw: Any, control: bool) -> tuple[Arm, ...]:
         arms.append(Arm(_label(a.get("label", fabric), f"arms[{i}].label"), fabric,
                         _overrides(a.get("overrides"), f"arms[{i}].overrides"), bool(a.get("baseline")),
                         emulated=emulated))
+    if pending:
+        raise TuneFirst(list(dict.fromkeys(pending)))  # two arms may share one tune
     if sum(a.baseline for a in arms) > 1:
         raise UsageError("arms: more than one has baseline: true; mark exactly one")
     if not any(a.baseline for a in arms):
@@ -188,7 +205,26 @@ def _arms(raw: Any, control: bool) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-def _tuned_arm(a: Mapping[str, Any], i: int) -> Arm:
+def _tune_output(ref: str, output_root: str) -> tuple[Path, str | None]:
+    """(the tune's output, the tune file) of a tuned arm's `tuned:`: a tune's folder or its
+    tuned.yaml (no tune file), or a tune spec (a path, or a name from conf/tune/), whose output
+    is `<the study's output root>/<tune id>`."""
+    import yaml
+
+    p = Path(ref)
+    if not p.is_file() and (Path(REPO_ROOT) / "conf" / "tune" / f"{ref}.yaml").is_file():
+        p = Path(REPO_ROOT) / "conf" / "tune" / f"{ref}.yaml"
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except yaml.YAMLError:
+            doc = None
+        if isinstance(doc, Mapping) and "arm" in doc and "settings" not in doc:  # a tune spec, not its output
+            return Path(output_root) / str(doc.get("id") or doc.get("name") or p.stem), str(p)
+    return Path(ref), None
+
+
+def _tuned_arm(a: Mapping[str, Any], i: int, folder: Path) -> Arm:
     """An arm at its tune's confirmed best: `{tuned: results/<tune id>, label: ..., baseline: ...}`
     (the fabric and settings come from the tune's tuned.yaml; workloads/study/tuned.py)."""
     from workloads.study import tuned
@@ -196,7 +232,7 @@ def _tuned_arm(a: Mapping[str, Any], i: int) -> Arm:
     if set(a) - {"tuned", "label", "baseline"}:
         raise UsageError(f"arms[{i}]: a tuned arm has tuned:, label: and baseline: only (its fabric and settings are "
                          "the tune's); tune again to change them")
-    t = tuned.read(str(a["tuned"]), f"arms[{i}].tuned")
+    t = tuned.read(str(folder), f"arms[{i}].tuned")
     fabric = _label(t.fabric, f"arms[{i}].tuned's fabric")
     return Arm(_label(a.get("label", t.label), f"arms[{i}].label"), fabric, t.overrides, bool(a.get("baseline")),
                emulated=_fabric_profile(fabric).get("emulate") is not None, tuned_keys=tuple(t.keys))
@@ -301,14 +337,15 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise UsageError(f"timeout_s={timeout!r} must be a positive number of seconds (the most one run may take, "
                          "e.g. timeout_s: 1800)")
-    arms = _arms(raw.get("arms"), bool(raw.get("control", False)))
+    root = str(output_root or raw.get("output_root") or "results")
+    arms = _arms(raw.get("arms"), bool(raw.get("control", False)), root)
     if design == "abba" and len(arms) > 2:
         # ABBA reversal does not balance carry-over over 3+ arms (the middle arm is never first
         # and never follows itself); Williams' square is its generalisation and equals ABBA for 2
         design = "williams"
     return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"), arms=arms,
                      workloads=_workloads(raw.get("workloads")), trials=trials or 0, design=design, seed=seed,
-                     output_root=str(output_root or raw.get("output_root") or "results"), timeout_s=float(timeout),
+                     output_root=root, timeout_s=float(timeout),
                      source=str(p), detect=fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0),
                      margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0),
                      cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),
