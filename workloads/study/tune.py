@@ -191,6 +191,10 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
                                                measure)
     except _Failed:
         return _failed(failed_lines, say)
+    except ValueError as e:  # ok runs without the primary metric: nothing to rank them by
+        say(f"error: {e}: the runs are ok but hold no primary value to rank (see the records under {tune.dir}); "
+            "declare the metric to tune on (workloads[].primary), then rerun: the runs are kept")
+        return 1
     k = len(tune.candidates)
     if winner == DEFAULT:
         result = halving.outcome(winner, DEFAULT, k, [])
