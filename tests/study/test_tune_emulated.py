@@ -65,6 +65,7 @@ def test_the_tune_confirms_autotuning_over_a_capped_buffer(tuned_run):
     assert sorted({x["study"]["id"] for x in recs}) == ["confirm", "search-1"]
 
 
+@pytest.mark.timing  # shares the tune with the verdict above: one group, one worker, one launch
 @pytest.mark.requires("root")
 @pytest.mark.slow
 def test_an_interrupted_tune_resumes_without_repeating_finished_runs(tuned_run):
