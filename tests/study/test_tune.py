@@ -276,3 +276,21 @@ def test_a_study_naming_tune_specs_plans_the_tunes_first(tmp_path):
     (tmp_path / "o" / "t").mkdir(parents=True)
     tuned.write(tmp_path / "o" / "t", {"id": "t", "candidate": DEFAULT}, "t-tuned", "loopback", [], {})
     assert [a.label for a in load_spec(study, output_root=str(tmp_path / "o")).arms] == ["a", "b"]
+
+
+def test_a_tune_already_running_is_refused_before_any_run(tmp_path):
+    import fcntl
+    import os
+
+    folder = tmp_path / "o" / "t"
+    folder.mkdir(parents=True)
+    with open(folder / ".lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"pid {os.getpid()}\n")
+        held.flush()
+        r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "tune", str(write(tmp_path)), "--output-root",
+                            str(tmp_path / "o")], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr
+    assert r.stderr.strip() == (f"error: tune t is already running in {folder} (pid {os.getpid()}); wait for it to finish, "
+                                "or pass --id <new id> for a separate tune")
+    assert "] block " not in r.stdout and not list(folder.glob("search-*"))

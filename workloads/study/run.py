@@ -253,7 +253,7 @@ def extension_refusal(folder: Path, study_id: str, trials: int) -> str | None:
             "from the start with --until-decided --max-trials N (alpha spent over its looks)")
 
 
-def _lock(spec: StudySpec):
+def _lock(spec: StudySpec, kind: str = "study"):
     """An exclusive lock on the study's folder for as long as it runs: two runs of one study
     at once would compete for the machine (their "ok" records measured that contention) and
     each would count the other's runs as its own failures. The open file holds the lock."""
@@ -266,8 +266,8 @@ def _lock(spec: StudySpec):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise UsageError(f"study {spec.id} is already running in {spec.dir} ({holder}); wait for it to finish, "
-                         "or pass --id <new id> for a separate study") from None
+        raise UsageError(f"{kind} {spec.id} is already running in {spec.dir} ({holder}); wait for it to finish, "
+                         f"or pass --id <new id> for a separate {kind}") from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}\n")

@@ -169,7 +169,7 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
     if tune.arm.emulated and os.geteuid() != 0:
         raise UsageError(f"fabric {tune.arm.fabric} is emulated (network namespaces and tc): run the tune as root")
     definition(tune.dir, "tune", tune.as_dict(), tune.output_root)
-    lock = _lock(SimpleNamespace(dir=tune.dir, id=tune.id))  # noqa: F841  (one run of this tune at a time)
+    lock = _lock(SimpleNamespace(dir=tune.dir, id=tune.id), "tune")  # noqa: F841  (one run of this tune at a time)
     failed_lines: list[str] = []
 
     def measure(r: int, names: list[str], blocks: int) -> dict[str, float]:
