@@ -189,10 +189,10 @@ def test_record_blocks_and_table_header_are_pinned(out_root):
         "record_id"]
     config = rec["config"]
     assert list(config) == ["fabric", "model", "parallel", "workload", "collectives", "logger", "run_id",
-                            "output_root", "seed", "trial", "study", "dist", "metrics", "launcher"]
-    assert {k: config[k] for k in ("workload", "logger", "run_id", "seed", "trial", "study", "dist", "launcher")} == {
+                            "output_root", "seed", "trial", "study", "tuned", "dist", "metrics", "launcher"]
+    assert {k: config[k] for k in ("workload", "logger", "run_id", "seed", "trial", "study", "tuned", "dist", "launcher")} == {
         "workload": {"name": "collectives"}, "logger": {"name": "none"}, "run_id": None, "seed": 1234, "trial": 0,
-        "study": None, "dist": {"timeout_s": 300}, "launcher": {"nproc_per_node": 2}}
+        "study": None, "tuned": None, "dist": {"timeout_s": 300}, "launcher": {"nproc_per_node": 2}}
     assert config["output_root"] == str(out_root) and rec["study"] is None
     assert rec["config"]["collectives"] == {
         "ops": ["all_reduce", "broadcast"], "minbytes": "1K", "maxbytes": "4K", "stepfactor": 2, "stepbytes": None,

@@ -162,7 +162,7 @@ def _roots() -> dict[str, tuple[str, list[str], list[str]]]:
 
 ROOTS = _roots()
 NOT_HYDRA_GROUPS = {"local": "a cluster's own optional overrides (git-ignored)", "study": "study specs, read by "
-                    "`fabricbench study`", "hydra": "Hydra's own groups (test_every_hydra_launcher_composes)"}
+                    "`fabricbench study`", "tune": "tune specs, read by `fabricbench tune` (tests/study/test_tune.py)", "hydra": "Hydra's own groups (test_every_hydra_launcher_composes)"}
 
 
 def test_every_group_folder_is_composed_by_a_root():

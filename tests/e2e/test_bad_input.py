@@ -271,7 +271,33 @@ CASES = [
     ("doctor-unknown-fabric", _cli("doctor", "fabric=nope"), None, "fabric"),
     ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
     ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
+    # tune (docs/tune.md): refused before any run, nothing written
+    ("tune-misspelt-env", _cli("tune", "{d}/t.yaml"), lambda d: _tune(d, "space: {env: {NCCL_ALOG: [Ring, Tree]}}"),
+     "NCCL_ALOG: NCCL reads no such variable (did you mean NCCL_ALGO?)"),
+    ("tune-unchecked-env", _cli("tune", "{d}/t.yaml"), lambda d: _tune(d, "space: {env: {UCX_TLS: [tcp, rc]}}"),
+     "UCX_TLS: fabricbench checks only"),
+    ("tune-empty-space", _cli("tune", "{d}/t.yaml"), lambda d: _tune(d, "space: {}"), "the search space is empty"),
+    ("tune-search-budget", _cli("tune", "{d}/t.yaml"),
+     lambda d: _tune(d, "space: {env: {NCCL_ALGO: [Ring, Tree]}}\nsearch: {runs: 4}"), "search.runs=4 is too small"),
+    ("tune-confirm-budget", _cli("tune", "{d}/t.yaml"),
+     lambda d: _tune(d, "space: {env: {NCCL_ALGO: [Ring]}}\nconfirm: {blocks: 3}\ndetect: 5%"),
+     "confirm.blocks=3 is too small to confirm anything"),
+    ("tune-sysctl-not-emulated", _cli("tune", "{d}/t.yaml"),
+     lambda d: _tune(d, "space: {sysctls: {net.ipv4.tcp_congestion_control: [reno, bbr]}}"), "is not emulated"),
+    ("tune-unknown-congestion-control", _cli("tune", "{d}/t.yaml"),
+     lambda d: _tune(d, "space: {sysctls: {net.ipv4.tcp_congestion_control: [reno, vegas9]}}", "emu-100m"),
+     "tcp_congestion_control=vegas9: this kernel offers"),
+    ("tune-unknown-override", _cli("tune", "{d}/t.yaml"),
+     lambda d: _tune(d, "space: {overrides: {collectives.itres: [5, 10]}}"), "collectives.itres"),
+    ("study-tuned-missing", _cli("study", "{d}/s.yaml"), lambda d: (d / "s.yaml").write_text(
+        f"name: s\narms:\n  - {{tuned: {d}/nope}}\n  - {{label: lb, fabric: loopback}}\nworkloads:\n"
+        "  - {name: ar, entry: collectives}\n"), "no tune output there"),
 ]
+
+
+def _tune(d, space: str, fabric: str = "loopback"):
+    (d / "t.yaml").write_text(f"name: t\narm: {{fabric: {fabric}}}\nworkloads:\n  - {{name: ar, entry: collectives}}\n"
+                              f"{space}\noutput_root: {d}/res\n")
 
 
 # Every case runs under an address-space limit (as `ulimit -v`): a bad input must be refused

@@ -548,7 +548,7 @@ def test_a_sequential_look_judges_only_its_own_blocks(tmp_path):
 
     folder = tmp_path / "s"
     _blocked_folder(folder, 6, 6)
-    spec = SimpleNamespace(dir=folder, baseline=SimpleNamespace(label="ib"), alpha=0.05)
+    spec = SimpleNamespace(dir=folder, baseline=SimpleNamespace(label="ib"), alpha=0.05, allow=[])
     (_, n, (line,)) = decided(spec, 3)
     assert n == 1 and "3 blocks" in line, line
     assert "6 blocks" in decided(spec)[2][0]

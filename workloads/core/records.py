@@ -292,7 +292,17 @@ def new_record(workload: str, **fields: Any) -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     rec.update(fields)
+    if isinstance(rec.get("fingerprint"), dict):
+        rec["fingerprint"] = with_tuned(rec["fingerprint"], fields.get("config"))
     return rec
+
+
+def with_tuned(fp: dict[str, Any], config: Any) -> dict[str, Any]:
+    """The fingerprint with `tuned` (the tune and settings a run uses, config `tuned`) when set:
+    the settings a tune chose are part of what ran, so a run of a tuned arm is never mistaken
+    for the untuned fabric (docs/tune.md)."""
+    tuned = config.get("tuned") if isinstance(config, dict) else None
+    return {**fp, "tuned": tuned} if tuned else fp
 
 
 # Config keys that are bookkeeping, not the point measured: two records that differ only

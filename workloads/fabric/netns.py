@@ -111,6 +111,9 @@ class EmuSpec:
     hash: str = "l4"                 # leaf-spine ECMP: l3 (addresses) | l4 (addresses and ports)
     uplink_latency: str | None = None  # leaf-spine: one-way delay of each leaf-spine link (pods far apart)
     queue: int | None = None         # frames a delay line holds per direction; None: enough for 2x the BDP
+    # per-namespace TCP settings of every node, as (name, value) pairs: what `fabricbench tune` varies
+    # (congestion control, socket buffers); written with `sysctl -w` inside each node after it is built
+    sysctls: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_config(cls, block: Mapping[str, Any] | None, **overrides: Any) -> EmuSpec:
@@ -131,7 +134,8 @@ class EmuSpec:
                    uplink_rate=None if uplink in (None, "none", "null", "") else str(uplink),
                    hash=str(b.get("hash", "l4")).lower(),
                    uplink_latency=None if b.get("uplink_latency") in (None, "none", "null", "") else str(b["uplink_latency"]),
-                   queue=None if b.get("queue") is None else int(b["queue"]))
+                   queue=None if b.get("queue") is None else int(b["queue"]),
+                   sysctls=_sysctls(b.get("sysctls")))
         spec.check()
         return spec
 
@@ -234,6 +238,35 @@ class EmuSpec:
         return (self.nodes // self.leaves) * rate_bits_per_s(self.rate) / (self.spines * rate_bits_per_s(self.uplink))
 
 
+# Node sysctls an emulated fabric may set: per network namespace on Linux >= 4.15 (so one node's
+# setting never leaks to the host or another run), and the ones that shape a TCP transfer.
+NODE_SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
+                "net.ipv4.tcp_slow_start_after_idle", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_notsent_lowat",
+                "net.ipv4.tcp_window_scaling", "net.ipv4.tcp_sack", "net.ipv4.tcp_timestamps", "net.ipv4.tcp_ecn")
+CC_AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+
+def _sysctls(raw: Any) -> tuple[tuple[str, str], ...]:
+    """emulate.sysctls ({name: value}) checked: a name outside NODE_SYSCTLS, or a congestion
+    control this kernel does not offer, is one line before any namespace exists."""
+    if raw in (None, {}):
+        return ()
+    if not isinstance(raw, Mapping):
+        raise UsageError(f"emulate.sysctls={raw!r}: give a mapping, e.g. {{net.ipv4.tcp_congestion_control: bbr}}")
+    out = []
+    for name, value in sorted((str(k), " ".join(str(value).split())) for k, value in raw.items()):
+        if name not in NODE_SYSCTLS:
+            raise UsageError(f"emulate.sysctls.{name}: not a per-namespace TCP setting the emulator sets; use one of "
+                             f"{', '.join(NODE_SYSCTLS)}")
+        if name == "net.ipv4.tcp_congestion_control":
+            have = CC_AVAILABLE.read_text().split() if CC_AVAILABLE.is_file() else []
+            if have and value not in have:
+                raise UsageError(f"emulate.sysctls.{name}={value}: this kernel offers {', '.join(have)} "
+                                 f"({CC_AVAILABLE}); pick one of them, or load the module (modprobe tcp_{value})")
+        out.append((name, value))
+    return tuple(out)
+
+
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
     p = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
     if check and p.returncode != 0:
@@ -314,6 +347,12 @@ class Topology:
         self.teardown()
 
     def build(self) -> None:
+        self._build()
+        for ns in self.nodes:
+            for name, value in self.spec.sysctls:
+                _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{name}={value}"])
+
+    def _build(self) -> None:
         s = self.spec
         for ns in self.namespaces():
             _run(["ip", "netns", "add", ns])
@@ -506,6 +545,8 @@ class Topology:
                    f"({', '.join(self.spines)}), ECMP {s.hash} hashing, uplinks {up}"
                    + ("" if over is None else f", oversubscription {over:g}:1"))
         text = f"{s.nodes} namespaces ({', '.join(self.nodes)}) joined by {via}; {IFNAME} {shape}"
+        if s.sysctls:
+            text += "; in every node " + ", ".join(f"{k}={v}" for k, v in s.sysctls)
         if self.host_addr:
             text += f"; clients reach node 0 at {self.host_addr} (unshaped {HOST_IFNAME})"
         return text

@@ -288,11 +288,11 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     # server's ranks, since this process is the one writer and in no process group
     trackers = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
 
-    from workloads.core.records import fingerprint
+    from workloads.core.records import fingerprint, with_tuned
     from workloads.inference.engine_info import engine_versions
 
     # the engine's own torch/NCCL (its image's interpreter), beside this process's
-    fp = {**fingerprint(), "engine": engine_versions(launch.engine_argv or launch.argv)}
+    fp = with_tuned({**fingerprint(), "engine": engine_versions(launch.engine_argv or launch.argv)}, run.config)
     failed = 0
     started = time.time()  # logs older than this are an earlier server's (a resumed run id)
     obs = plan.adapter.observer(spec, copy.deepcopy(plan.model)) if plan.adapter.observer \

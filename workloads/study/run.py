@@ -168,20 +168,25 @@ def complete(spec: StudySpec, job: Job) -> bool:
 def _manifest(spec: StudySpec) -> None:
     """The study's definition beside its records: a rerun with another definition under the
     same id would mix two experiments, so it is refused."""
-    path = spec.dir / "study.json"
-    mine = spec.as_dict()
+    definition(spec.dir, "study", spec.as_dict(), spec.output_root)
+
+
+def definition(folder: Path, kind: str, mine: dict, output_root: str) -> None:
+    """Write `<folder>/<kind>.json` (a study's or a tune's definition), or refuse when the one
+    there differs: a rerun under the same id resumes the same experiment, never another."""
+    path = folder / f"{kind}.json"
     if path.is_file():
         theirs = json.loads(path.read_text())
         if theirs != mine:
             keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-            raise UsageError(f"{spec.dir} holds study {theirs.get('id')!r} with other {', '.join(keys)}; "
-                             "pass --id <new id> to run this one, or restore the study file")
+            raise UsageError(f"{folder} holds {kind} {theirs.get('id')!r} with other {', '.join(keys)}; "
+                             f"pass --id <new id> to run this one, or restore the {kind} file")
         return
     try:
-        spec.dir.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(mine, indent=1) + "\n")
     except OSError as e:
-        raise UsageError(f"--output-root {spec.output_root}: cannot write the study's folder {spec.dir} "
+        raise UsageError(f"--output-root {output_root}: cannot write the {kind}'s folder {folder} "
                          f"({e.strerror}); give a writable folder") from None
 
 
@@ -250,7 +255,7 @@ def extension_refusal(folder: Path, study_id: str, trials: int) -> str | None:
             "from the start with --until-decided --max-trials N (alpha spent over its looks)")
 
 
-def _lock(spec: StudySpec):
+def _lock(spec: StudySpec, kind: str = "study"):
     """An exclusive lock on the study's folder for as long as it runs: two runs of one study
     at once would compete for the machine (their "ok" records measured that contention) and
     each would count the other's runs as its own failures. The open file holds the lock."""
@@ -263,8 +268,8 @@ def _lock(spec: StudySpec):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise UsageError(f"study {spec.id} is already running in {spec.dir} ({holder}); wait for it to finish, "
-                         "or pass --id <new id> for a separate study") from None
+        raise UsageError(f"{kind} {spec.id} is already running in {spec.dir} ({holder}); wait for it to finish, "
+                         f"or pass --id <new id> for a separate {kind}") from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}\n")
@@ -477,7 +482,8 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
         say(out_txt.read_text().rstrip())
         return 0
     base = [sys.executable, "-m", "workloads.commands.cli"]
-    cmp = subprocess.run([*base, "compare", str(spec.dir), "--baseline", spec.baseline.label], cwd=str(REPO_ROOT),
+    allow = [x for k in spec.allow for x in ("--allow", k)]  # tuned arms' settings are the arms
+    cmp = subprocess.run([*base, "compare", str(spec.dir), "--baseline", spec.baseline.label, *allow], cwd=str(REPO_ROOT),
                          capture_output=True, text=True)
     text = (cmp.stdout + cmp.stderr).rstrip()
     say(text)
@@ -489,7 +495,7 @@ def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
             f"kept in {spec.dir}/*/records; free space there and rerun the same command (it measures nothing again, "
             "and writes compare.txt and the report)")
         return 1
-    rep = subprocess.run([*base, "report", str(spec.dir), "--baseline", spec.baseline.label, "--out", str(report_dir)],
+    rep = subprocess.run([*base, "report", str(spec.dir), "--baseline", spec.baseline.label, *allow, "--out", str(report_dir)],
                          cwd=str(REPO_ROOT), capture_output=True, text=True)
     say(f"report: {report_dir}" if rep.returncode == 0 else f"warning: report failed: {(rep.stdout + rep.stderr)[-500:]}")
     return cmp.returncode
@@ -518,7 +524,7 @@ def decided(spec: StudySpec, upto: int | None = None, stop_on: tuple[str, ...] |
     table = load_table([spec.dir])
     if upto is not None:
         table = Table(r for r in table if (r.study or {}).get("block", 0) < upto)
-    res = compare_table(table, spec.baseline.label, alpha=spec.alpha)
+    res = compare_table(table, spec.baseline.label, spec.allow, alpha=spec.alpha)
     real = [(p, c) for p, c in res.comparisons if c.primary and not c.control]
     mine = real or [(p, c) for p, c in res.comparisons if c.primary]
     return (sum(looks.stops(c, stop_on or looks.STOP_ON) for _, c in mine), len(mine),
@@ -600,11 +606,7 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_t
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("study", help="a study YAML file, or the name of one in conf/study/")
-    parser.add_argument("--id", help="study id (default: the file's id or name); a rerun with the same id resumes")
-    parser.add_argument("--output-root", help="where the study's folder goes (default: the file's, else results)")
-    parser.add_argument("--launcher", choices=["auto", "local", "slurm"], default="auto",
-                        help="auto: one Slurm step per run inside an allocation (SLURM_JOB_ID set), else local")
+    common_arguments(parser, "study")
     parser.add_argument("--plan", action="store_true",
                         help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
     parser.add_argument("--until-decided", action="store_true",
@@ -615,6 +617,15 @@ def add_arguments(parser) -> None:
                         help="what settles a verdict of --until-decided: a comma-separated subset of difference, "
                              "equivalence, futility (a `detect`-sized difference ruled out: fewer blocks, but a true "
                              "difference below detect is then rarely called); default difference,equivalence")
+
+
+def common_arguments(parser, kind: str) -> None:
+    """What `fabricbench study` and `fabricbench tune` both take: the file, its id, where it goes, the launcher."""
+    parser.add_argument(kind, help=f"a {kind} YAML file, or the name of one in conf/{kind}/")
+    parser.add_argument("--id", help=f"{kind} id (default: the file's id or name); a rerun with the same id resumes")
+    parser.add_argument("--output-root", help=f"where the {kind}'s folder goes (default: the file's, else results)")
+    parser.add_argument("--launcher", choices=["auto", "local", "slurm"], default="auto",
+                        help="auto: one Slurm step per run inside an allocation (SLURM_JOB_ID set), else local")
 
 
 def run(args) -> int:
@@ -632,9 +643,16 @@ def run(args) -> int:
             stop_on = looks.stop_on(args.stop_on)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials,
+                                           stop_on=stop_on))
+
+
+def interruptible(call) -> int:
+    """call() with SIGTERM as an interrupt: Ctrl-C or SIGTERM ends it with one line and 130/143,
+    the finished runs kept for a rerun to continue from (a study's or a tune's)."""
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        return run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials, stop_on=stop_on)
+        return call()
     except KeyboardInterrupt as e:
         print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
         return getattr(e, "exit_code", 130)

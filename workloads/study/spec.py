@@ -4,6 +4,7 @@
     arms:                            # each a fabric profile plus optional Hydra overrides
       - {label: emu-veth, fabric: emu-veth, baseline: true}
       - {label: emu-100m, fabric: emu-100m}
+      # or a tune's confirmed best: {tuned: results/<tune id>, label: ...} (docs/tune.md)
     workloads:                       # entry: train | finetune | collectives | infer
       - {name: allreduce, entry: collectives, overrides: [collectives.minbytes=1M, collectives.maxbytes=1M]}
         # optional per workload: primary: {metric: ..., point: c8}   cv: 5%
@@ -47,6 +48,9 @@ class Arm:
     baseline: bool = False
     control: bool = False          # the A/A arm: the baseline's settings under another label
     emulated: bool = False         # the fabric has an emulate: block (run through launch/emulate.py)
+    # a tuned arm (`tuned: <tune output>`): the record keys its settings change beside the fabric's,
+    # which compare allows to differ between arms (they are the arm: workloads/study/tuned.py)
+    tuned_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,12 @@ class StudySpec:
     def arm(self, label: str) -> Arm:
         return next(a for a in self.arms if a.label == label)
 
+    @property
+    def allow(self) -> list[str]:
+        """Record keys compare lets differ between this study's arms beyond the fabric: its tuned
+        arms' settings (each arm is the fabric at its tune's best)."""
+        return sorted({k for a in self.arms for k in a.tuned_keys})
+
     def as_dict(self) -> dict[str, Any]:
         """What defines the study (not where it runs): a rerun must match it to resume."""
         return {"name": self.name, "id": self.id, "design": self.design, "seed": self.seed,
@@ -151,32 +161,86 @@ def _overrides(value: Any, what: str) -> tuple[str, ...]:
     return out
 
 
-def _arms(raw: Any, control: bool) -> tuple[Arm, ...]:
+class TuneFirst(UsageError):
+    """Tuned arms name tune specs whose output is not there yet: `fabricbench study` runs those
+    tunes first (workloads/commands/study.py), `--plan` prints their plans."""
+
+    def __init__(self, tunes: list[tuple[str, str]]):
+        self.tunes = tunes  # (tune file, output root) of each
+        super().__init__(f"arm(s) tuned by {', '.join(t for t, _ in tunes)}: the tune has not run yet under "
+                         f"{tunes[0][1]}; `fabricbench study` runs it first (or run `fabricbench tune` yourself)")
+
+
+def _arms(raw: Any, control: bool, output_root: str = "results") -> tuple[Arm, ...]:
     if not isinstance(raw, list) or len(raw) < 1:
         raise UsageError("arms: give a list of at least one arm, e.g. [{label: ib, fabric: ib, baseline: true}, "
                          "{label: roce, fabric: roce}]")
-    arms = []
+    arms, pending = [], []
     for i, a in enumerate(raw):
+        if isinstance(a, Mapping) and a.get("tuned") is not None:
+            folder, tune_file = _tune_output(str(a["tuned"]), output_root)
+            if tune_file is not None and not (folder / "tuned.yaml").is_file():
+                pending.append((tune_file, output_root))
+                arms.append(Arm(f"pending-{i}", "loopback"))  # a stand-in until the tune has run
+                continue
+            arms.append(_tuned_arm(a, i, folder))
+            continue
         if not isinstance(a, Mapping) or "fabric" not in a:
-            raise UsageError(f"arms[{i}] needs at least fabric: <profile> (and label:, overrides:, baseline:)")
+            raise UsageError(f"arms[{i}] needs at least fabric: <profile> (and label:, overrides:, baseline:), or "
+                             "tuned: <a tune's output>")
         fabric = _label(a["fabric"], f"arms[{i}].fabric")
         emulated = _fabric_profile(fabric).get("emulate") is not None
         arms.append(Arm(_label(a.get("label", fabric), f"arms[{i}].label"), fabric,
                         _overrides(a.get("overrides"), f"arms[{i}].overrides"), bool(a.get("baseline")),
                         emulated=emulated))
+    if pending:
+        raise TuneFirst(list(dict.fromkeys(pending)))  # two arms may share one tune
     if sum(a.baseline for a in arms) > 1:
         raise UsageError("arms: more than one has baseline: true; mark exactly one")
     if not any(a.baseline for a in arms):
         arms[0] = Arm(**{**arms[0].__dict__, "baseline": True})  # the first arm, as compare's default
     if control:
         b = next(a for a in arms if a.baseline)
-        arms.append(Arm(b.label + CONTROL_SUFFIX, b.fabric, b.overrides, False, True, b.emulated))
+        arms.append(Arm(b.label + CONTROL_SUFFIX, b.fabric, b.overrides, False, True, b.emulated, b.tuned_keys))
     labels = [a.label for a in arms]
     if len({lab.replace("~", "-") for lab in labels}) < len(labels):  # run ids spell ~ as -
         raise UsageError(f"arms: labels must be unique (with ~ read as -), got {labels}")
     if len(arms) < 2:
         raise UsageError("a study needs two arms to compare (or one arm with control: true for an A/A study)")
     return tuple(arms)
+
+
+def _tune_output(ref: str, output_root: str) -> tuple[Path, str | None]:
+    """(the tune's output, the tune file) of a tuned arm's `tuned:`: a tune's folder or its
+    tuned.yaml (no tune file), or a tune spec (a path, or a name from conf/tune/), whose output
+    is `<the study's output root>/<tune id>`."""
+    import yaml
+
+    p = Path(ref)
+    if not p.is_file() and (Path(REPO_ROOT) / "conf" / "tune" / f"{ref}.yaml").is_file():
+        p = Path(REPO_ROOT) / "conf" / "tune" / f"{ref}.yaml"
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except yaml.YAMLError:
+            doc = None
+        if isinstance(doc, Mapping) and "arm" in doc and "settings" not in doc:  # a tune spec, not its output
+            return Path(output_root) / str(doc.get("id") or doc.get("name") or p.stem), str(p)
+    return Path(ref), None
+
+
+def _tuned_arm(a: Mapping[str, Any], i: int, folder: Path) -> Arm:
+    """An arm at its tune's confirmed best: `{tuned: results/<tune id>, label: ..., baseline: ...}`
+    (the fabric and settings come from the tune's tuned.yaml; workloads/study/tuned.py)."""
+    from workloads.study import tuned
+
+    if set(a) - {"tuned", "label", "baseline"}:
+        raise UsageError(f"arms[{i}]: a tuned arm has tuned:, label: and baseline: only (its fabric and settings are "
+                         "the tune's); tune again to change them")
+    t = tuned.read(str(folder), f"arms[{i}].tuned")
+    fabric = _label(t.fabric, f"arms[{i}].tuned's fabric")
+    return Arm(_label(a.get("label", t.label), f"arms[{i}].label"), fabric, t.overrides, bool(a.get("baseline")),
+               emulated=_fabric_profile(fabric).get("emulate") is not None, tuned_keys=tuple(t.keys))
 
 
 def fraction(value: Any, what: str, low: float = 0.0, high: float = 1.0) -> float:
@@ -235,21 +299,28 @@ def _workloads(raw: Any) -> tuple[Workload, ...]:
     return tuple(out)
 
 
-def load_spec(path: str | Path, study_id: str | None = None, output_root: str | None = None) -> StudySpec:
-    """Read and check a study YAML. Raises UsageError naming the field and the fix."""
+def read_yaml(path: str | Path, kind: str, fields: str) -> tuple[Path, Mapping]:
+    """(file, mapping) of a study or tune YAML: a path, or a name from conf/<kind>/
+    (`fabricbench study emu-ab`); UsageError naming the file and the fix otherwise."""
     import yaml
 
     p = Path(path)
-    if not p.is_file() and (Path(REPO_ROOT) / "conf" / "study" / f"{path}.yaml").is_file():
-        p = Path(REPO_ROOT) / "conf" / "study" / f"{path}.yaml"  # `fabricbench study emu-ab`
+    if not p.is_file() and (Path(REPO_ROOT) / "conf" / kind / f"{path}.yaml").is_file():
+        p = Path(REPO_ROOT) / "conf" / kind / f"{path}.yaml"
     if not p.is_file():
-        raise UsageError(f"no study file {path}; give a YAML path or a name from conf/study/")
+        raise UsageError(f"no {kind} file {path}; give a YAML path or a name from conf/{kind}/")
     try:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, Mapping):
-        raise UsageError(f"{p}: a study is a mapping with name, arms, workloads, trials")
+        raise UsageError(f"{p}: a {kind} is a mapping with {fields}")
+    return p, raw
+
+
+def load_spec(path: str | Path, study_id: str | None = None, output_root: str | None = None) -> StudySpec:
+    """Read and check a study YAML. Raises UsageError naming the field and the fix."""
+    p, raw = read_yaml(path, "study", "name, arms, workloads, trials")
     fields = ("name", "id", "arms", "workloads", "trials", "design", "seed", "control", "output_root", "timeout_s",
               "detect", "equivalence", "cv", "alpha", "window")
     unknown = sorted(set(raw) - set(fields))
@@ -271,7 +342,8 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise UsageError(f"timeout_s={timeout!r} must be a positive number of seconds (the most one run may take, "
                          "e.g. timeout_s: 1800)")
-    arms = _arms(raw.get("arms"), bool(raw.get("control", False)))
+    root = str(output_root or raw.get("output_root") or "results")
+    arms = _arms(raw.get("arms"), bool(raw.get("control", False)), root)
     window = str(raw.get("window", "fixed"))
     if window not in ("fixed", "auto"):
         raise UsageError(f"window={raw.get('window')!r}: use auto (the plan sizes each run's measured window from "
@@ -283,7 +355,7 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
         design = "williams"
     return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"), arms=arms,
                      workloads=_workloads(raw.get("workloads")), trials=trials or 0, design=design, seed=seed,
-                     output_root=str(output_root or raw.get("output_root") or "results"), timeout_s=float(timeout),
+                     output_root=root, timeout_s=float(timeout),
                      source=str(p), detect=fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0),
                      margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0),
                      cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),

@@ -1,0 +1,147 @@
+"""A tune's result as an arm: the derived arm file `fabricbench tune` writes, and what a study
+reads from it (`arms: [{tuned: results/my-tune/tuned.yaml}]`).
+
+    # tuned.yaml
+    tune: {name: cc, id: cc, source: conf/tune/x.yaml, outcome: winner, candidate: cc-bbr,
+           chosen_among: 3, verdict: "winner cc-bbr: ..."}
+    label: cc-bbr                   # the arm's label in a study (default)
+    fabric: emu-100m
+    overrides: [...]                # the tuned arm's own overrides, then the settings as Hydra overrides
+    settings: {env: {...}, overrides: {...}, sysctls: {...}}   # what the tune chose ({} when it kept the default)
+
+Settings are the confirmed winner's only when the confirmation called it ahead of the default;
+otherwise the file holds the default's (empty) settings, and says why (`outcome`). Every run of
+the arm carries `tuned={tune, candidate, settings}` in its config, which the record copies into
+its fingerprint (workloads/core/records.py, with_tuned).
+
+Beside it, when the settings pin NCCL's algorithm or protocol, `nccl-tuner.conf`: the CSV read by
+NCCL's example tuner plugin (NVIDIA/nccl ext-tuner/example/nccl_tuner.conf and plugin.c, read
+from NCCL_TUNER_CONFIG_FILE): `colltype,minbytes,maxbytes,algorithm,protocol,channels,nNodes,
+nRanks,numPipeOps,regBuff`, -1 meaning "any" (or NCCL's default channels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from workloads.core.config import hydra_value
+from workloads.core.errors import UsageError
+
+KINDS = ("env", "overrides", "sysctls")
+FILE = "tuned.yaml"
+NCCL_FILE = "nccl-tuner.conf"
+
+
+def settings_overrides(settings: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Hydra overrides that apply `settings` ({env: {NAME: v}, overrides: {key: v}, sysctls: {name: v}})
+    to an arm: the environment through the fabric profile (its names are checked when the run
+    starts: fabric/profile.py), sysctls through the emulator (fabric/netns.py), the rest as given."""
+    out = [f"++fabric.env.{k}={hydra_value(v)}" for k, v in sorted((settings.get("env") or {}).items())]
+    out += [f"{k}={hydra_value(v)}" for k, v in sorted((settings.get("overrides") or {}).items())]
+    sysctls = settings.get("sysctls") or {}
+    if sysctls:
+        out.append("++fabric.emulate.sysctls={" + ",".join(f"{k}:{hydra_value(v)}" for k, v in sorted(sysctls.items()))
+                   + "}")
+    return out
+
+
+def stamp(tune: str, candidate: str, settings: Mapping[str, Mapping[str, Any]]) -> str:
+    """The `tuned=` override every run of a candidate or a tuned arm carries (its fingerprint's `tuned`)."""
+    body = ",".join(f"{kind}:{{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in sorted(settings[kind].items())) + "}"
+                    for kind in KINDS if settings.get(kind))
+    return f"tuned={{tune:{hydra_value(tune)},candidate:{hydra_value(candidate)},settings:{{{body}}}}}"
+
+
+def varied_keys(settings: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Record keys (analysis/guard.py identity) the settings change outside the fabric block,
+    which the guard does not ignore by itself: the Hydra overrides, and the stamp."""
+    return ["config.tuned", *(f"config.{k.lstrip('+~')}" for k in sorted(settings.get("overrides") or {}))]
+
+
+@dataclass(frozen=True)
+class TunedArm:
+    path: str
+    label: str
+    fabric: str
+    overrides: tuple[str, ...]       # the arm's overrides with the settings applied, and the stamp
+    settings: dict
+    tune: dict
+
+    @property
+    def keys(self) -> list[str]:
+        return varied_keys(self.settings)
+
+
+def write(folder: Path, tune: Mapping[str, Any], label: str, fabric: str, arm_overrides: list[str],
+          settings: Mapping[str, Mapping[str, Any]], collectives: list[str] | None = None) -> list[Path]:
+    """Write tuned.yaml (and nccl-tuner.conf where NCCL's tuner format fits); returns what was written."""
+    import yaml
+
+    clean = {k: {str(n): v for n, v in (settings.get(k) or {}).items()} for k in KINDS if settings.get(k)}
+    doc = {"tune": dict(tune), "label": label, "fabric": fabric, "overrides": list(arm_overrides), "settings": clean}
+    head = (f"# written by `fabricbench tune` (tune {tune.get('id')}, from {tune.get('source')}); a study names it as an "
+            f"arm: {{tuned: {folder / FILE}}}\n")
+    out = [folder / FILE]
+    (folder / FILE).write_text(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+    csv = nccl_tuner_lines(clean.get("env") or {}, collectives)
+    if csv:
+        (folder / NCCL_FILE).write_text("".join(line + "\n" for line in csv))
+        out.append(folder / NCCL_FILE)
+    else:
+        (folder / NCCL_FILE).unlink(missing_ok=True)
+    return out
+
+
+# NCCL_ALGO / NCCL_PROTO values -> the tuner CSV's lower-case names (ext-tuner/example/nccl_tuner.conf)
+_ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
+_PROTOS = ("ll", "ll128", "simple")
+# fabricbench's collective names -> the CSV's collective types (the plugin knows these five)
+_COLLS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+          "broadcast": "broadcast", "reduce": "reduce"}
+MAX_BYTES = 4294967295  # the example's upper bound: every size
+
+
+def nccl_tuner_lines(env: Mapping[str, Any], collectives: list[str] | None = None) -> list[str]:
+    """The tuner-plugin CSV for settings that pin one algorithm and one protocol (NCCL_ALGO and
+    NCCL_PROTO, each a single value; channels too when NCCL_MIN_NCHANNELS equals
+    NCCL_MAX_NCHANNELS), one line per collective type measured (all five when none is known),
+    every size, node count and rank count. [] otherwise: the example plugin needs both an
+    algorithm and a protocol on every line (an unknown name becomes ring or simple there), and a
+    list such as NCCL_ALGO=ring,tree or a `^` exclusion is a choice NCCL makes per call."""
+    algo = str(env.get("NCCL_ALGO", "")).strip().lower()
+    proto = str(env.get("NCCL_PROTO", "")).strip().lower()
+    if algo not in _ALGOS or proto not in _PROTOS:
+        return []
+    lo, hi = env.get("NCCL_MIN_NCHANNELS"), env.get("NCCL_MAX_NCHANNELS")
+    channels = str(lo) if lo is not None and str(lo) == str(hi) else "-1"
+    colls = [_COLLS[c] for c in collectives or [] if c in _COLLS] or list(dict.fromkeys(_COLLS.values()))
+    return ["# NCCL tuner plugin config (NVIDIA/nccl ext-tuner/example format), written by fabricbench tune",
+            "# colltype,minbytes,maxbytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff",
+            *(f"{c},0,{MAX_BYTES},{algo},{proto},{channels},-1,-1,-1,-1" for c in dict.fromkeys(colls))]
+
+
+def read(path: str | Path, what: str) -> TunedArm:
+    """A study arm's `tuned:`: a tuned.yaml, or the tune's folder holding one. UsageError naming
+    `what` and the fix otherwise."""
+    import yaml
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / FILE
+    if not p.is_file():
+        raise UsageError(f"{what}={path}: no tune output there ({p} is missing); run `fabricbench tune <spec>` first, "
+                         f"and name its {FILE} (or its folder)")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise UsageError(f"{what}={path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, Mapping) or not {"fabric", "settings", "tune"} <= set(doc):
+        raise UsageError(f"{what}={path}: not a tune's {FILE} (it needs tune, fabric, settings); name the file "
+                         "`fabricbench tune` wrote")
+    settings = {k: dict(v) for k, v in (doc.get("settings") or {}).items() if k in KINDS and v}
+    tune = dict(doc["tune"])
+    overrides = [*map(str, doc.get("overrides") or []), *settings_overrides(settings),
+                 stamp(str(tune.get("id")), str(tune.get("candidate") or "default"), settings)]
+    return TunedArm(str(p), str(doc.get("label") or doc["fabric"]), str(doc["fabric"]), tuple(overrides), settings, tune)
