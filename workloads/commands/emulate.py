@@ -163,6 +163,11 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
+                # The agent still waits (torchrun gives its ranks 30 s after SIGTERM); its ranks live
+                # in sessions of their own, and one blocked in a collective across a dead link runs no
+                # handler: killed with the agent, not orphaned holding our caller's pipes.
+                for rank in _children(p.pid):
+                    _killpg_pid(rank, signal.SIGKILL)
                 _killpg(p, signal.SIGKILL)
                 p.wait(timeout=5)
 
@@ -187,10 +192,29 @@ def _signals_deferred():
 
 
 def _killpg(p: subprocess.Popen, sig: int) -> None:
+    _killpg_pid(p.pid, sig)
+
+
+def _killpg_pid(pid: int, sig: int) -> None:
     try:
-        os.killpg(p.pid, sig)
-    except ProcessLookupError:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (/proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
