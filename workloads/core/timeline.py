@@ -17,6 +17,8 @@ import os
 import time
 from pathlib import Path
 
+from workloads.core.forkrank import FORKED_AT_ENV
+
 T0_ENV = "FB_T0"
 ORDER = ("process", "group", "window", "window_end", "record")
 _marks: dict[str, float] = {}
@@ -60,10 +62,10 @@ def stamp(record: dict) -> None:
     except (KeyError, ValueError):
         return
     if "process" not in _marks:
-        forked = os.environ.get("FB_FORKED_AT")  # core/forkrank.py: a fork's /proc start is its launcher's
+        forked = os.environ.get(FORKED_AT_ENV)  # a fork's /proc start is its launcher's
         t = float(forked) if forked else _process_start()
         if t is not None:
             _marks["process"] = t
     _marks["record"] = time.time()
     record["timeline"] = {name: round(_marks[name] - t0, 3) for name in ORDER if name in _marks}
-    record["timeline"]["rank_start"] = "fork" if os.environ.get("FB_FORKED_AT") else "exec"
+    record["timeline"]["rank_start"] = "fork" if os.environ.get(FORKED_AT_ENV) else "exec"

@@ -199,8 +199,10 @@ def _unwindowed(w: Workload, overrides) -> list[str]:
     return [str(o) for o in overrides if knob is None or str(o).lstrip("+~").split("=", 1)[0] != knob]
 
 
-def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float | None) -> tuple[Costs | None, str]:
-    """The costs of `w`'s runs (window.py) from earlier studies' records and timings, or why not."""
+def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float | None
+                  ) -> tuple[Costs | None, str, int]:
+    """The costs of `w`'s runs (window.py) from earlier studies' records and timings, or why not;
+    and the warm-up steps those runs took (its override, else the records' median)."""
     records, seconds = [], []
     for folder, manifest in earlier:
         names = {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)}
@@ -209,12 +211,13 @@ def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float
         seconds += run_seconds(folder, names)
         records += [rec for _, rec in iter_records(folder, "*/records/*.json")
                     if rec.get("status") == "ok" and (rec.get("study") or {}).get("workload") in names]
+    warm = _warmup(w, records)
     if not records:
-        return None, "no earlier runs to size it from"
+        return None, "no earlier runs to size it from", warm
     if block_cv is None:
-        return None, "no measured CV of earlier blocks"
+        return None, "no measured CV of earlier blocks", warm
     c = costs_from(records, seconds, block_cv)
-    return c, "" if c is not None else "earlier runs lack per-step samples or run times"
+    return c, "" if c is not None else "earlier runs lack per-step samples or run times", warm
 
 
 def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[str, Noise]) -> Plan:
@@ -228,6 +231,7 @@ def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
     m = max(plan.family[0], 1)
     looks = len(plan.looks)
     costs: dict[str, tuple[Costs, float]] = {}
+    warmups: dict[str, int] = {}
     notes: dict[str, str] = {}
     for w in spec.workloads:
         if w.kind.window is None:
@@ -236,11 +240,12 @@ def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
             notes[w.name] = f"pinned by its overrides ({w.kind.window[0]})"
             continue
         noise = measured.get(w.name)
-        c, why = _window_costs(earlier, w, noise.cv if noise else None)
+        c, why, warm = _window_costs(earlier, w, noise.cv if noise else None)
         if c is None:
             notes[w.name] = f"{why}: a first study at the workload's own window measures it"
             continue
         costs[w.name] = (c, (noise.upper / noise.cv) if noise and noise.cv else 1.0)
+        warmups[w.name] = warm
     if not costs:
         return replace(plan, window_notes=notes)
     from analysis import stats
@@ -267,7 +272,7 @@ def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
         elif chosen.get(w.name) is not None:
             c, ratio = costs[w.name]
             n = shortest(c, blocks, spec.detect, m, spec.alpha, looks, ratio) or chosen[w.name].steps
-            warm = _warmup(earlier, w)
+            warm = warmups[w.name]
             why = (f"chosen: run overhead {c.overhead_s:.1f} s, step {1000 * c.step_s:.1f} ms, between-run sd "
                    f"{100 * c.between:.1f}%, step sd {100 * c.within:.1f}% over {c.steps_before}-step windows")
             w = replace(w, overrides=(*_unwindowed(w, w.overrides), f"{w.kind.window[0]}={warm + n}"), window=why)
@@ -290,15 +295,13 @@ def _pinned_windows(spec: StudySpec) -> dict[str, tuple[tuple[str, ...], str]]:
             for o in manifest.get("workloads") or [] if o.get("window")}
 
 
-def _warmup(earlier: list[tuple[Path, dict]], w: Workload) -> int:
+def _warmup(w: Workload, records: list[dict]) -> int:
     """The warm-up steps the workload's runs take (its override, else what earlier records say)."""
     key = w.kind.window[1]
     for o in w.overrides:
         if str(o).lstrip("+~").split("=", 1)[0] == key:
             return int(str(o).split("=", 1)[1])
-    seen = [int((rec.get("samples") or {}).get("warmup_steps") or 0)
-            for folder, manifest in earlier if any(_same(w, o) for o in manifest.get("workloads") or [])
-            for _, rec in iter_records(folder, "*/records/*.json") if (rec.get("study") or {}).get("workload")]
+    seen = [int((rec.get("samples") or {}).get("warmup_steps") or 0) for rec in records]
     return int(median(seen)) if seen else 0
 
 
