@@ -188,18 +188,27 @@ class Recorded:
                     print(skipped_message(Path(shared["held"]), self.record), flush=True)
                 raise AlreadyRecorded(shared["held"])
             self.writer = None if self.write else shared["writer"]
-        # Only now, once every rank knows where it will be: a copy written before the collective
-        # that tells them would be orphaned if rank 0 died inside it (no rank could finish it).
-        if copy is not None:
-            try:
-                self.inflight = inflight.write(self.record, self.directory, self.stem)
-            except OSError as e:  # a safety net only: the point is measured and recorded without it
-                print(f"warning: no in-flight copy of this point in {copy.parent} ({e.strerror}); should this rank "
-                      "die mid-point, the point leaves no record", file=sys.stderr, flush=True)
-        if self.write and self.count_noise:
-            self.noise = PointMeter()
-        if self.write:
-            self.delay = DelayMeter()
+        try:
+            # Only now, once every rank knows where it will be: a copy written before the collective
+            # that tells them would be orphaned if rank 0 died inside it (no rank could finish it).
+            if copy is not None:
+                try:
+                    self.inflight = inflight.write(self.record, self.directory, self.stem)
+                except OSError as e:  # a safety net only: the point is measured and recorded without it
+                    print(f"warning: no in-flight copy of this point in {copy.parent} ({e.strerror}); should this "
+                          "rank die mid-point, the point leaves no record", file=sys.stderr, flush=True)
+            if self.write and self.count_noise:
+                self.noise = PointMeter()
+            if self.write:
+                self.delay = DelayMeter()
+        except BaseException as e:
+            # Python calls no __exit__ for an __enter__ that raised: a Ctrl-C landing here, after
+            # the copy (CI: the signal test fired as the copy appeared), left the copy to the
+            # launcher, a second line. The point has begun; it ends here as any point does.
+            if copy is not None and copy.exists():
+                self.inflight = copy
+            self.__exit__(type(e), e, e.__traceback__)
+            raise
         return self.record
 
     def __exit__(self, etype, exc, tb) -> bool:

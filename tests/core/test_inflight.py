@@ -135,6 +135,52 @@ def test_the_copy_is_written_once_every_rank_knows_where(tmp_path):
     assert json.loads(rec.read_text())["status"] == "ok" and not list(out.glob(".inflight/*"))
 
 
+def _interrupted_on_entering(port: int, out: str, q) -> None:
+    """One rank (a group of one) whose Ctrl-C lands in the point's opening, after its copy is
+    written: the delay meter, the last thing __enter__ builds, raises it."""
+    import torch
+    import torch.distributed as dist
+
+    from workloads import session
+    from workloads.core import dist as fdist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    info = fdist.DistInfo(0, 1, 0, 1, "gloo", torch.device("cpu"))
+
+    def ctrl_c():
+        assert list((Path(out) / ".inflight").glob(f"*{inflight.SUFFIX}")), "the copy is not written yet"
+        raise KeyboardInterrupt
+
+    session.DelayMeter = ctrl_c
+    try:
+        with session.Recorded(new_record("pretrain", config={"trial": 0}, run_id="r"), Path(out), "point",
+                              write=True, info=info):
+            q.put("measured")
+    except KeyboardInterrupt:
+        q.put("interrupted")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_signal_between_the_copy_and_the_measurement_still_writes_the_record(tmp_path):
+    """Ctrl-C after the copy is written but before the point's body runs (where Python calls no
+    __exit__): the rank writes the failed record itself and removes its copy, as it does
+    mid-measurement. Left to the launcher, the copy became a second line after "interrupted"
+    (CI, the signal test). A real Gloo group in a spawned process."""
+    out = tmp_path / "records"
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    rank = ctx.Process(target=_interrupted_on_entering, args=(free_port(), str(out), q))
+    rank.start()
+    said = q.get(timeout=120)
+    rank.join(60)
+    assert (said, rank.exitcode) == ("interrupted", 0)
+    (rec,) = out.glob("*.json")
+    saved = json.loads(rec.read_text())
+    assert saved["status"] == "failed" and saved["error"].startswith("interrupted"), saved
+    assert not list(out.glob(".inflight/*"))
+
+
 def test_an_error_after_a_signal_is_recorded_and_raised_as_the_interruption(tmp_path, monkeypatch):
     """A rank asked to stop whose interruption Python dropped (workloads/core/signals.py) then
     fails on a stopped peer: its record says interrupted, as the entry point's line does, not

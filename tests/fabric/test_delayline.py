@@ -199,8 +199,27 @@ def test_a_dead_delay_line_stops_the_run_in_one_line(tmp_path):
     assert any(r["status"] == "ok" and r["fabric"]["delay"]["problem"] is None for r in recs), recs
 
 
+def _pooled_hist(meter: DelayMeter) -> dict[str, int]:
+    """Every frame the meter's lines held since it started, all links and directions in one
+    histogram: a handshake puts 1-5 frames on each direction, too few for a median each."""
+    pooled: dict[str, int] = {}
+    for path, before in zip(meter.paths, meter.start):
+        after = json.loads(Path(path).read_text())
+        for label, link in after["links"].items():
+            for name, d in link["directions"].items():
+                old = before["links"].get(label, {}).get("directions", {}).get(name, {}).get("hist", {})
+                for k, n in d["hist"].items():
+                    if n - old.get(k, 0) > 0:
+                        pooled[k] = pooled.get(k, 0) + n - old.get(k, 0)
+    return pooled
+
+
+# The median of all frames a connection put across the line, as the record judges a point (the
+# median of many frames, never one frame: delaymeter.MIN_FRAMES). One frame held 56 ms in CI
+# (load 17, a direction that carried it alone, an IPv6 neighbour message): a starved wake-up
+# is the line's real error on a busy host, and the record's p99 shows it; the median must not move.
 @pytest.mark.requires("root")
-@pytest.mark.timing  # 5 ms +-250 us per frame: with the line's thread starved (CI at load 17) a frame came 47 ms late
+@pytest.mark.timing
 def test_a_leaf_spine_delays_its_uplinks_and_its_host_links_apart():
     """Uplinks at 5 ms and host links at none: the line holds the four leaf-spine links only, a
     connection between leaves crosses it, and nothing is left afterwards."""
@@ -214,7 +233,8 @@ def test_a_leaf_spine_delays_its_uplinks_and_its_host_links_apart():
         meter = DelayMeter(topo.env())
         tcp_hello(topo.nodes[3], topo.nodes[0], topo.spec.addr(3))   # leaf 0 -> a spine -> leaf 1
         time.sleep(0.6)
-        links = meter.record()["links"]
+        pooled = _pooled_hist(meter)
     assert leftovers(f"fb-{tag}") == []
-    crossed = [d for link in links.values() for d in link["directions"].values() if d["frames"]]
-    assert crossed and all(abs(d["p50_us"] - 5000) <= 250 for d in crossed), links
+    assert sum(pooled.values()) >= 6, pooled   # SYN, SYN-ACK, data and FIN each way: most of them cross
+    assert abs(quantile_us(pooled, 10, 0.5) - 5000) <= 250, pooled
+    assert min(int(k) for k in pooled) * 10 >= 5000 - 300, pooled   # never early by more than the line's lead
