@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import capacity, export, external, plots, projection_report, results_csv, summary, topology
+from analysis import capacity, clock, export, external, looks, plots, projection_report, results_csv, summary, topology
 from analysis.compare import Result
 from analysis.load import Table, records_root
 
@@ -152,6 +152,19 @@ def _jobs(root: Path | None, baseline: str | None) -> list[Section]:
                                         ("table", topology.JOBS_HEAD, topology.jobs_rows(found, root))])]
 
 
+def _clock(table: Table, result: Result) -> list[Section]:
+    """How long the verdicts took: the runs' measured windows against their launch-to-record time,
+    and the run time per decided primary verdict (the real arms', else the A/A control's)."""
+    primaries = [c for _, c in result.comparisons if c.primary and not c.control] or \
+        [c for _, c in result.comparisons if c.primary]
+    got = clock.clock((r.record for r in table), sum(looks.stops(c) for c in primaries), len(primaries))
+    if got is None:
+        return []
+    return [Section("Time to the verdict", [("p", "Measured: the points' timed windows (steps, iterations, requests); run "
+                                                  "time: each run's launch to its last record, start-up included."),
+                                            ("list", [got.line()])])]
+
+
 def _tail(table: Table, result: Result, root: Path | None) -> list[Section]:
     """Last: what was not compared, and the runs; the refusals collapsed, counts first."""
     out = []
@@ -174,7 +187,7 @@ def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_m
     figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
     root = records_root(table)
     return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root, result.baseline),
-            *_details(table, result), *_tail(table, result, root)]
+            *_details(table, result), *_clock(table, result), *_tail(table, result, root)]
 
 
 def _md_block(b: tuple, out_dir: Path) -> str:

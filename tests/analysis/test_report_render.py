@@ -187,3 +187,36 @@ def test_cli_bad_external_file_is_one_line_exit_2(tmp_path, capsys):
                "--external", str(tmp_path / "nope.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --external ") and "cannot read" in err[0]
+
+
+def test_the_verdicts_time_worked_values():
+    """Two runs of two arms, each with a launch clock: a sweep of two points in one run costs its
+    latest record's mark once, and measures both windows; a record without a clock adds nothing."""
+    from analysis.clock import clock
+
+    def rec(run, window, end, at, status="ok"):
+        return {"run_id": run, "status": status, "timeline": {"window": window, "window_end": end, "record": at}}
+
+    got = clock([rec("a", 8.0, 10.0, 11.0), rec("a", 12.0, 13.5, 14.0),   # one run, two points: 14 s, 3.5 measured
+                 rec("b", 5.0, 6.0, 7.0), rec("c", 1.0, 9.0, 9.5, "failed"), {"run_id": "d", "status": "ok"}],
+                decided=2, primaries=3)
+    assert (got.runs, got.measured_s, got.cost_s) == (2, 4.5, 21.0)
+    assert got.line() == ("2 run(s): 4 s measured of 21 s from launch to record (duty cycle 21%); "
+                          "2 of 3 primary verdict(s) decided, 10 s of run time each")
+    assert clock([{"run_id": "d", "status": "ok"}]) is None
+
+
+def test_a_report_says_how_long_its_verdicts_took(tmp_path):
+    """Records that carry a launch clock get a "Time to the verdict" section; records without one
+    (the synthetic study above) get none."""
+    table, res = _study(tmp_path)
+    assert "Time to the verdict" not in [s.title for s in report.sections(table, res, [])]
+    for i, r in enumerate(table):
+        r.record["timeline"] = {"window": 9.0, "window_end": 10.0, "record": 12.0}
+        r.record["run_id"] = f"run-{i}"
+    (sec,) = [s for s in report.sections(table, res, []) if s.title == "Time to the verdict"]
+    decided = sum(c.significant or c.equivalent for _, c in res.comparisons if c.primary and not c.control)
+    n = len(table)
+    assert sec.blocks[-1] == ("list", [f"{n} run(s): {n} s measured of {12 * n} s from launch to record (duty cycle 8%); "
+                                       f"{decided} of {sum(c.primary for _, c in res.comparisons)} primary verdict(s) decided, "
+                                       f"{12 * n / decided:.0f} s of run time each"])

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
+from analysis.clock import measured_s
 from workloads import CONF_DIR, REPO_ROOT
 from workloads.core import celllock, timeline
 from workloads.core.config import hydra_value
@@ -374,15 +375,6 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
         else:
             say(f"  ok in {seconds:.1f} s")
     return len(todo), len(failures), failures
-
-
-def measured_s(rec: dict) -> float | None:
-    """The seconds a record measured: its timeline's window, else its NIC counters' window."""
-    tl = rec.get("timeline") or {}
-    if isinstance(tl.get("window"), (int, float)) and isinstance(tl.get("window_end"), (int, float)):
-        return max(tl["window_end"] - tl["window"], 0.0)
-    w = (rec.get("nic") or {}).get("window_s")
-    return float(w) if isinstance(w, (int, float)) else None
 
 
 def clock_line(spec: StudySpec, jobs: list[Job], wall_s: float) -> str | None:
