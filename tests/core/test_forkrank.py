@@ -43,3 +43,29 @@ def test_a_wrong_rank_start_is_one_line(tmp_path):
     assert r.stderr.strip() == ("error: FB_RANK_START='spawn': choose fork (ranks forked from the launcher) or exec "
                                 "(a fresh interpreter per rank, as torchrun starts them)"), r.stderr
     assert not list((tmp_path / "o").rglob("*.json"))
+
+
+_THREADS = """
+import os, sys, torch
+from pathlib import Path
+from workloads.core import forkrank
+torch.set_num_threads(3)   # the launcher's pool, as OpenMP sized it where torch loaded
+out = Path(sys.argv[1])
+for name, env in (("own", {"OMP_NUM_THREADS": "1"}), ("unset", {})):
+    def body(name=name):
+        (out / name).write_text(str(torch.get_num_threads()))
+        return 0
+    assert forkrank.fork(["x"], body, {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, **env},
+                         name).wait(60) == 0
+"""
+
+
+def test_a_forked_child_takes_its_own_omp_threads(tmp_path):
+    """A fork keeps the launcher's OpenMP pool size; a fresh interpreter reads OMP_NUM_THREADS. A
+    forked rank (or node agent) given OMP_NUM_THREADS=1 runs one intra-op thread, as torchrun's
+    exec'd rank would; without the variable it keeps the launcher's, as an exec'd one would
+    take the default. (Missed, each emulated rank ran both cores' threads: steps 10-30x slower.)"""
+    r = subprocess.run([sys.executable, "-c", _THREADS, str(tmp_path)], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ((tmp_path / "own").read_text(), (tmp_path / "unset").read_text()) == ("1", "3")

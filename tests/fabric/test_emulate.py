@@ -7,11 +7,13 @@ remain (deleting a namespace deletes its veths and their qdiscs).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +117,46 @@ def test_topology_shapes_and_is_removed(tmp_path):
     assert our_namespaces(tag) == []
 
 
+# A forked node agent's view of its node (netns.enter): run in the child, its answer on stdout
+# (or into the file NODE_VIEW names).
+_NODE_VIEW = """
+import json, os, sys
+out = open(os.environ["NODE_VIEW"], "w") if "NODE_VIEW" in os.environ else sys.stdout
+print(json.dumps({"net": os.readlink("/proc/self/ns/net"), "ifaces": sorted(os.listdir("/sys/class/net")),
+                  "hosts": open("/etc/hosts").read(), "comm": open("/proc/self/comm").read().strip(),
+                  "sid": os.getsid(0) == os.getpid()}), file=out, flush=True)
+"""
+
+
+@pytest.mark.requires("root")
+def test_a_forked_agent_sees_its_node_as_ip_netns_exec_shows_it(tmp_path):
+    """An emulated node's agent forked from the emulator (forkrank.module + netns.enter) is where
+    `ip netns exec` would put it: the node's network namespace, a /sys listing the node's
+    interfaces (the NIC counters are read there), the node's hosts file over /etc/hosts, a
+    session of its own, named fb-agent<N>; and the emulator's own view is unchanged."""
+    from workloads.core import forkrank
+    from workloads.fabric.netns import enter
+
+    script = tmp_path / "view.py"
+    script.write_text(_NODE_VIEW)
+    tag = f"{os.getpid()}fa"
+    with Topology(EmuSpec(nodes=2), tag=tag) as topo:
+        want = subprocess.run(["ip", "netns", "exec", topo.nodes[1], sys.executable, "-c", _NODE_VIEW],
+                              capture_output=True, text=True, check=True).stdout
+        out = tmp_path / "out.json"
+        p = forkrank.fork([sys.executable, str(script)], lambda: forkrank._run(
+            lambda: exec(compile(script.read_text(), str(script), "exec"), {"__name__": "__main__"})),
+            dict(os.environ, NODE_VIEW=str(out)), "fb-agent1", enter=lambda: enter(topo.nodes[1]))
+        assert p.wait(timeout=60) == 0
+    got, seen = json.loads(out.read_text()), json.loads(want)
+    assert got["net"] == seen["net"] != os.readlink("/proc/self/ns/net")
+    assert got["ifaces"] == seen["ifaces"] and "emu0" in got["ifaces"]
+    assert got["hosts"] == seen["hosts"] and "fabricbench emulated nodes" in got["hosts"]
+    assert got["comm"] == "fb-agent1" and got["sid"]
+    assert "emu0" not in os.listdir("/sys/class/net")   # the mounts did not propagate back
+    assert our_namespaces(tag) == []
+
+
 # One emulation's side of test_concurrent_host_links_get_distinct_subnets: its namespaces built,
 # it takes its host link when `go` appears and keeps it until `done` does.
 _HOST_LINKER = """
@@ -191,13 +233,33 @@ def test_ctrl_c_of_an_emulated_run_is_one_line(tmp_path):
     deadline = time.monotonic() + 90
     while not list(tmp_path.rglob("*.inflight")) and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.2)  # the point is being measured once its in-flight copy exists
-    os.killpg(p.pid, signal.SIGINT)
+    # the nodes' agents are forks of the emulator (forkrank.module, netns.enter: its command line,
+    # not `python -m workloads.commands.emulate --agent`), and their ranks forks of them
+    try:
+        agents = _children(p.pid)
+        mine = Path(f"/proc/{p.pid}/cmdline").read_bytes()
+        assert len(agents) == 2 and all(Path(f"/proc/{a}/cmdline").read_bytes() == mine for a in agents), agents
+        ranks = {a: list(_children(a).values()) for a in agents}
+        assert sorted(n for names in ranks.values() for n in names) == ["fb-rank0", "fb-rank1"], ranks
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=90)
     assert p.returncode == 130 and "namespaces removed" in err, err[-3000:]
     assert "Traceback" not in err + out, err[-3000:]
     assert our_namespaces(str(p.pid)) == []
     # the point being measured is kept as an interrupted (failed) record
     assert [(r["status"], r["error"]) for r in records_in(tmp_path)] == [("failed", "interrupted (Ctrl-C or SIGTERM)")]
+
+
+def _children(pid: int) -> dict[int, str]:
+    """pid -> name (comm) of each child of `pid`."""
+    out = {}
+    for kid in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            out[int(kid)] = Path(f"/proc/{kid}/comm").read_text().strip()
+        except OSError:
+            pass
+    return out
 
 
 def _study_records(out) -> list[dict]:

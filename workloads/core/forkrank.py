@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 FORKED_AT_ENV = "FB_FORKED_AT"
 MODE_ENV = "FB_RANK_START"  # fork (default) | exec: torchrun's own `python -u script`
@@ -96,6 +96,35 @@ def start(args: Sequence[str], env: dict[str, str], stdout, stderr) -> subproces
     if parsed is None:
         return None
     script, argv = parsed
+
+    def body() -> int:
+        sys.argv = [script, *argv]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        return _run(lambda: runpy.run_path(script, run_name="__main__"))
+
+    return fork(args, body, env, f"fb-rank{env.get('RANK', '')}", stdout, stderr)
+
+
+def module(args: Sequence[str], env: dict[str, str], name: str, enter: Callable[[], None] | None = None
+           ) -> subprocess.Popen | None:
+    """Fork `python -m <module> args...` (None: `args` is not such a command of this interpreter),
+    in a session of its own with the caller's stdout and stderr; `enter` runs first in the child
+    (e.g. moving it into a network namespace, as `ip netns exec` would)."""
+    if len(args) < 3 or args[1] != "-m" or os.path.realpath(args[0]) != os.path.realpath(sys.executable):
+        return None
+    mod, argv = args[2], [str(a) for a in args[3:]]
+
+    def body() -> int:
+        sys.argv = [mod, *argv]  # runpy puts the module's file in argv[0], as `python -m` does
+        sys.path[0] = os.getcwd()
+        return _run(lambda: runpy.run_module(mod, run_name="__main__", alter_sys=True))
+
+    return fork(args, body, env, name, enter=enter)
+
+
+def fork(args: Sequence[str], body: Callable[[], int], env: dict[str, str], name: str, stdout=None, stderr=None,
+         enter: Callable[[], None] | None = None) -> subprocess.Popen:
+    """A child that runs `body` as a fresh process would (_child), watched through a Popen."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -104,7 +133,9 @@ def start(args: Sequence[str], env: dict[str, str], stdout, stderr) -> subproces
         return _Forked(pid, args)
     code = 1
     try:
-        code = _child(script, argv, env, stdout, stderr)
+        if enter is not None:
+            enter()
+        code = _child(body, env, name, stdout, stderr)
     except BaseException:  # noqa: BLE001 - the child must never return into the launcher's code
         with contextlib.suppress(Exception):
             traceback.print_exc()
@@ -115,14 +146,15 @@ def start(args: Sequence[str], env: dict[str, str], stdout, stderr) -> subproces
         os._exit(code)
 
 
-def _child(script: str, argv: list[str], env: dict[str, str], stdout, stderr) -> int:
+def _child(body: Callable[[], int], env: dict[str, str], name: str, stdout, stderr) -> int:
     os.setsid()  # as Popen(start_new_session=True): torchrun's agent signals the rank's group
     for sig, how in _FRESH.items():  # the agent's handlers (SignalException) are not the rank's
         signal.signal(sig, how)
     os.environ.clear()
     os.environ.update(env)
     os.environ[FORKED_AT_ENV] = f"{time.time():.3f}"  # the rank's start (core/timeline.py): /proc says the launcher's
-    _name(f"fb-rank{env.get('RANK', '')}")
+    _threads(env)
+    _name(name)
     for fd, f in ((1, stdout), (2, stderr)):
         if f is not None:
             os.dup2(f.fileno(), fd)
@@ -130,11 +162,21 @@ def _child(script: str, argv: list[str], env: dict[str, str], stdout, stderr) ->
         with contextlib.suppress(Exception):
             stream.reconfigure(line_buffering=True, write_through=True)
     atexit._clear()  # the launcher's exit functions are not the rank's
-    for name in [n for n in sys.modules if n.split(".")[0] in OWN]:
-        del sys.modules[name]
-    sys.argv = [script, *argv]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    return _run(script)
+    for mod in [n for n in sys.modules if n.split(".")[0] in OWN]:
+        del sys.modules[mod]
+    return body()
+
+
+def _threads(env: dict[str, str]) -> None:
+    """The child's intra-op threads from its own OMP_NUM_THREADS, as a fresh interpreter would take
+    them: OpenMP read the launcher's environment once, when torch loaded there, and a fork keeps
+    that. An emulator without OMP_NUM_THREADS gave each forked rank both cores' threads, and a
+    2-node training step took 10-30x as long as with the ranks torchrun would have started
+    (torchrun sets OMP_NUM_THREADS=1 for each rank it starts)."""
+    torch = sys.modules.get("torch")
+    n = env.get("OMP_NUM_THREADS", "").strip()
+    if torch is not None and n.isdigit() and int(n) > 0:
+        torch.set_num_threads(int(n))
 
 
 def _name(name: str) -> None:
@@ -146,11 +188,11 @@ def _name(name: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
-def _run(script: str) -> int:
-    """The script as `python script` runs it, ending as the interpreter would (the exit
-    functions, non-daemon threads joined) but without its teardown."""
+def _run(main: Callable[[], object]) -> int:
+    """The child's program as the interpreter runs one, ending as it would (the exit functions,
+    non-daemon threads joined) but without its teardown."""
     try:
-        runpy.run_path(script, run_name="__main__")
+        main()
         code = 0
     except SystemExit as e:
         if e.code is None:

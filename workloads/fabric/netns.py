@@ -560,6 +560,42 @@ def leftovers(prefix: str = PREFIX) -> list[str]:
     return sorted(set(spaces) | set(folders))
 
 
+CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000   # sched.h
+MS_RDONLY, MS_BIND, MS_REC, MS_SLAVE, MNT_DETACH = 1, 4096, 16384, 1 << 19, 2  # sys/mount.h
+
+
+def enter(name: str) -> None:
+    """Move this (single-threaded, freshly forked) process into namespace `name` as `ip netns
+    exec` moves the command it runs (iproute2's netns_switch, ip-netns(8)): the namespace's
+    network; a mount namespace of its own, mounts not propagated back, with a /sys that shows this
+    network's interfaces (the NIC counters are read there); and /etc/netns/<name>/* bound over
+    /etc (the nodes' hosts file). OSError names the step that failed."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(what: str, rc: int) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        call(f"setns into {name}", libc.setns(fd, CLONE_NEWNET))
+    finally:
+        os.close(fd)
+    call("unshare the mount namespace", libc.unshare(CLONE_NEWNS))
+    call("make / a slave mount", libc.mount(b"", b"/", b"none", MS_SLAVE | MS_REC, None))
+    flags = 0
+    if libc.umount2(b"/sys", MNT_DETACH) != 0 and os.statvfs("/sys").f_flag & os.ST_RDONLY:
+        flags = MS_RDONLY  # as iproute2: a read-only /sys we could not unmount stays read-only
+    call("mount this namespace's /sys", libc.mount(name.encode(), b"/sys", b"sysfs", flags, None))
+    etc = NETNS_ETC / name
+    for entry in sorted(etc.iterdir()) if etc.is_dir() else []:
+        call(f"bind {entry} over /etc/{entry.name}",
+             libc.mount(str(entry).encode(), f"/etc/{entry.name}".encode(), b"none", MS_BIND, None))
+
+
 def emulated_nodes() -> list[str] | None:
     """The namespaces a served run's ranks go to, when launch/emulate.py started this process."""
     nodes = [n for n in os.environ.get(NODES_ENV, "").split(",") if n]
