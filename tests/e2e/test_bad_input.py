@@ -13,6 +13,7 @@ interpreter start-ups. tests/e2e/test_torchrun_bad_input.py starts its cases as 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -386,6 +387,36 @@ def test_bad_input_is_one_line(outcomes, name, needle):
 def test_a_fault_is_one_line_and_exit_1(outcomes, name, needle):
     (log,) = outcomes[name][0].rglob("vllm.log")  # the engine's own words stay in its log; the line names it
     assert _one_line(outcomes[name], 1) == [f"error: {needle}; the end of its log ({log}):"]
+
+
+RANK_THAT_REFUSES = """
+import os, sys
+from pathlib import Path
+from workloads.core.rundir import run_dir
+root = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("output_root="))
+d = Path(run_dir(root))  # as Hydra makes it in each rank, with the folders a point makes
+(d / "records" / ".inflight").mkdir(parents=True, exist_ok=True)
+print("run folder:", d.name, flush=True)
+sys.exit(2)
+"""
+
+
+@pytest.mark.slow
+def test_a_self_launched_run_that_refused_leaves_no_folder(tmp_path):
+    """Ranks that made their run folder (and empty records/.inflight) and then refused leave
+    nothing in output_root; the folder was named as a plain `python` run's, <time>-p<launcher
+    pid>, not rdzv-<the standalone agent's uuid>."""
+    script = tmp_path / "refuses.py"
+    script.write_text(RANK_THAT_REFUSES)
+    out = tmp_path / "res"
+    call = (f"import sys; from workloads.commands.entry import self_launch; "
+            f"sys.exit(self_launch({str(script)!r}, ['output_root={out}', 'launcher.nproc_per_node=1']))")
+    r = subprocess.run([sys.executable, "-c", call], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    (name,) = [line.split(": ")[1] for line in r.stdout.splitlines() if line.startswith("run folder:")]
+    assert re.fullmatch(r"\d{8}-\d{6}-p\d+", name), name
+    assert list(out.iterdir()) == [], list(out.rglob("*"))
 
 
 @pytest.mark.slow
