@@ -20,7 +20,6 @@ from omegaconf import OmegaConf
 
 from workloads.core.errors import UsageError
 
-
 # A run id every process of one run inherits (a self-launch's ranks, an emulated run's nodes, a
 # study's cell), ahead of the launcher-derived ones below.
 RUN_ID_ENV = "FABRICBENCH_RUN_ID"
