@@ -52,5 +52,6 @@ def main(out: Path, n: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)  # usage, as docs/reliability.md's exit codes say
     main(Path(sys.argv[1]).resolve(), int(sys.argv[2]))

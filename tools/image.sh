@@ -22,6 +22,8 @@ tag="${IMAGE_TAG:-localhost/fabricbench:cpu}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 tool="${IMAGE_TOOL:-$(command -v podman || command -v docker || true)}"
 
+# What the host lacks is bad input (exit 2); a step that ran and failed is a fault (exit 1), as
+# docs/reliability.md's exit codes say.
 die() { echo "error: $*" >&2; exit 2; }
 # run <step> <command...>: the command's output goes to the step's log; a failure is one line.
 run() {
@@ -29,7 +31,8 @@ run() {
   "$@" >"$cache/$step.log" 2>&1 || rc=$?
   if [ "$rc" != 0 ]; then
     local last; last="$(grep -v '^\s*$' "$cache/$step.log" | tail -n 1 | cut -c1-200)"
-    die "\`$*\` failed (exit $rc): ${last:-no output}; the whole log: $cache/$step.log"
+    echo "error: \`$*\` failed (exit $rc): ${last:-no output}; the whole log: $cache/$step.log" >&2
+    exit 1
   fi
 }
 

@@ -2,6 +2,8 @@
 file, a path, an entry point), the run ends with one `error:` line that names the key and
 the fix, exit 2, no traceback, no process left behind, and records already on disk intact.
 
+FAULTS (something that ran failed, not the input) keep the same promise with exit 1.
+
 Cases run as `python <entry> args` would (self-launching entry points validate before any
 rank starts), each in its own process forked from one server that imported torch and the entry
 points once (tests/helpers/forkrun.py): the same exit code, output and limits, without 57
@@ -11,6 +13,7 @@ interpreter start-ups. tests/e2e/test_torchrun_bad_input.py starts its cases as 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -295,6 +298,21 @@ CASES = [
 ]
 
 
+def _engine_that_fails(d):
+    """An engine that exits before it answers (a stand-in behind the vLLM adapter's command line)."""
+    (d / "vllm").write_text("#!/bin/sh\necho 'scripted start-up failure' >&2\nexit 3\n")
+    (d / "vllm").chmod(0o755)
+
+
+# Faults keep the same promise (one line, no traceback, nothing left running, earlier records
+# intact) with exit 1, not 2: the input was not what failed (docs/reliability.md's exit codes).
+FAULTS = [
+    ("infer-server-exits-before-ready", ["launch/infer.py", "server=vllm", "model=llama-3.1-8b", "server.model_path={d}",
+                                         "server.executable={d}/vllm", "server.ready_timeout_s=60"], _engine_that_fails,
+     "server=vllm exited with code 3 before it was ready"),
+]
+
+
 def _tune(d, space: str, fabric: str = "loopback"):
     (d / "t.yaml").write_text(f"name: t\narm: {{fabric: {fabric}}}\nworkloads:\n  - {{name: ar, entry: collectives}}\n"
                               f"{space}\noutput_root: {d}/res\n")
@@ -323,7 +341,7 @@ def outcomes(tmp_path_factory):
     """Every case set up in its own folder (with records of an earlier run in its output root,
     which must survive unchanged), then all run through one fork server."""
     cases, commands = {}, []
-    for name, argv, setup, _ in CASES:
+    for name, argv, setup, _ in CASES + FAULTS:
         d = tmp_path_factory.mktemp(name)
         if setup:
             setup(d)
@@ -341,23 +359,64 @@ def outcomes(tmp_path_factory):
     return {name: (*cases[name], r) for name, r in zip(cases, results)}
 
 
-@pytest.mark.parametrize("name,needle", [(c[0], c[3]) for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line(outcomes, name, needle):
-    d, earlier, tag, r = outcomes[name]
+def _one_line(outcome, code: int) -> list[str]:
+    """What bad input and faults both promise: the code, no traceback, nothing left running, the
+    earlier records intact, no record written; the `error:` lines, for the caller to judge."""
+    d, earlier, tag, r = outcome
     err = r["err"].strip()
-    assert r["code"] == 2, (r["code"], r["out"][-2000:], err[-3000:])
+    assert r["code"] == code, (r["code"], r["out"][-2000:], err[-3000:])
     assert "Traceback" not in r["err"] + r["out"], err[-3000:]
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    assert needle in err, err
     assert not _our_processes(tag), "a process of this case is still running"
     assert json.loads(earlier.read_text()) == EARLIER
-    # Nothing was written: no record anywhere in the case's folder but the ones it started with.
     written = {p for p in d.rglob("records/*.json") if (d / "in") not in p.parents}
     assert written == {earlier}, written
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("name,needle", [(c[0], c[3]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(outcomes, name, needle):
+    d, r = outcomes[name][0], outcomes[name][3]
+    errors = _one_line(outcomes[name], 2)
+    assert len(errors) == 1 and needle in r["err"], r["err"]
     assert not (d / "rep").exists(), "a refused report left its --out folder"
     empty = [p for p in (d / "res").rglob("*") if p.is_dir() and not any(p.iterdir())]
     assert not empty, f"a refused run left empty folders: {empty}"
+
+
+@pytest.mark.parametrize("name,needle", [(c[0], c[3]) for c in FAULTS], ids=[c[0] for c in FAULTS])
+def test_a_fault_is_one_line_and_exit_1(outcomes, name, needle):
+    (log,) = outcomes[name][0].rglob("vllm.log")  # the engine's own words stay in its log; the line names it
+    assert _one_line(outcomes[name], 1) == [f"error: {needle}; the end of its log ({log}):"]
+
+
+RANK_THAT_REFUSES = """
+import os, sys
+from pathlib import Path
+from workloads.core.rundir import run_dir
+root = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("output_root="))
+d = Path(run_dir(root))  # as Hydra makes it in each rank, with the folders a point makes
+(d / "records" / ".inflight").mkdir(parents=True, exist_ok=True)
+print("run folder:", d.name, flush=True)
+sys.exit(2)
+"""
+
+
+@pytest.mark.slow
+def test_a_self_launched_run_that_refused_leaves_no_folder(tmp_path):
+    """Ranks that made their run folder (and empty records/.inflight) and then refused leave
+    nothing in output_root; the folder was named as a plain `python` run's, <time>-p<launcher
+    pid>, not rdzv-<the standalone agent's uuid>."""
+    script = tmp_path / "refuses.py"
+    script.write_text(RANK_THAT_REFUSES)
+    out = tmp_path / "res"
+    call = (f"import sys; from workloads.commands.entry import self_launch; "
+            f"sys.exit(self_launch({str(script)!r}, ['output_root={out}', 'launcher.nproc_per_node=1']))")
+    r = subprocess.run([sys.executable, "-c", call], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    (name,) = [line.split(": ")[1] for line in r.stdout.splitlines() if line.startswith("run folder:")]
+    assert re.fullmatch(r"\d{8}-\d{6}-p\d+", name), name
+    assert list(out.iterdir()) == [], list(out.rglob("*"))
 
 
 @pytest.mark.slow

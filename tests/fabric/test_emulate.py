@@ -204,6 +204,18 @@ def test_concurrent_host_links_get_distinct_subnets(tmp_path):
 
 @pytest.mark.requires("root")
 @pytest.mark.slow
+def test_timeout_is_124(tmp_path):
+    """--timeout ran out (here while the agents still import): every agent stopped, the namespaces
+    removed, exit 124 as coreutils' timeout says it (docs/reliability.md's exit codes)."""
+    p = subprocess.run(EMULATE + ["--timeout", "1", "launch/collectives.py", "fabric=emu-100m", f"output_root={tmp_path}"],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 124, p.stderr[-3000:]
+    assert "error: emulated run exceeded 1s; stopping all agents" in p.stderr and "Traceback" not in p.stderr
+    assert not list(tmp_path.rglob("records/*.json"))
+
+
+@pytest.mark.requires("root")
+@pytest.mark.slow
 @pytest.mark.parametrize("args,spaces", [(["fabric=emu-100m"], 2),
                                          (["fabric=emu-leafspine", "fabric.emulate.nodes=2"], 6)],  # + 2 leaves, 2 spines
                          ids=["pair", "leaf-spine"])
@@ -217,7 +229,7 @@ def test_sigterm_removes_namespaces(tmp_path, args, spaces):
     assert len(our_namespaces(tag)) == spaces, p.stderr.read() if p.poll() is not None else "namespaces never appeared"
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and "namespaces removed" in err
+    assert p.returncode == 143 and "namespaces removed" in err
     assert "Traceback" not in err, err[-3000:]  # the agents stop quietly; the emulator says it once
     assert our_namespaces(tag) == []
 

@@ -23,8 +23,8 @@ def image(tmp_path, **env):
     return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=300, env=e, cwd=tmp_path)
 
 
-def one_line(p) -> str:
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+def one_line(p, code: int = 2) -> str:
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
     return lines[0]
@@ -53,7 +53,7 @@ def test_failed_step_names_its_command_and_keeps_the_log(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "bookworm.tar").write_text("not a tar\n")
-    line = one_line(image(tmp_path, IMAGE_TOOL="podman", IMAGE_BASE="localhost/fabricbench-test-notatar:x"))
+    line = one_line(image(tmp_path, IMAGE_TOOL="podman", IMAGE_BASE="localhost/fabricbench-test-notatar:x"), code=1)
     assert line.startswith(f"error: `podman import {cache}/bookworm.tar localhost/fabricbench-test-notatar:x` "
                            "failed (exit "), line
     assert line.endswith(f"the whole log: {cache}/import.log")

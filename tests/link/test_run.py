@@ -185,3 +185,26 @@ def test_iperf3_across_emulated_nodes_reaches_the_shaped_payload_rate(out_root):
     assert "% of the TCP payload rate 0.09564 Gbit/s" in p.stdout
     # its namespaces (and with them their veth and qdiscs) are gone; others' may come and go meanwhile
     assert leftovers(f"fb-{emu.pid}-") == []
+
+
+@pytest.mark.slow
+def test_the_readmes_two_node_command_on_one_node_says_what_it_waits_for(tmp_path):
+    """README's two-node link command started on node 0 alone: torchrun's agent, before any
+    fabricbench code runs, prints whom it waits for (2 nodes), where, and for how long, and then
+    gives up after the rendezvous timeout the command sets (here 3 s instead of its 120)."""
+    from workloads.core.ports import free_port
+
+    (line,) = [x for x in (REPO / "README.md").read_text().splitlines() if "torchrun --nnodes=2" in x]
+    words = line.replace("$N", "0").replace("$HEAD", "127.0.0.1").replace("timeout=120", "timeout=3").split()
+    env_words = [w for w in words[:words.index("torchrun")] if "=" in w]
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--master_port={free_port()}",
+            *words[words.index("torchrun") + 1:], f"output_root={tmp_path}"]
+    p = subprocess.run(argv, cwd=REPO, env=child_env(**dict(w.split("=", 1) for w in env_words)), capture_output=True,
+                       text=True, timeout=180)
+    said = p.stdout + p.stderr
+    assert p.returncode != 0 and "1/2 clients joined" in said, said[-3000:]
+    for what in ("min_nodes                : 2", "rdzv_endpoint            : 127.0.0.1:", "'timeout': '3'",
+                 "Rendezvous'ing worker group"):
+        assert what in said, (what, said[-3000:])
+    assert said.index("Rendezvous'ing worker group") < said.index("1/2 clients joined")
+    assert not list(tmp_path.iterdir())  # no rank ran: nothing written

@@ -1,5 +1,6 @@
 """The training workload end to end: real torchrun ranks over Gloo on loopback."""
 
+import re
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ def test_main_command_trains_two_ranks_and_writes_one_record(out_root):
     assert r.returncode == 0, r.stderr[-3000:]
     for label in ("samples/s", "tokens/s", "TFLOPS/GPU", "comm share"):
         assert label in r.stdout
+    (run,) = out_root.iterdir()  # named as docs/records.md says: <time>-p<launcher pid>, no rdzv-<uuid>
+    assert re.fullmatch(r"\d{8}-\d{6}-p\d+", run.name), run.name
     (rec,) = records_in(out_root)
     assert rec["status"] == "ok" and rec["error"] is None
     assert rec["workload"] == "pretrain"

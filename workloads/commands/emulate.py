@@ -239,8 +239,10 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C
-    raise KeyboardInterrupt
+def _sigterm_as_interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C, and ends 143 as every entry point does
+    from workloads.core.signals import Terminated
+
+    raise Terminated
 
 
 def add_arguments(ap) -> None:
@@ -328,11 +330,11 @@ def run(args, conf_dir: str | None = None) -> int:
     except TopologyError as e:  # the namespaces made so far are gone: Topology tears down what it built
         print(f"error: could not build the emulated fabric: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if died:  # the watcher said why; the records of the points measured before it are on disk
             return 1
         print("interrupted: agents stopped, namespaces removed", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_code", 130)
     finally:
         signal.signal(signal.SIGTERM, old)
 

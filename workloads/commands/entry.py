@@ -118,8 +118,11 @@ def launched() -> bool:
 def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_name: str = "config") -> int | None:
     """Validate, then run `script` as local ranks. None: run it in this process instead
     (a launcher plugin such as submitit places the ranks)."""
+    from workloads.core import rundir
+
     multirun = any(a in ("-m", "--multirun") for a in argv)
     overrides = [a for a in argv if not a.startswith("-")]
+    run_dirs = set()
     try:
         forkrank.mode()  # FB_RANK_START checked before anything starts
         jobs = expand_sweep(overrides) if multirun else [overrides]
@@ -134,13 +137,37 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             if nproc <= 0:
                 raise UsageError(f"launcher.nproc_per_node must be positive, got {nproc}")
             validate_job(cfg, nproc)
+            run_dirs.add(rundir.run_dir(str(cfg.output_root), cfg.get("run_id")))
             if len(jobs) == 1 and "train" in cfg and "model" in cfg:  # what an out-of-memory rank needed memory for
                 what = f"model={cfg.model.name} at train.micro_batch_size={cfg.train.micro_batch_size}"
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
 
-    return _run_ranks(script, argv, nproc, what)
+    # The ranks' run folder is named as a plain `python` run's (<time>-p<this pid>), as run_dirs
+    # are, not after the random rendezvous id of _run_ranks' --standalone agent (rdzv-<uuid>),
+    # which tells a user nothing. Set here only: a submitit sweep's jobs (returned above) keep theirs.
+    os.environ.setdefault(rundir.RUN_ID_ENV, rundir.resolve_run_id())
+    code = _run_ranks(script, argv, nproc, what)
+    if code:
+        for d in run_dirs:
+            drop_if_nothing_in(d)
+    return code
+
+
+def drop_if_nothing_in(run_dir: str) -> None:
+    """A run that ended before writing any file leaves no run folder (Hydra made it, and maybe
+    its empty records/ or nccl/, in each rank before the ranks refused or failed): empty
+    folders piled up in output_root, one a refusal. Any file in it (a record, a log, another
+    run's records under the same run_id) keeps all of it."""
+    root = Path(run_dir)
+    if not root.is_dir() or any(p.is_file() or p.is_symlink() for p in root.rglob("*")):
+        return
+    for d in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [root]:
+        try:
+            d.rmdir()
+        except OSError:  # something appeared meanwhile: it stays
+            return
 
 
 def _check_path_overrides(argv: list[str]) -> None:
@@ -321,16 +348,6 @@ def _precheck(config_name: str, workload: str | None, self_launching: bool, scri
         sys.exit(e.exit_code)
 
 
-def _drop_if_empty(run_dir: str) -> None:
-    """A refused run leaves no run folder: Hydra made it before the job's checks refused it, and
-    empty `<time>-p<pid>/` folders piled up in output_root, one a refusal. Kept when anything is
-    in it (another rank's file, an earlier run's records)."""
-    try:
-        os.rmdir(run_dir)
-    except OSError:
-        pass
-
-
 def _multirun_first(argv: list[str]) -> None:
     """`launch/train.py a=1 -m b=1,2`: Hydra takes its flags before the overrides, and printed
     its usage (from every rank) for a `-m` after one. The sweep is meant: `-m` is moved first,
@@ -445,7 +462,7 @@ def hydra_entry(
             return
         except UsageError as e:
             _say(e)
-            _drop_if_empty(HydraConfig.get().runtime.output_dir)
+            drop_if_nothing_in(HydraConfig.get().runtime.output_dir)
             sys.exit(e.exit_code)
         except Exception as e:
             if signals.received():  # what stopping did to this rank (a peer gone), not a bug

@@ -30,14 +30,14 @@ def run(args) -> int:
 def _tunes_first(e, ran: set[str], args) -> int | None:
     """Run (or, with --plan, plan) the tunes the study's arms wait for: an exit code to stop at,
     or None to load the study again."""
-    from workloads.core.errors import UsageError
+    from workloads.core.errors import Fault
     from workloads.study.run import interruptible
     from workloads.study.tune import run_tune
     from workloads.study.tunespec import load_tune
 
     for tune_file, root in e.tunes:
         if tune_file in ran:  # it ran and still left no tuned arm
-            raise UsageError(f"tune {tune_file} ran but wrote no tuned.yaml under {root}; see its output above, "
+            raise Fault(f"tune {tune_file} ran but wrote no tuned.yaml under {root}; see its output above, "
                              "fix it and rerun")
         ran.add(tune_file)
         tune = load_tune(tune_file, output_root=root)

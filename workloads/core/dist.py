@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.core import signals
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.core.ports import free_port
 
 
@@ -120,7 +120,7 @@ def init_once(backend: str, fabric_name: str, timeout_s: float) -> DistInfo:
         )
     except (RuntimeError, ValueError) as e:
         addr = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        raise UsageError(
+        raise Fault(
             f"distributed init failed (backend {backend}, rank {rank}/{world}, master {addr}, "
             f"timeout {timeout_s:g}s): {str(e).splitlines()[0]}. Check that every rank started "
             "and that MASTER_ADDR is reachable on the fabric's interface."

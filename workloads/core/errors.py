@@ -1,8 +1,9 @@
 """One exception type for every user-facing mistake.
 
 A `UsageError` carries a message that names the problem and the fix. Entry points
-catch it, print the message alone (no traceback) and exit with status 2. Anything else
-that escapes is a bug and keeps its traceback.
+catch it, print the message alone (no traceback) and exit with its `exit_code`: 2 for
+bad input, 1 for a `Fault` (something that ran failed), 3 for a transport mismatch; the
+table is docs/reliability.md's. Anything else that escapes is a bug and keeps its traceback.
 """
 
 
@@ -10,6 +11,14 @@ class UsageError(Exception):
     """Bad input the user can fix: the message says what and how."""
 
     exit_code = 2
+
+
+class Fault(UsageError):
+    """Something that was started failed (a server died or never became ready, a peer never
+    joined, no port was free): one line like bad input, but exit 1, since the input was not
+    what was wrong and the same command may pass on a retry."""
+
+    exit_code = 1
 
 
 class TransportMismatch(UsageError):

@@ -13,7 +13,7 @@ import random
 import socket
 from pathlib import Path
 
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault
 
 
 def free_port() -> int:
@@ -44,7 +44,7 @@ def quiet_ports(count: int, width: int = 1, rng: random.Random | None = None, wh
         taken |= ports
         if len(out) == count:
             return out
-    raise UsageError(f"{who} found no {count} free port(s) below {top + width}")
+    raise Fault(f"{who} found no {count} free port(s) below {top + width}")
 
 
 def _bindable(port: int) -> bool:

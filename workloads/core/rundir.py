@@ -20,6 +20,10 @@ from omegaconf import OmegaConf
 
 from workloads.core.errors import UsageError
 
+# A run id every process of one run inherits (a self-launch's ranks, an emulated run's nodes, a
+# study's cell), ahead of the launcher-derived ones below.
+RUN_ID_ENV = "FABRICBENCH_RUN_ID"
+
 
 def _safe(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "run"
@@ -43,8 +47,8 @@ def check_run_id(run_id: str) -> str:
 def derive_run_id(explicit: str | None, env) -> str:
     if explicit not in (None, "", "None", "null"):
         return _safe(check_run_id(str(explicit)))
-    if env.get("FABRICBENCH_RUN_ID"):
-        return _safe(env["FABRICBENCH_RUN_ID"])
+    if env.get(RUN_ID_ENV):
+        return _safe(env[RUN_ID_ENV])
     if env.get("SLURM_JOB_ID"):
         step = env.get("SLURM_STEP_ID")
         return _safe(f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else ""))

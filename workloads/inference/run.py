@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from workloads import session
 from workloads.core import hostmem, rundir
-from workloads.core.errors import RecordNotWritten, TransportMismatch, UsageError
+from workloads.core.errors import Fault, RecordNotWritten, TransportMismatch, UsageError
 from workloads.core.records import flatten, iter_records, json_safe
 from workloads.fabric.netns import emulated_nodes
 from workloads.fabric.noise import PointMeter
@@ -307,7 +307,7 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
             failed += not _run_one(plan, k, srv, base, fp, records, trackers, obs)
             plan.prompts.release(k)
             if not srv.alive():
-                raise UsageError(f"{_server_death(srv, a)}; its record is kept as failed; {_log_reason(srv.log_path)}")
+                raise Fault(f"{_server_death(srv, a)}; its record is kept as failed; {_log_reason(srv.log_path)}")
     return 1 if failed else 0
 
 

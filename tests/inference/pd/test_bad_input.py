@@ -74,7 +74,7 @@ def test_a_decode_that_hangs_on_a_taken_port_is_not_waited_for(tmp_path):
     (tmp_path / "decode.log").write_text("an earlier run's Address already in use\n")  # not this start's
     t0 = time.monotonic()
     rc, out, _ = _serve(plan)
-    assert rc == 3 and time.monotonic() - t0 < 30, out
+    assert rc == 1 and time.monotonic() - t0 < 30, out
     assert "error: vllm-pd: the decode instance cannot start: zmq.error.ZMQError: Address already in use" in out
 
 
@@ -94,7 +94,7 @@ def test_the_proxys_port_is_held_from_the_start(tmp_path):
             plan[role] = {"host": "127.0.0.1", "port": free_port(), "argv": [sys.executable, "-c", "import time; time.sleep(600)"],
                           "env": {}, "log": str(tmp_path / f"{role}.log")}
         rc, out, _ = _serve(plan)
-    assert rc == 3, out
+    assert rc == 1, out
     assert [line for line in out.splitlines() if line.startswith("error:")] == [
         f"error: vllm-pd: server.port={port} on 127.0.0.1 cannot be bound for the proxy (Address already in use); "
         "stop what holds it or choose another server.port"], out
@@ -110,7 +110,7 @@ def test_decode_never_ready(tmp_path):
         plan[role] = {"host": "127.0.0.1", "port": ports[role], "argv": argv, "env": {}, "log": str(tmp_path / f"{role}.log")}
     t0 = time.monotonic()
     rc, out, pid = _serve(plan)
-    assert rc == 3, out
+    assert rc == 1, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert errors == [f"error: vllm-pd: the decode instance did not answer /health within server.ready_timeout_s=4 s "
                       f"(its log: {tmp_path / 'decode.log'})"], out
@@ -159,7 +159,7 @@ def test_another_nodes_decode_that_never_answers(tmp_path):
                         "env": {}, "log": str(tmp_path / "prefill.log")},
             "decode": {"host": "127.0.0.1", "port": ports["decode"], "log": str(tmp_path / "decode.log"), "remote": True}}
     rc, out, pid = _serve(plan)
-    assert rc == 3, out
+    assert rc == 1, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert errors == [f"error: vllm-pd: the decode instance at 127.0.0.1:{ports['decode']} (another node's; is its worker "
                       f"running?) did not answer /health within server.ready_timeout_s=4 s (its log: "

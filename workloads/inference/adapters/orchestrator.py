@@ -33,7 +33,7 @@ from pathlib import Path
 
 from workloads import REPO_ROOT
 from workloads.core import signals
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.core.records import redact_argv
 from workloads.fabric.procnet import listeners, process_cmdline
 from workloads.inference.adapters.base import Launch, ServerSpec
@@ -170,13 +170,15 @@ class ManagedServer:
             if probe(url) == 200:
                 return
             if not self.alive():
-                raise UsageError(f"server={self.spec.adapter} exited with code {self.proc.returncode} before it was "
-                                 f"ready; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}")
+                raise Fault(f"server={self.spec.adapter} exited with code {self.proc.returncode} before it was "
+                            f"ready; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}")
             if time.monotonic() > deadline:
                 where = f"; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}" if self.proc else \
                     " (server=external: is it running, and is server.url right?)"
-                raise UsageError(f"server={self.spec.adapter} did not answer 200 at {url} within "
-                                 f"server.ready_timeout_s={self.spec.ready_timeout_s:g} s{where}")
+                # a server started here that never answered is a fault; server=external's URL is the input
+                kind = Fault if self.proc else UsageError
+                raise kind(f"server={self.spec.adapter} did not answer 200 at {url} within "
+                           f"server.ready_timeout_s={self.spec.ready_timeout_s:g} s{where}")
             time.sleep(0.25)
 
     def stop(self) -> None:

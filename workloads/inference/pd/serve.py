@@ -40,7 +40,7 @@ from workloads.core.ports import free_port
 from workloads.inference.adapters.orchestrator import HeadWatch, probe
 from workloads.inference.pd.proxy import Proxy
 
-NOT_READY = 3
+NOT_READY = 1  # a fault, as docs/reliability.md's table says (3 is a transport mismatch)
 ROLES = ("prefill", "decode")
 LABEL = "vllm-pd"  # the plan's `name`: server=vllm-pd or server=sglang-pd, in every line said here
 
