@@ -133,7 +133,7 @@ def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
             if "tpot" in a and "tpot" in b:
                 layers, tp, adapter = _layers_tp(cells, w)
                 measured = b["tpot"] - a["tpot"]
-                text = f"  {w} {p}: TPOT +{measured:.2f} ms, TTFT +{b.get('ttft', 0) - a.get('ttft', 0):.2f} ms measured"
+                text = f"  {w} {p}: TPOT {measured:+.2f} ms, TTFT {b.get('ttft', 0) - a.get('ttft', 0):+.2f} ms measured"
                 count = per_token(adapter, layers) if layers else None
                 if price is not None and count is not None and tp and tp > 1:
                     calls, how = count
@@ -145,7 +145,7 @@ def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
                 out.append(text)
             elif "step" in a and "step" in b:
                 added = b["step"] - a["step"]
-                text = (f"  {w} {p}: step +{added:.2f} ms measured ({100 * added / a['step']:+.1f}% of "
+                text = (f"  {w} {p}: step {added:+.2f} ms measured ({100 * added / a['step']:+.1f}% of "
                         f"{a['step']:.1f} ms)")
                 if price is not None and price[1] > 0:
                     text += f" = {added / price[1]:.1f} small all_reduces' worth of waiting per step"

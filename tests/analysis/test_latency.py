@@ -64,6 +64,10 @@ def test_arithmetic_worked_values():
     assert ("  train p0: step +33.00 ms measured (+70.2% of 47.0 ms) = 4.1 small all_reduces' worth of waiting "
             "per step") in lines
     assert "  train p1: step +33.00 ms measured (+26.4% of 125.0 ms)" in " ".join(lines)
+    # a step that came out faster (noise, at micro-batch 16 in a 3-block run) is signed once: "-0.93", not "+-0.93"
+    hidden = [Cell(c.workload, c.point, c.arm, _rec("pretrain", 2500.0 if c.arm == "far" else 500.0, 124.07))
+              if c.arm == "far" and c.point == "p1" else c for c in cells]
+    assert "  train p1: step -0.93 ms measured (-0.7% of 125.0 ms)" in " ".join(arithmetic(hidden, "near"))
     # arms at the same delay (an A/A): nothing to explain
     same = [Cell(c.workload, c.point, "near~aa" if c.arm == "far" else c.arm,
                  _rec("collectives", 500.0, 1.0)) for c in cells if c.workload == "allreduce-1k"]
