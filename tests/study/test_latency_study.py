@@ -75,7 +75,8 @@ def _comparisons(folder: Path, baseline: str):
     return compare_table(load_table([folder]), baseline).comparisons
 
 
-# whichever test runs first pays for the study's 24 runs (~6 min here, ~12 on a host shared with other work)
+# whichever test runs first pays for the study's 24 runs: 479 s alone here beside other engineers' work (load 4-12),
+# then the A/A's 6 runs 107 s (docs/measurements.md#latency-at-equal-bandwidth)
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
