@@ -44,8 +44,11 @@ IGNORED = (
     # The started server's command line names the fabric (fabric=<name>) and the run directory,
     # and its log and URL sit in the run directory or on the host: all derive from the config,
     # which is identity already.
-    # An external server's address is where it runs, not what it runs.
-    "server.argv", "server.log", "server.url", "config.server.url",
+    # An external server's address is where it runs, not what it runs; so is an emulated one's
+    # (launch/emulate.py sets server.host to its host link's end, a /30 chosen from the ones
+    # other emulations on the host leave free: a study's TP cell split in two when a concurrent
+    # emulation took 10.78.0.0/30 for some of its runs).
+    "server.argv", "server.log", "server.url", "config.server.url", "config.server.host",
 )
 
 STUDY_IDENTITY = ("name", "id")

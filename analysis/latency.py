@@ -6,7 +6,7 @@ latency-bound all_reduce costs its round trips, and a decoded token or a trainin
 a known number of them. The study prices one small all_reduce with its own collectives cell (its
 added time between the arms, the median over trials), and multiplies:
 
-    added per token (TP inference)  = (2 x layers all_reduces + the step plan's broadcast)
+    added per token (TP inference)  = the collectives a decode step waits for (per engine, below)
                                       x added time of one small all_reduce
     round trips per all_reduce      = added time of one all_reduce / (2 x added one-way delay)
     all_reduce-equivalents per step = added step time (training) / added time of one all_reduce
@@ -81,12 +81,28 @@ def _medians(cells: Iterable[Cell]) -> dict[tuple[str, str, str], dict[str, floa
     return {k: {name: median(vs) for name, vs in v.items()} for k, v in acc.items()}
 
 
-def _layers_tp(cells: list[Cell], workload: str) -> tuple[int | None, int | None]:
+def _layers_tp(cells: list[Cell], workload: str) -> tuple[int | None, int | None, str | None]:
     for c in cells:
         if c.workload == workload:
-            cfg = c.record.get("config") or {}
-            return (cfg.get("model") or {}).get("num_layers"), (c.record.get("server") or {}).get("tp")
-    return None, None
+            cfg, server = c.record.get("config") or {}, c.record.get("server") or {}
+            return (cfg.get("model") or {}).get("num_layers"), server.get("tp"), server.get("adapter")
+    return None, None, None
+
+
+def per_token(adapter: str | None, layers: int) -> tuple[int, str] | None:
+    """The collectives one decode step of a TP-sharded dense model waits for, in order, and how
+    they are counted; None for an engine whose step is not counted here (vLLM).
+    - the reference engine (workloads/inference/engine): the leader's step plan (one broadcast
+      the other ranks wait for before their forward), then 2 all_reduces per layer;
+    - SGLang (0.5, its scheduler and Llama model): the scheduler's broadcast of new requests from
+      TP rank 0 every loop (one broadcast of the list's size while nothing arrives), the vocab-
+      parallel embedding's all_reduce, 2 all_reduces per layer and the logits' all_gather."""
+    if adapter in (None, "reference"):
+        return 2 * layers + 1, f"2 x {layers} layers' all_reduces + the step plan's broadcast"
+    if adapter == "sglang":
+        return 2 * layers + 3, (f"2 x {layers} layers' all_reduces + the embedding's all_reduce + the logits' "
+                                "all_gather + the scheduler's request broadcast")
+    return None
 
 
 def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
@@ -115,21 +131,21 @@ def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
                        f"of the added delay")
         for (w, p), (a, b) in sorted(pairs.items()):
             if "tpot" in a and "tpot" in b:
-                layers, tp = _layers_tp(cells, w)
+                layers, tp, adapter = _layers_tp(cells, w)
                 measured = b["tpot"] - a["tpot"]
-                text = f"  {w} {p}: TPOT +{measured:.2f} ms, TTFT +{b.get('ttft', 0) - a.get('ttft', 0):.2f} ms measured"
-                if price is not None and layers and tp and tp > 1:
-                    # every decode step: the leader's plan reaches the other ranks (one broadcast they
-                    # wait for before their forward), then each layer all-reduces twice
-                    calls = 2 * layers + 1
+                text = f"  {w} {p}: TPOT {measured:+.2f} ms, TTFT {b.get('ttft', 0) - a.get('ttft', 0):+.2f} ms measured"
+                count = per_token(adapter, layers) if layers else None
+                if price is not None and count is not None and tp and tp > 1:
+                    calls, how = count
                     predicted = calls * price[1]
-                    text += (f"; arithmetic: {calls} collectives per token (2 x {layers} layers' all_reduces + the "
-                             f"step plan's broadcast, TP={tp}) x +{price[1]:.3f} ms = +{predicted:.2f} ms "
-                             f"(measured/arithmetic {measured / predicted:.2f})")
+                    text += (f"; arithmetic: {calls} collectives per token ({how}, TP={tp}) x +{price[1]:.3f} ms = "
+                             f"+{predicted:.2f} ms (measured/arithmetic {measured / predicted:.2f})")
+                elif count is None and tp and tp > 1:
+                    text += f"; no count of {adapter}'s collectives per decode step here"
                 out.append(text)
             elif "step" in a and "step" in b:
                 added = b["step"] - a["step"]
-                text = (f"  {w} {p}: step +{added:.2f} ms measured ({100 * added / a['step']:+.1f}% of "
+                text = (f"  {w} {p}: step {added:+.2f} ms measured ({100 * added / a['step']:+.1f}% of "
                         f"{a['step']:.1f} ms)")
                 if price is not None and price[1] > 0:
                     text += f" = {added / price[1]:.1f} small all_reduces' worth of waiting per step"

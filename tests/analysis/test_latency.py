@@ -64,10 +64,45 @@ def test_arithmetic_worked_values():
     assert ("  train p0: step +33.00 ms measured (+70.2% of 47.0 ms) = 4.1 small all_reduces' worth of waiting "
             "per step") in lines
     assert "  train p1: step +33.00 ms measured (+26.4% of 125.0 ms)" in " ".join(lines)
+    # a step that came out faster (noise, at micro-batch 16 in a 3-block run) is signed once: "-0.93", not "+-0.93"
+    hidden = [Cell(c.workload, c.point, c.arm, _rec("pretrain", 2500.0 if c.arm == "far" else 500.0, 124.07))
+              if c.arm == "far" and c.point == "p1" else c for c in cells]
+    assert "  train p1: step -0.93 ms measured (-0.7% of 125.0 ms)" in " ".join(arithmetic(hidden, "near"))
     # arms at the same delay (an A/A): nothing to explain
     same = [Cell(c.workload, c.point, "near~aa" if c.arm == "far" else c.arm,
                  _rec("collectives", 500.0, 1.0)) for c in cells if c.workload == "allreduce-1k"]
     assert arithmetic(same, "near") == []
+
+
+def test_sglang_counts_its_own_collectives_per_token():
+    """SGLang's decode step of a 2-layer Llama waits for 7 small collectives (2 per layer, the
+    embedding's all_reduce, the logits' all_gather, the scheduler's request broadcast): at +8 ms
+    each, +56 ms predicted; +50 measured reads 0.89. An engine without a count says so."""
+    cells = []
+    for arm, d, ar, tpot in (("near", 500.0, 1.0, 30.0), ("far", 2500.0, 9.0, 80.0)):
+        for adapter, name in (("sglang", "sglang-tp2"), ("vllm", "vllm-tp2")):
+            rec = _rec("inference", d, tpot)
+            rec["server"]["adapter"] = adapter
+            cells += [Cell(name, "c1", arm, rec)]
+        cells.append(Cell("allreduce-1k", "-", arm, _rec("collectives", d, ar)))
+    lines = arithmetic(cells, "near")
+    assert ("  sglang-tp2 c1: TPOT +50.00 ms, TTFT +50.00 ms measured; arithmetic: 7 collectives per token (2 x 2 "
+            "layers' all_reduces + the embedding's all_reduce + the logits' all_gather + the scheduler's request "
+            "broadcast, TP=2) x +8.000 ms = +56.00 ms (measured/arithmetic 0.89)") in lines
+    assert ("  vllm-tp2 c1: TPOT +50.00 ms, TTFT +50.00 ms measured; no count of vllm's collectives per decode "
+            "step here") in lines
+
+
+def test_an_emulated_servers_host_link_address_is_not_identity():
+    """Each emulated run's server listens on its host link's end, a /30 picked from those that
+    concurrent emulations leave free; two runs of one cell that got different ones are one point."""
+    from analysis.guard import point_key
+
+    a, b = _rec("inference", 500.0, 20.0), _rec("inference", 500.0, 21.0)
+    a["config"]["server"], b["config"]["server"] = {"host": "10.78.0.2", "tp": 2}, {"host": "10.78.1.2", "tp": 2}
+    assert point_key(a) == point_key(b)
+    b["config"]["server"]["tp"] = 1
+    assert point_key(a) != point_key(b)
 
 
 def test_slopes_recover_a_known_line():
