@@ -48,7 +48,7 @@ def _emulate(nodes: int, entry: str, *overrides: str) -> subprocess.CompletedPro
 def grid(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("grid")
     r = subprocess.run([sys.executable, str(REPO / "tools" / "projection_grid.py"), str(out), "--settings",
-                        "10mbit/0", "--maxbytes", "512K", "--stepfactor", "2", "--json", str(out / "grid.json")],
+                        "10mbit/0", "--minbytes", "64K", "--maxbytes", "512K", "--stepfactor", "2", "--json", str(out / "grid.json")],
                        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out / "10mbit-0"
