@@ -46,6 +46,9 @@ CHECKED_FROM = 64 << 10
 # Linux restarts an idle connection's congestion window (RFC 2861): a call after a pause longer
 # than the retransmission timeout would pay slow start's extra round trips; every node is told not to.
 SYSCTLS = "{net.ipv4.tcp_slow_start_after_idle:0}"
+# The latency floor (the fastest of many calls, analysis/projection.py latency_floor): the small
+# sizes' calls are timed one by one too; a 16 KiB call is a few ms, so 30 of them cost little.
+SAMPLES, SAMPLED_TO = 30, "16K"
 
 
 def sweep_command(out: Path, nodes: int, rate: str, latency: str | None, maxbytes: str, stepfactor: int = 4,
@@ -55,7 +58,8 @@ def sweep_command(out: Path, nodes: int, rate: str, latency: str | None, maxbyte
             f"fabric.emulate.burst={BURST}", "+fabric.emulate.topology=star", f"+fabric.emulate.sysctls={SYSCTLS}",
             "collectives.ops=[all_reduce,all_gather]", f"collectives.minbytes={minbytes}", f"collectives.maxbytes={maxbytes}",
             f"collectives.stepfactor={stepfactor}", "collectives.iters=3", "collectives.warmup_iters=1",
-            "collectives.sample_iters=0", f"output_root={out}", f"run_id=n{nodes}"]
+            f"collectives.sample_iters={SAMPLES}", f"collectives.sample_maxbytes={SAMPLED_TO}", f"output_root={out}",
+            f"run_id=n{nodes}"]
 
 
 def run_setting(out: Path, setting: str, say=print, maxbytes: str | None = None, stepfactor: int = 4,
@@ -88,12 +92,15 @@ def judge(out: Path, setting: str) -> dict:
     ops = {}
     for op, c in cal["ops"].items():
         mine = [r for r in rows if r["op"] == op]
-        ops[op] = {"alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"], "bandwidth_Bps": c["bandwidth_GBps"] * 1e9,
+        ops[op] = {"alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"],
+                   "alpha_floor_s": {k: v["alpha_floor_s"] for k, v in c["latency_floor"].items()},
+                   "bandwidth_Bps": c["bandwidth_GBps"] * 1e9,
                    "bandwidth_vs_payload": c["bandwidth_GBps"] * 1e9 / payload,
                    "inside": sum(r["inside"] for r in mine), "cells": len(mine),
                    "median_abs_error": sorted(r["abs_error"] for r in mine)[len(mine) // 2] if mine else None,
                    "holdout_median_abs_error": sorted(abs(h["log_error"]) for h in c["holdout"])[len(c["holdout"]) // 2]}
     return {"setting": setting, "payload_Bps": payload, "round_trip_s": truth_alpha, "ops": ops, "rows": rows,
+            "latency_floor": cal["latency_floor"],
             "calibration": cal | {"ops": {k: {kk: vv for kk, vv in v.items() if kk != "draws"} for k, v in cal["ops"].items()}}}
 
 
@@ -123,6 +130,10 @@ def main() -> int:
                   f"B {o['bandwidth_Bps'] / 1e6:.3f} MB/s = {100 * o['bandwidth_vs_payload']:.1f}% of the payload ceiling; "
                   f"8 nodes: {o['inside']}/{o['cells']} inside the 90% PI, median |error| "
                   f"{100 * o['median_abs_error']:.1f}%")
+        if res["latency_floor"]:
+            f = res["latency_floor"]
+            print(f"{s} latency: {f['alpha_floor_s'] * 1e3:.3f} ms per ring step at {f['p']} nodes ({f['op']}'s fastest "
+                  f"call), round trip between nodes {res['round_trip_s'] * 1e3:g} ms")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     rows = [r for res in results for r in res["rows"]]

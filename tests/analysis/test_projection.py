@@ -378,3 +378,30 @@ def test_the_check_beside_a_calibration_and_the_cli(tmp_path):
     assert json.loads(out.read_text())["nccl_model"]["nranks"] == 8
     r = _cli("fit", res, "--nccl-log", tmp_path / "nothing.log")
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no NCCL log there" in r.stderr
+
+
+def test_the_latency_floor_is_the_fastest_sampled_call_less_its_bytes_worked():
+    def sampled(rec, op, size, by_rank):
+        row = next(r for r in rec["rows"] if r["op"] == op and r["size"] == size)
+        row["stability"] = {"times_us_by_rank": by_rank}
+
+    recs = _recs(scales=(2, 4), blocks=2)
+    for _, r in recs:
+        if r["world"]["world_size"] == 2:
+            # a call's time is its slowest rank's (9000, 8900, 9500 us); the fastest of them is 8900
+            sampled(r, "all_gather", SIZES[0], {"0": [9000.0, 8700.0, 9500.0], "1": [8800.0, 8900.0, 9100.0]})
+            sampled(r, "all_gather", SIZES[1], {"0": [100.0], "1": [100.0]})     # a larger size: not the floor's
+            sampled(r, "all_reduce", SIZES[0], {"0": [30000.0], "1": [30000.0]})
+    cal = pj.fit(recs, boot=50)
+    ag = cal["ops"]["all_gather"]
+    beta = ag["beta_s_per_byte"]
+    f = ag["latency_floor"]["2"]
+    # 64 KiB at 2 ranks: L = 1 step, G = 1/2: (8.9 ms - 32768 B x beta) / 1
+    assert f["size"] == SIZES[0] and f["calls"] == 6 and f["fastest_call_s"] == pytest.approx(8.9e-3)
+    assert f["alpha_floor_s"] == pytest.approx(8.9e-3 - 32768 * beta)
+    ar = cal["ops"]["all_reduce"]["latency_floor"]["2"]      # L = 2 steps, G = 1
+    assert ar["alpha_floor_s"] == pytest.approx((30e-3 - 65536 * cal["ops"]["all_reduce"]["beta_s_per_byte"]) / 2)
+    # the fabric's latency: the least floor of any op at the smallest scale
+    assert cal["latency_floor"] == {"p": 2, "op": "all_gather", "alpha_floor_s": f["alpha_floor_s"]}
+    assert "latency: " in pj.fit_lines(cal)[1] and cal["ops"]["all_gather"]["latency_floor"].keys() == {"2"}
+    assert pj.fit(_recs(blocks=2), boot=50)["latency_floor"] is None                     # nothing sampled
