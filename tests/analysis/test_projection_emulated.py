@@ -1,8 +1,8 @@
 """The projection checked where the truth is known (root): emulated nodes in a star, tbf at 10
 Mbit/s on every node's link, so the bus bandwidth of a ring is the TCP payload ceiling, 10e6 x
-1448/1514 / 8 = 1.1955 MB/s. The latency half of the truth (a 2 ms delay line per link: alpha
-near one 8 ms round trip) is measured by tools/projection_grid.py and reported in
-docs/projection.md, not asserted here: while this suite's other workers loaded the 2 cores, the
+1448/1514 / 8 = 1.1955 MB/s. The latency half of the truth (a 2 ms delay line per link: one 8 ms
+round trip per ring step) is asserted on the calibration's latency floor (the fastest of many
+calls), not on the block-timed alpha: while this suite's other workers loaded the 2 cores, the
 line (one process for every link) let frames wait up to 835 ms (its own p99, in the record) even
 at 2 nodes, and a check of alpha then measures the host.
 
