@@ -306,6 +306,33 @@ def _by_size(pts: list[Point]) -> dict[int, list[float]]:
     return out
 
 
+def latency_floor(recs: list[tuple[Path, dict[str, Any]]], op: str, beta: float) -> dict[str, Any]:
+    """Per scale, the latency the fabric cannot hide: the fastest call of the smallest size whose
+    calls were timed one by one (`row.stability`, collectives.sample_iters; a call's time is its
+    slowest rank's), less its bytes (size x G(p) x beta), per ring step. A host that is busy only
+    ever adds to a call, so the fastest of many calls is the round trip plus the host's least cost,
+    where the block time's mean also holds every scheduling delay of the block (docs/projection.md,
+    "Latency"). {} when no record sampled a size of op."""
+    best: dict[int, tuple[int, float, int]] = {}      # p -> (size, fastest call s, calls)
+    for _, r in recs:
+        for row in r.get("rows") or []:
+            by_rank = ((row.get("stability") or {}).get("times_us_by_rank")) or {}
+            if row.get("op") != op or not by_rank or not row.get("size"):
+                continue
+            p = int(row.get("group_size") or (r.get("world") or {}).get("world_size"))
+            calls = [max(c) / 1e6 for c in zip(*by_rank.values())]
+            size, t, n = best.get(p, (row["size"], math.inf, 0))
+            if row["size"] < size:
+                size, t, n = row["size"], math.inf, 0
+            if row["size"] == size:
+                best[p] = (size, min(t, min(calls)), n + len(calls))
+    out = {}
+    for p, (size, t, n) in sorted(best.items()):
+        L, G = terms(op, p)
+        out[str(p)] = {"size": size, "calls": n, "fastest_call_s": t, "alpha_floor_s": max(0.0, t - size * G * beta) / L}
+    return out
+
+
 def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, ops: Iterable[str] | None = None,
         boot: int = BOOTSTRAP) -> dict[str, Any]:
     """The calibration (a JSON-ready dict) of one fabric from its collectives records."""
@@ -318,11 +345,20 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
     for op, ps in sorted(by_op.items()):
         if len({pt.p for pt in ps}) >= 2 and len({pt.size for pt in ps}) >= 2:
             fitted[op] = fit_op(op, ps, boot)
+            fitted[op]["latency_floor"] = latency_floor(recs, op, fitted[op]["beta_s_per_byte"])
     if not fitted:
         raise UsageError("no collective was measured at two or more scales and two or more sizes in these records; "
                          "sweep a size range (collectives.minbytes=64K collectives.maxbytes=16M) at each world size")
     first = recs[0][1]
     commit, dirty = code_of(first)
+    # the fabric's latency: the least floor of any op at the smallest scale (each op's floor is the
+    # round trip plus that op's least host cost: Gloo's all_reduce adds its reduction and wake-ups)
+    floors = [(int(p), f["alpha_floor_s"], op) for op, c in fitted.items() for p, f in c["latency_floor"].items()]
+    floor = None
+    if floors:
+        p0 = min(p for p, _, _ in floors)
+        a0, op0 = min((a, op) for p, a, op in floors if p == p0)
+        floor = {"p": p0, "op": op0, "alpha_floor_s": a0}
     payload = [(r.get("line_rate") or {}).get("payload_per_comm(GB/s)") for _, r in recs]
     line = [(r.get("line_rate") or {}).get("per_comm(GB/s)") for _, r in recs]
     return {
@@ -338,6 +374,7 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
         "line_rate_GBps": min(line) if line and all(line) else None,
         "pi_level": PI_LEVEL,
         "model_only_beyond": MODEL_ONLY,
+        "latency_floor": floor,
         "ops": fitted,
     }
 
@@ -511,6 +548,11 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     """What `model fit` prints: per op the parameters with their 90% intervals and the held-out check."""
     out = [f"calibration of {cal['fabric']} (commit {str(cal['code']['commit'])[:12]}"
            f"{', with edits' if cal['code']['dirty_hash'] else ''}) from {len(cal['records'])} records"]
+    floor = cal.get("latency_floor")
+    if floor:
+        out.append(f"  latency: {floor['alpha_floor_s'] * 1e6:.1f} us per ring step at {floor['p']} ranks (the fastest "
+                   f"{floor['op']} call of the smallest sampled size, less its bytes: the fabric's round trip plus the "
+                   "host's least cost)")
     for op, c in cal["ops"].items():
         lo, hi = c["alpha_90"]
         blo, bhi = c["bandwidth_GBps_90"]
@@ -523,6 +565,12 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
         if cal.get("payload_GBps") and c["bandwidth_GBps"]:
             line += f"; {100 * c['bandwidth_GBps'] / cal['payload_GBps']:.1f}% of the link's TCP payload ceiling"
         out.append(line)
+        floor = c.get("latency_floor") or {}
+        if floor:
+            p0, f = min(floor.items(), key=lambda kv: int(kv[0]))
+            out.append(f"    latency floor: {f['alpha_floor_s'] * 1e6:.1f} us per step at {p0} ranks (the fastest of "
+                       f"{f['calls']} calls of {_size(f['size'])}, less its bytes; alpha also holds the host's typical "
+                       "cost of a step)")
         held = c["holdout"]
         if held:
             errs = [abs(math.exp(h["log_error"]) - 1) for h in held]

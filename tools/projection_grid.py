@@ -39,25 +39,38 @@ SETTINGS = {"100mbit/0": "16M", "100mbit/2ms": "16M", "10mbit/0": "4M", "10mbit/
 SCALES = (2, 4, 8)
 FIT_ON = (2, 4)
 BURST = 16384
+# Sizes below the checked range (64 KiB-16 MiB): a 4 KiB call is a round trip and a few frames, so
+# the fit sees the latency where nothing else hides it (docs/projection.md, "Latency").
+MINBYTES = "4K"
+CHECKED_FROM = 64 << 10
+# Linux restarts an idle connection's congestion window (RFC 2861): a call after a pause longer
+# than the retransmission timeout would pay slow start's extra round trips; every node is told not to.
+SYSCTLS = "{net.ipv4.tcp_slow_start_after_idle:0}"
+# The latency floor (the fastest of many calls, analysis/projection.py latency_floor): the small
+# sizes' calls are timed one by one too; a 16 KiB call is a few ms, so 30 of them cost little.
+SAMPLES, SAMPLED_TO = 30, "16K"
 
 
-def sweep_command(out: Path, nodes: int, rate: str, latency: str | None, maxbytes: str, stepfactor: int = 4) -> list[str]:
+def sweep_command(out: Path, nodes: int, rate: str, latency: str | None, maxbytes: str, stepfactor: int = 4,
+                  minbytes: str = MINBYTES) -> list[str]:
     return [sys.executable, str(REPO / "launch" / "emulate.py"), "--nodes", str(nodes), "launch/collectives.py",
             "fabric=emu-100m", f"fabric.emulate.rate={rate}", f"fabric.emulate.latency={latency or 'null'}",
-            f"fabric.emulate.burst={BURST}", "+fabric.emulate.topology=star",
-            "collectives.ops=[all_reduce,all_gather]", "collectives.minbytes=64K", f"collectives.maxbytes={maxbytes}",
+            f"fabric.emulate.burst={BURST}", "+fabric.emulate.topology=star", f"+fabric.emulate.sysctls={SYSCTLS}",
+            "collectives.ops=[all_reduce,all_gather]", f"collectives.minbytes={minbytes}", f"collectives.maxbytes={maxbytes}",
             f"collectives.stepfactor={stepfactor}", "collectives.iters=3", "collectives.warmup_iters=1",
-            "collectives.sample_iters=0", f"output_root={out}", f"run_id=n{nodes}"]
+            f"collectives.sample_iters={SAMPLES}", f"collectives.sample_maxbytes={SAMPLED_TO}", f"output_root={out}",
+            f"run_id=n{nodes}"]
 
 
-def run_setting(out: Path, setting: str, say=print, maxbytes: str | None = None, stepfactor: int = 4) -> None:
+def run_setting(out: Path, setting: str, say=print, maxbytes: str | None = None, stepfactor: int = 4,
+                minbytes: str = MINBYTES) -> None:
     rate, lat = setting.split("/")
     for n in SCALES:
         if any(iter_records(out / f"n{n}" / "records")):
             continue  # measured already: a rerun resumes
         t0 = time.monotonic()
         r = subprocess.run(sweep_command(out, n, rate, None if lat == "0" else lat, maxbytes or SETTINGS[setting],
-                                         stepfactor), cwd=REPO,
+                                         stepfactor, minbytes), cwd=REPO,
                            capture_output=True, text=True, timeout=900,
                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"})
         if r.returncode:
@@ -70,7 +83,8 @@ def judge(out: Path, setting: str) -> dict:
     rate, lat = setting.split("/")
     recs = [(p, r) for n in FIT_ON for p, r in iter_records(out / f"n{n}", "**/records/*.json")]
     cal = pj.fit(recs, boot=200)
-    rows = pj.check_against(cal, list(iter_records(out / "n8", "**/records/*.json")))
+    rows = [r for r in pj.check_against(cal, list(iter_records(out / "n8", "**/records/*.json")))
+            if r["size"] >= CHECKED_FROM]
     payload = rate_bits_per_s(rate) * tcp_payload_fraction(1500) / 8
     # Gloo sends only once the receiver has announced its receive (gloo/transport/tcp/pair.cc), so
     # a ring step on an idle pair costs a round trip: 2 x (2 links of a star) x the per-link delay
@@ -78,12 +92,15 @@ def judge(out: Path, setting: str) -> dict:
     ops = {}
     for op, c in cal["ops"].items():
         mine = [r for r in rows if r["op"] == op]
-        ops[op] = {"alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"], "bandwidth_Bps": c["bandwidth_GBps"] * 1e9,
+        ops[op] = {"alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"],
+                   "alpha_floor_s": {k: v["alpha_floor_s"] for k, v in c["latency_floor"].items()},
+                   "bandwidth_Bps": c["bandwidth_GBps"] * 1e9,
                    "bandwidth_vs_payload": c["bandwidth_GBps"] * 1e9 / payload,
                    "inside": sum(r["inside"] for r in mine), "cells": len(mine),
                    "median_abs_error": sorted(r["abs_error"] for r in mine)[len(mine) // 2] if mine else None,
                    "holdout_median_abs_error": sorted(abs(h["log_error"]) for h in c["holdout"])[len(c["holdout"]) // 2]}
     return {"setting": setting, "payload_Bps": payload, "round_trip_s": truth_alpha, "ops": ops, "rows": rows,
+            "latency_floor": cal["latency_floor"],
             "calibration": cal | {"ops": {k: {kk: vv for kk, vv in v.items() if kk != "draws"} for k, v in cal["ops"].items()}}}
 
 
@@ -93,7 +110,9 @@ def main() -> int:
     ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
     ap.add_argument("--json", type=Path, help="write every setting's numbers here")
     ap.add_argument("--maxbytes", help="the largest size of every setting's sweep (default: 16M at 100 Mbit/s, 4M at 10)")
-    ap.add_argument("--stepfactor", type=int, default=4, help="sizes grow by this factor from 64K [4]")
+    ap.add_argument("--minbytes", default=MINBYTES, help=f"the smallest size of every sweep [{MINBYTES}]; the 8-node "
+                    "check counts sizes from 64K")
+    ap.add_argument("--stepfactor", type=int, default=4, help="sizes grow by this factor from --minbytes [4]")
     args = ap.parse_args()
     settings = [s.strip() for s in args.settings.split(",")]
     unknown = [s for s in settings if s not in SETTINGS]
@@ -103,7 +122,7 @@ def main() -> int:
     results = []
     for s in settings:
         out = args.out / s.replace("/", "-")
-        run_setting(out, s, maxbytes=args.maxbytes, stepfactor=args.stepfactor)
+        run_setting(out, s, maxbytes=args.maxbytes, stepfactor=args.stepfactor, minbytes=args.minbytes)
         res = judge(out, s)
         results.append(res)
         for op, o in res["ops"].items():
@@ -111,6 +130,10 @@ def main() -> int:
                   f"B {o['bandwidth_Bps'] / 1e6:.3f} MB/s = {100 * o['bandwidth_vs_payload']:.1f}% of the payload ceiling; "
                   f"8 nodes: {o['inside']}/{o['cells']} inside the 90% PI, median |error| "
                   f"{100 * o['median_abs_error']:.1f}%")
+        if res["latency_floor"]:
+            f = res["latency_floor"]
+            print(f"{s} latency: {f['alpha_floor_s'] * 1e3:.3f} ms per ring step at {f['p']} nodes ({f['op']}'s fastest "
+                  f"call), round trip between nodes {res['round_trip_s'] * 1e3:g} ms")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     rows = [r for res in results for r in res["rows"]]

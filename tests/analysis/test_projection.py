@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from analysis import nccl_model as nm
 from analysis import projection as pj
-from helpers import REPO, child_env
+from helpers import FIXTURES, REPO, child_env
 from workloads.core.errors import UsageError
 
 ALPHA, B = 200e-6, 12.5e6          # 200 us per step, 12.5 MB/s of bus bandwidth
@@ -293,3 +294,114 @@ def test_the_reports_projection_section(tmp_path):
     md = to_markdown("t", [Section("Projection to scale", blocks)], tmp_path)
     assert "## Projection to scale" in md and "model-only" in md and "projection-calibration-emu-100m-all_reduce.png" in md
     assert "<img" in to_html("t", [Section("Projection to scale", blocks)])
+
+
+# --- NCCL's own cost model from its tuning table (analysis/nccl_model.py): the fixture's worked
+# values (tests/fixtures/nccl_logs/nccl_2.30_tuning_table, from NCCL 2.30.7's tuning.cc for the
+# system its header states)
+
+NCCL_LOG = FIXTURES / "nccl_logs" / "nccl_2.30_tuning_table" / "nccl.h0.9100.log"
+
+# the table's older form (tuning.cc before the three-algorithm blocks: "Latency/AlgBw |" and
+# " %7s/%6s |" per column, "%13s |" and "%8.1f/%6.1f |" per function, three algorithms)
+OLD = """\
+n1:1:1 [0] NCCL INFO Latency/AlgBw |    Tree/    LL |    Tree/ LL128 |    Tree/Simple |    Ring/    LL |    Ring/ LL128 |    Ring/Simple | CollNet/    LL | CollNet/ LL128 | CollNet/Simple |
+n1:1:1 [0] NCCL INFO  Max NThreads |            512 |            640 |            512 |            512 |            640 |            256 |              0 |              0 |            512 |
+n1:1:1 [0] NCCL INFO     AllReduce |    14.4/   1.2 |    20.9/   0.0 |    62.4/   4.5 |    13.5/   1.5 |    20.0/   0.0 |    44.2/   6.0 |     0.0/   0.0 |     0.0/   0.0 |     0.0/   0.0 |
+n1:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 4 cudaDev 0 busId 1000 - Init COMPLETE
+"""
+
+
+def test_the_2_30_table_is_read_with_its_rank_count():
+    t = nm.read(NCCL_LOG)
+    assert t["nranks"] == 8 and t["file"] == str(NCCL_LOG)
+    ar = t["cells"]["AllReduce"]
+    assert ar["Ring/Simple"] == (204.4, 13.7) and ar["Tree/Simple"] == (92.4, 11.0) and ar["Ring/LL"] == (76.6, 6.9)
+    assert t["cells"]["AllGather"]["Ring/Simple"] == (106.4, 27.4)
+    assert len(ar) == 21                                   # seven algorithms x three protocols, three blocks
+
+
+def test_ring_terms_worked():
+    t = nm.read(NCCL_LOG)
+    r = nm.ring_terms(t, "all_reduce")
+    # 204.4 us over L(8) = 14 steps; bus bandwidth = algbw x G(8) = 13.7 x 14/8
+    assert r["alpha_s"] == pytest.approx(14.6e-6) and r["bandwidth_GBps"] == pytest.approx(23.975)
+    g = nm.ring_terms(t, "all_gather")
+    assert g["alpha_s"] == pytest.approx(106.4e-6 / 7) and g["bandwidth_GBps"] == pytest.approx(27.4 * 7 / 8)
+    assert nm.ring_terms(t, "alltoall") is None
+
+
+def test_nccls_time_is_its_fastest_algorithm_worked():
+    t = nm.read(NCCL_LOG)
+    # 16 MiB: ring/Simple with the multi-node plateau, 1.4 x 204.4 us + 16777216 / 13.7e9 = 1.51077 ms,
+    # against tree/Simple's 92.4 us + 16777216 / 11.0e9 = 1.52524 ms
+    assert nm.nccl_time(t, "all_reduce", 16 << 20) == pytest.approx(1.4 * 204.4e-6 + (16 << 20) / 13.7e9)
+    # 1 KiB: tree/LL, 36.8 us + 1024 / 2.9e9
+    assert nm.nccl_time(t, "all_reduce", 1024) == pytest.approx(36.8e-6 + 1024 / 2.9e9)
+
+
+def test_the_older_table_form():
+    (t,) = nm.parse_tuning(OLD)
+    assert t["nranks"] == 4 and t["cells"]["AllReduce"]["Ring/Simple"] == (44.2, 6.0)
+    assert nm.ring_terms(t, "all_reduce")["alpha_s"] == pytest.approx(44.2e-6 / 6)
+
+
+def test_a_log_without_a_table_is_named(tmp_path):
+    (tmp_path / "a.log").write_text("h:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n")
+    with pytest.raises(UsageError, match="no tuning table in it; rerun with NCCL_DEBUG=INFO"):
+        nm.read(tmp_path)
+    with pytest.raises(UsageError, match="no NCCL log there"):
+        nm.read(tmp_path / "missing.log")
+
+
+def test_the_check_beside_a_calibration_and_the_cli(tmp_path):
+    # records made from NCCL's own ring terms at 2, 4 and 8 ranks: the fit finds them, and NCCL's
+    # ring/Simple at 8 ranks agrees with the fit; NCCL's fastest algorithm there is its tree (92.4
+    # us, 11.0 GB/s), so its own time is below the ring's measured cells
+    a, bw = 14.6e-6, 23.975e9
+    recs = [(None, _rec(p, b, alpha=a, bw=bw)) for p in (2, 4, 8) for b in range(2)]
+    cal = pj.fit(recs, boot=50)
+    table = nm.read(NCCL_LOG)
+    chk = nm.check(cal, table)
+    ar = chk["ops"]["all_reduce"]
+    assert ar["alpha_ratio"] == pytest.approx(1.0, rel=1e-3) and ar["bandwidth_ratio"] == pytest.approx(1.0, rel=1e-3)
+    # the third of four sorted errors; at 1 MiB: tree 92.4 us + 1048576 / 11e9 = 187.7 us against the
+    # ring's 14 x 14.6 us + 1048576 x 14/8 / 23.975e9 = 280.9 us, -33.2%
+    errs = sorted(nm.nccl_time(table, "all_reduce", s) / pj.model_time("all_reduce", 8, s, a, 1 / bw) - 1 for s in SIZES)
+    assert ar["cells"] == 4 and ar["median_error_vs_measured"] == pytest.approx(errs[2])
+    assert nm.nccl_time(table, "all_reduce", 1 << 20) == pytest.approx(92.4e-6 + (1 << 20) / 11e9)
+    res = _write(tmp_path / "res", recs)
+    out = tmp_path / "cal.json"
+    r = _cli("fit", res, "--out", out, "--bootstrap", 50, "--nccl-log", NCCL_LOG.parent)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL's own model" in r.stdout and "latency 204.4 us = 14.60 us per step" in r.stdout
+    assert json.loads(out.read_text())["nccl_model"]["nranks"] == 8
+    r = _cli("fit", res, "--nccl-log", tmp_path / "nothing.log")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no NCCL log there" in r.stderr
+
+
+def test_the_latency_floor_is_the_fastest_sampled_call_less_its_bytes_worked():
+    def sampled(rec, op, size, by_rank):
+        row = next(r for r in rec["rows"] if r["op"] == op and r["size"] == size)
+        row["stability"] = {"times_us_by_rank": by_rank}
+
+    recs = _recs(scales=(2, 4), blocks=2)
+    for _, r in recs:
+        if r["world"]["world_size"] == 2:
+            # a call's time is its slowest rank's (9000, 8900, 9500 us); the fastest of them is 8900
+            sampled(r, "all_gather", SIZES[0], {"0": [9000.0, 8700.0, 9500.0], "1": [8800.0, 8900.0, 9100.0]})
+            sampled(r, "all_gather", SIZES[1], {"0": [100.0], "1": [100.0]})     # a larger size: not the floor's
+            sampled(r, "all_reduce", SIZES[0], {"0": [30000.0], "1": [30000.0]})
+    cal = pj.fit(recs, boot=50)
+    ag = cal["ops"]["all_gather"]
+    beta = ag["beta_s_per_byte"]
+    f = ag["latency_floor"]["2"]
+    # 64 KiB at 2 ranks: L = 1 step, G = 1/2: (8.9 ms - 32768 B x beta) / 1
+    assert f["size"] == SIZES[0] and f["calls"] == 6 and f["fastest_call_s"] == pytest.approx(8.9e-3)
+    assert f["alpha_floor_s"] == pytest.approx(8.9e-3 - 32768 * beta)
+    ar = cal["ops"]["all_reduce"]["latency_floor"]["2"]      # L = 2 steps, G = 1
+    assert ar["alpha_floor_s"] == pytest.approx((30e-3 - 65536 * cal["ops"]["all_reduce"]["beta_s_per_byte"]) / 2)
+    # the fabric's latency: the least floor of any op at the smallest scale
+    assert cal["latency_floor"] == {"p": 2, "op": "all_gather", "alpha_floor_s": f["alpha_floor_s"]}
+    assert "latency: " in pj.fit_lines(cal)[1] and cal["ops"]["all_gather"]["latency_floor"].keys() == {"2"}
+    assert pj.fit(_recs(blocks=2), boot=50)["latency_floor"] is None                     # nothing sampled

@@ -1,8 +1,8 @@
 """The projection checked where the truth is known (root): emulated nodes in a star, tbf at 10
 Mbit/s on every node's link, so the bus bandwidth of a ring is the TCP payload ceiling, 10e6 x
-1448/1514 / 8 = 1.1955 MB/s. The latency half of the truth (a 2 ms delay line per link: alpha
-near one 8 ms round trip) is measured by tools/projection_grid.py and reported in
-docs/projection.md, not asserted here: while this suite's other workers loaded the 2 cores, the
+1448/1514 / 8 = 1.1955 MB/s. The latency half of the truth (a 2 ms delay line per link: one 8 ms
+round trip per ring step) is asserted on the calibration's latency floor (the fastest of many
+calls), not on the block-timed alpha: while this suite's other workers loaded the 2 cores, the
 line (one process for every link) let frames wait up to 835 ms (its own p99, in the record) even
 at 2 nodes, and a check of alpha then measures the host.
 
@@ -48,7 +48,7 @@ def _emulate(nodes: int, entry: str, *overrides: str) -> subprocess.CompletedPro
 def grid(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("grid")
     r = subprocess.run([sys.executable, str(REPO / "tools" / "projection_grid.py"), str(out), "--settings",
-                        "10mbit/0", "--maxbytes", "512K", "--stepfactor", "2", "--json", str(out / "grid.json")],
+                        "10mbit/0", "--minbytes", "64K", "--maxbytes", "512K", "--stepfactor", "2", "--json", str(out / "grid.json")],
                        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out / "10mbit-0"
@@ -121,3 +121,24 @@ def test_the_four_node_step_is_projected_from_two_inside_its_interval(training, 
     sp = pj.project_step(calibration, two, 4)
     measured = four["metrics"]["iteration_time(s)"]
     assert sp.low_s <= measured <= sp.high_s, (pj.step_line(sp), measured, cpu_share.state())
+
+
+def test_the_latency_floor_recovers_the_configured_round_trip(tmp_path):
+    """2 ms one way on every node's link of a star: node to node is two links, 4 ms one way, and a
+    Gloo ring step on an idle pair is a round trip (the receiver announces its receive, then the
+    data comes: gloo/transport/tcp/pair.cc), 8 ms, plus the host's least cost of a step (0.2-0.4
+    ms measured without a line). The calibration's latency floor (the fastest of 40 calls of 1
+    KiB, less its bytes) must be within 10% of the round trip the line achieved (4 x its median
+    delay, in the record); the block-timed alpha, which holds every scheduling delay of a 2-core
+    host under load, is not asserted (docs/projection.md, "Latency")."""
+    out = tmp_path / "lat"
+    _emulate(2, "launch/collectives.py", "fabric.emulate.latency=2ms",
+             "+fabric.emulate.sysctls={net.ipv4.tcp_slow_start_after_idle:0}", "collectives.ops=[all_reduce,all_gather]",
+             "collectives.minbytes=1K", "collectives.maxbytes=4K", "collectives.stepfactor=4", "collectives.iters=3",
+             "collectives.warmup_iters=2", "collectives.sample_iters=40", f"output_root={out}", "run_id=lat")
+    recs = list(iter_records(out / "lat", "records/*.json"))
+    (rec,) = [r for _, r in recs]
+    p50 = [d["p50_us"] for link in rec["fabric"]["delay"]["links"].values() for d in link["directions"].values()]
+    round_trip = 4 * sorted(p50)[len(p50) // 2] / 1e6
+    floors = {op: pj.latency_floor(recs, op, 1 / PAYLOAD)["2"]["alpha_floor_s"] for op in ("all_reduce", "all_gather")}
+    assert abs(min(floors.values()) / round_trip - 1) <= 0.10, (floors, round_trip, cpu_share.state())

@@ -200,7 +200,7 @@ def test_record_blocks_and_table_header_are_pinned(out_root):
         "in_place": True, "check": True, "average": "mean", "min_busbw": 1e-06, "pattern": "all",
         "ranks_per_node": None, "p2p": ["latency"], "p2p_ranks": None, "p2p_minbytes": 1, "p2p_maxbytes": 2,
         "p2p_iters": 2, "p2p_warmup": 1, "p2p_window": 64, "external": "off", "external_binary": "all_reduce_perf",
-        "external_prefix": [], "external_timeout_s": 1800, "sample_iters": 2}
+        "external_prefix": [], "external_timeout_s": 1800, "sample_iters": 2, "sample_maxbytes": None}
     assert [(row["op"], row["size"], row["requested"], row["count"], row["type"], row["redop"], row["root"],
              row["group_size"]) for row in rec["rows"]] == [
         ("all_reduce", 1024, 1024, 256, "float", "sum", -1, 2), ("all_reduce", 2048, 2048, 512, "float", "sum", -1, 2),

@@ -33,6 +33,7 @@ BAD = [
     (['collectives.external=maybe'], {}, "collectives.external='maybe'; use auto, on or off"),
     (["collectives.external_prefix=[mpirun,'{gpus}']"], {}, "collectives.external_prefix=['mpirun', '{gpus}'] has a placeholder other than {world}, {nodes}, {ranks_per_node} ('gpus'); use only those"),
     (['collectives.sample_iters=-1'], {}, 'collectives.sample_iters must be >= 0, got -1'),
+    (['collectives.sample_maxbytes=small'], {}, "collectives.sample_maxbytes='small' is not a size; write bytes or a number with K, M or G (e.g. 32M)"),
     ([], {'FABRICBENCH_TEST_CORRUPT': '5:all_reduce'}, "FABRICBENCH_TEST_CORRUPT='5:all_reduce'; write <rank>:<op> with a rank in [0, 2), e.g. 1:all_gather"),
     ([], {'FABRICBENCH_TEST_CORRUPT': '1:gossip'}, "collectives.ops names unknown op 'gossip'; use any of " + OPS),
     ([], {'FABRICBENCH_TEST_SLOW_RANK': '1:x'}, "FABRICBENCH_TEST_SLOW_RANK='1:x'; write <rank>:<milliseconds> with a rank in [0, 2), e.g. 1:5"),
@@ -53,3 +54,8 @@ def test_p2p_on_one_rank_is_refused():
     with pytest.raises(UsageError) as e:
         _settings("collectives.p2p=[latency]", world=1)
     assert str(e.value) == "collectives.p2p needs at least 2 ranks; launch 2 or more"
+
+
+def test_sampling_can_stop_at_a_size():
+    assert _settings().timing.sample_maxbytes is None                                  # every size, as before
+    assert _settings("collectives.sample_maxbytes=16K").timing.sample_maxbytes == 16384

@@ -259,7 +259,8 @@ class Harness:
         """`sample_iters` calls timed one by one on every rank, gathered to rank 0 (one
         all_gather per size); rank 0 returns the size's spread and straggler figures."""
         places, slow = self.placements(op), self.faults.slow_rank
-        if self.timing.sample_iters <= 0 or lay.count == 0 or not places or not dist.is_initialized():
+        small = self.timing.sample_maxbytes is None or lay.size <= self.timing.sample_maxbytes
+        if self.timing.sample_iters <= 0 or lay.count == 0 or not small or not places or not dist.is_initialized():
             return None  # (no process group: a harness driven by a unit test, nothing to call)
         b = op.buffers(lay, self.comm, self.sweep.root, self.dtype, self.device, places[0])
         run = self._call(op, b)

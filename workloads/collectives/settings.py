@@ -74,11 +74,13 @@ class Sweep:
 class Timing:
     """How each cell is timed: `warmup_iters` calls, then `iters` calls timed as one block,
     the ranks' times combined by `average` (nccl-tests' -w -n -a); after every headline row,
-    `sample_iters` calls per size timed one by one (stability.py; 0 = none)."""
+    `sample_iters` calls per size timed one by one (stability.py; 0 = none), at sizes up to
+    `sample_maxbytes` (None: every size)."""
     iters: int
     warmup_iters: int
     average: str
     sample_iters: int = 0
+    sample_maxbytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,9 @@ class Settings:
             sweep=Sweep(ops=op_names, sizes=tuple(sizes), datatype=dtype, redop=redop, root=int(c["root"]),
                         out_of_place=bool(c["out_of_place"]), in_place=bool(c["in_place"])),
             timing=Timing(iters=int(c["iters"]), warmup_iters=int(c["warmup_iters"]), average=average,
-                          sample_iters=sample_iters),
+                          sample_iters=sample_iters,
+                          sample_maxbytes=None if c.get("sample_maxbytes") is None
+                          else parse_size(c["sample_maxbytes"], "collectives.sample_maxbytes")),
             checks=Checks(elements=bool(c["check"]),
                           min_busbw=None if c.get("min_busbw") is None else float(c["min_busbw"])),
             grouping=Grouping(pattern=pattern, ranks_per_node=None if rpn is None else int(rpn)),

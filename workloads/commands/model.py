@@ -25,6 +25,8 @@ def add_arguments(ap) -> None:
     f.add_argument("--ops", help="comma-separated collectives to fit (default: every one measured)")
     f.add_argument("--out", help="where to write the calibration JSON [<first dir>/calibration-<fabric>.json]")
     f.add_argument("--bootstrap", type=int, default=400, help="block resamples for the parameter intervals [400]")
+    f.add_argument("--nccl-log", help="an NCCL log (or its folder) holding NCCL's tuning table (NCCL_DEBUG_SUBSYS=TUNING): "
+                   "its own latency and bandwidth are printed and saved beside the fit, as a check")
     p = sub.add_parser("project", help="project a calibration (or compare two) to other scales")
     p.add_argument("calibrations", nargs="+", help="one calibration, or two for a projected comparison")
     p.add_argument("--ranks", required=True, help="scales, e.g. 64,512")
@@ -80,12 +82,22 @@ def run(args) -> int:
         unknown = sorted(set(ops or ()) - set(pj.ALGORITHMS))
         if unknown:
             raise UsageError(f"--ops {', '.join(unknown)}: the model knows {', '.join(pj.ALGORITHMS)}")
+        table = None
+        if args.nccl_log:  # read first: a log without a table is refused before the fit's work
+            from analysis import nccl_model
+
+            table = nccl_model.read(args.nccl_log)
         cal = pj.fit(_records(args.dirs), args.fabric, ops, args.bootstrap)
+        if table is not None:
+            cal["nccl_model"] = nccl_model.check(cal, table)
         out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric'].split(' (')[0]}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(cal, indent=1) + "\n")
         for line in pj.fit_lines(cal):
             print(line)
+        if table is not None:
+            for line in nccl_model.check_lines(cal["nccl_model"]):
+                print(line)
         print(f"calibration: {out}")
         return 0
     if args.action == "project":
