@@ -32,6 +32,14 @@ from workloads.fabric.preflight import preflight
 from workloads.fabric.profile import FabricProfile
 
 
+def section(cfg: DictConfig, name: str) -> dict[str, Any]:
+    """The workload's own section of the config (`collectives:`, `link:`, `replay:`), resolved;
+    UsageError when the config has none (another workload selected)."""
+    if name not in cfg:
+        raise UsageError(f"no {name}: section in the config; select it with workload={name}")
+    return OmegaConf.to_container(cfg[name], resolve=True)
+
+
 def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> FabricProfile:
     """The checks every workload makes before a process group exists: every value has its
     type, the fabric profile is valid, what it names is present on this host (`local`: this

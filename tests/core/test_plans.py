@@ -14,7 +14,7 @@ from helpers import REPO
 
 # module -> the functions that may take the raw config: the entry, what checks and plans it
 ENTRIES = {
-    "workloads/session.py": {"prepare", "context"},
+    "workloads/session.py": {"prepare", "context", "section"},
     "workloads/core/loggers.py": set(),
     "workloads/core/records.py": set(),
     "workloads/collectives/run.py": {"validate", "run_collectives"},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from workloads import session
 from workloads.collectives import ops
@@ -42,9 +42,7 @@ class CollectivesPlan:
 def validate(cfg: DictConfig, world: int) -> CollectivesPlan:
     """Everything checkable before a process group exists. Raises UsageError."""
     fabric = session.prepare(cfg)
-    if "collectives" not in cfg:
-        raise UsageError("no collectives: section in the config; select it with workload=collectives")
-    s = Settings.from_config(OmegaConf.to_container(cfg.collectives, resolve=True), world)
+    s = Settings.from_config(session.section(cfg, "collectives"), world)
     if s.external.mode == "on" and shutil.which(s.external.binary) is None:
         raise UsageError(f"collectives.external=on but {s.external.binary} is not on PATH; install nccl-tests "
                          "(or rccl-tests) or set collectives.external=auto")

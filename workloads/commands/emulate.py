@@ -130,7 +130,7 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
         with _signals_deferred():
             for i, (ns, argv, env) in enumerate(zip(nodes, argvs, envs)):
                 p = forkrank.module(argv, dict(env), f"fb-agent{i}", enter=lambda ns=ns: enter(ns)) \
-                    if forked and list(argv[2:4]) == [AGENT_MODULE, "--agent"] else None
+                    if forked and _is_agent(argv) else None
                 # else `ip netns exec`, not bare nsenter: it also gives the process a mount namespace
                 # whose /sys shows this namespace's interfaces (preflight reads them there).
                 procs.append(p or subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=dict(env),
@@ -178,6 +178,11 @@ def run_in_nodes(nodes: Sequence[str], argvs: Sequence[Sequence[str]], envs: Seq
                 p.wait(timeout=5)
 
 
+def _is_agent(argv: Sequence[str]) -> bool:
+    """`argv` is a node's torchrun agent (agent_argv), not an engine's or a load generator's."""
+    return list(argv[2:4]) == [AGENT_MODULE, "--agent"]
+
+
 def _fork_agents(argvs: Sequence[Sequence[str]]) -> bool:
     """Whether the nodes' torchrun agents start as forks of this process (entering their namespace
     as `ip netns exec` would: netns.enter) with torch and what every rank imports loaded once here,
@@ -186,7 +191,7 @@ def _fork_agents(argvs: Sequence[Sequence[str]]) -> bool:
     keeps `ip netns exec` and fresh interpreters for both."""
     if forkrank.mode() != "fork" or not forkrank.can_fork():
         return False
-    if not any(list(a[2:4]) == [AGENT_MODULE, "--agent"] for a in argvs):
+    if not any(_is_agent(a) for a in argvs):
         return False
     from workloads.commands.entry import _warm
 

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from workloads import session
 from workloads.core import dist as fdist
@@ -46,9 +46,7 @@ class LinkFailed(UsageError):
 
 
 def settings(cfg: DictConfig) -> Options:
-    if "link" not in cfg:
-        raise UsageError("no link: section in the config; select it with workload=link")
-    b = OmegaConf.to_container(cfg.link, resolve=True)
+    b = session.section(cfg, "link")
     known = {f.name for f in dataclasses.fields(Options)}
     o = Options(**{k: v for k, v in b.items() if k in known and v is not None})
     if o.tool not in TOOLS:

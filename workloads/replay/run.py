@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from workloads import session
 from workloads.core import dist as fdist
@@ -50,9 +50,7 @@ class ReplayPlan:
 def validate(cfg: DictConfig, world: int) -> ReplayPlan:
     """Everything checkable before a process group exists. Raises UsageError."""
     fabric = session.prepare(cfg)
-    if "replay" not in cfg:
-        raise UsageError("no replay: section in the config; select it with workload=replay")
-    r = OmegaConf.to_container(cfg.replay, resolve=True)
+    r = session.section(cfg, "replay")
     if not r.get("trace"):
         raise UsageError("replay.trace is not set; give a training record (results/<run>/records/pretrain-*.json) or "
                          "a Flight Recorder JSON dump: replay.trace=PATH")
