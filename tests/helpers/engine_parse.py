@@ -1,16 +1,20 @@
 """Parse command lines with an engine's own argument parser; runs INSIDE the engine's
 interpreter (.engines/<engine>/bin/python), never in fabricbench's.
 
-    <engine python> tests/helpers/engine_parse.py sglang|vllm  < [[argv...], ...] (JSON)  > [{dest: value}, ...]
+    <engine python> tests/helpers/engine_parse.py sglang|vllm  < [[argv...], ...] (JSON)  > [{dest: value} | {"error": msg}, ...]
 
 argv is the whole command line the adapter built (program first). Each parses exactly as
 the engine's own entry point does: SGLang's `prepare_server_args` (what
 `python -m sglang.launch_server` calls); vLLM's `make_arg_parser` on a
 `FlexibleArgumentParser` plus `validate_parsed_serve_args` (what both
-`vllm serve` and `python -m vllm.entrypoints.openai.api_server` call). A rejected flag
-exits non-zero with the engine's own argparse message on stderr.
+`vllm serve` and `python -m vllm.entrypoints.openai.api_server` call). A rejected command line gives
+`{"error": ...}` with the engine's own argparse message (what it wrote to stderr before
+exiting), so one interpreter start (the engine's import is most of the cost) parses every
+case, accepted or not.
 """
 
+import contextlib
+import io
 import json
 import sys
 
@@ -49,6 +53,15 @@ def vllm(argv):
                                           "max_num_seqs", "dtype")}
 
 
+def _one(parse, argv):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse(argv)
+    except SystemExit as e:  # argparse's error(): usage and message on stderr, then exit 2
+        return {"error": err.getvalue().strip() or f"exit {e.code}"}
+
+
 if __name__ == "__main__":
     parse = {"sglang": sglang, "vllm": vllm}[sys.argv[1]]
-    print(json.dumps([parse(a) for a in json.load(sys.stdin)], default=str))
+    print(json.dumps([_one(parse, a) for a in json.load(sys.stdin)], default=str))
