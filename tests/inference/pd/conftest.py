@@ -1,5 +1,5 @@
 """What the real-vLLM P/D tests share: the engine venv with nixl (tests/inference/pd/test_vllm_pd.py,
-test_emulated_pd.py) and the tiny Llamas built here (random weights, local tokenizer)."""
+test_slurm_pd.py, test_emulated_pd.py) and the tiny Llamas built here (random weights, local tokenizer)."""
 
 from __future__ import annotations
 
