@@ -101,15 +101,15 @@ def gloo_segments(op: str, p: int, size: float) -> tuple[int, int, float]:
 
 def gloo_ring(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0) -> float:
     """Seconds of one Gloo ring call. Every iteration posts a receive (its announcement crosses to
-    the sender) and a send, then waits for the pair posted two iterations before: with alpha the
-    announcement's round trip plus the host's cost of an iteration and b a segment's bytes x beta,
-    an iteration costs c = max(b, (alpha + b) / 2) once the pipeline runs (the link's bytes, or
-    two segments per round trip), and a phase of n iterations (n - 1) x c + alpha + b (the first
-    announcement and the last segment's flight)."""
+    the sender) and a send, then waits for the pair posted two iterations before; the first two
+    start at once. With alpha the announcement's round trip plus the host's cost of an iteration
+    and b a segment's bytes x beta, a phase of n iterations takes the longer of its link's bytes
+    and a round trip, n x b + alpha, and its round trips, each carrying two segments: ceil(n/2) x
+    (alpha + b), plus b when n is even (the pair's second segment queues behind its first)."""
     phases, n, seg = gloo_segments(op, p, size)
     a = alpha + kappa * math.log2(p / 2)
     b = seg * beta
-    return phases * ((n - 1) * max(b, (a + b) / 2) + a + b)
+    return phases * max(n * b + a, -(-n // 2) * (a + b) + (b if n % 2 == 0 else 0.0))
 
 
 def model_time(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0,
@@ -240,18 +240,16 @@ _IRLS_ROUNDS = 60
 
 def _gloo_sides(op: str, pts: list[tuple[int, int, float]]):
     """gloo_ring is linear in (alpha, beta, kappa) on either side of its max: per point its
-    bandwidth side's row, its latency side's row, its segment bytes and log2(p/2)."""
+    bandwidth side's row and its latency side's row."""
     import numpy as np
 
-    bw, lat, seg, lg = [], [], [], []
+    bw, lat = [], []
     for p, s, _ in pts:
-        phases, n, sb = gloo_segments(op, p, s)
-        g = math.log2(p / 2)
-        bw.append([phases, phases * n * sb, phases * g])
-        lat.append([phases * (n + 1) / 2 * x for x in (1, sb, g)])
-        seg.append(sb)
-        lg.append(g)
-    return np.array(bw), np.array(lat), np.array(seg), np.array(lg)
+        phases, n, seg = gloo_segments(op, p, s)
+        g, m = math.log2(p / 2), -(-n // 2)
+        bw.append([phases, phases * n * seg, phases * g])
+        lat.append([phases * m, phases * (m + (1 if n % 2 == 0 else 0)) * seg, phases * m * g])
+    return np.array(bw), np.array(lat)
 
 
 def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -> tuple[float, float, float]:
@@ -272,7 +270,7 @@ def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -
         theta, _ = nnls(np.array(rows, dtype=float) / y[:, None], np.ones_like(y))
         return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0
     k = 3 if multi else 2
-    bw, lat, seg, lg = _gloo_sides(op, pts)
+    bw, lat = _gloo_sides(op, pts)
     bw, lat = bw[:, :k] / y[:, None], lat[:, :k] / y[:, None]
     w = np.ones_like(y)
     theta = np.zeros(k)
@@ -282,7 +280,7 @@ def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -
         sw = np.sqrt(w)
         new, _ = nnls(x * sw[:, None], sw)
         w = 1 / np.sqrt(1 + ((x @ new - 1) / ROBUST_SCALE) ** 2)
-        on_bw = seg * new[1] >= new[0] + (new[2] * lg if multi else 0.0)
+        on_bw = bw @ new >= lat @ new
         done = bool((np.abs(new - theta) <= 1e-6 * np.abs(theta)).all())
         theta = new
         if done:
@@ -650,7 +648,8 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
         lo, hi = c["alpha_90"]
         blo, bhi = c["bandwidth_GBps_90"]
         klo, khi = c["kappa_90"]
-        line = (f"  {op} ({c['algorithm']}): alpha {c['alpha_s'] * 1e6:.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}] per step "
+        unit = "per iteration (its announcement's round trip and the host's cost)" if c.get("form") == "gloo" else "per step"
+        line = (f"  {op} ({c['algorithm']}): alpha {c['alpha_s'] * 1e6:.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}] {unit} "
                 f"at 2 ranks, + {c['kappa_s'] * 1e6:.1f} us [{klo * 1e6:.1f}, {khi * 1e6:.1f}] per doubling, "
                 f"B {c['bandwidth_GBps']:.5g} GB/s [{blo:.5g}, {bhi:.5g}] bus bandwidth (90% intervals over "
                 f"{c['uncertainty'].split(' (')[0]}); scales {', '.join(map(str, c['scales']))}, blocks "
