@@ -19,6 +19,11 @@ to be told from alpha and is 0 in a fit from one. All three are fitted by non-ne
 squares on relative error (each point weighted by 1/T, so a 64 KiB call counts as much as a 16
 MiB one) over every scale's points at once.
 
+On a Gloo fabric all_reduce and all_gather take Gloo's own schedule instead (form "gloo",
+gloo_ring): two segments in flight per link, each sent once its receive is announced, so a step
+costs its bytes or half a round trip and half its bytes, whichever is longer, not the sum; the
+same three parameters, fitted robustly (soft L1) so that one cell a host stall hit does not move them.
+
 The 90% prediction interval is on log T, with three parts added in quadrature:
   - parameters: the spread of the prediction over refits of resampled *blocks* (a study's blocks;
     loose runs: each run a block), resampled within each scale; a scale measured in one block
