@@ -559,7 +559,7 @@ def parse_ranks(text: str) -> list[int]:
 
 def projection_line(pr: Projection) -> str:
     tag = {"model-only": f"model-only: beyond {MODEL_ONLY}x the largest measured scale, nothing measured supports "
-                         "this; the interval assumes the ring's formula still holds"}.get(pr.label, pr.label)
+                         "this; the interval assumes the model's ring schedule still holds"}.get(pr.label, pr.label)
     return (f"{pr.fabric} {pr.op} {_size(pr.size)} at {pr.p} ranks: {pr.time_s * 1e3:.3f} ms "
             f"[{pr.low_s * 1e3:.3f}, {pr.high_s * 1e3:.3f}] ({round(100 * PI_LEVEL)}% PI), busbw "
             f"{pr.busbw_GBps:.4g} GB/s [{pr.size / pr.high_s * terms(pr.op, pr.p)[1] / 1e9:.4g}, "
