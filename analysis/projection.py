@@ -19,6 +19,11 @@ to be told from alpha and is 0 in a fit from one. All three are fitted by non-ne
 squares on relative error (each point weighted by 1/T, so a 64 KiB call counts as much as a 16
 MiB one) over every scale's points at once.
 
+On a Gloo fabric all_reduce and all_gather take Gloo's own schedule instead (form "gloo",
+gloo_ring): two segments in flight per link, each sent once its receive is announced, so a step
+costs its bytes or half a round trip and half its bytes, whichever is longer, not the sum; the
+same three parameters, fitted robustly (soft L1) so that one cell a host stall hit does not move them.
+
 The 90% prediction interval is on log T, with three parts added in quadrature:
   - parameters: the spread of the prediction over refits of resampled *blocks* (a study's blocks;
     loose runs: each run a block), resampled within each scale; a scale measured in one block
@@ -71,16 +76,67 @@ ALGORITHMS: dict[str, tuple[str, Any]] = {
 }
 
 
+GLOO_ALGORITHMS = {
+    "all_reduce": "Gloo ring: reduce-scatter then all-gather, segments of at most 1 MiB, two in flight",
+    "all_gather": "Gloo ring, 2(p-1) half chunks, two in flight",
+}
+
+
 def terms(op: str, p: int) -> tuple[float, float]:
     """(L(p), G(p)) of `op` at p ranks."""
     return ALGORITHMS[op][1](p)
 
 
-def model_time(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0) -> float:
-    """Seconds of one call: L(p) x (alpha + kappa x log2(p/2)) + size x G(p) x beta, beta = 1/B in
-    s per byte."""
+# Gloo's ring (gloo/allreduce.cc, gloo/allgather.cc) keeps two segments in flight per link and
+# sends each only once its receiver has announced the receive (gloo/transport/tcp/pair.cc), so a
+# step does not cost a round trip plus its bytes: see gloo_ring below and docs/projection.md.
+GLOO_FORM_OPS = ("all_reduce", "all_gather")
+GLOO_MAX_SEGMENT = 1 << 20      # AllreduceOptions' kMaxSegmentSize (gloo/allreduce.h)
+
+
+def gloo_segments(op: str, p: int, size: float) -> tuple[int, int, float]:
+    """(phases, iterations per phase, bytes per segment) of Gloo's ring at p ranks. all_reduce:
+    reduce-scatter then all-gather over roundUp(max(ceil(S / 1 MiB), 2p), p) segments, (p-1) x
+    segments-per-rank iterations each; all_gather: 2(p-1) iterations of half a rank's chunk."""
+    if op == "all_reduce":
+        per_rank = -(-max(-(-int(size) // GLOO_MAX_SEGMENT), 2 * p) // p)
+        return 2, (p - 1) * per_rank, size / (per_rank * p)
+    return 1, 2 * (p - 1), size / (2 * p)
+
+
+def gloo_ring(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0) -> float:
+    """Seconds of one Gloo ring call. Every iteration posts a receive (its announcement crosses to
+    the sender) and a send, then waits for the pair posted two iterations before; the first two
+    start at once. With alpha the announcement's round trip plus the host's cost of an iteration
+    and b a segment's bytes x beta, a phase of n iterations takes the longer of its link's bytes
+    and a round trip, n x b + alpha, and its round trips, each carrying two segments: ceil(n/2) x
+    (alpha + b), plus b when n is even (the pair's second segment queues behind its first)."""
+    phases, n, seg = gloo_segments(op, p, size)
+    a = alpha + kappa * math.log2(p / 2)
+    b = seg * beta
+    return phases * max(n * b + a, -(-n // 2) * (a + b) + (b if n % 2 == 0 else 0.0))
+
+
+def model_time(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0,
+               form: str = "ring") -> float:
+    """Seconds of one call. form "ring": L(p) x (alpha + kappa x log2(p/2)) + size x G(p) x beta,
+    beta = 1/B in s per byte; form "gloo": gloo_ring."""
+    if form == "gloo":
+        return gloo_ring(op, p, size, alpha, beta, kappa)
     L, G = terms(op, p)
     return L * (alpha + kappa * math.log2(p / 2)) + size * G * beta
+
+
+def op_time(c: dict[str, Any], op: str, p: int, size: float) -> float:
+    """model_time with a calibrated op's own parameters and form."""
+    return model_time(op, p, size, c["alpha_s"], c["beta_s_per_byte"], c["kappa_s"], c.get("form", "ring"))
+
+
+def form_of(recs: list[tuple[Path, dict[str, Any]]], op: str) -> str:
+    """"gloo" when every record ran on Gloo and Gloo's ring runs op, else "ring" (NCCL's and
+    the textbook ring: a step is its latency plus its bytes)."""
+    gloo = all(str((r.get("fabric") or {}).get("backend") or "").lower() == "gloo" for _, r in recs)
+    return "gloo" if gloo and op in GLOO_FORM_OPS else "ring"
 
 
 # --- reading records ---------------------------------------------------------------------------
@@ -181,21 +237,60 @@ def select(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None
 
 # --- fitting ----------------------------------------------------------------------------------
 
-def fit_params(op: str, pts: list[tuple[int, int, float]]) -> tuple[float, float, float]:
-    """(alpha s, beta s/byte, kappa s) minimising sum((T - model)/T)^2, all >= 0; pts = (p, size,
-    time_s). kappa is 0 when the points are of one scale (it cannot be told from alpha there)."""
+# The gloo form's fit is robust (soft L1 on relative error, scale 10%): one cell that a host stall
+# hit (4 KiB at 4 nodes: 276 ms beside 31-33 ms for its neighbours) otherwise moves B for every size.
+ROBUST_SCALE = 0.10
+_IRLS_ROUNDS = 60
+
+
+def _gloo_sides(op: str, pts: list[tuple[int, int, float]]):
+    """gloo_ring is linear in (alpha, beta, kappa) on either side of its max: per point its
+    bandwidth side's row and its latency side's row."""
+    import numpy as np
+
+    bw, lat = [], []
+    for p, s, _ in pts:
+        phases, n, seg = gloo_segments(op, p, s)
+        g, m = math.log2(p / 2), -(-n // 2)
+        bw.append([phases, phases * n * seg, phases * g])
+        lat.append([phases * m, phases * (m + (1 if n % 2 == 0 else 0)) * seg, phases * m * g])
+    return np.array(bw), np.array(lat)
+
+
+def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -> tuple[float, float, float]:
+    """(alpha s, beta s/byte, kappa s), all >= 0; pts = (p, size, time_s). kappa is 0 when the
+    points are of one scale (it cannot be told from alpha there). form "ring": least squares on
+    relative error; "gloo": the same robustly (soft L1, ROBUST_SCALE), by reweighted non-negative
+    least squares over gloo_ring's two linear sides until no point changes side."""
     import numpy as np
     from scipy.optimize import nnls
 
-    scales = {p for p, _, _ in pts}
-    rows = []
-    for p, s, _ in pts:
-        L, G = terms(op, p)
-        rows.append([L, s * G] + ([L * math.log2(p / 2)] if len(scales) > 1 else []))
-    x = np.array(rows, dtype=float)
+    multi = len({p for p, _, _ in pts}) > 1
     y = np.array([t for _, _, t in pts], dtype=float)
-    theta, _ = nnls(x / y[:, None], np.ones_like(y))
-    return float(theta[0]), float(theta[1]), float(theta[2]) if len(scales) > 1 else 0.0
+    if form != "gloo":
+        rows = []
+        for p, s, _ in pts:
+            L, G = terms(op, p)
+            rows.append([L, s * G] + ([L * math.log2(p / 2)] if multi else []))
+        theta, _ = nnls(np.array(rows, dtype=float) / y[:, None], np.ones_like(y))
+        return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0
+    k = 3 if multi else 2
+    bw, lat = _gloo_sides(op, pts)
+    bw, lat = bw[:, :k] / y[:, None], lat[:, :k] / y[:, None]
+    w = np.ones_like(y)
+    theta = np.zeros(k)
+    on_bw = np.zeros(len(y), dtype=bool)          # start on the latency side everywhere
+    for _ in range(_IRLS_ROUNDS):
+        x = np.where(on_bw[:, None], bw, lat)
+        sw = np.sqrt(w)
+        new, _ = nnls(x * sw[:, None], sw)
+        w = 1 / np.sqrt(1 + ((x @ new - 1) / ROBUST_SCALE) ** 2)
+        on_bw = bw @ new >= lat @ new
+        done = bool((np.abs(new - theta) <= 1e-6 * np.abs(theta)).all())
+        theta = new
+        if done:
+            break
+    return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0
 
 
 def _cells(pts: list[Point]) -> dict[tuple[int, int], float]:
@@ -218,7 +313,7 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[k - 1]
 
 
-def holdout(op: str, cells: dict[tuple[int, int], float]) -> list[dict[str, Any]]:
+def holdout(op: str, cells: dict[tuple[int, int], float], form: str = "ring") -> list[dict[str, Any]]:
     """Each measured scale above the smallest, predicted from the scales below it: per size the
     measured and predicted time and the doublings of extrapolation (log2 of p over the largest
     scale fitted)."""
@@ -226,30 +321,30 @@ def holdout(op: str, cells: dict[tuple[int, int], float]) -> list[dict[str, Any]
     out = []
     for k in range(1, len(scales)):
         train = [(p, s, t) for (p, s), t in cells.items() if p < scales[k]]
-        a, b, kap = fit_params(op, train)
+        a, b, kap = fit_params(op, train, form)
         dist = math.log2(scales[k] / scales[k - 1])
         for (p, s), t in sorted(cells.items()):
             if p == scales[k]:
-                pred = model_time(op, p, s, a, b, kap)
+                pred = model_time(op, p, s, a, b, kap, form)
                 out.append({"p": p, "from": scales[:k], "size": s, "measured_s": t, "predicted_s": pred,
                             "log_error": math.log(t / pred), "doublings": dist})
     return out
 
 
-def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -> dict[str, Any]:
+def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, form: str = "ring") -> dict[str, Any]:
     """The calibration of one op: parameters with block-bootstrap intervals, the held-out check,
     the noise, and the parameter draws a projection needs."""
     import numpy as np
 
     cells = _cells(pts)
-    a, b, kap = fit_params(op, [(p, s, t) for (p, s), t in cells.items()])
+    a, b, kap = fit_params(op, [(p, s, t) for (p, s), t in cells.items()], form)
     scales = sorted({p for p, _ in cells})
     blocks: dict[int, dict[str, list[Point]]] = {}
     for pt in pts:
         blocks.setdefault(pt.p, {}).setdefault(pt.block, []).append(pt)
     rng = np.random.default_rng(seed)
     by_block = all(len(v) >= 2 for v in blocks.values())
-    resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap)) for k, t in cells.items()}
+    resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap, form)) for k, t in cells.items()}
     draws = []
     for _ in range(boot):
         if by_block:
@@ -262,8 +357,8 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -
         else:  # one block per scale: resample the fit's own log residuals instead
             keys = sorted(cells)
             r = [resid[keys[i]] for i in rng.integers(0, len(keys), len(keys))]
-            c = {k: model_time(op, k[0], k[1], a, b, kap) * math.exp(e) for k, e in zip(keys, r)}
-        draws.append(fit_params(op, [(p, s, t) for (p, s), t in c.items()]))
+            c = {k: model_time(op, k[0], k[1], a, b, kap, form) * math.exp(e) for k, e in zip(keys, r)}
+        draws.append(fit_params(op, [(p, s, t) for (p, s), t in c.items()], form))
     # noise: the spread of log time between blocks at one scale and size, pooled over sizes
     noise = {}
     for p in scales:
@@ -274,12 +369,13 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED) -
         devs = [(x - sum(v) / len(v)) ** 2 for v in per_size.values() if len(v) >= 2 for x in v]
         dof = sum(len(v) - 1 for v in per_size.values() if len(v) >= 2)
         noise[p] = math.sqrt(sum(devs) / dof) if dof else None
-    held = holdout(op, cells)
+    held = holdout(op, cells, form)
     mf = [abs(h["log_error"]) / h["doublings"] for h in held]
     q = lambda v: [float(x) for x in np.quantile(v, [0.05, 0.5, 0.95])]  # noqa: E731
     al, be, ka = [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws]
     return {
-        "algorithm": ALGORITHMS[op][0],
+        "algorithm": GLOO_ALGORITHMS[op] if form == "gloo" else ALGORITHMS[op][0],
+        "form": form,
         "alpha_s": a, "beta_s_per_byte": b, "kappa_s": kap,
         "kappa_90": q(ka)[0:1] + q(ka)[2:3],
         "bandwidth_GBps": (1 / b / 1e9) if b > 0 else None,
@@ -344,7 +440,7 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
     fitted = {}
     for op, ps in sorted(by_op.items()):
         if len({pt.p for pt in ps}) >= 2 and len({pt.size for pt in ps}) >= 2:
-            fitted[op] = fit_op(op, ps, boot)
+            fitted[op] = fit_op(op, ps, boot, form=form_of(recs, op))
             fitted[op]["latency_floor"] = latency_floor(recs, op, fitted[op]["beta_s_per_byte"])
     if not fitted:
         raise UsageError("no collective was measured at two or more scales and two or more sizes in these records; "
@@ -435,8 +531,8 @@ def project(cal: dict[str, Any], op: str, p: int, size: int) -> Projection:
     if op not in cal["ops"]:
         raise UsageError(f"the calibration of {cal['fabric']} has no {op} (it has {', '.join(cal['ops'])})")
     c = cal["ops"][op]
-    t = model_time(op, p, size, c["alpha_s"], c["beta_s_per_byte"], c["kappa_s"])
-    logs = [math.log(v) for a, b, k in c["draws"] if (v := model_time(op, p, size, a, b, k)) > 0]
+    t = op_time(c, op, p, size)
+    logs = [math.log(v) for a, b, k in c["draws"] if (v := model_time(op, p, size, a, b, k, c.get("form", "ring"))) > 0]
     mean = sum(logs) / len(logs)
     param_sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
     z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
@@ -463,7 +559,7 @@ def parse_ranks(text: str) -> list[int]:
 
 def projection_line(pr: Projection) -> str:
     tag = {"model-only": f"model-only: beyond {MODEL_ONLY}x the largest measured scale, nothing measured supports "
-                         "this; the interval assumes the ring's formula still holds"}.get(pr.label, pr.label)
+                         "this; the interval assumes the model's ring schedule still holds"}.get(pr.label, pr.label)
     return (f"{pr.fabric} {pr.op} {_size(pr.size)} at {pr.p} ranks: {pr.time_s * 1e3:.3f} ms "
             f"[{pr.low_s * 1e3:.3f}, {pr.high_s * 1e3:.3f}] ({round(100 * PI_LEVEL)}% PI), busbw "
             f"{pr.busbw_GBps:.4g} GB/s [{pr.size / pr.high_s * terms(pr.op, pr.p)[1] / 1e9:.4g}, "
@@ -557,7 +653,8 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
         lo, hi = c["alpha_90"]
         blo, bhi = c["bandwidth_GBps_90"]
         klo, khi = c["kappa_90"]
-        line = (f"  {op} ({c['algorithm']}): alpha {c['alpha_s'] * 1e6:.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}] per step "
+        unit = "per iteration (its announcement's round trip and the host's cost)" if c.get("form") == "gloo" else "per step"
+        line = (f"  {op} ({c['algorithm']}): alpha {c['alpha_s'] * 1e6:.1f} us [{lo * 1e6:.1f}, {hi * 1e6:.1f}] {unit} "
                 f"at 2 ranks, + {c['kappa_s'] * 1e6:.1f} us [{klo * 1e6:.1f}, {khi * 1e6:.1f}] per doubling, "
                 f"B {c['bandwidth_GBps']:.5g} GB/s [{blo:.5g}, {bhi:.5g}] bus bandwidth (90% intervals over "
                 f"{c['uncertainty'].split(' (')[0]}); scales {', '.join(map(str, c['scales']))}, blocks "
@@ -653,8 +750,7 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
             pr = project(cal, op, p, size)
             at, lows, highs = at + pr.time_s, lows + pr.low_s, highs + pr.high_s
             c = cal["ops"][op]
-            base += measured_at(c, p0, size) or model_time(op, p0, size, c["alpha_s"], c["beta_s_per_byte"],
-                                                           c["kappa_s"])
+            base += measured_at(c, p0, size) or op_time(c, op, p0, size)
             labels.add(pr.label)
     if base <= 0:
         raise UsageError("the record's trace holds no collective the model prices")

@@ -46,7 +46,7 @@ def _figure(cal: dict[str, Any], op: str, path: Path) -> Path:
     for p in c["scales"]:
         pts = [(x["size"], x["time_s"]) for x in c["cells"] if x["p"] == p]
         line = ax.plot([s for s, _ in pts], [t * 1e3 for _, t in pts], "o", label=f"{p} ranks measured")[0]
-        ax.plot(dense, [1e3 * pj.model_time(op, p, s, c["alpha_s"], c["beta_s_per_byte"], c["kappa_s"]) for s in dense],
+        ax.plot(dense, [1e3 * pj.op_time(c, op, p, s) for s in dense],
                 "-", color=line.get_color(), lw=1)
     top = max(c["scales"])
     for k in (2, pj.MODEL_ONLY):

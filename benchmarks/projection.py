@@ -2,6 +2,7 @@
 
     uv run python benchmarks/projection.py                 # 3 rounds, records built in a temp folder
     uv run python benchmarks/projection.py --rounds 5 --sizes 17 --blocks 8
+    uv run python benchmarks/projection.py --backend gloo   # Gloo's form: its robust fit iterates
 
 The records are synthetic collectives records (all_reduce and all_gather at 2, 4 and 8 ranks,
 64 KiB up, `--blocks` blocks per scale, times from the model with a +-3% block effect), written as
@@ -29,18 +30,19 @@ from analysis import projection as pj  # noqa: E402
 from workloads.core.records import iter_records  # noqa: E402
 
 
-def write_records(root: Path, sizes: int, blocks: int) -> None:
+def write_records(root: Path, sizes: int, blocks: int, backend: str = "nccl") -> None:
+    form = "gloo" if backend == "gloo" else "ring"
     for p in (2, 4, 8):
         for b in range(blocks):
             rows = []
             for op in ("all_reduce", "all_gather"):
                 for k in range(sizes):
                     s = 65536 << k
-                    t = pj.model_time(op, p, s, 2e-4, 1 / 12.5e6, 1e-4) * (1 + 0.03 * math.sin(1.7 * b + p + k))
+                    t = pj.model_time(op, p, s, 2e-4, 1 / 12.5e6, 1e-4, form) * (1 + 0.03 * math.sin(1.7 * b + p + k))
                     rows.append({"op": op, "size": s, "group_size": p, "in_place": {"time_us": t * 1e6},
                                  "out_of_place": None})
             rec = {"workload": "collectives", "status": "ok", "run_id": f"n{p}", "record_id": f"{p}-{b}",
-                   "config": {"trial": b, "fabric": {"name": "bench"}}, "fabric": {"name": "bench"},
+                   "config": {"trial": b, "fabric": {"name": "bench"}}, "fabric": {"name": "bench", "backend": backend},
                    "world": {"world_size": p}, "rows": rows, "study": {"id": "bench", "block": b},
                    "fingerprint": {"git": {"commit": "bench", "dirty_hash": None}}}
             d = root / f"n{p}" / "records"
@@ -53,10 +55,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", type=int, default=9, help="sizes per op, 64 KiB x 2^k [9: up to 16 MiB]")
     ap.add_argument("--blocks", type=int, default=4, help="blocks per scale [4]")
+    ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                    help="the records' backend: gloo fits Gloo's form of all_reduce and all_gather [nccl]")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_records(root, args.sizes, args.blocks)
+        write_records(root, args.sizes, args.blocks, args.backend)
         n_recs = len(list(root.rglob("*.json")))
         times: dict[str, list[float]] = {"read": [], "fit": [], "project": []}
         cal = None

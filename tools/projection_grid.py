@@ -92,7 +92,7 @@ def judge(out: Path, setting: str) -> dict:
     ops = {}
     for op, c in cal["ops"].items():
         mine = [r for r in rows if r["op"] == op]
-        ops[op] = {"alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"],
+        ops[op] = {"form": c.get("form", "ring"), "alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"],
                    "alpha_floor_s": {k: v["alpha_floor_s"] for k, v in c["latency_floor"].items()},
                    "bandwidth_Bps": c["bandwidth_GBps"] * 1e9,
                    "bandwidth_vs_payload": c["bandwidth_GBps"] * 1e9 / payload,
@@ -126,7 +126,7 @@ def main() -> int:
         res = judge(out, s)
         results.append(res)
         for op, o in res["ops"].items():
-            print(f"{s} {op}: alpha {o['alpha_s'] * 1e3:.3f} ms (round trip between nodes {res['round_trip_s'] * 1e3:g} ms), "
+            print(f"{s} {op} ({o['form']} form): alpha {o['alpha_s'] * 1e3:.3f} ms (round trip between nodes {res['round_trip_s'] * 1e3:g} ms), "
                   f"B {o['bandwidth_Bps'] / 1e6:.3f} MB/s = {100 * o['bandwidth_vs_payload']:.1f}% of the payload ceiling; "
                   f"8 nodes: {o['inside']}/{o['cells']} inside the 90% PI, median |error| "
                   f"{100 * o['median_abs_error']:.1f}%")

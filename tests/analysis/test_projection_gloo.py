@@ -1,0 +1,106 @@
+"""Gloo's own ring as the projection's model form (analysis/projection.py gloo_ring): the segment
+schedule of gloo/allreduce.cc and gloo/allgather.cc pinned with worked values, the robust fit
+recovering known parameters past an outlier cell, and the form chosen by the records' backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis import projection as pj
+
+ALPHA, BW = 8e-3, 12e6            # an 8 ms announcement round trip; 12 MB/s of bus bandwidth
+SIZES = [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
+
+
+def _rec(p: int, *, backend="gloo", kappa=0.0, slow=None, ops=("all_reduce", "all_gather")) -> dict:
+    """One collectives record (one block) at p ranks whose times follow Gloo's ring; `slow` =
+    (op, size, factor) multiplies one cell, as a host stall does."""
+    rows = []
+    for op in ops:
+        for s in SIZES:
+            t = pj.gloo_ring(op, p, s, ALPHA, 1 / BW, kappa)
+            if slow and slow[:2] == (op, s):
+                t *= slow[2]
+            cell = {"time_us": t * 1e6}
+            rows.append({"op": op, "size": s, "group_size": p, "in_place": cell, "out_of_place": cell})
+    return {"workload": "collectives", "status": "ok", "run_id": f"n{p}", "record_id": f"{p}-{backend}",
+            "created": "2026-11-28T10:00:00+0000", "config": {"trial": 0, "fabric": {"name": "emu-100m"}},
+            "fabric": {"name": "emu-100m", "backend": backend}, "world": {"world_size": p}, "rows": rows,
+            "fingerprint": {"git": {"commit": "c0ffee", "dirty_hash": None}}}
+
+
+def test_gloo_segments_follow_its_source():
+    # all_reduce: roundUp(max(ceil(S / 1 MiB), 2p), p) segments, (p-1) x per-rank iterations a phase
+    assert pj.gloo_segments("all_reduce", 8, 1 << 20) == (2, 14, 65536)        # 16 segments of 64 KiB
+    assert pj.gloo_segments("all_reduce", 2, 1 << 24) == (2, 8, 1 << 20)       # 16 of the 1 MiB maximum
+    assert pj.gloo_segments("all_reduce", 8, 1 << 24) == (2, 14, 1 << 20)      # 16 of 1 MiB, 2 per rank
+    assert pj.gloo_segments("all_reduce", 4, 5 << 20) == (2, 6, (5 << 20) / 8)  # ceil 5 -> max(5, 8) = 8
+    # all_gather: 2(p-1) iterations of half a rank's chunk, at any size
+    assert pj.gloo_segments("all_gather", 8, 1 << 24) == (1, 14, (1 << 24) / 16)
+
+
+def test_gloo_ring_worked_on_both_sides_of_its_max():
+    # latency side: 8 ranks, 1 MiB all_reduce, 14 iterations a phase of 64 KiB segments; b = 65536
+    # / 12e6 = 5.461333 ms. Round trips: 7 x (8 + 5.461333) + 5.461333 = 99.690667 ms; the link's
+    # bytes: 14 x 5.461333 + 8 = 84.459 ms; the longer, two phases: 199.381 ms (the textbook ring:
+    # 14 x 8 + 1048576 x 1.75 / 12e6 = 264.9 ms)
+    assert pj.gloo_ring("all_reduce", 8, 1 << 20, ALPHA, 1 / BW) == pytest.approx(0.1993813, abs=1e-6)
+    assert pj.model_time("all_reduce", 8, 1 << 20, ALPHA, 1 / BW) == pytest.approx(0.26491, abs=1e-5)
+    assert pj.model_time("all_reduce", 8, 1 << 20, ALPHA, 1 / BW, form="gloo") == pj.gloo_ring(
+        "all_reduce", 8, 1 << 20, ALPHA, 1 / BW)
+    # bandwidth side: 2 ranks, 16 MiB; 8 iterations of 1 MiB, b = 87.381 ms: the link's bytes 8 x
+    # 87.381 + 8 = 707.051 ms beat the round trips 4 x 95.381 + 87.381 = 468.9 ms; two phases
+    # 1414.101 ms = 2 x 8 ms + 16 MiB / 12 MB/s
+    assert pj.gloo_ring("all_reduce", 2, 1 << 24, ALPHA, 1 / BW) == pytest.approx(2 * ALPHA + (1 << 24) / BW)
+    # all_gather, 8 ranks, 1 MiB: 14 halves of 64 KiB, one phase: 99.690667 ms
+    assert pj.gloo_ring("all_gather", 8, 1 << 20, ALPHA, 1 / BW) == pytest.approx(0.0996907, abs=1e-6)
+    # 2 ranks, 1 KiB: both halves of its 512-byte chunk go at once: a round trip and 512 bytes (what
+    # the latency floor reads: the call less its bytes is alpha)
+    assert pj.gloo_ring("all_gather", 2, 1024, ALPHA, 1 / BW) == pytest.approx(ALPHA + 512 / BW)
+    # kappa adds to every iteration's alpha per doubling, as in the ring form
+    assert pj.gloo_ring("all_gather", 8, 1 << 20, ALPHA - 2e-3, 1 / BW, 1e-3) == pytest.approx(0.0996907, abs=1e-6)
+    # a large call's bus bandwidth approaches B at any scale, as G(p) promises
+    big = 1 << 34
+    t = pj.gloo_ring("all_reduce", 64, big, ALPHA, 1 / BW)
+    assert big / t * pj.terms("all_reduce", 64)[1] == pytest.approx(BW, rel=1e-3)
+
+
+def test_a_gloo_fabric_is_fitted_in_gloos_form_and_others_in_the_ring_form():
+    cal = pj.fit([(Path(f"/r/{p}.json"), _rec(p)) for p in (2, 4)], boot=20)
+    for op in ("all_reduce", "all_gather"):
+        c = cal["ops"][op]
+        assert c["form"] == "gloo" and c["algorithm"].startswith("Gloo ring")
+        assert c["alpha_s"] == pytest.approx(ALPHA, rel=1e-4)
+        assert c["bandwidth_GBps"] == pytest.approx(BW / 1e9, rel=1e-4)
+        assert max(abs(h["log_error"]) for h in c["holdout"]) < 1e-4
+        # the projection to 8 ranks is Gloo's schedule there
+        assert pj.project(cal, op, 8, 1 << 20).time_s == pytest.approx(pj.gloo_ring(op, 8, 1 << 20, ALPHA, 1 / BW),
+                                                                        rel=1e-4)
+    nccl = pj.fit([(Path(f"/r/{p}.json"), _rec(p, backend="nccl")) for p in (2, 4)], boot=20)
+    assert {c["form"] for c in nccl["ops"].values()} == {"ring"}
+    # Gloo's reduce_scatter is not this ring: it keeps the ring form
+    assert pj.form_of([(Path("/r"), _rec(2))], "reduce_scatter") == "ring"
+
+
+def test_one_stalled_cell_does_not_move_the_gloo_fit():
+    # a host stall made one 4 MiB cell at 4 nodes 3x slower: least squares on relative error moves B
+    # by 4.3% (alpha by 1.3%), for every size; the robust fit by 0.7% (0.2%)
+    recs = [(Path("/r/2.json"), _rec(2)), (Path("/r/4.json"), _rec(4, slow=("all_gather", 1 << 22, 3.0)))]
+    c = pj.fit(recs, boot=20)["ops"]["all_gather"]
+    assert c["alpha_s"] == pytest.approx(ALPHA, rel=0.005)
+    assert c["bandwidth_GBps"] == pytest.approx(BW / 1e9, rel=0.015)
+    # the stalled cell still counts where it should: the held-out error, hence the interval's margin
+    assert max(abs(h["log_error"]) for h in c["holdout"]) > 1.0
+
+
+def test_kappa_is_recovered_from_two_scales():
+    recs = [(Path(f"/r/{p}.json"), _rec(p, kappa=1e-3, ops=("all_reduce",))) for p in (2, 4, 8)]
+    c = pj.fit(recs, boot=20)["ops"]["all_reduce"]
+    assert c["kappa_s"] == pytest.approx(1e-3, rel=1e-3) and c["alpha_s"] == pytest.approx(ALPHA, rel=1e-3)
+
+
+def test_a_calibration_without_a_form_is_the_ring_form():
+    c = {"alpha_s": ALPHA, "beta_s_per_byte": 1 / BW, "kappa_s": 0.0}     # written before the form existed
+    assert pj.op_time(c, "all_reduce", 8, 1 << 20) == pj.model_time("all_reduce", 8, 1 << 20, ALPHA, 1 / BW)
