@@ -39,7 +39,7 @@ def test_missing_base_without_mmdebstrap(tmp_path):
     """A fresh machine that has a container tool but cannot make the base."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    for t in ("bash", "dirname", "mkdir", "true"):
+    for t in ("bash", "dirname", "mkdir", "flock", "true"):
         (bin_ / t).symlink_to(shutil.which(t))
     line = one_line(image(tmp_path, IMAGE_TOOL="true", PATH=str(bin_)))
     assert "the base" in line and "bookworm.tar is missing and mmdebstrap is not installed" in line
