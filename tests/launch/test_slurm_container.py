@@ -2,8 +2,9 @@
 runc, launch/slurm/oci.conf): the 2-node collectives batch job with FB_OCI_BUNDLE runs each node's
 torchrun agent in the cpu image and writes a record equal in shape, software and world to the same
 job without a container, its fingerprint saying `slurm-runc`. Slurm 22.05 leaves the per-task
-variables out of a container (docs/cluster.md); the task prolog and oci_run.sh carry them in, and
-the job's log shows that each node found its own SLURM_NODEID."""
+variables out of a container (docs/cluster.md); the task prolog and oci_run.sh carry them in:
+without them torchrun_node.sh stops at `SLURM_NODEID: run under srun`, and with both nodes taking
+one node id the rendezvous would never see two nodes (the record's world says it did)."""
 
 from __future__ import annotations
 
