@@ -35,8 +35,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
         iproute2 pciutils \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/fabricbench
-# Dependencies first (their layer survives source edits), then the project itself.
-COPY pyproject.toml uv.lock README.md Makefile ./
+# Dependencies first, from the lock alone (their layer survives every edit but the lock's and
+# pyproject's: a README or Makefile change must not re-install ~4 GB of wheels), then the project.
+COPY pyproject.toml uv.lock ./
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen --no-install-project
 COPY . .
@@ -63,8 +64,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
         iproute2 pciutils \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/fabricbench
-# Dependencies first (their layer survives source edits), then the project itself.
-COPY pyproject.toml uv.lock README.md Makefile ./
+# Dependencies first, from the lock alone (their layer survives every edit but the lock's and
+# pyproject's: a README or Makefile change must not re-install ~4 GB of wheels), then the project.
+COPY pyproject.toml uv.lock ./
 RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN .tools/bin/uv sync --frozen --no-install-project
 COPY . .

@@ -3,24 +3,29 @@
 # from nothing but a Debian mirror and the package index, so it builds where no container
 # registry is reachable:
 #   1. the base: `mmdebstrap` of Debian bookworm into $IMAGE_CACHE/bookworm.tar (cached: a CI
-#      machine that keeps the folder pays for it once; it took 75-106 s here);
+#      machine that keeps the folder pays for it once; it took 75-169 s here);
 #   2. `import` of that tar as $IMAGE_BASE (again only when the tar is newer than the import);
 #   3. `build --target cpu` tagged $IMAGE_TAG.
 # podman (with buildah's engine and runc) or docker, whichever is installed ($IMAGE_TOOL
 # chooses). Each step logs to $IMAGE_CACHE/<step>.log; a failed step is one line naming the
 # command, its exit status, its last log line and the log. Settings (environment):
 #   IMAGE_TOOL    podman | docker                       [podman if installed, else docker]
-#   IMAGE_CACHE   base tarball, stamps and logs         [.image, git-ignored]
+#   IMAGE_CACHE   base tarball, stamps and logs: the machine's, not the checkout's, so that a
+#                 fresh checkout (CI's) finds the base made once  [~/.cache/fabricbench-image]
 #   IMAGE_BASE    the imported base's name              [localhost/fabricbench-base:bookworm]
 #   IMAGE_TAG     the built image's name                [localhost/fabricbench:cpu]
 #   DEBIAN_MIRROR                                       [http://deb.debian.org/debian]
+#   IMAGE_UV_CACHE the host's uv cache, mounted into the build's RUN steps (podman; empty: none)
+#                                                       [`.tools/bin/uv cache dir`]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cache="${IMAGE_CACHE:-.image}"
+cache="${IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fabricbench-image}"
 base="${IMAGE_BASE:-localhost/fabricbench-base:bookworm}"
 tag="${IMAGE_TAG:-localhost/fabricbench:cpu}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 tool="${IMAGE_TOOL:-$(command -v podman || command -v docker || true)}"
+# uv's own answer when the checkout has uv (make sync), else its default place.
+uv_cache="${IMAGE_UV_CACHE-$( { [ -x .tools/bin/uv ] && .tools/bin/uv cache dir 2>/dev/null; } || echo "${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}")}"
 
 # What the host lacks is bad input (exit 2); a step that ran and failed is a fault (exit 1), as
 # docs/reliability.md's exit codes say.
@@ -39,6 +44,10 @@ run() {
 [ -n "$tool" ] && command -v "$tool" >/dev/null \
   || die "make image needs podman or docker: apt-get install -y podman buildah runc (or set IMAGE_TOOL)"
 mkdir -p "$cache"
+# One build at a time per cache (two test workers, two checkouts of one machine): the second
+# waits, then finds every layer the first committed.
+exec 9>"$cache/lock"
+flock 9
 tar="$cache/bookworm.tar"
 t0=$SECONDS
 if [ ! -s "$tar" ]; then
@@ -66,6 +75,12 @@ if [ "$(basename "$tool")" = podman ]; then
   # below podman's default (1048576) fails every RUN step unless the build asks for less.
   command -v runc >/dev/null && flags+=(--runtime runc)
   build=("$tool" "${flags[@]}" build --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --network host)
+  # The host's uv cache, mounted for the RUN steps only (a volume is not part of any layer): the
+  # image's `uv sync --frozen` resolves the same lock to the wheels `make sync` already fetched,
+  # instead of ~4 GB from the package index, and the cache stays out of the image.
+  if [ -n "$uv_cache" ] && [ -d "$uv_cache" ]; then
+    build+=(--volume "$uv_cache:/root/.cache/uv")
+  fi
 else
   build=("$tool" build --network host)
 fi
@@ -75,7 +90,12 @@ for v in SSL_CERT_FILE PIP_CERT; do
   [ -n "${!v:-}" ] && build+=(--build-arg "$v=${!v}")
 done
 t1=$SECONDS
+old_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
 run build "${build[@]}" --target cpu --build-arg "CPU_BASE=$base" -t "$tag" .
+# The image this tag named before (CI rebuilds it on every run) would stay as an untagged one,
+# its source layers too; the layers it shares with the new one stay. In use by a container: kept.
+new_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
+if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then "$tool" rmi "$old_id" >/dev/null 2>&1 || true; fi
 run_flags="${flags[*]:+${flags[*]} }run --rm"
 [ "$(basename "$tool")" = podman ] && run_flags="$run_flags --ulimit nofile=4096:4096 --ulimit nproc=4096:4096"
 echo "image: $tag built in $((SECONDS - t1)) s ($tool); run it: $tool $run_flags $tag make train"

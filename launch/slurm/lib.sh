@@ -12,6 +12,8 @@
 #   FB_APPTAINER_IMAGE ... or with Apptainer (a .sif file): apptainer exec --nv
 #   FB_CONTAINER_MOUNTS extra pyxis mounts (src:dst[,src:dst]); FB_HOME and FB_MODEL_PATH are always mounted
 #   MELLANOX_VISIBLE_DEVICES  HCAs enroot exposes in a pyxis container          [all]
+#   FB_OCI_BUNDLE      ... or with Slurm's own OCI support: srun --container=<this bundle> (oci.conf
+#                      with launch/slurm/oci.conf's runtime lines; tools/oci_bundle.sh makes one)
 #   FABRICBENCH_RUN_ID run directory name shared by all nodes  [slurm-$SLURM_JOB_ID]
 # Fabric variables (NCCL_*, GLOO_*, UCX_*, ...) set before sbatch reach every rank: srun,
 # pyxis and Apptainer (without --cleanenv) pass the whole environment through, and the
@@ -23,7 +25,7 @@ fb_setup() {
   [ -n "${SLURM_JOB_ID:-}" ] || fb_die "run this file with sbatch (SLURM_JOB_ID is not set)"
   FB_HOME="${FB_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}"
   [ -f "$FB_HOME/launch/train.py" ] || fb_die "FB_HOME=$FB_HOME is not a fabricbench checkout; submit from the repository root or set FB_HOME"
-  if [ -n "${FB_CONTAINER_IMAGE:-}${FB_APPTAINER_IMAGE:-}" ]; then
+  if [ -n "${FB_CONTAINER_IMAGE:-}${FB_APPTAINER_IMAGE:-}${FB_OCI_BUNDLE:-}" ]; then
     # resolved inside the container: a serving image's python3 is the engine's, without hydra
     FB_PYTHON="${FB_PYTHON:-$FB_HOME/launch/slurm/python.sh}"
   elif [ -z "${FB_PYTHON:-}" ]; then
@@ -71,6 +73,10 @@ fb_srun_per_node() {
     export MELLANOX_VISIBLE_DEVICES="${MELLANOX_VISIBLE_DEVICES:-all}"
     srun "${srun_args[@]}" --container-image="$FB_CONTAINER_IMAGE" --container-mounts="$mounts" \
       --container-workdir="$FB_HOME" "$@"
+  elif [ -n "${FB_OCI_BUNDLE:-}" ]; then
+    # The task prolog hands the task's own Slurm variables to oci.conf's RunTimeRun (oci_run.sh):
+    # Slurm before 23.02 leaves them out of the container (docs/cluster.md).
+    srun "${srun_args[@]}" --container="$FB_OCI_BUNDLE" --task-prolog="$FB_HOME/launch/slurm/oci_task_env.sh" "$@"
   elif [ -n "${FB_APPTAINER_IMAGE:-}" ]; then
     local binds="$FB_HOME"
     [ -n "${FB_MODEL_PATH:-}" ] && binds="$binds,$FB_MODEL_PATH"

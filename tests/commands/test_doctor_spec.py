@@ -76,3 +76,28 @@ def test_usage_errors_are_one_line(capsys, tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1,\n")
     rc, fails = lint(capsys, "--spec", str(tmp_path / "bad.yaml"), "fabric=roce")
     assert rc == 1 and len(fails) == 1 and "not YAML" in fails[0]
+
+
+def test_oci_bundle_configs(capsys):
+    """`srun --container`'s bundle: runc's own default config.json lacks all three settings, the
+    ready one (tests/fixtures/runspec/oci/README.md) passes, a 512 MiB /dev/shm is one problem;
+    a Gloo profile needs none of them."""
+    oci = SPECS / "oci"
+    rc, fails = lint(capsys, "--spec", str(oci / "runc_spec_default.json"), "fabric=ib")
+    assert rc == 1 and len(fails) == 3, fails
+    assert "fix: add each /dev/infiniband/uverbsN" in fails[0]
+    assert "fix: add CAP_IPC_LOCK to process.capabilities" in fails[1] and "RLIMIT_MEMLOCK" in fails[1]
+    assert fails[2].split(": ", 1)[1].startswith("/dev/shm mounted with size=65536k: ") and "size=16g" in fails[2]
+    rc, fails = lint(capsys, "--spec", str(oci / "ready.json"), "fabric=ib")
+    assert rc == 0 and not fails, fails
+    rc, fails = lint(capsys, "--spec", str(oci / "small_shm.json"), "fabric=roce")
+    assert rc == 1 and len(fails) == 1 and "size=512m" in fails[0], fails
+    assert cli.main(["doctor", "--spec", str(oci / "runc_spec_default.json"), "fabric=loopback"]) == 0
+    capsys.readouterr()
+
+
+def test_a_json_file_that_is_no_oci_config(capsys, tmp_path):
+    (tmp_path / "x.json").write_text('{"a": 1}')
+    (tmp_path / "y.json").write_text('{"a": ')
+    rc, fails = lint(capsys, "--spec", str(tmp_path / "x.json"), "--spec", str(tmp_path / "y.json"), "fabric=ib")
+    assert rc == 1 and "not an OCI runtime config (no ociVersion)" in fails[0] and "not JSON" in fails[1], fails

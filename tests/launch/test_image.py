@@ -1,7 +1,7 @@
 """make image (tools/image.sh): a missing tool, a missing base that cannot be made, and a step
-that fails are each one line naming the command and the fix, with the step's log kept; and,
-where the image has been built (make image: 23 min here, docs/cluster.md; CI does not build it),
-`make train` runs inside it as a user runs it and writes a record."""
+that fails are each one line naming the command and the fix, with the step's log kept; and the
+image itself (built here under CI, helpers/image.py): `make train` runs inside it as a user runs
+it and writes a record, and two containers on emulated nodes match the run without them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 from helpers import REPO
+from helpers.image import PODMAN_RUN, assert_same_but_container, cpu_image
 
 SCRIPT = REPO / "tools" / "image.sh"
-TAG = "localhost/fabricbench:cpu"
 
 
 def image(tmp_path, **env):
@@ -39,7 +39,7 @@ def test_missing_base_without_mmdebstrap(tmp_path):
     """A fresh machine that has a container tool but cannot make the base."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    for t in ("bash", "dirname", "mkdir", "true"):
+    for t in ("bash", "dirname", "mkdir", "flock", "true"):
         (bin_ / t).symlink_to(shutil.which(t))
     line = one_line(image(tmp_path, IMAGE_TOOL="true", PATH=str(bin_)))
     assert "the base" in line and "bookworm.tar is missing and mmdebstrap is not installed" in line
@@ -60,23 +60,20 @@ def test_failed_step_names_its_command_and_keeps_the_log(tmp_path):
     assert (cache / "import.log").read_text().strip()
 
 
-def _built() -> bool:
-    return bool(shutil.which("podman")) and subprocess.run(
-        ["podman", "image", "exists", TAG], capture_output=True, timeout=60).returncode == 0
+@pytest.fixture(scope="module")
+def image_tag() -> str:
+    return cpu_image()
 
 
 @pytest.mark.slow
 @pytest.mark.requires("root", "podman")
-@pytest.mark.skipif(not _built(), reason=f"{TAG} is not built: run make image first (23 min here, "
-                                         "docs/cluster.md); CI does not build it")
-def test_make_train_in_the_cpu_image(tmp_path):
+def test_make_train_in_the_cpu_image(image_tag, tmp_path):
     """`make train` in the container, as docs/cluster.md runs it: the record lands on the
     mounted folder and says it was made in a podman container."""
     out = tmp_path / "out"
     out.mkdir()
     p = subprocess.run(
-        ["podman", "--runtime", "runc", "run", "--rm", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
-         "--network", "host", "-v", f"{out}:/out", TAG,
+        [*PODMAN_RUN, "--network", "host", "-v", f"{out}:/out", image_tag,
          "make", "train", "ARGS=output_root=/out"],
         capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -87,22 +84,13 @@ def test_make_train_in_the_cpu_image(tmp_path):
     assert rec["fingerprint"]["container"]["runtime"].startswith("podman"), rec["fingerprint"]["container"]
 
 
-PODMAN_RUN = ["podman", "--runtime", "runc", "run", "--rm", "--ulimit", "nofile=4096:4096",
-              "--ulimit", "nproc=4096:4096"]
 COLLECTIVES = ["workload=collectives", "fabric=emu-100m", "collectives.maxbytes=64K", "collectives.iters=5",
                "collectives.warmup_iters=2"]
 
 
-def _shape(rec: dict) -> set[str]:
-    from workloads.core.records import flatten
-
-    return {k for k in flatten(rec, ".") if not k.startswith(("config.hydra", "env."))}
-
-
 @pytest.mark.slow
 @pytest.mark.requires("root", "podman")
-@pytest.mark.skipif(not _built(), reason=f"{TAG} is not built: run make image first; CI does not build it")
-def test_two_containers_on_emulated_nodes_match_the_run_without(tmp_path):
+def test_two_containers_on_emulated_nodes_match_the_run_without(image_tag, tmp_path):
     """Each emulated node is a container joined to the node's namespace (`--network
     ns:/run/netns/<node>`), the records on a shared volume; the same 2-node collectives run
     without containers writes a record of the same shape, the same software, and a fingerprint
@@ -122,7 +110,7 @@ def test_two_containers_on_emulated_nodes_match_the_run_without(tmp_path):
             procs.append(subprocess.Popen(
                 [*PODMAN_RUN, "--network", f"ns:/run/netns/{node}", "-v", f"{out_c}:/out",
                  "-e", "FABRICBENCH_RUN_ID=containers", "-e", "OMP_NUM_THREADS=1", "-e", "GLOO_SOCKET_IFNAME=emu0",
-                 TAG, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                 image_tag, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         logs = [p.communicate(timeout=400)[0] for p in procs]
         assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
     with Topology(spec, tag=f"ht{os.getpid()}") as topo:
@@ -134,11 +122,5 @@ def test_two_containers_on_emulated_nodes_match_the_run_without(tmp_path):
         found = sorted(out.rglob("records/*.json"))
         assert len(found) == 1, (name, found)
         recs[name] = json.loads(found[0].read_text())
-    c, h = recs["containers"], recs["host"]
-    assert c["status"] == h["status"] == "ok", (c["status"], c["error"], h["status"], h["error"])
-    assert _shape(c) == _shape(h), sorted(_shape(c) ^ _shape(h))
-    assert c["fabric"]["name"] == h["fabric"]["name"] == "emu-100m"
-    same = ("torch", "cuda", "fabricbench", "deepspeed", "transformers", "gpu_count")
-    assert {k: c["fingerprint"][k] for k in same} == {k: h["fingerprint"][k] for k in same}
-    assert c["fingerprint"]["container"]["runtime"].startswith("podman")
-    assert c["fingerprint"]["container"] != h["fingerprint"]["container"]
+    assert_same_but_container(recs["containers"], recs["host"], "podman")
+    assert recs["containers"]["fabric"]["name"] == "emu-100m"

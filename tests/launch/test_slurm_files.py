@@ -377,3 +377,24 @@ def test_a_worker_whose_engine_fails_while_node_0_serves_gives_its_code(tmp_path
     finally:
         head.kill()
     assert code == 5
+
+
+def test_oci_task_env_hands_the_tasks_slurm_variables_to_oci_run(tmp_path):
+    """`srun --container` on Slurm 22.05 (docs/cluster.md): the task prolog saves the task's Slurm
+    variables (NUL-separated, a value may hold a newline) where oci_run.sh, run next with Slurm's
+    %j %s %n %t, looks; oci_run.sh without them, or with the wrong arguments, is one line."""
+    task = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n2", "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "1", "SLURM_PROCID": "1", "SLURM_ODD": "a\nb"}
+    env = {"PATH": os.environ["PATH"], "FB_OCI_TASK_ENV_DIR": str(tmp_path), "NOT_SLURM": "x", **task}
+    p = subprocess.run(["sh", str(SLURM_DIR / "oci_task_env.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout == "", (p.stdout, p.stderr)  # slurmstepd reads a prolog's stdout
+    (saved,) = (tmp_path / f"fabricbench-oci-{os.getuid()}").iterdir()
+    assert saved.name == "7.0.n2.0.env"
+    got = dict(kv.split("=", 1) for kv in saved.read_text().split("\0") if kv)
+    assert got == task
+    run = ["sh", str(SLURM_DIR / "oci_run.sh"), str(tmp_path / "runc"), "n1.root.7.0.0", str(tmp_path), "7", "0", "n1", "0"]
+    p = subprocess.run(run, env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "7.0.n1.0.env is missing" in p.stderr, p.stderr
+    assert "srun --task-prolog=<checkout>/launch/slurm/oci_task_env.sh" in p.stderr
+    p = subprocess.run(run[:-1], env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "oci_run.sh takes 7 arguments" in p.stderr, p.stderr

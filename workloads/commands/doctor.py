@@ -12,7 +12,7 @@ container changes and sysfs does not show: the verbs devices of the selected HCA
 (RLIMIT_MEMLOCK / CAP_IPC_LOCK), the /dev/shm size and the libraries NCCL dlopens; each is a
 setting under which NCCL or UCX would quietly leave the fabric (workloads/fabric/readiness.py).
 `--spec` reads the flags users write instead (docker/podman run lines in scripts and docs, pyxis
-`srun --container-image`, Kubernetes pod specs) and names the same settings before a job is
+`srun --container-image`, Kubernetes pod specs, an OCI bundle's config.json for `srun --container`) and names the same settings before a job is
 submitted (workloads/fabric/runspec.py); it looks at nothing on this host.
 
 Read-only: sysfs, `nvidia-smi`/`rocm-smi` where installed, torch's NCCL version. It never
@@ -42,8 +42,9 @@ def add_arguments(p) -> None:
                         "memlock, /dev/shm size, the libraries NCCL loads (needs a fabric=...)")
     p.add_argument("--dev-root", default="/dev", help="look for /dev/infiniband under this folder instead")
     p.add_argument("--spec", action="append", default=[], metavar="FILE",
-                   help="check this run spec (a script, batch file, Markdown or Kubernetes YAML) for the container "
-                        "settings the profile needs, instead of this host (repeatable; needs a fabric=...)")
+                   help="check this run spec (a script, batch file, Markdown, Kubernetes YAML or an OCI bundle's "
+                        "config.json) for the container settings the profile needs, instead of this host "
+                        "(repeatable; needs a fabric=...)")
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -121,7 +122,7 @@ def check_specs(overrides: list[str], paths: list[str]) -> tuple[str, list[str]]
     problems = []
     for path in paths:
         if not os.path.isfile(path):
-            raise UsageError(f"--spec {path}: no such file; name a script, batch file, Markdown or YAML file")
+            raise UsageError(f"--spec {path}: no such file; name a script, batch file, Markdown or YAML file, or an OCI bundle's config.json")
         problems += runspec.lint_file(path, needs)
     return profile.name, problems
 

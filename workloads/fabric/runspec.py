@@ -12,6 +12,10 @@ one catches them before a job is submitted.
   memory); Kubernetes cannot set a memlock limit, so `capabilities.add: [IPC_LOCK]`;
 - `/dev/shm`: `--ipc=host` or `--shm-size` of at least 1 GiB; Kubernetes: `hostIPC: true` or an
   `emptyDir` of `medium: Memory` mounted at `/dev/shm` (no `sizeLimit`, or at least 1 GiB).
+
+An OCI bundle's `config.json` (what `srun --container` runs, and what docker and podman hand to
+runc) says the same in the runtime spec's own fields: `linux.devices`, `process.capabilities`,
+`process.rlimits` and the `/dev/shm` mount's `size=`.
 """
 
 from __future__ import annotations
@@ -187,6 +191,45 @@ def lint_pod(spec: dict, needs: Needs) -> list[tuple[str, str]]:
     return out
 
 
+# RLIMIT_MEMLOCK of an OCI config: uint64, RLIM_INFINITY written out.
+_RLIM_INFINITY = (1 << 64) - 1
+
+
+def lint_oci(cfg: dict, needs: Needs) -> list[str]:
+    """One problem per setting an OCI runtime config (a bundle's config.json) lacks."""
+    proc = cfg.get("process") or {}
+    lin = cfg.get("linux") or {}
+    mounts = [m for m in cfg.get("mounts") or [] if isinstance(m, dict)]
+    problems = []
+    devices = [str(d.get("path", "")) for d in lin.get("devices") or [] if isinstance(d, dict)]
+    bound = any(m.get("destination", "").rstrip("/") in ("/dev/infiniband", "/dev") and "bind" in " ".join(
+        [m.get("type") or "", *(m.get("options") or [])]) for m in mounts)
+    if needs.ib and not bound and not any(d.startswith("/dev/infiniband/uverbs") for d in devices):
+        problems.append("no /dev/infiniband/uverbsN in linux.devices (nor /dev/infiniband bound in mounts): NCCL "
+                        "finds no IB device in the container and silently uses NET/Socket; fix: add each "
+                        "/dev/infiniband/uverbsN (and rdma_cm) to linux.devices")
+    caps = {str(c).upper().removeprefix("CAP_") for c in ((proc.get("capabilities") or {}).get("effective") or [])}
+    memlock = [r for r in proc.get("rlimits") or [] if isinstance(r, dict) and r.get("type") == "RLIMIT_MEMLOCK"]
+    unlimited = any(r.get("soft") == _RLIM_INFINITY and r.get("hard") == _RLIM_INFINITY for r in memlock)
+    if needs.ib and "IPC_LOCK" not in caps and not unlimited:
+        problems.append("neither CAP_IPC_LOCK in process.capabilities nor an unlimited RLIMIT_MEMLOCK in "
+                        "process.rlimits: the inherited memlock limit bounds registered memory, ibv_reg_mr fails "
+                        "with ENOMEM (NCCL aborts, UCX drops to tcp); fix: add CAP_IPC_LOCK to process.capabilities"
+                        f" (bounding, effective, permitted) or {{\"type\": \"RLIMIT_MEMLOCK\", \"hard\": "
+                        f"{_RLIM_INFINITY}, \"soft\": {_RLIM_INFINITY}}} to process.rlimits")
+    if needs.shm:
+        shm = [m for m in mounts if m.get("destination", "").rstrip("/") == "/dev/shm"]
+        opts = [o for m in shm for o in m.get("options") or []]
+        sizes = [_docker_size(o.split("=", 1)[1]) for o in opts if o.startswith("size=")]
+        host = any(m.get("source", "").rstrip("/") == "/dev/shm" for m in shm)
+        if not host and not (shm and (not sizes or any(z and z >= SHM_MIN for z in sizes))):
+            size = next((o[len("size="):] for o in opts if o.startswith("size=")), None)
+            what = f"/dev/shm mounted with size={size}" if size else "no /dev/shm mount"
+            problems.append(f"{what}: /dev/shm is below 1 GiB and NCCL's SHM transport fails when it fills; fix: "
+                            "a tmpfs mount at /dev/shm with size=16g (or the host's /dev/shm bound there)")
+    return problems
+
+
 def lint_file(path: str | Path, needs: Needs) -> list[str]:
     """One line per problem: `path:line: ...` or `path: pod/x container y: ...`."""
     p = Path(path)
@@ -200,4 +243,14 @@ def lint_file(path: str | Path, needs: Needs) -> list[str]:
             return [f"{p}: not YAML ({str(e).splitlines()[0]}); fix the manifest"]
         return [f"{p}: {where or 'pod'} container {c}: {why}"
                 for d in docs for where, spec in _pod_specs(d) for c, why in lint_pod(spec, needs)]
+    if p.suffix == ".json":
+        import json
+
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError as e:
+            return [f"{p}: not JSON ({e}); fix the bundle's config.json"]
+        if not isinstance(cfg, dict) or "ociVersion" not in cfg:
+            return [f"{p}: not an OCI runtime config (no ociVersion); name a bundle's config.json"]
+        return [f"{p}: {why}" for why in lint_oci(cfg, needs)]
     return [f"{p}:{n}: {why}" for n, why in lint_text(text, needs)]
