@@ -1,6 +1,6 @@
 """make image (tools/image.sh): a missing tool, a missing base that cannot be made, and a step
 that fails are each one line naming the command and the fix, with the step's log kept; and the
-image itself (built here under CI, helpers/image.py): `make train` runs inside it as a user runs
+image itself (built here with FB_BUILD_IMAGE=1, else the one `make image` left: helpers/image.py): `make train` runs inside it as a user runs
 it and writes a record, and two containers on emulated nodes match the run without them."""
 
 from __future__ import annotations
