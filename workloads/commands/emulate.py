@@ -38,6 +38,7 @@ from workloads.core import forkrank
 from workloads.core.errors import UsageError
 from workloads.fabric import noise
 from workloads.fabric.emuplan import spec_from_overrides
+from workloads.fabric.kept import attach
 from workloads.fabric.netns import (
     IFNAME,
     NODES_ENV,
@@ -318,7 +319,8 @@ def run(args, conf_dir: str | None = None) -> int:
                 raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
                                  "noise: drop the noise block or --jobs")
         require_root()
-        with Topology(spec, host_link=serving) as topo, _watch_delay_line(topo, died):
+        # a study's arm may lend its topology (fabric/kept.py): this run's processes are still its own
+        with attach(spec, serving) or Topology(spec, host_link=serving) as topo, _watch_delay_line(topo, died):
             print(f"emulate: {topo.describe()}", flush=True)
             addrs = [spec.addr(i) for i in range(spec.nodes)]
             with noise.running(loud, topo.nodes, addrs, noise_dir, args.timeout) as noise_env:
