@@ -5,6 +5,7 @@ TCP metrics of the run before, no process of it), and hears when the kept delay 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ SPEC = EmuSpec(nodes=2, rate="1gbit", latency="500us")
 @pytest.fixture(scope="module")
 def topo():
     need("root")
-    with Topology(SPEC, tag=f"kt{subprocess.os.getpid()}", host_link=True) as t:
+    with Topology(SPEC, tag=f"{os.getpid()}kt", host_link=True) as t:
         yield t
 
 
@@ -71,7 +72,7 @@ def test_fresh_forgets_the_last_runs_tcp_metrics_and_refuses_a_node_still_in_use
 
 def test_a_run_hears_that_the_kept_delay_line_died():
     need("root")
-    with Topology(SPEC, tag=f"kd{subprocess.os.getpid()}") as t:
+    with Topology(SPEC, tag=f"{os.getpid()}kd") as t:
         got = attach(SPEC, False, {KEPT_ENV: handle(t)})
         t.delay_line.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 10

@@ -8,14 +8,25 @@ a topology that still holds a process of an earlier run is removed and built aga
 share one: each arm's fabric is built for it, so a difference between arms cannot come from a
 topology one of them inherited. FB_STUDY_KEEP_FABRIC=0 builds one per run instead (the
 benchmark's baseline, benchmarks/kept_fabric.py).
+
+Each run's emulator is also forked from the study (`fork_emulator`), which imports torch and what
+every rank imports once, instead of starting as a fresh interpreter that imports them again
+(core/forkrank.py: the child purges and re-imports our own modules, runs launch/emulate.py as
+`python launch/emulate.py` would, in a session of its own, dying with the study). The study
+touches no torch state between forks, so every run of either arm starts from the same parent.
+FB_RANK_START=exec, or FB_STUDY_KEEP_FABRIC=0, starts fresh interpreters instead.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any, Sequence
 
-from workloads import CONF_DIR
+from workloads import CONF_DIR, REPO_ROOT
+from workloads.core import celllock, forkrank
 from workloads.fabric.kept import KEPT_ENV, fresh, handle
 
 KEEP_ENV = "FB_STUDY_KEEP_FABRIC"
@@ -82,3 +93,19 @@ class KeptFabrics:
         except Exception:  # noqa: BLE001 - TopologyError, OSError, UsageError: said by the run that builds its own
             return None  # __enter__ removed what it built
         return topo
+
+
+def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:
+    """The run `argv` (`<python> launch/emulate.py ...`) forked from this warm study process,
+    its output to `out`; None when it is not such a run or forking is off (then it is exec'd)."""
+    if env.get(KEEP_ENV, "1") == "0" or len(argv) < 2 or argv[0] != sys.executable \
+            or Path(argv[1]).name != "emulate.py" or forkrank.mode() != "fork" or not forkrank.can_fork():
+        return None
+    forkrank.warm(forkrank.RANK_IMPORTS)
+
+    def prepare() -> None:  # what Popen(cwd=REPO_ROOT, preexec_fn=die_with_parent) did
+        os.chdir(REPO_ROOT)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        celllock.die_with_parent()
+
+    return forkrank.script(argv[1], argv[2:], env, "fb-emulate", out, out, prepare=prepare)
