@@ -76,9 +76,9 @@ def _comparisons(folder: Path, baseline: str):
     return compare_table(load_table([folder]), baseline).comparisons
 
 
-# whichever test runs first pays for the study's 24 runs: 267 s alone here beside other engineers' work (load 10-13),
-# then the A/A's 6 runs 34 s, with each arm's topology kept and the emulators forked from the study (386 s and 64 s
-# without: docs/measurements.md#latency-at-equal-bandwidth)
+# whichever test runs first pays for the study's 24 runs: 207 s alone here beside other engineers' work (load 7-10),
+# then the A/A's 6 runs 32 s, with each arm's topology kept and the emulators and load generators forked warm
+# (386 s and 64 s without, at load 10-13: docs/measurements.md#latency-at-equal-bandwidth)
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
