@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,26 @@ def test_a_run_hears_that_the_kept_delay_line_died():
             time.sleep(0.05)
         why = got.delay_line_problem()  # unreaped: a zombie is not a running line
         assert why is not None and f"pid {t.delay_line.pid}" in why and "carry nothing" in why, why
+
+
+def test_a_kept_delay_line_ends_with_its_builder_even_on_sigkill():
+    """A study holds its arms' delay lines for its whole run; killed with -9 it cannot stop them,
+    so each line asks the kernel for SIGTERM when its builder dies (PR_SET_PDEATHSIG)."""
+    need("root")
+    code = ("import sys, time; from workloads.fabric.netns import EmuSpec, Topology\n"
+            "t = Topology(EmuSpec(nodes=2, rate='1gbit', latency='500us')); t.__enter__()\n"
+            "print(t.delay_line.pid, ' '.join(t.created), flush=True); time.sleep(120)")
+    builder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               cwd=str(Path(__file__).resolve().parents[2]))
+    pid, *spaces = builder.stdout.readline().split()
+    try:
+        builder.kill()
+        builder.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists(), "the delay line outlived its builder"
+    finally:
+        for ns in reversed(spaces):  # what the killed builder could not remove
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["rm", "-rf", f"/etc/netns/{ns}"], capture_output=True)
