@@ -76,8 +76,9 @@ def _comparisons(folder: Path, baseline: str):
     return compare_table(load_table([folder]), baseline).comparisons
 
 
-# whichever test runs first pays for the study's 24 runs: 479 s alone here beside other engineers' work (load 4-12),
-# then the A/A's 6 runs 107 s (docs/measurements.md#latency-at-equal-bandwidth)
+# whichever test runs first pays for the study's 24 runs: 207 s alone here beside other engineers' work (load 7-10),
+# then the A/A's 6 runs 32 s, with each arm's topology kept and the emulators and load generators forked warm
+# (386 s and 64 s without, at load 10-13: docs/measurements.md#latency-at-equal-bandwidth)
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
@@ -137,3 +138,21 @@ def test_an_aa_study_at_the_same_delay_calls_no_difference(tmp_path):
     (c,) = [c for _, c in _comparisons(tmp_path / "out" / "aa", "near") if c.primary]
     assert not c.significant and ("equivalent" in c.verdict or "inconclusive" in c.verdict), c.verdict
     assert "latency arithmetic" not in r.stdout  # arms at one delay: nothing to explain
+
+
+@pytest.mark.timing
+def test_each_arm_ran_on_one_kept_topology_of_its_own(latency):
+    """The study builds each arm's namespaces and delay line once (workloads/study/fabrics.py), not
+    once per run; arms never share one, and none is left when the study ends."""
+    from workloads.fabric.netns import leftovers
+
+    folder, _ = latency
+    seen: dict[str, set[str]] = {}
+    for log in (folder / "logs").glob("*.log"):
+        line = next(ln for ln in log.read_text().splitlines() if ln.startswith("emulate: "))
+        assert "kept for the study's arm" in line, line
+        arm = "far" if "-far-" in log.name else "near"
+        seen.setdefault(arm, set()).add(re.search(r"\((fb-[^,]+)-0,", line).group(1))
+    assert sum(1 for _ in (folder / "logs").glob("*.log")) >= 24
+    assert all(len(tags) == 1 for tags in seen.values()) and seen["near"] != seen["far"], seen
+    assert not [n for n in leftovers() if any(n.startswith(t) for tags in seen.values() for t in tags)]

@@ -38,6 +38,7 @@ from workloads.core import forkrank
 from workloads.core.errors import UsageError
 from workloads.fabric import noise
 from workloads.fabric.emuplan import spec_from_overrides
+from workloads.fabric.kept import attach
 from workloads.fabric.netns import (
     IFNAME,
     NODES_ENV,
@@ -318,7 +319,8 @@ def run(args, conf_dir: str | None = None) -> int:
                 raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
                                  "noise: drop the noise block or --jobs")
         require_root()
-        with Topology(spec, host_link=serving) as topo, _watch_delay_line(topo, died):
+        # a study's arm may lend its topology (fabric/kept.py): this run's processes are still its own
+        with attach(spec, serving) or Topology(spec, host_link=serving) as topo, _watch_delay_line(topo, died):
             print(f"emulate: {topo.describe()}", flush=True)
             addrs = [spec.addr(i) for i in range(spec.nodes)]
             with noise.running(loud, topo.nodes, addrs, noise_dir, args.timeout) as noise_env:
@@ -408,7 +410,7 @@ def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], tim
     argv = [python, entry, *overrides, f"server.host={topo.host_addr}", f"server.nnodes={topo.spec.nodes}",
             f"server.dist_init_addr={topo.spec.addr(0)}:{MASTER_PORT}"]
     env = dict(os.environ if env is None else env) | topo.env() | {NODES_ENV: ",".join(topo.nodes)}
-    p = subprocess.Popen(argv, env=env)
+    p = _fork_load_generator(argv, env) or subprocess.Popen(argv, env=env)
     try:
         return p.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -423,6 +425,19 @@ def run_load_generator(topo: Topology, entry: str, overrides: Sequence[str], tim
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _fork_load_generator(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen | None:
+    """The load generator forked from this emulator when a study forked it warm (torch and the
+    ranks' imports loaded: workloads/study/fabrics.py), instead of a fresh interpreter importing
+    torch again (the inference entry does, ~4-9 s of CPU on a busy 2-core host). It runs in a
+    session of its own, so it dies with this process (and stops its server) rather than with
+    our process group. None: exec it."""
+    if argv[0] != sys.executable or "torch" not in sys.modules or forkrank.mode() != "fork" or not forkrank.can_fork():
+        return None
+    from workloads.core import celllock
+
+    return forkrank.script(argv[1], argv[2:], dict(env), "fb-loadgen", prepare=celllock.die_with_parent)
 
 
 def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:

@@ -234,11 +234,8 @@ _AGENT_RAN = False
 
 
 def _warm(script: str) -> tuple[str, ...]:
-    """What every rank imports on its way to its first step (forkrank.warm): DDP's constructor
-    imports torch._dynamo (sympy, triton's probe), the process group torch.distributed's
-    tensor and FSDP modules; 1.3-2 s of CPU per rank here, once in the launcher instead."""
-    return ("torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp", "torch.distributed.tensor",
-            "torch.distributed.algorithms.join")
+    """What every rank imports on its way to its first step (forkrank.warm)."""
+    return forkrank.RANK_IMPORTS
 
 
 def _run_ranks(script: str, argv: list[str], nproc: int, job: str = "") -> int:

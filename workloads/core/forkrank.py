@@ -40,6 +40,13 @@ _FRESH = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_
                                          signal.SIGCHLD, signal.SIGALRM)}}
 
 
+# What every rank imports on its way to its first step (warm): DDP's constructor imports
+# torch._dynamo (sympy, triton's probe), the process group torch.distributed's tensor and FSDP
+# modules; 1.3-2 s of CPU per rank here, once in the launcher instead.
+RANK_IMPORTS = ("torch", "torch.distributed.run", "torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp",
+                "torch.distributed.tensor", "torch.distributed.algorithms.join")
+
+
 def mode() -> str:
     m = os.environ.get(MODE_ENV, "fork").strip().lower() or "fork"
     if m not in ("fork", "exec"):
@@ -95,14 +102,21 @@ def start(args: Sequence[str], env: dict[str, str], stdout, stderr) -> subproces
     parsed = _script(args)
     if parsed is None:
         return None
-    script, argv = parsed
+    return script(*parsed, env, f"fb-rank{env.get('RANK', '')}", stdout, stderr)
 
+
+def script(path: str, argv: Sequence[str], env: dict[str, str], name: str, stdout=None, stderr=None,
+           prepare: Callable[[], None] | None = None) -> subprocess.Popen:
+    """Fork `python path argv...` as a fresh interpreter would run it; `prepare` runs first in
+    the child, once its environment is its own (e.g. its working directory)."""
     def body() -> int:
-        sys.argv = [script, *argv]
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
-        return _run(lambda: runpy.run_path(script, run_name="__main__"))
+        if prepare is not None:
+            prepare()
+        sys.argv = [path, *argv]
+        sys.path[0] = os.path.dirname(os.path.abspath(path))
+        return _run(lambda: runpy.run_path(path, run_name="__main__"))
 
-    return fork(args, body, env, f"fb-rank{env.get('RANK', '')}", stdout, stderr)
+    return fork([sys.executable, path, *argv], body, env, name, stdout, stderr)
 
 
 def module(args: Sequence[str], env: dict[str, str], name: str, enter: Callable[[], None] | None = None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from workloads.core.celllock import die_with_parent
 from workloads.core.errors import UsageError
 from workloads.fabric import leafspine
 from workloads.fabric.delaymeter import DELAY_ENV
@@ -428,8 +429,10 @@ class Topology:
         with open(err, "w") as f:
             # its own session: a Ctrl-C at the terminal reaches the runs, which then need the link
             # to say goodbye over; teardown stops the line last
+            # and it ends with its builder, SIGKILL included (a study keeps its arms' lines for hours)
             self.delay_line = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f,
-                                               start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
+                                               start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]),
+                                               preexec_fn=die_with_parent)
         deadline = time.monotonic() + wait_s
         while not stats.exists():
             if self.delay_line.poll() is not None or time.monotonic() > deadline:

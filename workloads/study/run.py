@@ -43,6 +43,7 @@ from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id
 from workloads.core.signals import Terminated, stop_group
+from workloads.study.fabrics import KeptFabrics, fork_emulator
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload, load_spec
@@ -302,14 +303,17 @@ def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta
             f"ETA {'?' if eta is None else clock(eta)}")
 
 
-def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float, Path]:
+def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str] | None = None
+            ) -> tuple[int, float, float, Path]:
     """Start the job in its own process group, its output to its log; wait (timeout,
     Ctrl-C and SIGTERM stop the whole group). Returns (exit code, start, end, log), the
-    times in time.monotonic() seconds of the process's own span."""
+    times in time.monotonic() seconds of the process's own span. `fabric_env`: the arm's kept
+    emulated topology (study/fabrics.py)."""
     log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = cell_argv(spec, job, launcher)
     env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT), celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)}
+    env |= fabric_env or {}
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "ab") as out:
         env[timeline.T0_ENV] = f"{time.time():.3f}"  # the record's timeline counts from the study starting the cell
@@ -319,9 +323,10 @@ def run_job(spec: StudySpec, job: Job, launcher: str) -> tuple[int, float, float
         out.flush()
         t0 = time.monotonic()
         # the cell dies with the study (SIGKILL included) and holds the study's cell lock meanwhile
-        proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                pass_fds=celllock.inherited(), preexec_fn=celllock.die_with_parent)
+        proc = fork_emulator(argv, env, out) if job.arm.emulated else None
+        proc = proc or subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                        pass_fds=celllock.inherited(), preexec_fn=celllock.die_with_parent)
         try:
             code = proc.wait(timeout=spec.timeout_s + 60)
         except subprocess.TimeoutExpired:
@@ -350,11 +355,17 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
     done = len(jobs) - len(todo)
     if done and todo:
         say(f"study {spec.id}: {done} of {len(jobs)} runs already recorded (status ok); running the other {len(todo)}")
+    with KeptFabrics(todo) as fabrics:
+        return _execute(spec, todo, len(jobs), done, launcher, say, timings, fabrics)
+
+
+def _execute(spec: StudySpec, todo: list[Job], total: int, done: int, launcher: str, say, timings: list | None,
+             fabrics: KeptFabrics) -> tuple[int, int, list[str]]:
     start, spent, failures = time.monotonic(), [], []
     for k, job in enumerate(todo, 1):
         eta = (median(spent) * (len(todo) - k + 1)) if spent else None
-        say(progress_line(done + k, len(jobs), job, spec, time.monotonic() - start, eta))
-        code, t0, t1, log = run_job(spec, job, launcher)
+        say(progress_line(done + k, total, job, spec, time.monotonic() - start, eta))
+        code, t0, t1, log = run_job(spec, job, launcher, fabrics.env(job))
         seconds = t1 - t0
         spent.append(seconds)
         if timings is not None:

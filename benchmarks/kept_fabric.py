@@ -1,0 +1,91 @@
+"""What a study's warm emulated runs save: each arm's topology built once per study and each run's
+emulator forked from the study, against a topology and a fresh interpreter per run (root).
+
+    sudo .venv/bin/python benchmarks/kept_fabric.py                 # 2 ABBA rounds, 4 studies
+    sudo .venv/bin/python benchmarks/kept_fabric.py --rounds 3 --trials 3
+
+Each study is conf/study/emu-latency.yaml's two arms (0.5 ms and 5.5 ms one way on one 1 Gbit/s
+link, through the delay line) with its 1 KiB all_reduce only, `--trials` blocks: 2 x trials runs,
+each a real emulated run as every study starts it. The same study runs with the topology kept for
+each arm and the emulators forked (the default: workloads/study/fabrics.py) and with both off
+(FB_STUDY_KEEP_FABRIC=0: a topology built around every run, `python launch/emulate.py` exec'd),
+in ABBA order so the machine's drift falls on both. Prints, per mode, the median over studies of the study's wall time
+(builds included: a kept topology is built before its arm's first run, outside the run), of its
+runs' mean wall time (timings.jsonl) and of the CPU time of everything the study started, then
+the ratios kept / per run. The machine's other load moves both modes alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = {"kept": "1", "per-run": "0"}
+
+
+def spec_file(tmp: Path, trials: int) -> Path:
+    spec = yaml.safe_load((REPO / "conf" / "study" / "emu-latency.yaml").read_text())
+    spec.update(name="kept-bench", trials=trials, detect="60%")
+    spec["workloads"] = [w for w in spec["workloads"] if w["name"] == "allreduce-1k"]
+    path = tmp / "kept-bench.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def one(spec: Path, mode: str, out: Path, k: int) -> dict:
+    env = dict(os.environ, FB_STUDY_KEEP_FABRIC=MODES[mode], OMP_NUM_THREADS="1")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "study", str(spec), "--output-root", str(out),
+                        "--id", f"{mode}-{k}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        sys.exit(f"study ({mode}) failed, exit {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    runs = [json.loads(x)["seconds"] for x in (out / f"{mode}-{k}" / "timings.jsonl").read_text().splitlines() if x]
+    kept = sum("kept for the study's arm" in p.read_text() for p in (out / f"{mode}-{k}" / "logs").glob("*.log"))
+    if (kept == len(runs)) != (mode == "kept"):
+        sys.exit(f"study ({mode}): {kept} of {len(runs)} runs said they ran on a kept topology")
+    return {"wall": wall, "run": statistics.mean(runs), "cpu": (after.ru_utime + after.ru_stime)
+            - (before.ru_utime + before.ru_stime), "runs": len(runs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each: kept, per-run, per-run, kept)")
+    ap.add_argument("--trials", type=int, default=2, help="blocks per study (2 runs each)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the studies build network namespaces")
+    got: dict[str, list[dict]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="fb-kept-") as tmp:
+        spec = spec_file(Path(tmp), args.trials)
+        k = 0
+        for _ in range(args.rounds):
+            for mode in ("kept", "per-run", "per-run", "kept"):
+                k += 1
+                res = one(spec, mode, Path(tmp) / f"out{k}", k)  # alone: no plan reads another's noise
+                got[mode].append(res)
+                print(f"{mode:8s} study {res['wall']:6.1f} s wall, {res['runs']} runs of mean {res['run']:5.1f} s, "
+                      f"cpu {res['cpu']:6.1f} s  (load {os.getloadavg()[0]:.1f})", flush=True)
+    med = {m: {f: statistics.median(r[f] for r in rs) for f in ("wall", "run", "cpu")} for m, rs in got.items()}
+    for m, v in med.items():
+        print(f"median {m:8s}: study {v['wall']:.1f} s, run {v['run']:.2f} s, cpu {v['cpu']:.1f} s")
+    print(f"kept / per-run: study wall {med['kept']['wall'] / med['per-run']['wall']:.3f}, "
+          f"run wall {med['kept']['run'] / med['per-run']['run']:.3f}, cpu {med['kept']['cpu'] / med['per-run']['cpu']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The emulated topologies a study keeps for its arms: built at an arm's first run, lent to each
+of its runs (workloads/fabric/kept.py), removed when the study ends, however it ends.
+
+What a kept topology shares between runs is the namespaces, veths, qdiscs and the delay line
+process, none of which an arm changes between its trials; never a process, a process group, a
+socket or a model. Before every run its nodes are reset (fabric/kept.py: fresh) and checked empty;
+a topology that still holds a process of an earlier run is removed and built again. Arms never
+share one: each arm's fabric is built for it, so a difference between arms cannot come from a
+topology one of them inherited. FB_STUDY_KEEP_FABRIC=0 builds one per run instead (the
+benchmark's baseline, benchmarks/kept_fabric.py).
+
+Each run's emulator is also forked from the study (`fork_emulator`), which imports torch and what
+every rank imports once, instead of starting as a fresh interpreter that imports them again
+(core/forkrank.py: the child purges and re-imports our own modules, runs launch/emulate.py as
+`python launch/emulate.py` would, in a session of its own, dying with the study). The study
+touches no torch state between forks, so every run of either arm starts from the same parent.
+FB_RANK_START=exec, or FB_STUDY_KEEP_FABRIC=0, starts fresh interpreters instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any, Sequence
+
+from workloads import CONF_DIR, REPO_ROOT
+from workloads.core import celllock, forkrank
+from workloads.fabric.kept import KEPT_ENV, fresh, handle
+
+KEEP_ENV = "FB_STUDY_KEEP_FABRIC"
+
+
+class KeptFabrics:
+    """Per (arm, emulated spec): one Topology. A context manager that removes them all."""
+
+    def __init__(self, jobs, environ=os.environ):
+        self.on = environ.get(KEEP_ENV, "1") != "0"
+        self.built: dict[tuple, Any] = {}
+        self._count = 0  # names each topology built (fb-<study pid>k<count>-<node>)
+        self._specs: dict[tuple[str, str], Any] = {}
+        # a served workload's runs need the host's link into node 0; one topology serves the arm's
+        # other workloads too (they do not use that link)
+        self._served = {j.arm.label for j in jobs if j.arm.emulated and j.workload.kind.served}
+
+    def __enter__(self) -> KeptFabrics:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self.built:
+            _, topo = self.built.popitem()
+            topo.teardown()
+
+    def env(self, job) -> dict[str, str]:
+        """KEPT_ENV for the job's run, or nothing: the run builds its own topology (the arm is not
+        emulated, keeping is off, or the topology could not be built here; the run then says why)."""
+        if not (self.on and job.arm.emulated):
+            return {}
+        try:
+            spec = self._spec(job)
+        except Exception:  # noqa: BLE001 - the run composes the same config and says what is wrong in one line
+            return {}
+        key = (job.arm.label, spec)
+        topo = self.built.get(key)
+        if topo is not None and not fresh(topo):
+            self.built.pop(key).teardown()
+            topo = None
+        if topo is None:
+            topo = self._build(spec, job.arm.label in self._served)
+            if topo is None:
+                return {}
+            self.built[key] = topo
+        return {KEPT_ENV: handle(topo)}
+
+    def _spec(self, job):
+        key = (job.arm.label, job.workload.name)
+        if key not in self._specs:
+            from workloads.core.config import compose
+            from workloads.fabric.emuplan import _spec_of
+
+            cfg = compose(CONF_DIR, [*job.workload.argv, *job.arm.overrides, f"fabric={job.arm.fabric}"])
+            self._specs[key] = _spec_of(cfg, {})[0]
+        return self._specs[key]
+
+    def _build(self, spec, host_link: bool):
+        from workloads.fabric.netns import Topology
+
+        self._count += 1
+        topo = Topology(spec, tag=f"{os.getpid()}k{self._count}", host_link=host_link)
+        try:
+            topo.__enter__()
+        except Exception:  # noqa: BLE001 - TopologyError, OSError, UsageError: said by the run that builds its own
+            return None  # __enter__ removed what it built
+        return topo
+
+
+def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:
+    """The run `argv` (`<python> launch/emulate.py ...`) forked from this warm study process,
+    its output to `out`; None when it is not such a run or forking is off (then it is exec'd)."""
+    if env.get(KEEP_ENV, "1") == "0" or len(argv) < 2 or argv[0] != sys.executable \
+            or Path(argv[1]).name != "emulate.py" or forkrank.mode() != "fork" or not forkrank.can_fork():
+        return None
+    forkrank.warm(forkrank.RANK_IMPORTS)
+
+    def prepare() -> None:  # what Popen(cwd=REPO_ROOT, preexec_fn=die_with_parent) did
+        os.chdir(REPO_ROOT)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        celllock.die_with_parent()
+
+    return forkrank.script(argv[1], argv[2:], env, "fb-emulate", out, out, prepare=prepare)
