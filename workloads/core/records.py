@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from workloads import REPO_ROOT
+from workloads import REPO_ROOT, catalog
 from workloads.core.errors import RecordNotWritten, UsageError
 
 SCHEMA = "fabricbench.record/1"
@@ -306,9 +306,9 @@ def with_tuned(fp: dict[str, Any], config: Any) -> dict[str, Any]:
 
 
 # Config keys that are bookkeeping, not the point measured: two records that differ only
-# here (and in `trial`) are the same trial of the same point.
-_NOT_POINT = ("run_id", "output_root", "logger", "launcher", "hydra", "wandb", "study", "trial", "load.points",
-              "dist.timeout_s")
+# here, in `trial` and in the keys listing the points their run swept (a workload's catalog
+# `sweep_keys`) are the same trial of the same point.
+_NOT_POINT = ("run_id", "output_root", "logger", "launcher", "hydra", "wandb", "study", "trial", "dist.timeout_s")
 
 
 def trial_key(record: dict[str, Any]) -> tuple | None:
@@ -318,8 +318,9 @@ def trial_key(record: dict[str, Any]) -> tuple | None:
     if not isinstance(cfg, dict):
         return None
     flat = flatten(json_safe(cfg), ".")  # as it will read back from disk
+    skip = _NOT_POINT + tuple(catalog.field(record.get("workload"), "sweep_keys", ()))
     ident = tuple(sorted((k, repr(v)) for k, v in flat.items()
-                         if not any(k == p or k.startswith(p + ".") for p in _NOT_POINT)))
+                         if not any(k == p or k.startswith(p + ".") for p in skip)))
     arm = (record.get("study") or {}).get("arm")
     fabric = (record.get("fabric") or {}).get("name")
     return (record.get("workload"), record.get("point"), arm, fabric, ident), cfg.get("trial", 0)
