@@ -106,3 +106,11 @@ def test_inside_inference_the_engine_stands_below_the_adapters():
     up = [f"{m} imports {t}" for m, ts in sorted(edges.items()) if m.startswith("workloads.inference.engine")
           for t in sorted(ts) if t.startswith("workloads.inference.adapters")]
     assert not up, "\n".join(up)
+
+
+def test_no_product_module_imports_the_test_doubles():
+    """workloads/testing/ is left out of the wheel: a product module importing it would break
+    an installed fabricbench."""
+    doubles = [m for m, targets in sorted(graph().items()) if room(m) != "testing"
+               for t in targets if room(t) == "testing"]
+    assert not doubles, doubles
