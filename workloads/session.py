@@ -27,7 +27,7 @@ from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
-from workloads.fabric.noise import PointMeter
+from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.preflight import preflight
 from workloads.fabric.profile import FabricProfile
 

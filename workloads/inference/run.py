@@ -31,7 +31,7 @@ from workloads.core import hostmem, rundir
 from workloads.core.errors import Fault, RecordNotWritten, TransportMismatch, UsageError
 from workloads.core.records import flatten, iter_records, json_safe
 from workloads.fabric.netns import emulated_nodes
-from workloads.fabric.noise import PointMeter
+from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
