@@ -24,8 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals, timeline
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
+from workloads.core.fingerprint import cpu_affinity
 from workloads.core.loggers import Loggers, Tracking, build_loggers
-from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
+from workloads.core.records import check_writable, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
 from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.preflight import preflight

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers import child_env, records_in, run_entry, tmpfs
-from workloads.core.records import REDACTED, finite, redact, redact_argv, write_record
+from workloads.core.records import finite, write_record
+from workloads.core.redact import REDACTED, redact, redact_argv
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123"   # the shape of a Hugging Face token
 AKIA = "AKIA" + "IOSFODNN7EXAMPLE"               # AWS's documented example access key id
@@ -258,7 +259,7 @@ def test_a_full_disk_keeps_the_measured_point_and_says_where(small_disk, tmp_pat
 def test_cpu_affinity_in_the_fingerprint_and_the_warning():
     import os
 
-    from workloads.core.records import fingerprint
+    from workloads.core.fingerprint import fingerprint
     from workloads.session import affinity_warning
 
     assert fingerprint()["cpu_affinity"] == len(os.sched_getaffinity(0))

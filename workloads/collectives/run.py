@@ -24,7 +24,7 @@ from workloads.collectives.settings import Checks, Settings, Sweep, pattern_grou
 from workloads.core import dist as fdist
 from workloads.core import hostmem
 from workloads.core.errors import UsageError
-from workloads.core.records import fingerprint
+from workloads.core.fingerprint import fingerprint
 from workloads.fabric.profile import FabricProfile
 
 

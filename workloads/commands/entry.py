@@ -78,7 +78,7 @@ def _report_job_error(overrides: list[str]) -> None:
     (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""
     import traceback
 
-    from workloads.core.records import redact, redact_text
+    from workloads.core.redact import redact, redact_text
 
     print(f"Error executing job with overrides: {redact(list(overrides))}", file=sys.stderr)
     print(redact_text(traceback.format_exc()), file=sys.stderr, end="", flush=True)

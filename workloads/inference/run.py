@@ -288,7 +288,8 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     # server's ranks, since this process is the one writer and in no process group
     trackers = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
 
-    from workloads.core.records import fingerprint, with_tuned
+    from workloads.core.fingerprint import fingerprint
+    from workloads.core.records import with_tuned
     from workloads.inference.engine_info import engine_versions
 
     # the engine's own torch/NCCL (its image's interpreter), beside this process's

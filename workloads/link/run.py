@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.core.records import fingerprint
+from workloads.core.fingerprint import fingerprint
 from workloads.core.signals import stop_group
 from workloads.fabric import leafspine, procnet
 from workloads.fabric.profile import FabricProfile

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.core.records import fingerprint
+from workloads.core.fingerprint import fingerprint
 from workloads.fabric.profile import FabricProfile
 from workloads.replay.trace import Call, Trace, load
 from workloads.training.commtimer import union_length

@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
+from workloads.core.fingerprint import fingerprint
 from workloads.core.loggers import build_loggers
-from workloads.core.records import fingerprint
 from workloads.fabric.linerate import node_line_rate
 from workloads.fabric.nic import NicSampler, gather_summaries, rails_for, summary_rows
 from workloads.fabric.profile import FabricProfile
