@@ -461,10 +461,11 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
             design = design and (design[0], f"{design[1]}, paired differences per run")
         label = design[1] if design else None
         control = any(r.control for r in runs)
-        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
-                                 blocks=design[0] if design else None, design=label,
-                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect,
-                                 step=stats.resolution(vals + base_vals), share=share, raw=raw and design is not None))
+        taken = stats.Design(blocks=design[0] if design else None, name=label, step=stats.resolution(vals + base_vals),
+                             raw=raw and design is not None)
+        judging = stats.Judging(alpha=alpha, word=word, control=control, margin=margin, primary=primary, looks=looks,
+                                detect=detect, share=share)
+        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, taken, judging))
     return out
 
 

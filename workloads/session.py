@@ -269,8 +269,19 @@ def say_record(record: dict[str, Any], path: Path) -> None:
     print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"), flush=True)
 
 
-def run_point(record: dict[str, Any], directory: Path, stem: str, info: Any,
-              measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
+@dataclass(frozen=True)
+class Point:
+    """One point to measure: its record (filled in place), the records folder and file stem it
+    is written under, and `info`, this rank's DistInfo (without a process group: whatever the
+    trackers are told, is_main, world_size, nodes)."""
+
+    record: dict[str, Any]
+    directory: Path
+    stem: str
+    info: Any
+
+
+def run_point(point: Point, measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
               summarize: Callable[[dict[str, Any], Path], None] = say_record, *, group: bool = True,
               label: str | None = None, describe: Callable[[BaseException, Any], tuple[str, str | None]] = failure,
               noise: bool = True) -> Path | None:
@@ -282,12 +293,12 @@ def run_point(record: dict[str, Any], directory: Path, stem: str, info: Any,
     delays the record. Returns the record's path on rank 0 (None elsewhere, or when an ok
     record already held this trial); the measurement's exception, if any, propagates.
 
-    `info`: this rank's DistInfo. `group=False`: no process group holds this point (the
-    inference sweep, one process beside its server): `info` is then whatever the trackers are
-    told (is_main, world_size, nodes), and Recorded neither checks for a held trial nor keeps
-    an in-flight copy. `label`: the point's name in its tracker's run (one run per point);
-    `describe`, `noise`: Recorded's."""
-    recorded = Recorded(record, directory, stem, write=info.is_main, info=info if group else None,
+    `group=False`: no process group holds this point (the inference sweep, one process beside
+    its server), and Recorded neither checks for a held trial nor keeps an in-flight copy.
+    `label`: the point's name in its tracker's run (one run per point); `describe`, `noise`:
+    Recorded's."""
+    record, info = point.record, point.info
+    recorded = Recorded(record, point.directory, point.stem, write=info.is_main, info=info if group else None,
                         describe=describe, noise=noise)
     try:
         with recorded:

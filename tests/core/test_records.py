@@ -21,10 +21,9 @@ AKIA = "AKIA" + "IOSFODNN7EXAMPLE"               # AWS's documented example acce
 
 
 def _training_keys() -> dict:
-    from workloads.training.metrics import summarize_training
+    from workloads.training.metrics import ModelShape, summarize_training
 
-    s = summarize_training(step_times_s=[0.2, 0.1, 0.11, 0.12], warmup_steps=1, global_batch=8, seq_length=128,
-                           num_layers=2, hidden_size=64, padded_vocab=1024, checkpoint_activations=False,
+    s = summarize_training(step_times_s=[0.2, 0.1, 0.11, 0.12], warmup_steps=1, shape=ModelShape(8, 128, 2, 64, 1024, False),
                            world_size=2, peak_tflops=312.0, comm_times_s=[0.05, 0.02, 0.03, 0.02])
     return s.as_metrics() | {"final_loss": 6.9}
 

@@ -70,7 +70,8 @@ def run_toy(cfg, overrides):
         sum(range(plan.size))
         record["metrics"] = {"toy_score": 1 / (time.perf_counter() - t0)}
 
-    session.run_point(record, run_dir / "records", f"toy-{plan.fabric.name}", info, measure, plan.run.tracking)
+    session.run_point(session.Point(record, run_dir / "records", f"toy-{plan.fabric.name}", info), measure,
+                      plan.run.tracking)
 '''
 
 LAUNCH = '''

@@ -40,7 +40,7 @@ from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
-from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
+from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_load
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.models.tp import check_tp_divides
 
@@ -374,7 +374,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         # not the summary and sample rows built after it, which would dilute its rate.
         noise = PointMeter()
         mark = obs.begin() if obs is not None else None
-        res = run_point(point, warn=lambda m: print(m, flush=True))
+        res = run_load(point, warn=lambda m: print(m, flush=True))
         noise.stamp(rec)
         m = summarize(res.results, res.duration_s, plan.slo)
         # the engine's own account of the point (vllm-pd: its KV transfers), its headline figures
@@ -396,7 +396,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
             rec["status"], rec["error"] = "failed", _server_death(srv, a)
 
     try:
-        session.run_point(rec, records, plan.stem(a), trackers, measure, plan.run.tracking, summarize=_print_point,
+        session.run_point(session.Point(rec, records, plan.stem(a), trackers), measure, plan.run.tracking, summarize=_print_point,
                           group=False, label=a.label(), describe=_point_failure, noise=False)
     except RecordNotWritten:
         raise  # the filesystem refused the record: its one line says where it is kept

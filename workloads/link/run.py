@@ -248,7 +248,7 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
             if server is not None:  # whatever happened; its output is already kept (finish_server)
                 stop(server)
 
-    return session.run_point(record, run_dir / "records", stem, info, measure, run.tracking)
+    return session.run_point(session.Point(record, run_dir / "records", stem, info), measure, run.tracking)
 
 
 def _all(value):

@@ -90,7 +90,7 @@ def run_replay(cfg: DictConfig, overrides: list[str] | None = None) -> Path | No
         metrics={},
         samples={},
     )
-    path = session.run_point(record, run_dir / "records", f"replay-{plan.fabric.name}-n{info.world_size}", info,
+    path = session.run_point(session.Point(record, run_dir / "records", f"replay-{plan.fabric.name}-n{info.world_size}", info),
                              lambda: _measure(plan, info, record), plan.run.tracking)
     if record["status"] != "ok":
         fdist.wait_for_writer(info)
