@@ -278,15 +278,21 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
                              summarize)
 
 
+def _build_model(plan: TrainPlan, info: fdist.DistInfo):
+    """(model, expert groups or None, its MoE statistics): the same initial weights on every rank."""
+    groups = moe.ExpertGroups.build(plan.experts.ep) if plan.experts else None
+    torch.manual_seed(plan.seed)
+    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(plan.model, groups)
+    moe_stats = moe.MoEStats(cuda=info.device.type == "cuda")
+    moe.attach_stats(model, moe_stats)
+    model.checkpoint_activations = plan.settings.activation_checkpointing
+    return model, groups, moe_stats
+
+
 def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
     """Build, warm up, time every step; fill the record's metrics and samples."""
     mcfg, layout, settings = plan.model, plan.layout, plan.settings
-    groups = moe.ExpertGroups.build(plan.experts.ep) if plan.experts else None
-    torch.manual_seed(plan.seed)  # the same initial weights on every rank
-    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(mcfg, groups)
-    moe_stats = moe.MoEStats(cuda=info.device.type == "cuda")
-    moe.attach_stats(model, moe_stats)
-    model.checkpoint_activations = settings.activation_checkpointing
+    model, groups, moe_stats = _build_model(plan, info)
     seq, warmup, accum = plan.seq_length, plan.warmup_steps, layout.grad_accum_steps
     pool = _batches(plan, info)
     timer = CommTimer(info.device)
