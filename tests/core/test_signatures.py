@@ -20,7 +20,6 @@ LONG = {
     # not yet split at their seams (issue 41 names them); remove a line when its function is split
     "workloads/collectives/settings.py:from_config": "to split",
     "workloads/commands/emulate.py:run": "to split",
-    "workloads/commands/model.py:run": "to split",
     "workloads/fabric/noise.py:_iperf3": "to split",
     "workloads/study/plan.py:_apply_windows": "to split",
     "workloads/study/tunespec.py:load_tune": "to split",
