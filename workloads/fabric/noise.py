@@ -239,6 +239,22 @@ def _write_state(out_dir: Path, spec: NoiseSpec, pids: Sequence[int]) -> dict[st
     return {NOISE_ENV: str(state)}
 
 
+def _stop_iperf3(clients: Sequence[subprocess.Popen], servers: Sequence[subprocess.Popen], files: Sequence[Any]) -> None:
+    """Clients stopped, servers let end (-1: each ends after its client; SIGINT if it does not),
+    their output files closed, an empty stderr file removed."""
+    for p in clients:
+        _stop(p)
+    for p in servers:
+        try:
+            p.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            _stop(p)
+    for f in files:
+        f.close()
+        if f.name.endswith(".stderr") and Path(f.name).stat().st_size == 0:
+            Path(f.name).unlink()  # kept only when iperf3 said something there
+
+
 @contextmanager
 def _iperf3(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir: Path,
             run_s: float) -> Iterator[dict[str, str]]:
@@ -283,17 +299,7 @@ def _iperf3(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir
         if any(p.poll() is not None for p in servers + clients):
             raise NoiseFailed(f"noise: an iperf3 ended while the workload ran; its output is in {out_dir}")
     finally:
-        for p in clients:
-            _stop(p)
-        for p in servers:  # -1: it ends after its client; SIGINT if it does not
-            try:
-                p.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                _stop(p)
-        for f in files:
-            f.close()
-            if f.name.endswith(".stderr") and Path(f.name).stat().st_size == 0:
-                Path(f.name).unlink()  # kept only when iperf3 said something there
+        _stop_iperf3(clients, servers, files)
     if moved <= 0:
         raise NoiseFailed(f"noise: iperf3 moved no bytes during the workload's {seconds:.1f} s; the run was not noisy")
     summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": rate_figures(moved, seconds),
