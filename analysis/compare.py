@@ -31,37 +31,28 @@ from analysis.load import Run, Table, is_served
 from workloads import catalog
 from workloads.core.errors import UsageError
 
-# Which way is better, and the verdict's word: "faster" for times and rates, "better" for
-# the rest (a smaller comm share or loss is not speed). First match wins, so the specific
-# names come before the unit rules. A metric matching nothing is refused, not guessed.
+# Which way is better, and the verdict's word, for a metric its workload does not declare
+# (workloads/<name>/declare.py, read through the catalog, is asked first): rules over the unit
+# the key carries, "faster" for times and rates. A metric matching nothing is refused, not guessed.
 DIRECTIONS: list[tuple[str, bool, str]] = [  # (fnmatch pattern, higher is better, word)
-    ("*send_lag_ms", False, "better"),           # the client's own lateness, not the fabric's speed
-    ("iteration_time_std(s)", False, "better"),  # spread of step times, not speed
     ("*_ms", False, "faster"), ("*(s)", False, "faster"), ("*(us)", False, "faster"),
-    ("duration", False, "faster"),               # seconds a load point took
     ("*(GB/s)", True, "faster"), ("*(MB/s)", True, "faster"), ("*(Gbit/s)", True, "faster"), ("*(Mpps)", True, "faster"),
-    ("*_per_sec", True, "faster"),
-    ("*_throughput", True, "faster"), ("request_goodput", True, "faster"), ("tflops_per_gpu", True, "faster"),
-    ("mfu", True, "better"), ("completed", True, "better"),
-    ("comm_share", False, "better"), ("final_loss", False, "better"), ("loss", False, "better"),
-    ("kv_xfer_ms_*", False, "faster"),   # server=vllm-pd: NIXL's KV transfer time (mean, worst p90)
-    ("kv_ttft_share", False, "better"),  # server=vllm-pd: the KV transfer's part of TTFT
-    ("alltoall_share", False, "better"), ("dispatch_share", False, "better"), ("combine_share", False, "better"),
-    ("routing_skew*", False, "better"), ("dropped_fraction", False, "better"),
-    ("failed", False, "better"), ("warmup_failed", False, "better"),
-    ("wrong_elements", False, "better"), ("rows_with_wrong", False, "better"),
-    ("*(%line)", True, "better"), ("*(%payload)", True, "better"), ("*retransmits", False, "better"),  # link
+    ("*_per_sec", True, "faster"), ("*_throughput", True, "faster"),
+    ("*(%line)", True, "better"), ("*(%payload)", True, "better"),
 ]
 
 
 def direction(metric: str) -> tuple[bool, str]:
     """(higher is better, verdict word) of a metric; UsageError when it has no known direction."""
+    declared = catalog.metric(metric)
+    if declared is not None:
+        return declared.higher, declared.word
     for pattern, hib, word in DIRECTIONS:
         if metric == pattern or fnmatchcase(metric, pattern):
             return hib, word
     raise UsageError(f"--metric {metric}: no known direction (is higher or lower better?); compare a metric with "
-                     f"a unit suffix (_ms, (s), (us), (GB/s), _per_sec, _throughput) or add it to DIRECTIONS in "
-                     f"analysis/compare.py")
+                     f"a unit suffix (_ms, (s), (us), (GB/s), _per_sec, _throughput) or declare it in its workload's "
+                     f"METRICS (the module its catalog entry `declares`, e.g. workloads/link/declare.py)")
 
 
 def expand(wanted: Iterable[str], names: Iterable[str]) -> list[str]:
@@ -73,14 +64,13 @@ def expand(wanted: Iterable[str], names: Iterable[str]) -> list[str]:
     return out
 
 
-# Counts per run: a ratio of counts near 3 is mostly noise ("25% better"), and 0 is common, so a
-# study judges them by the blocks' raw differences, always (a share or fraction only when a
-# value is 0: elsewhere its log-ratio is the relative change the report states).
-COUNTS = ("*retransmits", "failed", "warmup_failed", "wrong_elements", "rows_with_wrong")
-
-
+# Counts per run (a workload's Metric(counted=True)): a ratio of counts near 3 is mostly noise
+# ("25% better"), and 0 is common, so a study judges them by the blocks' raw differences, always
+# (a share or fraction only when a value is 0: elsewhere its log-ratio is the relative change
+# the report states).
 def counted(metric: str) -> bool:
-    return any(metric == p or fnmatchcase(metric, p) for p in COUNTS)
+    declared = catalog.metric(metric)
+    return declared is not None and declared.counted
 
 
 def higher_is_better(metric: str) -> bool:
@@ -471,10 +461,11 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
             design = design and (design[0], f"{design[1]}, paired differences per run")
         label = design[1] if design else None
         control = any(r.control for r in runs)
-        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, alpha=alpha, word=word,
-                                 blocks=design[0] if design else None, design=label,
-                                 control=control, margin=margin, primary=primary, looks=looks, detect=detect,
-                                 step=stats.resolution(vals + base_vals), share=share, raw=raw and design is not None))
+        taken = stats.Design(blocks=design[0] if design else None, name=label, step=stats.resolution(vals + base_vals),
+                             raw=raw and design is not None)
+        judging = stats.Judging(alpha=alpha, word=word, control=control, margin=margin, primary=primary, looks=looks,
+                                detect=detect, share=share)
+        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, taken, judging))
     return out
 
 

@@ -231,8 +231,8 @@ def _size_ratios(runs: Iterable[Run], op: str, baseline: str | None) -> dict:
             design = blocked(rs, base, value)
             vals, base_vals = [v for r in rs if (v := value(r)) is not None], [v for r in base if (v := value(r)) is not None]
             if vals and base_vals:
-                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", True,
-                                              blocks=design[0] if design else None, design=design[1] if design else None)))
+                taken = stats.Design(blocks=design[0] if design else None, name=design[1] if design else None)
+                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", True, taken)))
         if rows:
             out[arm] = tuple(np.array(v) for v in zip(*[(s, c.speedup, c.speedup_lo, c.speedup_hi) for s, c in rows]))
     return out

@@ -587,20 +587,47 @@ def _interval(c: Comparison, conf: float, with_mde: bool = True) -> tuple[float,
     return math.exp(lo), math.exp(hi), p, math.expm1(_t_mde(se, df, level)) if with_mde else math.nan
 
 
-def compare(values: Sequence[float], base: Sequence[float], fabric: str, baseline: str, metric: str,
-            higher_is_better: bool = True, alpha: float = 0.05, seed: int | None = None,
-            word: str = "faster", blocks: Sequence[float] | None = None, design: str | None = None,
-            control: bool = False, margin: float = MARGIN, primary: bool = True, looks: int = 1,
-            detect: float = DETECT, step: float = 0.0, share: float = math.nan, raw: bool = False) -> Comparison:
-    """`fabric` against `baseline` on one metric's per-trial values, as a family of one test
-    (`correct` re-judges it once the whole family is known). `blocks`: the per-block
+@dataclass(frozen=True)
+class Design:
+    """How an arm's values were taken against the baseline's. `blocks`: the per-block
     log-ratios of a blocked design (then the paired t-test, or the signed-rank test when a
-    block dominates; `design` names it); None: Welch's t on log values. `word` names the
-    winner's edge: "faster" for times and rates, "better" for the rest (comm share, loss,
-    failures). `step`: the values' recorded resolution (resolution()), a floor on the spread.
-    `share`: the fraction of alpha this look of a sequential study spends (analysis/looks.py).
-    `raw`: `blocks` are the blocks' raw differences (arm - baseline, the metric's units), for a
-    count or share that can be 0: judged by the same tests, stated as a difference per run."""
+    block dominates; `name` names the design); None: Welch's t on log values. `step`: the
+    values' recorded resolution (resolution()), a floor on the spread. `raw`: `blocks` are the
+    blocks' raw differences (arm - baseline, the metric's units), for a count or share that can
+    be 0: judged by the same tests, stated as a difference per run."""
+
+    blocks: Sequence[float] | None = None
+    name: str | None = None
+    step: float = 0.0
+    raw: bool = False
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How a comparison is judged: its level, the verdict's word ("faster" for times and rates,
+    "better" for the rest: comm share, loss, failures), whether it is the A/A control or a
+    primary verdict, the equivalence margin, the looks of a sequential study and the share of
+    alpha this look spends (analysis/looks.py), the difference the study must be able to call,
+    and the permutation test's seed."""
+
+    alpha: float = 0.05
+    seed: int | None = None
+    word: str = "faster"
+    control: bool = False
+    margin: float = MARGIN
+    primary: bool = True
+    looks: int = 1
+    detect: float = DETECT
+    share: float = math.nan
+
+
+def compare(values: Sequence[float], base: Sequence[float], fabric: str, baseline: str, metric: str,
+            higher_is_better: bool = True, design: Design = Design(), judging: Judging = Judging()) -> Comparison:
+    """`fabric` against `baseline` on one metric's per-trial values, as a family of one test
+    (`correct` re-judges it once the whole family is known)."""
+    blocks, step, raw = design.blocks, design.step, design.raw
+    j = judging
+    alpha, seed, word, control, margin, primary, looks = j.alpha, j.seed, j.word, j.control, j.margin, j.primary, j.looks
     x, y = [float(v) for v in values], [float(v) for v in base]
     med, med_base = float(np.median(x)), float(np.median(y))
     if blocks is not None:
@@ -622,7 +649,7 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
             ("every block's difference is the same" if raw else
              "every block log-ratio is the same and the values carry no resolution to bound their spread")
         c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
-                       False, "", word, design or "blocked", k, p, control=control, alpha=alpha, floor=floor,
+                       False, "", word, design.name or "blocked", k, p, control=control, alpha=alpha, floor=floor,
                        p_exact=sign_flip_p(d, seed) if k >= 2 else math.nan, sd=sd, margin=margin,
                        primary=primary, looks=looks, data=d, floor_sd=fl, robust=robust, p_t=p_t, why=why, raw=raw)
     else:
@@ -639,10 +666,10 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
             "a value <= 0 has no ratio to test (differences of counts are not judged)" if not pos else "every run of both arms is the same and the values " \
             "carry no resolution to bound their spread"
         c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
-                       False, "", word, design or Comparison.design, 0, p, control=control, alpha=alpha,
+                       False, "", word, design.name or Comparison.design, 0, p, control=control, alpha=alpha,
                        p_exact=permutation_p(x, y, seed=seed) if not math.isnan(p) else math.nan, sd=sd,
                        margin=margin, primary=primary, looks=looks, data=lx, data_base=ly, floor_sd=fl, why=why)
-    c = replace(c, higher_is_better=higher_is_better, detect=detect, share=share)
+    c = replace(c, higher_is_better=higher_is_better, detect=j.detect, share=j.share)
     return correct([c], "holm", alpha)[0]
 
 

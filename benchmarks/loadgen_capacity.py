@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workloads.inference.loadgen.arrivals import Arrival  # noqa: E402
 from workloads.inference.loadgen.backends import get_backend  # noqa: E402
 from workloads.inference.loadgen.datasets import RandomDataset  # noqa: E402
-from workloads.inference.loadgen.point import LoadPoint, run_point  # noqa: E402
+from workloads.inference.loadgen.point import LoadPoint, run_load  # noqa: E402
 from workloads.inference.metrics import summarize  # noqa: E402
 from workloads.testing.scripted_server import Running  # noqa: E402
 
@@ -35,7 +35,7 @@ def capacity(url: str, seconds: float = 3.0, start_rate: float = 100.0, max_rate
     def point(rate):
         p = LoadPoint(url, get_backend("completions"), "m", specs, Arrival("poisson", rate=rate),
                       num_requests=int(max(rate * seconds, 200)), timeout_s=30, seed=int(rate), event_loop=event_loop)
-        res = run_point(p, warn=lambda s: None)
+        res = run_load(p, warn=lambda s: None)
         return res, summarize(res.results, res.duration_s)
 
     point(start_rate)  # burn-in

@@ -47,7 +47,7 @@ from workloads.inference.adapters.orchestrator import ManagedServer  # noqa: E40
 from workloads.inference.loadgen.arrivals import Arrival  # noqa: E402
 from workloads.inference.loadgen.backends import get_backend  # noqa: E402
 from workloads.inference.loadgen.datasets import RandomDataset, load_tokenizer  # noqa: E402
-from workloads.inference.loadgen.point import LoadPoint, run_point  # noqa: E402
+from workloads.inference.loadgen.point import LoadPoint, run_load  # noqa: E402
 from workloads.inference.metrics import summarize  # noqa: E402
 from workloads.inference.run import flush_cache  # noqa: E402
 
@@ -86,7 +86,7 @@ def fabricbench_round(url: str, model: str, specs, a) -> dict:
     flush_cache(url, "/flush_cache")
     p = LoadPoint(url, get_backend("completions"), model, specs, Arrival("closed", concurrency=a.concurrency),
                   num_requests=a.requests, timeout_s=600)
-    res = run_point(p, warn=lambda s: None)
+    res = run_load(p, warn=lambda s: None)
     m = summarize(res.results, res.duration_s)
     return {"completed": m["completed"], "duration": res.duration_s, "request_throughput": m["request_throughput"],
             "median_ttft_ms": m["median_ttft_ms"]}

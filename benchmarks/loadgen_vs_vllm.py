@@ -52,7 +52,7 @@ from loadgen_capacity import capacity  # noqa: E402
 from workloads.inference.loadgen.arrivals import Arrival  # noqa: E402
 from workloads.inference.loadgen.backends import get_backend  # noqa: E402
 from workloads.inference.loadgen.datasets import RandomDataset, load_tokenizer  # noqa: E402
-from workloads.inference.loadgen.point import LoadPoint, run_point  # noqa: E402
+from workloads.inference.loadgen.point import LoadPoint, run_load  # noqa: E402
 from workloads.testing.scripted_server import Running  # noqa: E402
 
 # Runs in vLLM's venv: parse `vllm bench serve`'s own flags once, then one benchmark per
@@ -108,7 +108,7 @@ def vllm_client(python: Path, url: str, tok: Path, a) -> DrivenClient:
 def fabricbench_round(url: str, specs, a) -> dict:
     p = LoadPoint(url, get_backend("completions"), "m", specs, Arrival("closed", concurrency=a.concurrency),
                   num_requests=a.requests, timeout_s=60, event_loop=a.event_loop)
-    res = run_point(p, warn=lambda s: None)
+    res = run_load(p, warn=lambda s: None)
     ok = sum(r.ok for r in res.results)
     return {"completed": ok, "failed": len(res.results) - ok, "duration": res.duration_s,
             "request_throughput": ok / res.duration_s, "event_loop": res.event_loop}

@@ -34,8 +34,7 @@ RULES = (sched.STOP_ON, sched.STOPS)   # the default, and with futility
 
 
 def verdicts(d: np.ndarray, looks: int, share: float = math.nan) -> list[stats.Comparison]:
-    fam = [stats.compare([1.0] * d.shape[1], [1.0] * d.shape[1], f"arm{i}", "base", "samples_per_sec", blocks=d[i],
-                         design="sim", looks=looks, share=share) for i in range(d.shape[0])]
+    fam = [stats.compare([1.0] * d.shape[1], [1.0] * d.shape[1], f"arm{i}", "base", "samples_per_sec", design=stats.Design(blocks=d[i], name="sim"), judging=stats.Judging(looks=looks, share=share)) for i in range(d.shape[0])]
     return stats.correct(fam, "holm", ALPHA)
 
 

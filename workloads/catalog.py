@@ -2,9 +2,13 @@
 
 The launcher finds a workload's validator here, the W&B logger its default group, a study
 its entry script and expected noise, the emulator whether its ranks cross the emulated link,
-and analysis its primary and secondary metrics, display name and the identity fields that
-do not apply to it. A new workload (one package under workloads/) is one `register` call.
+analysis its primary and secondary metrics, display name and the identity fields that
+do not apply to it. A new workload is one package under workloads/ (its run module, with its
+`declare.py`), a launch script, a conf/workload/<name>.yaml and one `register` call.
 
+A workload declares its typed config keys (`KEYS`) and its metrics (`METRICS`: name, unit,
+direction) beside its code, in the module `declares` names: the config check (core/schema.py)
+and the verdict's direction (analysis/compare.py) ask the catalog, never a table of workloads.
 The catalog names modules by string and imports nothing above it, so it stands on the
 ground floor: `core/` may read it without knowing any workload's code. Metric names follow
 docs/metrics.md (units in the key, as the records write them).
@@ -15,8 +19,10 @@ own: its records are training records, judged on samples/s like any other.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from fnmatch import fnmatchcase
+from typing import Any, Callable, Iterable
 
 
 def named(metric: str) -> Callable[[Iterable[str]], str | None]:
@@ -47,6 +53,24 @@ def _link_primary(names: Iterable[str]) -> str | None:
 
 
 @dataclass(frozen=True)
+class Metric:
+    """One metric a workload writes, declared beside the code that computes it. `name` is the
+    record's key or an fnmatch pattern over keys ("routing_skew*"); `higher`: whether more is
+    better; `word`: the verdict's word ("faster" for times and rates, "better" for the rest: a
+    smaller share or loss is not speed); `counted`: a count per run, judged by the blocks' raw
+    differences (a ratio of small counts is mostly noise)."""
+
+    name: str
+    unit: str
+    higher: bool
+    word: str = "better"
+    counted: bool = False
+
+    def matches(self, metric: str) -> bool:
+        return metric == self.name or fnmatchcase(metric, self.name)
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str                     # the record's `workload`, conf/workload/<name>.yaml
     display: str                  # how the report names it
@@ -66,6 +90,10 @@ class Workload:
     # (total steps key, warm-up steps key) when a study may size the measured window
     # (`window: auto`, workloads/study/window.py): the records carry per-step samples
     window: tuple[str, str] | None = None
+    # module (by name, like `validator`) whose KEYS (dotted config key -> core.schema kind) and
+    # METRICS (Metric, ...) this workload declares
+    declares: str | None = None
+    sweep_keys: tuple[str, ...] = ()  # config keys listing the points one run sweeps (not a point's identity)
 
     @property
     def entry(self) -> str:
@@ -97,6 +125,30 @@ def field(word: str, name: str, default=None):
     return getattr(known, name) if known else default
 
 
+def _declared(name: str) -> tuple[dict[str, Any], tuple[Metric, ...]]:
+    module = importlib.import_module(name)
+    return dict(getattr(module, "KEYS", {})), tuple(getattr(module, "METRICS", ()))
+
+
+def _declarations() -> list[tuple[dict[str, Any], tuple[Metric, ...]]]:
+    return [_declared(m) for m in dict.fromkeys(w.declares for w in CATALOG.values() if w.declares)]
+
+
+def keys() -> dict[str, Any]:
+    """Every registered workload's typed config keys (a key absent from a config is not checked)."""
+    return {k: v for declared, _ in _declarations() for k, v in declared.items()}
+
+
+def metrics() -> tuple[Metric, ...]:
+    """Every registered workload's declared metrics, in catalog order."""
+    return tuple(m for _, declared in _declarations() for m in declared)
+
+
+def metric(name: str) -> Metric | None:
+    """The declaration a metric name matches (first in catalog order), or None."""
+    return next((m for m in metrics() if m.matches(name)), None)
+
+
 def chooses_workload(overrides: Iterable[str]) -> bool:
     """Whether a command line's overrides choose the workload themselves (workload=, +, ~ forms);
     otherwise an entry point adds its own."""
@@ -120,11 +172,11 @@ def scripts(**having) -> tuple[str, ...]:
 # machine cannot deliver.
 _TRAINING = dict(script="launch/train.py", validator="workloads.training.run", primary=named("samples_per_sec"),
                  primary_text="samples_per_sec", headline=("samples_per_sec", "alltoall_share"), training=True,
-                 default_cv=0.03, window=("train.steps", "train.warmup_steps"))
+                 default_cv=0.03, window=("train.steps", "train.warmup_steps"), declares="workloads.training.declare")
 register(Workload("pretrain", "Pre-training", study_entry="train", **_TRAINING))
 register(Workload("finetune", "Fine-tuning", overrides=("workload=finetune",), **_TRAINING))
 register(Workload("collectives", "Collectives", "launch/collectives.py", overrides=("workload=collectives",),
-                  validator="workloads.collectives.run", primary=_collectives_primary,
+                  validator="workloads.collectives.run", primary=_collectives_primary, declares="workloads.collectives.declare",
                   primary_text="all_reduce bus bandwidth at the largest size", headline=("*/avg_busbw(GB/s)",),
                   not_applicable=("model", "parallel"), group="collectives-ws{world}"))
 # the served model applies; the training parallel strategy does not
@@ -133,10 +185,12 @@ register(Workload("inference", "Inference", "launch/infer.py", overrides=("workl
                   # server=vllm-pd adds the KV transfer's time and its share of TTFT (absent elsewhere)
                   headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms", "kv_xfer_ms_mean", "kv_ttft_share"),
                   not_applicable=("parallel",),
-                  group="inference-{model}-{server}-tp{world}", served=True, study_entry="infer"))
+                  group="inference-{model}-{server}-tp{world}", served=True, study_entry="infer",
+                  declares="workloads.inference.declare", sweep_keys=("load.points",)))
 # what the wire gives before any framework: one server and one client, no model or parallel layout;
 # iperf3 on a quiet link repeats to ~1-2%
 register(Workload("link", "Raw link", "launch/link.py", overrides=("workload=link",), validator="workloads.link.run",
+                  declares="workloads.link.declare",
                   primary=_link_primary, primary_text="received TCP throughput (iperf3), or perftest's average "
                   "bandwidth / typical latency", headline=("throughput_received(Gbit/s)", "throughput(%payload)",
                                                            "bw_average(Gbit/s)", "lat_typical(us)"),
@@ -144,7 +198,7 @@ register(Workload("link", "Raw link", "launch/link.py", overrides=("workload=lin
 # a captured run's collectives alone (a training record's trace or a Flight Recorder dump): the job's own
 # communication pattern without its compute; lower is faster
 register(Workload("replay", "Communication replay", "launch/replay.py", overrides=("workload=replay",),
-                  validator="workloads.replay.run", primary=named("comm_time_per_step(s)"),
+                  validator="workloads.replay.run", primary=named("comm_time_per_step(s)"), declares="workloads.replay.declare",
                   primary_text="communication time per replayed step",
                   headline=("comm_time_per_step(s)", "replay_vs_original"),
                   not_applicable=("model", "parallel"), group="replay-ws{world}"))

@@ -24,10 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from workloads.core import dist as fdist
 from workloads.core import inflight, rundir, schema, signals, timeline
 from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
+from workloads.core.fingerprint import cpu_affinity
 from workloads.core.loggers import Loggers, Tracking, build_loggers
-from workloads.core.records import check_writable, cpu_affinity, new_record, same_trial, skipped_message, write_record
+from workloads.core.records import check_writable, new_record, same_trial, skipped_message, write_record
 from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
-from workloads.fabric.noise import PointMeter
+from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.preflight import preflight
 from workloads.fabric.profile import FabricProfile
 
@@ -268,8 +269,19 @@ def say_record(record: dict[str, Any], path: Path) -> None:
     print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"), flush=True)
 
 
-def run_point(record: dict[str, Any], directory: Path, stem: str, info: Any,
-              measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
+@dataclass(frozen=True)
+class Point:
+    """One point to measure: its record (filled in place), the records folder and file stem it
+    is written under, and `info`, this rank's DistInfo (without a process group: whatever the
+    trackers are told, is_main, world_size, nodes)."""
+
+    record: dict[str, Any]
+    directory: Path
+    stem: str
+    info: Any
+
+
+def run_point(point: Point, measure: Callable[[], None], tracking: Tracking, loggers: Loggers | None = None,
               summarize: Callable[[dict[str, Any], Path], None] = say_record, *, group: bool = True,
               label: str | None = None, describe: Callable[[BaseException, Any], tuple[str, str | None]] = failure,
               noise: bool = True) -> Path | None:
@@ -281,12 +293,12 @@ def run_point(record: dict[str, Any], directory: Path, stem: str, info: Any,
     delays the record. Returns the record's path on rank 0 (None elsewhere, or when an ok
     record already held this trial); the measurement's exception, if any, propagates.
 
-    `info`: this rank's DistInfo. `group=False`: no process group holds this point (the
-    inference sweep, one process beside its server): `info` is then whatever the trackers are
-    told (is_main, world_size, nodes), and Recorded neither checks for a held trial nor keeps
-    an in-flight copy. `label`: the point's name in its tracker's run (one run per point);
-    `describe`, `noise`: Recorded's."""
-    recorded = Recorded(record, directory, stem, write=info.is_main, info=info if group else None,
+    `group=False`: no process group holds this point (the inference sweep, one process beside
+    its server), and Recorded neither checks for a held trial nor keeps an in-flight copy.
+    `label`: the point's name in its tracker's run (one run per point); `describe`, `noise`:
+    Recorded's."""
+    record, info = point.record, point.info
+    recorded = Recorded(record, point.directory, point.stem, write=info.is_main, info=info if group else None,
                         describe=describe, noise=noise)
     try:
         with recorded:

@@ -33,9 +33,23 @@ def test_comm_share_lower_is_better_and_is_not_speed():
     ("p90_ttft_ms", False, "faster"), ("p99_send_lag_ms", False, "better"), ("p2p_min_latency(us)", False, "faster"),
     ("samples_per_sec", True, "faster"), ("request_throughput", True, "faster"), ("mfu", True, "better"),
     ("all_reduce/avg_busbw(GB/s)", True, "faster"), ("p2p_peak_bw(MB/s)", True, "faster"),
+    # declared by their workloads (workloads/*/declare.py): the same answers as the table they left
+    ("iteration_time_std(s)", False, "better"), ("mean_send_lag_ms", False, "better"), ("kv_xfer_ms_mean", False, "faster"),
+    ("kv_ttft_share", False, "better"), ("routing_skew_max", False, "better"), ("request_goodput", True, "faster"),
+    ("tflops_per_gpu", True, "faster"), ("completed", True, "better"), ("alltoall_share", False, "better"),
+    ("reverse/retransmits", False, "better"), ("wrong_elements", False, "better"), ("throughput(%line)", True, "better"),
+    ("comm_time_per_step(s)", False, "faster"), ("loss", False, "better"),
 ])
 def test_direction_registry(metric, hib, word):
     assert direction(metric) == (hib, word)
+
+
+def test_counts_are_the_declared_ones():
+    from analysis.compare import counted
+
+    assert [m for m in ("retransmits", "failed", "warmup_failed", "wrong_elements", "rows_with_wrong", "completed",
+                        "comm_share", "duration") if counted(m)] == \
+        ["retransmits", "failed", "warmup_failed", "wrong_elements", "rows_with_wrong"]
 
 
 def test_unknown_metric_is_refused_not_guessed(tmp_path, capsys):
@@ -44,7 +58,7 @@ def test_unknown_metric_is_refused_not_guessed(tmp_path, capsys):
     with pytest.raises(UsageError, match="measured_steps: no known direction"):
         compare_table(Table(), metrics=["measured_steps"])
     assert cli_main(["compare", str(tmp_path), "--metric", "measured_steps"]) == 2
-    assert "add it to DIRECTIONS" in capsys.readouterr().err
+    assert "declare it in its workload's METRICS" in capsys.readouterr().err
 
 
 def test_collectives_headlines_are_per_op_and_the_primary_is_all_reduce_at_the_largest_size():

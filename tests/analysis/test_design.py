@@ -98,13 +98,13 @@ def test_blocked_verdict_is_the_paired_t_test_with_the_sign_flip_check_beside():
     # 5 blocks 20% faster with a little spread: the t-test calls it; the exact sign-flip test,
     # printed beside, cannot go below 2/32 with 5 blocks (it decided alone before, and could not)
     d = [math.log(1.2) + e for e in (0.01, -0.01, 0.02, -0.02, 0.0)]
-    five = stats.compare([1.2] * 5, [1.0] * 5, "b", "a", "samples_per_sec", blocks=d, design="interleaved ABBA, 5 blocks")
+    five = stats.compare([1.2] * 5, [1.0] * 5, "b", "a", "samples_per_sec", design=stats.Design(blocks=d, name="interleaved ABBA, 5 blocks"))
     assert five.significant and five.p_exact == pytest.approx(0.0625)
     # sd 0.01581, t(0.975, 4) = 2.77645: 1.2 x exp(+-0.01963) = [1.1767, 1.2238]
     assert five.verdict.startswith("b is faster than a by 20.0% [17.7, 22.4] (95% CI; paired t p=")
     assert "sign-flip p=0.0625; interleaved ABBA, 5 blocks, Holm over 1 primary test)" in five.verdict
     # every block the same and no resolution known: not "exact", not tested, and it says why
-    same = stats.compare([1.2] * 3, [1.0] * 3, "b", "a", "samples_per_sec", blocks=[math.log(1.2)] * 3, design="x")
+    same = stats.compare([1.2] * 3, [1.0] * 3, "b", "a", "samples_per_sec", design=stats.Design(blocks=[math.log(1.2)] * 3, name="x"))
     assert not same.tested and same.verdict.startswith("not tested (3 vs 3 runs, 3 block(s); every block log-ratio is "
                                                        "the same and the values carry no resolution"), same.verdict
 

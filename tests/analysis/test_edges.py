@@ -52,7 +52,7 @@ def test_values_printed_to_two_decimals_are_never_equivalent_by_rounding():
         zero_width += c.tested and c.lo == c.hi
     assert equivalent == 0 and zero_width == 0, (equivalent, zero_width)
     # one constant block log-ratio with no known resolution is not "exact" either: not tested, said why
-    c = stats.compare([1.0] * 4, [1.0] * 4, "a", "b", "samples_per_sec", blocks=[0.01] * 4, design="x")
+    c = stats.compare([1.0] * 4, [1.0] * 4, "a", "b", "samples_per_sec", design=stats.Design(blocks=[0.01] * 4, name="x"))
     assert not c.tested and "no resolution to bound their spread" in c.verdict
     assert stats.resolution([0.03, 0.59, 12.34]) == pytest.approx(0.01) and stats.resolution([3.0, 7.0]) == 1.0
     assert stats.resolution([100.123456789123]) == 0.0
@@ -72,7 +72,7 @@ def test_one_arms_rare_slowdown_is_flagged_and_never_equivalent():
     for _ in range(n):
         a = rng.normal(0, 0.01, 6)
         b = rng.normal(0, 0.01, 6) + math.log(0.7) * (rng.random(6) < 0.1)
-        c = stats.compare([1.0] * 6, [1.0] * 6, "b", "a", "samples_per_sec", blocks=list(b - a), design="sim")
+        c = stats.compare([1.0] * 6, [1.0] * 6, "b", "a", "samples_per_sec", design=stats.Design(blocks=list(b - a), name="sim"))
         equivalent += c.equivalent
         covered += c.lo <= math.exp(-0.002) <= c.hi
         flagged += bool(c.robust)
@@ -91,7 +91,7 @@ def test_one_outlier_run_does_not_silence_a_study():
         for _ in range(300):
             a, b = rng.normal(0, 0.02, 8), math.log1p(eff) + rng.normal(0, 0.02, 8)
             (a if rng.random() < 0.5 else b)[rng.integers(8)] += math.log(0.7)
-            c = stats.compare([1.0] * 8, [1.0] * 8, "b", "a", "samples_per_sec", blocks=list(b - a), design="sim")
+            c = stats.compare([1.0] * 8, [1.0] * 8, "b", "a", "samples_per_sec", design=stats.Design(blocks=list(b - a), name="sim"))
             calls += c.significant
             named += "decided by the signed-rank test" in c.verdict
         return calls, named
@@ -132,15 +132,14 @@ def test_equivalence_is_tost_at_90_percent_and_protected_over_the_family():
     said a false "within +-2.0%" in 5.7% of studies (the review, 100,000 studies). The
     simulation here (five verdicts all truly +2.0%, sd 0.4%, 12 blocks, seed 22, 60 studies:
     1 study before and after) guards the bound; the 90% and 95% intervals are what fail before."""
-    one = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec", blocks=[0.001, -0.002] * 4, design="x")
+    one = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec", design=stats.Design(blocks=[0.001, -0.002] * 4, name="x"))
     assert one.eq_conf == pytest.approx(0.90) and one.equivalent and "its 90% interval [" in one.verdict
     two = stats.correct([one, one], "holm")[0]
     assert two.eq_conf == pytest.approx(0.95)  # 1 - 2 alpha / 2: Bonferroni over the family
     rng = np.random.default_rng(22)
     n, false_eq = 60, 0
     for _ in range(n):
-        fam = [stats.compare([1.0] * 12, [1.0] * 12, f"a{i}", "b", "samples_per_sec", design="sim",
-                             blocks=list(math.log(1.02) + rng.normal(0, 0.004, 12))) for i in range(5)]
+        fam = [stats.compare([1.0] * 12, [1.0] * 12, f"a{i}", "b", "samples_per_sec", design=stats.Design(name="sim", blocks=list(math.log(1.02) + rng.normal(0, 0.004, 12)))) for i in range(5)]
         false_eq += any(c.equivalent for c in stats.correct(fam, "holm"))
     assert at_most(false_eq, n, ALPHA), false_eq
 
@@ -160,9 +159,9 @@ def test_an_extended_study_spends_alpha_over_its_sizes():
     n, calls = 300, 0
     for _ in range(n):
         d = rng.normal(0, 0.03, 12) - rng.normal(0, 0.03, 12)
-        c = stats.compare([1.0] * 8, [1.0] * 8, "b", "a", "samples_per_sec", blocks=list(d[:8]), design="x")
+        c = stats.compare([1.0] * 8, [1.0] * 8, "b", "a", "samples_per_sec", design=stats.Design(blocks=list(d[:8]), name="x"))
         if not c.significant:
-            c = stats.compare([1.0] * 12, [1.0] * 12, "b", "a", "samples_per_sec", blocks=list(d), design="x", looks=2)
+            c = stats.compare([1.0] * 12, [1.0] * 12, "b", "a", "samples_per_sec", design=stats.Design(blocks=list(d), name="x"), judging=stats.Judging(looks=2))
         calls += c.significant
     assert at_most(calls, n, ALPHA), calls
 

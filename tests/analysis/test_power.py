@@ -46,8 +46,7 @@ def test_verdict_and_interval_agree_under_correction():
     rng = np.random.default_rng(2)
     for method in ("holm", "bh", "none"):
         for _ in range(50):
-            fam = [stats.compare([1.0] * 6, [1.0] * 6, f"a{i}", "b", "samples_per_sec",
-                                 blocks=rng.normal(rng.choice([0, 0.02, 0.05]), 0.03, 6), design="x")
+            fam = [stats.compare([1.0] * 6, [1.0] * 6, f"a{i}", "b", "samples_per_sec", design=stats.Design(blocks=rng.normal(rng.choice([0, 0.02, 0.05]), 0.03, 6), name="x"))
                    for i in range(4)]
             for c in stats.correct(fam, method):
                 assert c.significant == (c.speedup_lo > 1 or c.speedup_hi < 1), c
@@ -136,7 +135,7 @@ def test_the_planned_difference_is_called_with_80_percent_power():
     for _ in range(n):
         base = rng.normal(0, cv, (m, k))
         arm = rng.normal(0, cv, (m, k)) + np.array([[math.log1p(detect)], [0.0]])
-        fam = [stats.compare([1.0] * k, [1.0] * k, f"a{i}", "b", "samples_per_sec", blocks=arm[i] - base[i], design="x")
+        fam = [stats.compare([1.0] * k, [1.0] * k, f"a{i}", "b", "samples_per_sec", design=stats.Design(blocks=arm[i] - base[i], name="x"))
                for i in range(m)]
         hits += stats.correct(fam, "holm")[0].significant
     assert at_least(hits, n, 0.8), hits / n
@@ -148,10 +147,9 @@ def test_equivalence_is_called_only_within_the_margin():
     rng = np.random.default_rng(7)
     n, edge, equal = 400, 0, 0
     for _ in range(n):
-        c = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec",
-                          blocks=math.log(1.02) + rng.normal(0, 0.01, 8), design="x")
+        c = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec", design=stats.Design(blocks=math.log(1.02) + rng.normal(0, 0.01, 8), name="x"))
         edge += c.equivalent
-        c = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec", blocks=rng.normal(0, 0.005, 8), design="x")
+        c = stats.compare([1.0] * 8, [1.0] * 8, "a", "b", "samples_per_sec", design=stats.Design(blocks=rng.normal(0, 0.005, 8), name="x"))
         equal += c.outcome == "equivalent"
     assert at_most(edge, n, ALPHA), edge
     assert equal / n > 0.9, equal / n

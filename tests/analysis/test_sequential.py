@@ -68,8 +68,7 @@ def test_block_weighted_alpha_keeps_false_calls_and_raises_power():
                 (equal.mean(), weighted.mean())
         for i in range(15):  # the verdict code agrees, look by look (a block that dominates aside)
             for j, k in enumerate(SCHEDULE):
-                c = stats.compare([1.0] * k, [1.0] * k, "a", "b", "samples_per_sec", blocks=list(d[i, :k]), design="x",
-                                  looks=len(SCHEDULE), share=shares[j])
+                c = stats.compare([1.0] * k, [1.0] * k, "a", "b", "samples_per_sec", design=stats.Design(blocks=list(d[i, :k]), name="x"), judging=stats.Judging(looks=len(SCHEDULE), share=shares[j]))
                 assert c.robust or c.significant == (ps[i, j] < ALPHA * shares[j]), (i, k, c.verdict)
                 assert c.robust or c.conf == pytest.approx(1 - ALPHA * shares[j])
 
@@ -85,8 +84,7 @@ def test_futility_is_not_a_default_stop():
         d = math.log(1.02) + rng.normal(0, 0.01, 16) - rng.normal(0, 0.01, 16)
         left = {"default": looks.STOP_ON, "futility": looks.STOPS}
         for k in SCHEDULE:
-            c = stats.compare([1.0] * k, [1.0] * k, "a", "b", "samples_per_sec", blocks=list(d[:k]), design="x",
-                              looks=len(SCHEDULE), share=looks.share(SCHEDULE, k))
+            c = stats.compare([1.0] * k, [1.0] * k, "a", "b", "samples_per_sec", design=stats.Design(blocks=list(d[:k]), name="x"), judging=stats.Judging(looks=len(SCHEDULE), share=looks.share(SCHEDULE, k)))
             for rule, on in list(left.items()):
                 if looks.stops(c, on) or k == SCHEDULE[-1]:
                     called[rule] += c.significant

@@ -131,7 +131,7 @@ def test_run_id_every_rank_derives_the_same():
 
 
 def test_secrets_are_redacted_and_metrics_are_not():
-    from workloads.core.records import redact
+    from workloads.core.redact import redact
 
     out = redact({"env": {"WANDB_API_KEY": "abc", "HF_TOKEN": "x", "NCCL_IB_HCA": "mlx5"},
                   "metrics": {"tokens_per_sec": 5.0}, "max_tokens": 3, "aws_secret_access_key": "k"})

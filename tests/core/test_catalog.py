@@ -125,3 +125,26 @@ def test_no_second_table_of_workload_names():
                 if len(hits) >= 2:
                     found.append(f"{path.relative_to(REPO)}:{node.lineno} {hits}")
     assert not found, "workload names belong in workloads/catalog.py:\n" + "\n".join(found)
+
+
+def test_core_and_the_direction_rules_name_no_workload_key_or_metric():
+    """A workload's keys and metrics are declared beside its code and read through the catalog:
+    the config check names no workload's section, and the direction rules are unit rules."""
+    import re
+
+    from analysis.compare import DIRECTIONS
+
+    sections = "|".join(sorted({k.split(".")[0] for k in catalog.keys()}))
+    found = [f"{path.relative_to(REPO)}:{n}" for path in sorted((REPO / "workloads" / "core").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(rf'"({sections})\.', line)]
+    assert not found, found
+    assert all(pattern.startswith("*") for pattern, _, _ in DIRECTIONS), DIRECTIONS
+    declared = [m.name for m in catalog.metrics()]
+    assert not [p for p, _, _ in DIRECTIONS if p in declared]
+
+
+def test_declared_metrics_agree_where_two_workloads_match_one_name():
+    by_name: dict[str, set] = {}
+    for m in catalog.metrics():
+        by_name.setdefault(m.name, set()).add((m.higher, m.word, m.counted))
+    assert all(len(v) == 1 for v in by_name.values()), by_name

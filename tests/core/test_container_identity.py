@@ -4,7 +4,7 @@ key="value" lines, written in full for privileged containers, empty otherwise), 
 /.dockerenv, Apptainer's APPTAINER_CONTAINER (the image path) and the `container` variable that
 podman and systemd-nspawn set."""
 
-from workloads.core.records import container_identity
+from workloads.core.fingerprint import container_identity
 
 
 def test_runtimes_as_they_announce_themselves(tmp_path, monkeypatch):

@@ -38,20 +38,8 @@ def modules() -> dict[str, Path]:
 
 def imports(path: Path, known: dict[str, Path]) -> set[str]:
     """The known modules that `path` imports, anywhere in it."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            if name:
-                out.add(name)
-    return out
+    return {m for node in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for m in imports_of(node, known)}
 
 
 def room(module: str) -> str:
@@ -106,3 +94,63 @@ def test_inside_inference_the_engine_stands_below_the_adapters():
     up = [f"{m} imports {t}" for m, ts in sorted(edges.items()) if m.startswith("workloads.inference.engine")
           for t in sorted(ts) if t.startswith("workloads.inference.adapters")]
     assert not up, "\n".join(up)
+
+
+def test_no_product_module_imports_the_test_doubles():
+    """workloads/testing/ is left out of the wheel: a product module importing it would break
+    an installed fabricbench."""
+    doubles = [m for m, targets in sorted(graph().items()) if room(m) != "testing"
+               for t in targets if room(t) == "testing"]
+    assert not doubles, doubles
+
+
+def module_level_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The known modules importing `path` loads at once: its imports outside function bodies
+    (a lazy import runs only when its function does), and the packages above each."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out.update(imports_of(child, known))
+            else:
+                visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return out | {m.rsplit(".", i)[0] for m in out for i in range(1, m.count(".") + 1)} & set(known)
+
+
+def imports_of(node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> set[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif node.level == 0 and node.module:
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    else:
+        return set()
+    out = set()
+    for name in names:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name:
+            out.add(name)
+    return out
+
+
+def test_a_training_run_loads_no_emulator_module():
+    """`make train` on a real cluster runs launch/train.py: what it imports (its entry's lazy
+    imports included), and all they load in turn, holds no iperf3, namespace, topology or
+    noise-generator code; the per-point noise meter is its own module (fabric/noisemeter.py)."""
+    known = modules()
+    script = REPO / "launch" / "train.py"
+    todo = list(imports(script, known))
+    seen: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += module_level_imports(known[m], known)
+    assert "workloads.training.run" in seen and "workloads.fabric.noisemeter" in seen  # the walk reaches them
+    emulator = {f"workloads.fabric.{m}" for m in ("iperf3", "netns", "leafspine", "noise", "emuplan", "delayline")}
+    assert not seen & emulator, sorted(seen & emulator)

@@ -54,7 +54,7 @@ def test_only_entries_and_validators_take_the_raw_config():
 # reading, above or at the point where a plan is made: nothing below a plan.
 BOUNDARY = {
     "workloads/core/config.py": {"validate_job"},  # find the workload's validator
-    "workloads/commands/entry.py": {"main"},  # Hydra's main
+    "workloads/commands/entry.py": {"main", "_job"},  # Hydra's main and the job it runs
     "workloads/core/schema.py": {"check", "_get", "_value"},  # types of every value, the first thing prepare() checks
     "workloads/fabric/emuplan.py": {"_spec_of", "_check_served"},  # a config -> the emulated topology it asks for
     "workloads/fabric/profile.py": {"node_env"},  # a served node composes its own config (its entry)

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from helpers import child_env, records_in, run_entry, tmpfs
-from workloads.core.records import REDACTED, finite, redact, redact_argv, write_record
+from workloads.core.records import finite, write_record
+from workloads.core.redact import REDACTED, redact, redact_argv
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123"   # the shape of a Hugging Face token
 AKIA = "AKIA" + "IOSFODNN7EXAMPLE"               # AWS's documented example access key id
 
 
 def _training_keys() -> dict:
-    from workloads.training.metrics import summarize_training
+    from workloads.training.metrics import ModelShape, summarize_training
 
-    s = summarize_training(step_times_s=[0.2, 0.1, 0.11, 0.12], warmup_steps=1, global_batch=8, seq_length=128,
-                           num_layers=2, hidden_size=64, padded_vocab=1024, checkpoint_activations=False,
+    s = summarize_training(step_times_s=[0.2, 0.1, 0.11, 0.12], warmup_steps=1, shape=ModelShape(8, 128, 2, 64, 1024, False),
                            world_size=2, peak_tflops=312.0, comm_times_s=[0.05, 0.02, 0.03, 0.02])
     return s.as_metrics() | {"final_loss": 6.9}
 
@@ -258,7 +258,7 @@ def test_a_full_disk_keeps_the_measured_point_and_says_where(small_disk, tmp_pat
 def test_cpu_affinity_in_the_fingerprint_and_the_warning():
     import os
 
-    from workloads.core.records import fingerprint
+    from workloads.core.fingerprint import fingerprint
     from workloads.session import affinity_warning
 
     assert fingerprint()["cpu_affinity"] == len(os.sched_getaffinity(0))

@@ -56,8 +56,7 @@ def simulate(rng: np.random.Generator, effects: dict[str, float], cv: float = 0.
         shift = rng.normal(0, drift, confirm_blocks)
         w = true[winner] + shift + rng.normal(0, cv, confirm_blocks)
         d = shift + rng.normal(0, cv, confirm_blocks)
-    c = stats.compare(np.exp(w), np.exp(d), winner, DEFAULT, "samples_per_sec", blocks=w - d, design="sim",
-                      alpha=alpha)
+    c = stats.compare(np.exp(w), np.exp(d), winner, DEFAULT, "samples_per_sec", design=stats.Design(blocks=w - d, name="sim"), judging=stats.Judging(alpha=alpha))
     c = stats.correct([c], "holm", alpha)[0]
     return Tune(halving.outcome(winner, DEFAULT, len(names), [c]), search_gain, float(np.mean(w - d)))
 

@@ -262,7 +262,7 @@ def test_a_sweep_point_goes_through_run_point_with_the_sweeps_own_words(tmp_path
             raise exc
 
         with pytest.raises(type(exc)):
-            session.run_point(rec, tmp_path / "records", f"c{k}", server, measure, None,
+            session.run_point(session.Point(rec, tmp_path / "records", f"c{k}", server), measure, None,
                               summarize=lambda r, p: None, group=False, label=f"c{k}", describe=_point_failure,
                               noise=False)
         (written,) = (tmp_path / "records").glob(f"c{k}*.json")

@@ -621,10 +621,10 @@ def test_the_plan_sizes_on_the_spread_of_the_block_log_ratio():
     from analysis import stats
     from helpers.binomial import at_least, at_most
     from workloads.study.plan import measured_cv
-    from workloads.study.spec import Workload
+    from workloads.study.spec import StudyWorkload
 
     rng = np.random.default_rng(7)
-    w = Workload("t", "train")
+    w = StudyWorkload("t", "train")
     with tempfile.TemporaryDirectory() as tmp:
         drift = measured_cv([_earlier_study(Path(tmp) / "a", 120, rng, 0.03, 0.01, 0.0)], w, {"ib", "roce"})
     assert 0.009 < drift.cv < 0.011 and "sd of the block log-ratio" in drift.source and "(ib, roce)" in drift.source, drift

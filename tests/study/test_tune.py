@@ -145,7 +145,7 @@ def test_halving_keeps_the_better_half_each_round():
 
 
 def _cmp(d, effect_word=True):
-    c = stats.compare(np.exp(d), np.ones(len(d)), "w", DEFAULT, "samples_per_sec", blocks=d, design="sim")
+    c = stats.compare(np.exp(d), np.ones(len(d)), "w", DEFAULT, "samples_per_sec", design=stats.Design(blocks=d, name="sim"))
     return stats.correct([c], "holm", 0.05)[0]
 
 

@@ -110,7 +110,7 @@ def _simulate(c: Costs, n: int, k: int, effect: float, rng, studies: int) -> flo
     for _ in range(studies):
         run = lambda: rng.normal(0, c.between) + rng.normal(0, c.within, n).mean()  # noqa: E731
         d = np.array([effect + run() - run() for _ in range(k)])
-        cmp = stats.compare([1.0] * k, [1.0] * k, "b", "a", "samples_per_sec", blocks=d, design="abba")
+        cmp = stats.compare([1.0] * k, [1.0] * k, "b", "a", "samples_per_sec", design=stats.Design(blocks=d, name="abba"))
         calls += bool(cmp.significant)
     return calls / studies
 

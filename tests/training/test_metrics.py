@@ -10,6 +10,7 @@ from helpers import REPO
 from workloads.core.ports import free_port
 from workloads.models.neox import pad_vocab_size
 from workloads.training.metrics import (
+    ModelShape,
     flops_per_iteration,
     peak_tflops_for,
     summarize_training,
@@ -67,9 +68,10 @@ def test_tflops_per_gpu_and_summary():
     assert tflops_per_gpu(flops, 2.0, 8) == pytest.approx(48.7114, rel=1e-4)
 
     steps = [9.0, 9.0, 2.0, 2.1, 1.9, 2.0]  # two warm-up steps are excluded
-    s = summarize_training(step_times_s=steps, warmup_steps=2, global_batch=32, seq_length=2048, num_layers=24,
-                           hidden_size=2048, padded_vocab=V, checkpoint_activations=True, world_size=8,
-                           peak_tflops=989.0, comm_times_s=[0, 0, 0.5, 0.5, 0.5, 0.5])
+    shape = ModelShape(global_batch=32, seq_length=2048, num_layers=24, hidden_size=2048, padded_vocab=V,
+                       checkpoint_activations=True)
+    s = summarize_training(step_times_s=steps, warmup_steps=2, shape=shape, world_size=8, peak_tflops=989.0,
+                           comm_times_s=[0, 0, 0.5, 0.5, 0.5, 0.5])
     assert s.iteration_time_s == pytest.approx(2.0)
     assert s.samples_per_sec == pytest.approx(16.0)
     assert s.tokens_per_sec == pytest.approx(16.0 * 2048)
@@ -84,8 +86,7 @@ def test_tflops_per_gpu_and_summary():
 
 def test_no_timed_steps_is_an_error():
     with pytest.raises(ValueError, match="no timed steps"):
-        summarize_training(step_times_s=[1.0], warmup_steps=1, global_batch=1, seq_length=8, num_layers=1,
-                           hidden_size=8, padded_vocab=128, checkpoint_activations=False, world_size=1,
+        summarize_training(step_times_s=[1.0], warmup_steps=1, shape=ModelShape(1, 8, 1, 8, 128, False), world_size=1,
                            peak_tflops=None)
 
 

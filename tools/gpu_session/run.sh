@@ -2,7 +2,7 @@
 # One call on a lent GPU machine with no package index (docs/gpu.md, "The first runs"): the
 # environment, `fabricbench gpu-check`, extra training points (EXTRA: "name model parallel
 # micro-batch" lines), and a bf16 matmul as the achievable peak beside them. Needs the wheels
-# of wheels.sh in .gpu/whl; writes its files to $OUT (the device tool's folder).
+# of wheels.sh in .gpu/whl; writes its files to $OUT (a folder the caller names; it comes back from the machine).
 #   GC_LIMIT=300 EXTRA=$'mfu-1.3b neox-1.3b ddp 4' bash tools/gpu_session/run.sh
 cd "$(dirname "$0")/../.." || exit 1
 export PYTHONUNBUFFERED=1

@@ -123,19 +123,29 @@ def count_wrong(got: torch.Tensor | None, want: torch.Tensor | None) -> int:
     return int((~ok).sum().item())
 
 
+@dataclass(frozen=True)
+class Communicators:
+    """How the world is split into communicators, for a harness on one of them: every
+    communicator's ranks (lateness is judged within each; None: the harness's own alone), the
+    ranks per node, and the pattern's name, which only labels the header."""
+
+    groups: list[list[int]] | None = None
+    ranks_per_node: int = 1
+    pattern: str = "all"
+
+
 class Harness:
     """Times and checks one sweep (settings.py's Sweep, Timing, Checks) on one communicator.
-    `pattern` only labels the header; `faults` are the test hooks (none in a measurement)."""
+    `faults` are the test hooks (none in a measurement)."""
 
     def __init__(self, sweep: Sweep, timing: Timing, checks: Checks, comm: ops.Comm, device: torch.device,
                  backend: str, world_rank: int, printer: Callable[[str], None] | None = None,
-                 groups: list[list[int]] | None = None, ranks_per_node: int = 1, pattern: str = "all",
-                 faults: Faults = Faults()):
+                 communicators: Communicators = Communicators(), faults: Faults = Faults()):
         self.sweep, self.timing, self.checks, self.faults = sweep, timing, checks, faults
         self.comm, self.device, self.backend, self.world_rank = comm, device, backend, world_rank
-        self.pattern = pattern
-        self.groups = groups or [list(comm.global_ranks)]  # every communicator, for lateness within each
-        self.ranks_per_node = ranks_per_node
+        self.pattern = communicators.pattern
+        self.groups = communicators.groups or [list(comm.global_ranks)]  # every communicator, for lateness within each
+        self.ranks_per_node = communicators.ranks_per_node
         self.line_rate: float | None = None  # GB/s per communicator (run.py sets it on multi-node runs); None: no %
         self.dtype = ops.DTYPES[sweep.datatype]
         self.type_size = torch.empty((), dtype=self.dtype).element_size()

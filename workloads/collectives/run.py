@@ -19,12 +19,12 @@ from omegaconf import DictConfig
 
 from workloads import session
 from workloads.collectives import ops
-from workloads.collectives.harness import Harness, Row, min_bw_verdict, summarize
+from workloads.collectives.harness import Communicators, Harness, Row, min_bw_verdict, summarize
 from workloads.collectives.settings import Checks, Settings, Sweep, pattern_groups
 from workloads.core import dist as fdist
 from workloads.core import hostmem
 from workloads.core.errors import UsageError
-from workloads.core.records import fingerprint
+from workloads.core.fingerprint import fingerprint
 from workloads.fabric.profile import FabricProfile
 
 
@@ -107,7 +107,7 @@ def run_collectives(cfg: DictConfig, overrides: list[str] | None = None) -> Path
     def measure() -> None:
         _judge(s, _measure(s, fabric, info, run_dir, record, rpn, say), record)
 
-    path = session.run_point(record, run_dir / "records", stem, info, measure, plan.run.tracking)
+    path = session.run_point(session.Point(record, run_dir / "records", stem, info), measure, plan.run.tracking)
     if record["status"] != "ok":
         fdist.wait_for_writer(info)  # the check and the rates are combined over ranks: all fail here together
         raise CollectivesFailed(record["error"])
@@ -127,8 +127,8 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     comm = make_comm(groups, info.rank)
     if info.device.type == "cuda":  # before any timing: one line naming the size and the free memory
         check_fits(s, info.world_size, torch.cuda.mem_get_info(info.device)[0], f"{info.device} memory")
-    harness = Harness(s.sweep, s.timing, s.checks, comm, info.device, fabric.backend, info.rank, say, groups=groups,
-                      ranks_per_node=rpn, pattern=s.grouping.pattern, faults=s.faults)
+    harness = Harness(s.sweep, s.timing, s.checks, comm, info.device, fabric.backend, info.rank, say,
+                      Communicators(groups, rpn, s.grouping.pattern), s.faults)
     # Transport verification (workloads/fabric/verify.py): after real collectives of a small and a
     # large size on the measured communicator (NCCL >= 2.22 connects channels at first use).
     fdist.warmup_collectives(info.device, comm.group)

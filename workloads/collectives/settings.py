@@ -173,10 +173,7 @@ class Settings:
             raise UsageError("collectives.ops is empty and collectives.p2p is empty: nothing to run")
         p2p_sizes = tuple(sweep_sizes(parse_size(c["p2p_minbytes"], "collectives.p2p_minbytes"),
                                       parse_size(c["p2p_maxbytes"], "collectives.p2p_maxbytes"), None, 2))
-        ext = str(c.get("external", "auto")).lower()
-        ext = {"true": "on", "false": "off", "none": "off"}.get(ext, ext)
-        if ext not in ("auto", "on", "off"):
-            raise UsageError(f"collectives.external={c.get('external')!r}; use auto, on or off")
+        ext = _external_mode(c.get("external", "auto"))
         env = os.environ if env is None else env
         corrupt = _corrupt(env.get(CORRUPT_ENV), world)
         rpn = c.get("ranks_per_node")
@@ -211,6 +208,15 @@ class Settings:
                 "datatype": sw.datatype, "op": sw.redop, "root": sw.root, "iters": t.iters,
                 "warmup_iters": t.warmup_iters, "average": t.average, "check": self.checks.elements,
                 "min_busbw": self.checks.min_busbw}
+
+
+def _external_mode(value: Any) -> str:
+    """collectives.external as auto, on or off (YAML's true/false/null read as on/off/off)."""
+    ext = str(value).lower()
+    ext = {"true": "on", "false": "off", "none": "off"}.get(ext, ext)
+    if ext not in ("auto", "on", "off"):
+        raise UsageError(f"collectives.external={value!r}; use auto, on or off")
+    return ext
 
 
 def _checked_prefix(value: Any) -> tuple[str, ...]:

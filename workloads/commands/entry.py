@@ -78,7 +78,7 @@ def _report_job_error(overrides: list[str]) -> None:
     (workloads/core/records.py): Hydra would print the overrides as given, secrets and all."""
     import traceback
 
-    from workloads.core.records import redact, redact_text
+    from workloads.core.redact import redact, redact_text
 
     print(f"Error executing job with overrides: {redact(list(overrides))}", file=sys.stderr)
     print(redact_text(traceback.format_exc()), file=sys.stderr, end="", flush=True)
@@ -419,6 +419,42 @@ def _help_of_root(config_name: str, workload: str | None):
         sys.stdout.flush()
 
 
+def _job(run: Callable[..., int | None], cfg) -> None:
+    """One job under Hydra's main: `run(cfg, overrides)` and how it ends: a usage error's one
+    line, a peer's loss, a bug's traceback (minus secrets), or the exit code it returned."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task)
+    try:
+        with config_errors():
+            code = run(cfg, overrides)
+    except AlreadyRecorded:  # said by rank 0; a sweep goes on to its next point, as inference sweeps do
+        return
+    except UsageError as e:
+        _say(e)
+        drop_if_nothing_in(HydraConfig.get().runtime.output_dir)
+        sys.exit(e.exit_code)
+    except Exception as e:
+        if signals.received():  # what stopping did to this rank (a peer gone), not a bug
+            raise signals.interruption() from None
+        if (lost := _peer_lost(e)) is not None:  # another rank's failure reaching this one, not its own
+            print(f"error: rank {os.environ.get('RANK', '0')}: a peer rank left ({lost}); the rank that failed "
+                  "first says why", file=sys.stderr, flush=True)
+            sys.exit(1)
+        _report_job_error(overrides)  # a bug: its traceback, as Hydra would print it, minus secrets
+        sys.exit(1)
+    if code:
+        sys.exit(code)
+
+
+def _interrupted(exc: BaseException, speaks: bool) -> NoReturn:
+    """A stopped run's end: one line from the process that speaks for the ranks, and the
+    interruption's exit status."""
+    if speaks:
+        print("interrupted: measured points are kept", file=sys.stderr, flush=True)
+    sys.exit(getattr(exc, "exit_code", 130))
+
+
 def hydra_entry(
     script: str,
     run: Callable[..., int | None],
@@ -433,7 +469,6 @@ def hydra_entry(
     is selected unless the command line names one. `distributed` entry points
     self-launch their ranks when started with plain python."""
     import hydra
-    from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
     from workloads.core.rundir import register_resolvers
@@ -451,27 +486,7 @@ def hydra_entry(
 
     @hydra.main(config_path=CONF_DIR, config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> None:
-        overrides = list(HydraConfig.get().overrides.task)
-        try:
-            with config_errors():
-                code = run(cfg, overrides)
-        except AlreadyRecorded:  # said by rank 0; a sweep goes on to its next point, as inference sweeps do
-            return
-        except UsageError as e:
-            _say(e)
-            drop_if_nothing_in(HydraConfig.get().runtime.output_dir)
-            sys.exit(e.exit_code)
-        except Exception as e:
-            if signals.received():  # what stopping did to this rank (a peer gone), not a bug
-                raise signals.interruption() from None
-            if (lost := _peer_lost(e)) is not None:  # another rank's failure reaching this one, not its own
-                print(f"error: rank {os.environ.get('RANK', '0')}: a peer rank left ({lost}); the rank that failed "
-                      "first says why", file=sys.stderr, flush=True)
-                sys.exit(1)
-            _report_job_error(overrides)  # a bug: its traceback, as Hydra would print it, minus secrets
-            sys.exit(1)
-        if code:
-            sys.exit(code)
+        _job(run, cfg)
 
     signals.install()
     die_with_launcher()
@@ -487,17 +502,13 @@ def hydra_entry(
             with _help_of_root(config_name, workload) if asks_help else contextlib.nullcontext():
                 main()
         except KeyboardInterrupt as e:
-            if speaks:
-                print("interrupted: measured points are kept", file=sys.stderr, flush=True)
-            sys.exit(getattr(e, "exit_code", 130))
+            _interrupted(e, speaks)
         except Exception:
             if not signals.received():
                 raise
             # the signal's exception, turned into another by the library code it interrupted
             # (signals._noted): the stop it was, not a bug
-            if speaks:
-                print("interrupted: measured points are kept", file=sys.stderr, flush=True)
-            sys.exit(getattr(signals.interruption(), "exit_code", 130))
+            _interrupted(signals.interruption(), speaks)
     except SystemExit as e:
         _end(e.code)
         raise

@@ -75,77 +75,91 @@ def _sizes(text: str | None) -> list[int] | None:
 def run(args) -> int:
     from analysis import projection as pj
 
-    if args.action == "fit":
-        if args.bootstrap < 50:
-            raise UsageError(f"--bootstrap {args.bootstrap}: use 50 or more resamples (400 by default)")
-        ops = [o.strip() for o in args.ops.split(",")] if args.ops else None
-        unknown = sorted(set(ops or ()) - set(pj.ALGORITHMS))
-        if unknown:
-            raise UsageError(f"--ops {', '.join(unknown)}: the model knows {', '.join(pj.ALGORITHMS)}")
-        table = None
-        if args.nccl_log:  # read first: a log without a table is refused before the fit's work
-            from analysis import nccl_model
+    return {"fit": _fit, "project": _project, "export": _export}.get(args.action, _check)(args, pj)
 
-            table = nccl_model.read(args.nccl_log)
-        cal = pj.fit(_records(args.dirs), args.fabric, ops, args.bootstrap)
-        if table is not None:
-            cal["nccl_model"] = nccl_model.check(cal, table)
-        out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric'].split(' (')[0]}.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(cal, indent=1) + "\n")
-        for line in pj.fit_lines(cal):
+
+def _fit(args, pj) -> int:
+    """`model fit`: a calibration from collectives records (and NCCL's own model from its log)."""
+    if args.bootstrap < 50:
+        raise UsageError(f"--bootstrap {args.bootstrap}: use 50 or more resamples (400 by default)")
+    ops = [o.strip() for o in args.ops.split(",")] if args.ops else None
+    unknown = sorted(set(ops or ()) - set(pj.ALGORITHMS))
+    if unknown:
+        raise UsageError(f"--ops {', '.join(unknown)}: the model knows {', '.join(pj.ALGORITHMS)}")
+    table = None
+    if args.nccl_log:  # read first: a log without a table is refused before the fit's work
+        from analysis import nccl_model
+
+        table = nccl_model.read(args.nccl_log)
+    cal = pj.fit(_records(args.dirs), args.fabric, ops, args.bootstrap)
+    if table is not None:
+        cal["nccl_model"] = nccl_model.check(cal, table)
+    out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric'].split(' (')[0]}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(cal, indent=1) + "\n")
+    for line in pj.fit_lines(cal):
+        print(line)
+    if table is not None:
+        for line in nccl_model.check_lines(cal["nccl_model"]):
             print(line)
-        if table is not None:
-            for line in nccl_model.check_lines(cal["nccl_model"]):
-                print(line)
-        print(f"calibration: {out}")
-        return 0
-    if args.action == "project":
-        if len(args.calibrations) > 2:
-            raise UsageError("give one calibration to project, or two to compare")
-        cals = [pj.load(c) for c in args.calibrations]
-        ranks = pj.parse_ranks(args.ranks)
-        sizes = _sizes(args.sizes)
-        ops = [o.strip() for o in args.ops.split(",")] if args.ops else sorted(set.intersection(*(set(c["ops"]) for c in cals)))
-        if not ops:
-            raise UsageError("these calibrations have no collective in common")
-        rows = []
-        for op in ops if not args.training or args.sizes else ():  # --training alone: the steps only
-            for p in ranks:
-                for s in sizes or cals[0]["ops"].get(op, {}).get("sizes", []):
-                    prs = [pj.project(c, op, p, s) for c in cals]
-                    for pr in prs:
-                        print(pj.projection_line(pr))
-                    if len(prs) == 2:
-                        print("  " + pj.compare(*prs))
-                    rows += [pr.__dict__ | {"busbw_GBps": pr.busbw_GBps} for pr in prs]
-        if args.training:
-            rec = _record(args.training)
-            for p in ranks:
-                sp = pj.project_step(cals[0], rec, p)
-                print(pj.step_line(sp))
-                rows.append(sp.__dict__ | {"kind": "training_step"})
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
-        return 0
-    if args.action == "export":
-        from analysis import simexport
+    print(f"calibration: {out}")
+    return 0
 
-        cal = pj.load(args.calibration)
-        (n,) = pj.parse_ranks(args.ranks) if "," not in args.ranks else (None,)
-        if n is None:
-            raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        files = {"astra-sim-network.yml": simexport.astra_sim(cal, n),
-                 "calculon-network.json": json.dumps(simexport.calculon(cal, n), indent=1) + "\n",
-                 "vidur-all_reduce.csv": simexport.vidur(cal, sorted({2, 4, 8, n}), [1 << k for k in range(10, 29)])}
-        for name, text in files.items():
-            (out / name).write_text(text)
-            print(f"{out / name}")
-        if n > pj.MODEL_ONLY * max(cal["ops"]["all_reduce"]["scales"]):
-            print(f"note: {n} ranks is beyond {pj.MODEL_ONLY}x the largest measured scale: these inputs are model-only")
-        return 0
+
+def _project(args, pj) -> int:
+    """`model project`: collectives (and training steps) at other scales, one calibration or two compared."""
+    if len(args.calibrations) > 2:
+        raise UsageError("give one calibration to project, or two to compare")
+    cals = [pj.load(c) for c in args.calibrations]
+    ranks = pj.parse_ranks(args.ranks)
+    sizes = _sizes(args.sizes)
+    ops = [o.strip() for o in args.ops.split(",")] if args.ops else sorted(set.intersection(*(set(c["ops"]) for c in cals)))
+    if not ops:
+        raise UsageError("these calibrations have no collective in common")
+    rows = []
+    for op in ops if not args.training or args.sizes else ():  # --training alone: the steps only
+        for p in ranks:
+            for s in sizes or cals[0]["ops"].get(op, {}).get("sizes", []):
+                prs = [pj.project(c, op, p, s) for c in cals]
+                for pr in prs:
+                    print(pj.projection_line(pr))
+                if len(prs) == 2:
+                    print("  " + pj.compare(*prs))
+                rows += [pr.__dict__ | {"busbw_GBps": pr.busbw_GBps} for pr in prs]
+    if args.training:
+        rec = _record(args.training)
+        for p in ranks:
+            sp = pj.project_step(cals[0], rec, p)
+            print(pj.step_line(sp))
+            rows.append(sp.__dict__ | {"kind": "training_step"})
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _export(args, pj) -> int:
+    """`model export`: the calibration as ASTRA-sim, Calculon and Vidur inputs for one network size."""
+    from analysis import simexport
+
+    cal = pj.load(args.calibration)
+    (n,) = pj.parse_ranks(args.ranks) if "," not in args.ranks else (None,)
+    if n is None:
+        raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"astra-sim-network.yml": simexport.astra_sim(cal, n),
+             "calculon-network.json": json.dumps(simexport.calculon(cal, n), indent=1) + "\n",
+             "vidur-all_reduce.csv": simexport.vidur(cal, sorted({2, 4, 8, n}), [1 << k for k in range(10, 29)])}
+    for name, text in files.items():
+        (out / name).write_text(text)
+        print(f"{out / name}")
+    if n > pj.MODEL_ONLY * max(cal["ops"]["all_reduce"]["scales"]):
+        print(f"note: {n} ranks is beyond {pj.MODEL_ONLY}x the largest measured scale: these inputs are model-only")
+    return 0
+
+
+def _check(args, pj) -> int:
+    """`model check`: a calibration's projections against records it was not fitted on."""
     cal = pj.load(args.calibration)
     rows = pj.check_against(cal, _records(args.dirs))
     for r in rows:

@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping
 
 from workloads import catalog
 from workloads.core.errors import UsageError
-from workloads.core.records import SEP, flatten, redact, unflatten
+from workloads.core.records import SEP, flatten, unflatten
+from workloads.core.redact import redact
 
 # Record sections that describe a run (identity, to the W&B config); metrics go to the summary.
 IDENTITY_SECTIONS = ("workload", "record_id", "run_id", "status", "error", "overrides", "config", "model", "fabric", "world",

@@ -2,50 +2,26 @@
 
 The record is the contract between workloads and analysis/: the config, the fabric
 environment as applied, the transport seen, the hardware/software fingerprint, metrics,
-raw samples and status. Secrets never enter it.
+raw samples and status. Secrets never enter it (core/redact.py); the fingerprint is
+core/fingerprint.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import platform
-import re
-import socket
-import subprocess
 import time
 import uuid
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from workloads import REPO_ROOT
+from workloads import catalog
 from workloads.core.errors import RecordNotWritten, UsageError
+from workloads.core.fingerprint import git_commit  # noqa: F401  (study/run.py and its tests read it here)
+from workloads.core.redact import redact, redact_argv  # noqa: F401  (redact_argv: study/run.py reads it here)
 
 SCHEMA = "fabricbench.record/1"
-REDACTED = "<redacted>"
-# A key names a secret when its LAST word does (WANDB_API_KEY, HF_TOKEN,
-# AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, password, Authorization, --api-key): a metric
-# such as total_token_throughput or a setting such as max_tokens ends in another word.
-_SECRET_LAST = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS",
-                "AUTHORIZATION", "AUTH", "COOKIE"}
-# Values that are credentials wherever they appear (a command line, a header, an error):
-# Hugging Face, OpenAI-style, GitHub, Slack and AWS access keys, and HTTP auth schemes.
-_SECRET_VALUES = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
-    r"|xox[abposr]-[A-Za-z0-9\-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16})\b"
-    r"|(?<=Bearer )[A-Za-z0-9._~+/\-]+=*|(?<=Basic )[A-Za-z0-9+/]+=*"
-    r"|(?i:(?<=authorization: ))\S+|(?i:(?<=authorization=))\S+")
-
-
-def is_secret_name(name: str) -> bool:
-    words = [w for w in re.split(r"[^A-Za-z0-9]+", str(name).upper()) if w]
-    return bool(words) and words[-1] in _SECRET_LAST
-
-
-_ASSIGNMENT = re.compile(r"^([+~]*[A-Za-z0-9_.\-/]+)=(.*)$", re.S)
 
 
 # Flat keys of nested sections: "config/train/micro_batch_size" (W&B's config, whose panels
@@ -79,59 +55,6 @@ def unflatten(flat: Mapping[str, Any], sep: str = SEP) -> dict[str, Any]:
     return out
 
 
-def redact_text(text: str, values: Sequence[str] = ()) -> str:
-    """Known credential values replaced wherever they occur in free text; also each of
-    `values` (see `secret_values`), whatever its shape, replaced literally."""
-    for v in values:
-        text = text.replace(v, REDACTED)
-    return _SECRET_VALUES.sub(REDACTED, text)
-
-
-def secret_values(environ: Mapping[str, str], shortest: int = 8) -> list[str]:
-    """The values of an environment's secret-named variables (HF_TOKEN, WANDB_API_KEY, ...)
-    for `redact_text`: a process's own output (an engine's traceback, a dump of its config)
-    can carry them verbatim in any shape. Values shorter than `shortest` (a flag such as
-    "1") would blank ordinary text, so they are left; longest first, so a value containing
-    another is hidden whole."""
-    return sorted({v for k, v in environ.items() if is_secret_name(k) and len(v.strip()) >= shortest},
-                  key=len, reverse=True)
-
-
-def _hide(value: Any) -> Any:
-    """A secret-named value is hidden unless it cannot be a credential: empty, or a number
-    or boolean (a metric or a flag is never a key)."""
-    if value is None or value == "" or isinstance(value, (bool, int, float)):
-        return value
-    return REDACTED
-
-
-def redact(obj: Any) -> Any:
-    """The one redaction of fabricbench: records, W&B config, the server log's command line
-    and Hydra's error line all go through it. Hides the value of a mapping key, a `key=value`
-    string (a Hydra override such as `+fabric.env.HF_TOKEN=...`) or a `--flag value` pair
-    whose name is a secret's, and any known credential value in any string. Numbers stay."""
-    if isinstance(obj, dict):
-        return {k: (_hide(v) if is_secret_name(k) else redact(v)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        out = [redact(v) for v in obj]
-        for i in range(len(out) - 1):  # argv: --hf-token <value>
-            flag = obj[i]
-            if isinstance(flag, str) and flag.startswith("-") and "=" not in flag and is_secret_name(flag):
-                out[i + 1] = _hide(obj[i + 1])
-        return out
-    if isinstance(obj, str):
-        m = _ASSIGNMENT.match(obj.lstrip("-") if obj.startswith("--") else obj)
-        if m and is_secret_name(m.group(1).rsplit(".", 1)[-1]) and m.group(2):
-            return obj[: obj.index("=")] + "=" + REDACTED
-        return redact_text(obj)
-    return obj
-
-
-def redact_argv(argv: Sequence[str]) -> str:
-    """A command line as one printable, redacted string."""
-    return " ".join(redact(list(argv)))
-
-
 def json_safe(v: Any, reasons: dict[str, str] | None = None, path: str = "") -> Any:
     """`v` with every NaN/Infinity replaced by None; each replaced path goes in `reasons`."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -154,115 +77,6 @@ def finite(record: dict[str, Any]) -> dict[str, Any]:
     if reasons:
         out["null_reasons"] = dict(out.get("null_reasons") or {}) | reasons
     return out
-
-
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-@lru_cache(maxsize=1)
-def git_commit() -> dict[str, Any]:
-    """The code a run measured: the commit, and a hash of the uncommitted changes to tracked
-    files (`dirty_hash`, None when there are none). A commit alone would pool a run of an
-    edited checkout with the clean runs of the same commit; the hash makes the edit identity
-    (analysis/guard.py), as a commit is. Untracked files are not code git knows of: results,
-    caches and local configs lie there."""
-    commit = _run(["git", "rev-parse", "HEAD"], REPO_ROOT)
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO_ROOT)
-    diff = _run(["git", "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], REPO_ROOT) if dirty else None
-    return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None,
-            "dirty_hash": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
-
-
-def _version(mod: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(mod)
-    except Exception:
-        return None
-
-
-def cpu_affinity() -> int | None:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None  # not Linux
-
-
-def container_identity(root: str = "/") -> dict[str, Any] | None:
-    """The container this process runs in, as its runtime announces it, or None on a host: a
-    record made in a container must say so (its devices, limits and /dev/shm are the
-    container's, docs/cluster.md). podman writes /run/.containerenv (engine, name, image when
-    run as root), docker /.dockerenv, Apptainer sets APPTAINER_CONTAINER (the image), and
-    podman, systemd-nspawn and enroot set `container`. Always the same keys (runtime, image, name),
-    unknown ones null, so records from different runtimes have one shape."""
-    r = Path(root)
-    image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
-    if image:
-        return {"runtime": "apptainer", "image": image, "name": None}
-    try:
-        text = (r / "run" / ".containerenv").read_text()
-    except OSError:
-        text = None
-    if text is not None:
-        kv = dict(re.findall(r'^(\w+)="([^"]*)"$', text, re.M))
-        return {"runtime": kv.get("engine", "podman"), "image": kv.get("image") or None, "name": kv.get("name") or None}
-    if (r / ".dockerenv").exists():
-        return {"runtime": "docker", "image": None, "name": None}
-    if os.environ.get("container"):
-        return {"runtime": os.environ["container"], "image": None, "name": None}
-    return None
-
-
-@lru_cache(maxsize=1)
-def fingerprint() -> dict[str, Any]:
-    """Hardware and software this process runs on. Cached: it does not change mid-run."""
-    import torch
-
-    cpu = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    fp: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": cpu_affinity(),  # CPUs this process may run on (a Slurm task may get one)
-        "container": container_identity(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "hip": getattr(torch.version, "hip", None),
-        "deepspeed": _version("deepspeed"),
-        "transformers": _version("transformers"),
-        "fabricbench": _version("fabricbench"),
-        "git": git_commit(),
-        "gpu": None,
-        "gpu_count": 0,
-        "driver": None,
-        "nccl": None,
-    }
-    if torch.cuda.is_available():
-        fp["gpu"] = torch.cuda.get_device_name(0)
-        fp["gpu_count"] = torch.cuda.device_count()
-        try:
-            fp["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:
-            pass
-        fp["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-        if fp["driver"]:
-            fp["driver"] = fp["driver"].splitlines()[0]
-    return fp
 
 
 def not_writable(p: Path) -> str | None:
@@ -306,9 +120,9 @@ def with_tuned(fp: dict[str, Any], config: Any) -> dict[str, Any]:
 
 
 # Config keys that are bookkeeping, not the point measured: two records that differ only
-# here (and in `trial`) are the same trial of the same point.
-_NOT_POINT = ("run_id", "output_root", "logger", "launcher", "hydra", "wandb", "study", "trial", "load.points",
-              "dist.timeout_s")
+# here, in `trial` and in the keys listing the points their run swept (a workload's catalog
+# `sweep_keys`) are the same trial of the same point.
+_NOT_POINT = ("run_id", "output_root", "logger", "launcher", "hydra", "wandb", "study", "trial", "dist.timeout_s")
 
 
 def trial_key(record: dict[str, Any]) -> tuple | None:
@@ -318,8 +132,9 @@ def trial_key(record: dict[str, Any]) -> tuple | None:
     if not isinstance(cfg, dict):
         return None
     flat = flatten(json_safe(cfg), ".")  # as it will read back from disk
+    skip = _NOT_POINT + tuple(catalog.field(record.get("workload"), "sweep_keys", ()))
     ident = tuple(sorted((k, repr(v)) for k, v in flat.items()
-                         if not any(k == p or k.startswith(p + ".") for p in _NOT_POINT)))
+                         if not any(k == p or k.startswith(p + ".") for p in skip)))
     arm = (record.get("study") or {}).get("arm")
     fabric = (record.get("fabric") or {}).get("name")
     return (record.get("workload"), record.get("point"), arm, fabric, ident), cfg.get("trial", 0)

@@ -2,7 +2,8 @@
 
 Hydra passes `train.micro_batch_size=1.5` as a float and `collectives.iters=abc` as a
 string; scattered `int()` calls would truncate the first and raise a traceback for the
-second. Every workload's opening (`session.prepare`) runs `check(cfg)` first, so a wrong
+second. The keys are the shared ones below and each workload's own, which it declares to
+the catalog (workloads/catalog.py). Every workload's opening (`session.prepare`) runs `check(cfg)` first, so a wrong
 value is one line that names the key, the value and what it must be. Keys absent from a
 config (another workload's section) are skipped; strings such as `collectives.maxbytes=4M`
 and enumerations are validated where they are parsed.
@@ -16,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from workloads import catalog
 from workloads.core.errors import UsageError
 
 
@@ -79,37 +81,11 @@ INDEX = Num(True, 0)                        # 0, 1, ...
 SECONDS = Num(False, 0, lo_open=True)
 OPT_COUNT = Num(True, 0, lo_open=True, optional=True)
 
+# The keys every workload shares; each workload's own keys are declared beside its code
+# (KEYS in the module its catalog entry `declares`) and read from the catalog here.
 SCHEMA: dict[str, Num | Flag | Many] = {
     "seed": Num(True), "trial": INDEX, "dist.timeout_s": SECONDS, "launcher.nproc_per_node": COUNT,
     "metrics.peak_tflops": Num(False, 0, lo_open=True, optional=True),
-    "train.micro_batch_size": COUNT, "train.grad_accum_steps": COUNT, "train.global_batch_size": OPT_COUNT,
-    "train.seq_length": COUNT, "train.steps": COUNT, "train.warmup_steps": INDEX, "train.lr": Num(False, 0),
-    "train.weight_decay": Num(False, 0), "train.grad_clip": Num(False, 0), "train.activation_checkpointing": Flag(),
-    "parallel.bucket_cap_mb": Num(False, 0, lo_open=True), "parallel.zero_stage": Num(True, 0, 3),
-    "parallel.overlap_comm": Flag(), "parallel.reduce_bucket_size": COUNT, "parallel.allgather_bucket_size": COUNT,
-    "parallel.expert_parallel": COUNT, "parallel.tensor_parallel": COUNT, "parallel.data_parallel": OPT_COUNT,
-    "model.moe.num_experts": COUNT, "model.moe.top_k": COUNT, "model.moe.capacity_factor": Num(False, 0, lo_open=True),
-    "model.moe.aux_loss_coef": Num(False, 0), "model.moe.expert_ffn_size": OPT_COUNT,
-    "collectives.iters": COUNT, "collectives.warmup_iters": INDEX, "collectives.root": INDEX,
-    "collectives.stepfactor": Num(True, 1, lo_open=True, optional=True), "collectives.ranks_per_node": OPT_COUNT,
-    "collectives.p2p_iters": COUNT, "collectives.p2p_warmup": INDEX, "collectives.p2p_window": COUNT,
-    "collectives.sample_iters": INDEX,
-    "collectives.min_busbw": Num(False, 0, optional=True), "collectives.external_timeout_s": SECONDS,
-    "collectives.check": Flag(), "collectives.in_place": Flag(), "collectives.out_of_place": Flag(),
-    "load.points": Many(Num(False, 0, lo_open=True, finite=False)), "load.num_requests": OPT_COUNT,
-    "load.duration_s": Num(False, 0, lo_open=True, optional=True), "load.warmup_requests": INDEX,
-    "load.request_timeout_s": SECONDS, "load.seed": Num(True), "load.burstiness": Num(False, 0, lo_open=True),
-    "load.rate": Num(False, 0, lo_open=True, finite=False), "load.lag_warn_ms": Num(False, 0), "load.max_concurrency": OPT_COUNT,
-    "load.max_failed_fraction": Num(False, 0, 1),
-    "load.dataset.input_len": COUNT, "load.dataset.output_len": COUNT, "load.dataset.range_ratio": Num(False, 0, 1),
-    "server.port": Num(True, 0, 65535), "server.tp": OPT_COUNT, "server.nnodes": COUNT, "server.node_rank": INDEX,
-    "server.max_batch_size": COUNT, "server.max_kv_tokens": COUNT, "server.kv_block_size": COUNT,
-    "server.max_queue": COUNT, "server.heartbeat_s": SECONDS, "server.shutdown_grace_s": Num(False, 0),
-    "server.ready_timeout_s": SECONDS, "server.stop_timeout_s": SECONDS,
-    "server.eos_token_id": Num(True, 0, optional=True),
-    "link.port": Num(True, 1, 65535), "link.server_timeout_s": SECONDS, "link.duration_s": SECONDS,
-    "link.omit_s": Num(False, 0), "link.streams": Num(True, 1, 128), "link.gid_index": Num(True, 0, optional=True),
-    "link.size": OPT_COUNT, "link.iters": OPT_COUNT,
 }
 
 
@@ -135,7 +111,7 @@ def _value(cfg: DictConfig, key: str) -> tuple[bool, Any]:
 
 def check(cfg: DictConfig) -> None:
     """Raise one UsageError naming the first value of the wrong type or range."""
-    for key, kind in SCHEMA.items():
+    for key, kind in {**SCHEMA, **catalog.keys()}.items():
         present, value = _value(cfg, key)
         if present and not kind.ok(value):
             raise UsageError(f"{key} must be {kind.describe()}, got {value!r}; set {key}= on the command line "

@@ -216,52 +216,68 @@ def parse_text(text: str, file: str | None = None) -> ProcessLog:
         if (v := _VERSION.search(msg)) is not None and log.version is None:
             log.version = v["ver"]
             log.library = "RCCL" if v["lib"] == "RCCL" or "+hip" in v["ver"] or "rocm" in v["ver"].lower() else "NCCL"
-        elif (c := _CHANNEL.search(msg)) is not None:
-            key, gdr = transport_key(c["via"])
-            # both ends name their own NIC: receiving on a port is traffic on it too
-            if (nd := _NET_DEV.match(c["via"].strip())) is not None and int(nd[1]) not in log.net_devs_used:
-                log.net_devs_used.append(int(nd[1]))
-            if c["dir"] == "receive":
-                received[key] += 1  # NET connections are logged by both ends: count them on the sender
-                continue
-            channels[key] += 1
-            if key.startswith("NET/"):
-                log.net_channels += 1
-                log.gdr_channels += gdr
-        elif (cn := _COLLNET.search(msg)) is not None:
-            if cn["dir"] == "send":
-                log.collnet_channels += 1
-                channels["COLLNET"] += 1
-        elif (g := _GRAPH.search(msg)) is not None:
-            if int(g["n"]) and g["intra"] not in log.graph_types:
-                log.graph_types.append(g["intra"])
-        elif (tl := _TOPO_LINK.search(msg)) is not None:
-            if tl["link"] not in _NOT_GPU_FABRIC and tl["link"] not in log.gpu_links:
-                log.gpu_links.append(tl["link"])
-            elif tl["link"] == "PCI":
-                bw = float(tl["bw"])
-                log.gpu_pci_gbps = bw if log.gpu_pci_gbps is None else min(log.gpu_pci_gbps, bw)
-        elif (n := _NETWORK.search(msg)) is not None:
-            log.network = n["net"]
-        elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
-            log.net_devices[u["net"]] = [_device(t, u["net"]) | {"index": int(i)} for i, t in _DEVICE.findall(u["devs"])]
-            if u["oob"]:
-                log.oob = re.sub(r"<\d+>$", "", u["oob"])
-        elif (nd := _NO_DEVICE.search(msg)) is not None:
-            if nd["net"] not in log.no_device:
-                log.no_device.append(nd["net"])
-        elif (f := _PLUGIN_FAILED.search(msg)) is not None:
-            log.plugin_failed = f"{f['name']}: NCCL logged 'Failed to initialize NET plugin'"
-        elif (a := _PLUGIN_ASSIGNED.search(msg)) is not None:
-            log.assigned = a["name"]
-        elif (p := _PLUGIN.search(msg)) is not None:
-            log.plugin = log.plugin_loaded = p["name"]
-            log.plugin_api = int(p["api"]) if p["api"] else None
-        elif (pp := _PLUGIN_PATH.search(msg)) is not None:
-            log.plugin_path = pp["path"]
-        elif (b := _BOOTSTRAP.search(msg)) is not None:
-            log.bootstrap = re.sub(r"<\d+>$", "", b["ifc"])
+        elif not _connection_line(log, msg, channels, received):
+            _network_line(log, msg)
     return _finish(log, text, channels, received, rank_nranks)
+
+
+def _connection_line(log: ProcessLog, msg: str, channels: Counter[str], received: Counter[str]) -> bool:
+    """A line about how GPUs connect (a channel, a CollNet channel, a graph, a topology link)
+    read into `log`; False when `msg` is none of them. The order of the tests is the lines'
+    precedence: the first pattern that matches owns the line."""
+    if (c := _CHANNEL.search(msg)) is not None:
+        key, gdr = transport_key(c["via"])
+        # both ends name their own NIC: receiving on a port is traffic on it too
+        if (nd := _NET_DEV.match(c["via"].strip())) is not None and int(nd[1]) not in log.net_devs_used:
+            log.net_devs_used.append(int(nd[1]))
+        if c["dir"] == "receive":
+            received[key] += 1  # NET connections are logged by both ends: count them on the sender
+            return True
+        channels[key] += 1
+        if key.startswith("NET/"):
+            log.net_channels += 1
+            log.gdr_channels += gdr
+    elif (cn := _COLLNET.search(msg)) is not None:
+        if cn["dir"] == "send":
+            log.collnet_channels += 1
+            channels["COLLNET"] += 1
+    elif (g := _GRAPH.search(msg)) is not None:
+        if int(g["n"]) and g["intra"] not in log.graph_types:
+            log.graph_types.append(g["intra"])
+    elif (tl := _TOPO_LINK.search(msg)) is not None:
+        if tl["link"] not in _NOT_GPU_FABRIC and tl["link"] not in log.gpu_links:
+            log.gpu_links.append(tl["link"])
+        elif tl["link"] == "PCI":
+            bw = float(tl["bw"])
+            log.gpu_pci_gbps = bw if log.gpu_pci_gbps is None else min(log.gpu_pci_gbps, bw)
+    else:
+        return False
+    return True
+
+
+def _network_line(log: ProcessLog, msg: str) -> None:
+    """A line about the network NCCL chose (its name, devices, plugin, bootstrap interface)
+    read into `log`, first matching pattern first; any other line is left."""
+    if (n := _NETWORK.search(msg)) is not None:
+        log.network = n["net"]
+    elif (u := _NET_USING.search(msg)) is not None and u["net"] != "Plugin" and _DEVICE.search(u["devs"]):
+        log.net_devices[u["net"]] = [_device(t, u["net"]) | {"index": int(i)} for i, t in _DEVICE.findall(u["devs"])]
+        if u["oob"]:
+            log.oob = re.sub(r"<\d+>$", "", u["oob"])
+    elif (nd := _NO_DEVICE.search(msg)) is not None:
+        if nd["net"] not in log.no_device:
+            log.no_device.append(nd["net"])
+    elif (f := _PLUGIN_FAILED.search(msg)) is not None:
+        log.plugin_failed = f"{f['name']}: NCCL logged 'Failed to initialize NET plugin'"
+    elif (a := _PLUGIN_ASSIGNED.search(msg)) is not None:
+        log.assigned = a["name"]
+    elif (p := _PLUGIN.search(msg)) is not None:
+        log.plugin = log.plugin_loaded = p["name"]
+        log.plugin_api = int(p["api"]) if p["api"] else None
+    elif (pp := _PLUGIN_PATH.search(msg)) is not None:
+        log.plugin_path = pp["path"]
+    elif (b := _BOOTSTRAP.search(msg)) is not None:
+        log.bootstrap = re.sub(r"<\d+>$", "", b["ifc"])
 
 
 def _finish(log: ProcessLog, text: str, channels: Counter, received: Counter,

@@ -14,7 +14,8 @@ after the workload's own traffic from node 0 to node 1: `forward` sends node 0 -
 Bytes are counted by the kernel, not estimated: iperf3 reads its data with read(2), so the
 server's `rchar` (/proc/<pid>/io) grows by what it received. Each record written under
 noise carries `fabric.noise`: the description and the bytes the noise moved while that
-point was measured (session.Recorded reads the counters as it enters and leaves). iperf3's
+point was measured (session.Recorded reads the counters as it enters and leaves, through
+workloads/fabric/noisemeter.py). iperf3's
 own JSON (client and server side) is kept in `<run dir>/noise/`; stopped with SIGINT,
 iperf3 3.12 writes its summary with an "error" naming the interrupt, whose figures are the
 test's up to that moment.
@@ -49,6 +50,7 @@ from workloads.core.errors import UsageError
 from workloads.core.signals import stop_group
 from workloads.fabric import procnet
 from workloads.fabric.iperf3 import ToolFailed, load_iperf3, parse_iperf3
+from workloads.fabric.noisemeter import NOISE_ENV, busy_figures, cpu_seconds, rate_figures, received_bytes
 
 KINDS = ("iperf3", "cpu")
 DIRECTIONS = ("forward", "reverse", "both", "incast")
@@ -59,7 +61,6 @@ BUSY_CPU_S = 0.2         # a hog is running once it has spent this much CPU past
 MAX_THREADS = 64
 STOP_S = 10.0            # how long iperf3 may take to write its summary after SIGINT
 # Set for the workload's ranks: the noise's state file (the pids to count, its description).
-NOISE_ENV = "FABRICBENCH_NOISE"
 # What iperf3 3.12 puts in "error" when the test was stopped by a signal (src/iperf_api.c):
 # the figures beside it are those of the seconds it ran.
 _STOPPED = ("interrupt - the client has terminated", "the client has terminated", "interrupt - the server has terminated")
@@ -179,19 +180,6 @@ def server_argv(spec: NoiseSpec, bind: str, pair: int = 0) -> list[str]:
     return ["iperf3", "-s", "-1", "-B", bind, "-p", str(spec.port_of(pair)), "--json", "--idle-timeout", "60"]
 
 
-def received_bytes(pids: Sequence[int]) -> int | None:
-    """Bytes the processes have read (rchar of /proc/<pid>/io, summed); None when one is unreadable."""
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-                if line.startswith("rchar:"):
-                    total += int(line.split()[1])
-        except (OSError, ValueError):
-            return None
-    return total
-
-
 def _listening(pid: int, port: int) -> bool:
     """Process `pid` listens on `port` in its own network namespace (/proc/<pid>/net is that namespace's)."""
     proc = f"/proc/{pid}"
@@ -251,6 +239,22 @@ def _write_state(out_dir: Path, spec: NoiseSpec, pids: Sequence[int]) -> dict[st
     return {NOISE_ENV: str(state)}
 
 
+def _stop_iperf3(clients: Sequence[subprocess.Popen], servers: Sequence[subprocess.Popen], files: Sequence[Any]) -> None:
+    """Clients stopped, servers let end (-1: each ends after its client; SIGINT if it does not),
+    their output files closed, an empty stderr file removed."""
+    for p in clients:
+        _stop(p)
+    for p in servers:
+        try:
+            p.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            _stop(p)
+    for f in files:
+        f.close()
+        if f.name.endswith(".stderr") and Path(f.name).stat().st_size == 0:
+            Path(f.name).unlink()  # kept only when iperf3 said something there
+
+
 @contextmanager
 def _iperf3(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir: Path,
             run_s: float) -> Iterator[dict[str, str]]:
@@ -295,48 +299,15 @@ def _iperf3(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir
         if any(p.poll() is not None for p in servers + clients):
             raise NoiseFailed(f"noise: an iperf3 ended while the workload ran; its output is in {out_dir}")
     finally:
-        for p in clients:
-            _stop(p)
-        for p in servers:  # -1: it ends after its client; SIGINT if it does not
-            try:
-                p.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                _stop(p)
-        for f in files:
-            f.close()
-            if f.name.endswith(".stderr") and Path(f.name).stat().st_size == 0:
-                Path(f.name).unlink()  # kept only when iperf3 said something there
+        _stop_iperf3(clients, servers, files)
     if moved <= 0:
         raise NoiseFailed(f"noise: iperf3 moved no bytes during the workload's {seconds:.1f} s; the run was not noisy")
-    summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": _rate(moved, seconds),
+    summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": rate_figures(moved, seconds),
                "iperf3": [figures(out_dir / f"iperf3-{n}-server.json") for n in range(len(servers))]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"emulate: noise moved {moved} B in {seconds:.1f} s during the workload "
           f"({summary['during_workload']['throughput(Mbit/s)']:.1f} Mbit/s); iperf3's JSON is in {out_dir}",
           flush=True)
-
-
-def _rate(moved: int, seconds: float) -> dict[str, float]:
-    return {"bytes": moved, "seconds": seconds, "throughput(Mbit/s)": moved * 8 / seconds / 1e6 if seconds > 0 else 0.0}
-
-
-def cpu_seconds(pids: Sequence[int]) -> float | None:
-    """CPU time the processes have used (utime + stime of /proc/<pid>/stat, summed, in s); None
-    when one is unreadable."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for pid in pids:
-        try:
-            # the fields after the command name, which may hold spaces and parentheses itself
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
-    return total / tick
-
-
-def _busy(cpu_s: float, seconds: float) -> dict[str, float]:
-    cpu_s = round(cpu_s, 3)  # clock ticks: the sum of two float divisions would carry binary noise
-    return {"cpu_s": cpu_s, "seconds": seconds, "cores_busy": cpu_s / seconds if seconds > 0 else 0.0}
 
 
 @contextmanager
@@ -372,47 +343,11 @@ def _hogs(spec: NoiseSpec, nodes: Sequence[str], addrs: Sequence[str], out_dir: 
             _stop(p)
     if used_cpu <= 0:
         raise NoiseFailed(f"noise: the CPU hog used no CPU during the workload's {seconds:.1f} s; the run was not noisy")
-    summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": _busy(used_cpu, seconds),
+    summary = {"spec": spec.fields(), "description": spec.describe(), "during_workload": busy_figures(used_cpu, seconds),
                "hogs": [json.loads((out_dir / f"hog-{n}.json").read_text()) for n in range(len(hogs))]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"emulate: noise used {used_cpu:.1f} CPU-s in {seconds:.1f} s during the workload "
           f"({summary['during_workload']['cores_busy']:.2f} cores); its output is in {out_dir}", flush=True)
-
-
-class PointMeter:
-    """What a rank measures of the noise around one point (session.Recorded): the iperf3
-    receivers' bytes, or the hogs' CPU time, as it enters and as it leaves. Inactive when this
-    run has no noise."""
-
-    def __init__(self, environ: Mapping[str, str] | None = None):
-        path = (os.environ if environ is None else environ).get(NOISE_ENV)
-        self.state = json.loads(Path(path).read_text()) if path else None
-        self.start = self._read()
-
-    def _read(self) -> tuple[float | None, float]:
-        if self.state is None:
-            return None, time.monotonic()
-        count = cpu_seconds if self.state["counter"] == "cpu" else received_bytes
-        return count(self.state["pids"]), time.monotonic()
-
-    def record(self) -> dict[str, Any] | None:
-        """`fabric.noise` of the record: the description and what the noise did during the point."""
-        if self.state is None:
-            return None
-        (b0, t0), (b1, t1) = self.start, self._read()
-        out = {**self.state["spec"], "description": self.state["description"]}
-        if b0 is None or b1 is None:
-            out["during_point"] = None
-            out["unmeasured"] = "the noise processes' /proc/<pid> could not be read (ended, or not root)"
-        else:
-            out["during_point"] = (_busy if self.state["counter"] == "cpu" else _rate)(b1 - b0, t1 - t0)
-        return out
-
-    def stamp(self, rec: dict[str, Any]) -> None:
-        """Put `fabric.noise` in the record: the noise this point ran under, and what it did meanwhile."""
-        if (loud := self.record()) is not None and isinstance(rec.get("fabric"), dict):
-            rec["fabric"]["noise"] = loud
-
 
 
 def from_overrides(conf_dir: str, overrides: Sequence[str]) -> tuple[NoiseSpec | None, Path, str]:

@@ -31,7 +31,7 @@ from workloads.core import hostmem, rundir
 from workloads.core.errors import Fault, RecordNotWritten, TransportMismatch, UsageError
 from workloads.core.records import flatten, iter_records, json_safe
 from workloads.fabric.netns import emulated_nodes
-from workloads.fabric.noise import PointMeter
+from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.profile import FabricProfile
 from workloads.fabric.verify_server import TRANSPORT_FILE_ENV, server_transport
 from workloads.inference.adapters import Adapter, get_adapter
@@ -40,7 +40,7 @@ from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
-from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_point
+from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_load
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.models.tp import check_tp_divides
 
@@ -288,7 +288,8 @@ def run_sweep(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     # server's ranks, since this process is the one writer and in no process group
     trackers = SimpleNamespace(is_main=True, world_size=spec.tp, nodes=spec.nnodes)
 
-    from workloads.core.records import fingerprint, with_tuned
+    from workloads.core.fingerprint import fingerprint
+    from workloads.core.records import with_tuned
     from workloads.inference.engine_info import engine_versions
 
     # the engine's own torch/NCCL (its image's interpreter), beside this process's
@@ -373,7 +374,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         # not the summary and sample rows built after it, which would dilute its rate.
         noise = PointMeter()
         mark = obs.begin() if obs is not None else None
-        res = run_point(point, warn=lambda m: print(m, flush=True))
+        res = run_load(point, warn=lambda m: print(m, flush=True))
         noise.stamp(rec)
         m = summarize(res.results, res.duration_s, plan.slo)
         # the engine's own account of the point (vllm-pd: its KV transfers), its headline figures
@@ -395,7 +396,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
             rec["status"], rec["error"] = "failed", _server_death(srv, a)
 
     try:
-        session.run_point(rec, records, plan.stem(a), trackers, measure, plan.run.tracking, summarize=_print_point,
+        session.run_point(session.Point(rec, records, plan.stem(a), trackers), measure, plan.run.tracking, summarize=_print_point,
                           group=False, label=a.label(), describe=_point_failure, noise=False)
     except RecordNotWritten:
         raise  # the filesystem refused the record: its one line says where it is kept

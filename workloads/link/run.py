@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.core.records import fingerprint
+from workloads.core.fingerprint import fingerprint
 from workloads.core.signals import stop_group
 from workloads.fabric import leafspine, procnet
 from workloads.fabric.profile import FabricProfile
@@ -248,7 +248,7 @@ def run_link(cfg: DictConfig, overrides: list[str] | None = None) -> Path | None
             if server is not None:  # whatever happened; its output is already kept (finish_server)
                 stop(server)
 
-    return session.run_point(record, run_dir / "records", stem, info, measure, run.tracking)
+    return session.run_point(session.Point(record, run_dir / "records", stem, info), measure, run.tracking)
 
 
 def _all(value):

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
-from workloads.core.records import fingerprint
+from workloads.core.fingerprint import fingerprint
 from workloads.fabric.profile import FabricProfile
 from workloads.replay.trace import Call, Trace, load
 from workloads.training.commtimer import union_length
@@ -90,7 +90,7 @@ def run_replay(cfg: DictConfig, overrides: list[str] | None = None) -> Path | No
         metrics={},
         samples={},
     )
-    path = session.run_point(record, run_dir / "records", f"replay-{plan.fabric.name}-n{info.world_size}", info,
+    path = session.run_point(session.Point(record, run_dir / "records", f"replay-{plan.fabric.name}-n{info.world_size}", info),
                              lambda: _measure(plan, info, record), plan.run.tracking)
     if record["status"] != "ok":
         fdist.wait_for_writer(info)

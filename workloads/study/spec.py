@@ -54,7 +54,7 @@ class Arm:
 
 
 @dataclass(frozen=True)
-class Workload:
+class StudyWorkload:
     name: str                      # unique within the study; part of every cell's run_id
     entry: str                     # a workload of workloads/catalog.py, by name or study word
     overrides: tuple[str, ...] = ()
@@ -76,12 +76,17 @@ class Workload:
         return (*self.kind.overrides, *self.overrides)
 
 
+# the name before StudyWorkload (catalog.Workload is what a workload is); study/plan.py and
+# study/run.py still read it, edited elsewhere this round
+Workload = StudyWorkload
+
+
 @dataclass(frozen=True)
 class StudySpec:
     name: str
     id: str
     arms: tuple[Arm, ...]
-    workloads: tuple[Workload, ...]
+    workloads: tuple[StudyWorkload, ...]
     trials: int
     design: str
     seed: int
@@ -273,7 +278,7 @@ def _primary(value: Any, what: str, entry: str) -> tuple[str | None, str | None]
     return metric, None if value.get("point") is None else str(value["point"])
 
 
-def _workloads(raw: Any) -> tuple[Workload, ...]:
+def _workloads(raw: Any) -> tuple[StudyWorkload, ...]:
     from workloads.core.config import expand_sweep
 
     if not isinstance(raw, list) or not raw:
@@ -291,7 +296,7 @@ def _workloads(raw: Any) -> tuple[Workload, ...]:
         cv = None if w.get("cv") is None else fraction(w["cv"], f"workloads[{i}].cv")
         points = expand_sweep(list(_overrides(w.get("overrides"), f"workloads[{i}].overrides")))
         for k, point_overrides in enumerate(points):
-            out.append(Workload(name if len(points) == 1 else f"{name}-p{k}", str(w["entry"]), tuple(point_overrides),
+            out.append(StudyWorkload(name if len(points) == 1 else f"{name}-p{k}", str(w["entry"]), tuple(point_overrides),
                                 metric, point, cv))
     names = [w.name for w in out]
     if len(set(names)) < len(names):

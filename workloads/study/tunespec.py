@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from workloads.core.errors import UsageError
 from workloads.study import tuned
-from workloads.study.spec import Arm, Workload, _arms, _label, _overrides, _workloads, fraction, read_yaml
+from workloads.study.spec import Arm, StudyWorkload, _arms, _label, _overrides, _workloads, fraction, read_yaml
 
 DEFAULT = "default"            # the arm as it is: the candidate every other must beat
 MAX_CANDIDATES = 64
@@ -64,7 +64,7 @@ class TuneSpec:
     name: str
     id: str
     arm: Arm                       # the arm tuned, as it is
-    workloads: tuple[Workload, ...]
+    workloads: tuple[StudyWorkload, ...]
     candidates: tuple[Candidate, ...]   # the default first
     search_runs: int               # successive halving's budget in runs
     confirm_blocks: int            # blocks of the confirmation (winner against default)

@@ -142,20 +142,36 @@ class TrainingSummary:
         }
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOPs formulas read of a model and a batch: flops_per_iteration's keywords, and
+    the MoE terms (moe_flops_args; None: dense)."""
+
+    global_batch: int
+    seq_length: int
+    num_layers: int
+    hidden_size: int
+    padded_vocab: int
+    checkpoint_activations: bool
+    moe: dict | None = None
+
+    def flops(self, checkpoint_activations: bool | None = None) -> float:
+        """FLOPs per iteration; `checkpoint_activations=False`: the model's useful FLOPs alone
+        (MFU's: recomputation is not useful work)."""
+        ckpt = self.checkpoint_activations if checkpoint_activations is None else checkpoint_activations
+        return model_flops(global_batch=self.global_batch, seq_length=self.seq_length, num_layers=self.num_layers,
+                           hidden_size=self.hidden_size, padded_vocab=self.padded_vocab,
+                           checkpoint_activations=ckpt, moe=self.moe)
+
+
 def summarize_training(
     *,
     step_times_s: list[float],
     warmup_steps: int,
-    global_batch: int,
-    seq_length: int,
-    num_layers: int,
-    hidden_size: int,
-    padded_vocab: int,
-    checkpoint_activations: bool,
+    shape: ModelShape,
     world_size: int,
     peak_tflops: float | None,
     comm_times_s: list[float] | None = None,
-    moe: dict | None = None,
 ) -> TrainingSummary:
     """Summarise every step after warm-up. `comm_times_s[i]` is the wall time step i
     had at least one gradient collective in flight."""
@@ -167,15 +183,11 @@ def summarize_training(
         )
     it = statistics.fmean(timed)
     std = statistics.stdev(timed) if len(timed) > 1 else 0.0
-    sps = global_batch / it
-    shape = dict(global_batch=global_batch, seq_length=seq_length, num_layers=num_layers, hidden_size=hidden_size,
-                 padded_vocab=padded_vocab)
-    flops = model_flops(**shape, checkpoint_activations=checkpoint_activations, moe=moe)
+    sps = shape.global_batch / it
     mfu = None
     if peak_tflops:
         # MFU counts model FLOPs only: recomputation is not useful work, so f = 3.
-        useful = model_flops(**shape, checkpoint_activations=False, moe=moe)
-        mfu = tflops_per_gpu(useful, it, world_size) / peak_tflops
+        mfu = tflops_per_gpu(shape.flops(checkpoint_activations=False), it, world_size) / peak_tflops
     comm_share = None
     if comm_times_s is not None and len(comm_times_s) == len(step_times_s):
         comm_share = sum(comm_times_s[warmup_steps:]) / sum(timed)
@@ -183,8 +195,8 @@ def summarize_training(
         iteration_time_s=it,
         iteration_time_std_s=std,
         samples_per_sec=sps,
-        tokens_per_sec=sps * seq_length,
-        tflops_per_gpu=tflops_per_gpu(flops, it, world_size),
+        tokens_per_sec=sps * shape.seq_length,
+        tflops_per_gpu=tflops_per_gpu(shape.flops(), it, world_size),
         mfu=mfu,
         peak_tflops=peak_tflops,
         comm_share=comm_share,

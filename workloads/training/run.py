@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from workloads import session
 from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
+from workloads.core.fingerprint import fingerprint
 from workloads.core.loggers import build_loggers
-from workloads.core.records import fingerprint
 from workloads.fabric.linerate import node_line_rate
 from workloads.fabric.nic import NicSampler, gather_summaries, rails_for, summary_rows
 from workloads.fabric.profile import FabricProfile
@@ -31,7 +31,7 @@ from workloads.training.commtimer import CommTimer, comm_dtypes, dump_flight_rec
 from workloads.training.data import synthetic_batches, token_file_batches
 from workloads.training.engines import TrainSettings, build_engine
 from workloads.training.metrics import (
-    model_flops,
+    ModelShape,
     moe_flops_args,
     peak_tflops_for,
     summarize_moe,
@@ -273,27 +273,33 @@ def run_training(cfg: DictConfig, overrides: list[str] | None = None) -> Path | 
         else:
             print(f"run {record['status']}; record with the error: {path}", flush=True)
 
-    return session.run_point(record, run_dir / "records", plan.stem, info,
+    return session.run_point(session.Point(record, run_dir / "records", plan.stem, info),
                              lambda: _measure(plan, info, run_dir, record, loggers), plan.run.tracking, loggers,
                              summarize)
+
+
+def _build_model(plan: TrainPlan, info: fdist.DistInfo):
+    """(model, expert groups or None, its MoE statistics): the same initial weights on every rank."""
+    groups = moe.ExpertGroups.build(plan.experts.ep) if plan.experts else None
+    torch.manual_seed(plan.seed)
+    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(plan.model, groups)
+    moe_stats = moe.MoEStats(cuda=info.device.type == "cuda")
+    moe.attach_stats(model, moe_stats)
+    model.checkpoint_activations = plan.settings.activation_checkpointing
+    return model, groups, moe_stats
 
 
 def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict, loggers) -> None:
     """Build, warm up, time every step; fill the record's metrics and samples."""
     mcfg, layout, settings = plan.model, plan.layout, plan.settings
-    groups = moe.ExpertGroups.build(plan.experts.ep) if plan.experts else None
-    torch.manual_seed(plan.seed)  # the same initial weights on every rank
-    model = load_hf(plan.checkpoint) if plan.checkpoint else GPTNeoX(mcfg, groups)
-    moe_stats = moe.MoEStats(cuda=info.device.type == "cuda")
-    moe.attach_stats(model, moe_stats)
-    model.checkpoint_activations = settings.activation_checkpointing
+    model, groups, moe_stats = _build_model(plan, info)
     seq, warmup, accum = plan.seq_length, plan.warmup_steps, layout.grad_accum_steps
     pool = _batches(plan, info)
     timer = CommTimer(info.device)
     engine = build_engine(plan.parallel, model, settings, info.device, groups)
-    flops = model_flops(global_batch=layout.global_batch, seq_length=seq, num_layers=mcfg.num_layers,
-                        hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-                        checkpoint_activations=settings.activation_checkpointing, moe=moe_flops_args(mcfg.to_dict()))
+    shape = ModelShape(layout.global_batch, seq, mcfg.num_layers, mcfg.hidden_size, mcfg.padded_vocab,
+                       settings.activation_checkpointing, moe_flops_args(mcfg.to_dict()))
+    flops = shape.flops()
     nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
     step_times, comm_times, losses, comm_bytes, moe_steps, calls = [], [], [], [], [], []
     with timer.active():
@@ -321,11 +327,9 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
                                     "tflops_per_gpu": tflops_per_gpu(flops, dt, info.world_size),
                                     "loss": losses[-1], "warmup": step < warmup})
     summary = summarize_training(
-        step_times_s=step_times, warmup_steps=warmup, global_batch=layout.global_batch, seq_length=seq,
-        num_layers=mcfg.num_layers, hidden_size=mcfg.hidden_size, padded_vocab=mcfg.padded_vocab,
-        checkpoint_activations=settings.activation_checkpointing, world_size=info.world_size,
+        step_times_s=step_times, warmup_steps=warmup, shape=shape, world_size=info.world_size,
         peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", plan.peak_tflops, settings.precision),
-        comm_times_s=comm_times, moe=moe_flops_args(mcfg.to_dict()),
+        comm_times_s=comm_times,
     )
     rails = rails_for(plan.fabric, os.environ, record["fabric"].get("transport"))
     timed_comm = comm_times[warmup:]

@@ -28,7 +28,7 @@ from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.client import SSEParser, make_session, stream_request
 from workloads.inference.loadgen.datasets import RequestSpec
-from workloads.inference.loadgen.point import LoadPoint, run_point
+from workloads.inference.loadgen.point import LoadPoint, run_load
 from workloads.testing.scripted_server import Running
 
 # Client vs truth is typically 0.2-0.4 ms here. On 2 cores shared by client, server and
@@ -86,7 +86,7 @@ def test_timing_matches_scripted_truth(running, server, concurrency, backend):
     point = LoadPoint(server, get_backend(backend), "scripted", [s for s, _, _ in scripted],
                       Arrival("closed", concurrency=concurrency), num_requests=n, timeout_s=30)
     with Jitter(running.proc.pid) as jitter:
-        res = run_point(point)
+        res = run_load(point)
     print(jitter)
     # At 64 streams one event loop reads every chunk: a burst queues behind itself, which no
     # wait for a core shows. Measured 1.3 ms median with the other core busy (make test's second
@@ -241,7 +241,7 @@ def test_a_closed_loop_run_for_a_time_stops_at_its_memory_bound(server):
     assert check_memory(settings, [Arrival("closed", concurrency=2)], {"input_len": 4, "output_len": 2}, room) == 1234
     point = LoadPoint(server, get_backend("completions"), "scripted", [RequestSpec("ttft=1;itl=1", 4, 2)] * 50,
                       Arrival("closed", concurrency=2), duration_s=settings.duration_s, max_requests=12, timeout_s=10)
-    res = run_point(point)
+    res = run_load(point)
     assert res.capped and len(res.results) == 12 and res.duration_s < 60
 
 
@@ -297,7 +297,7 @@ def test_event_loop_setting(server, loop):
     spec = RequestSpec("ttft=2;itl=1,1", 4, 3)
     p = LoadPoint(server, get_backend("completions"), "scripted", [spec] * 4, Arrival("closed", concurrency=2),
                   num_requests=4, timeout_s=10, event_loop=loop)
-    res = run_point(p, warn=lambda m: None)
+    res = run_load(p, warn=lambda m: None)
     assert [r.output_tokens for r in res.results] == [3] * 4
     assert res.event_loop == ("asyncio" if loop == "asyncio" else "uvloop")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from workloads import REPO_ROOT
 from workloads.core import signals
 from workloads.core.errors import Fault, UsageError
-from workloads.core.records import redact_argv
+from workloads.core.redact import redact_argv
 from workloads.fabric.procnet import listeners, process_cmdline
 from workloads.inference.adapters.base import Launch, ServerSpec
 from workloads.inference.adapters.watchdog import family, signal_all

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from workloads.core.records import redact_text, secret_values
+from workloads.core.redact import redact_text, secret_values
 
 POLL_S = 0.2
 _PR_SET_CHILD_SUBREAPER = 36
