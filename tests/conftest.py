@@ -17,9 +17,7 @@ def pytest_collection_modifyitems(config, items):
     """Under xdist (`make test` runs three workers), a module's tests stay on one worker, so a
     module's shared launch (a server, a study) starts once. The tests marked `timing` (real A/A
     studies, verdicts, rates, TTFT ratios: they compare runs made minutes apart) share the
-    `timed` worker, which runs with a larger CPU weight (helpers/cpu_share.py); those marked
-    `timing("timed-serving")` (real engines served across emulated nodes) are a second weighted
-    group on another worker, so that the two longest chains run side by side; a namespace test
+    `timed` worker, which runs with a larger CPU weight (helpers/cpu_share.py); a namespace test
     whose assertion depends on measured speed carries `timing` too, and so does one that shares
     a launch with such a test (emu_ab runs once per worker). The other tests that need root
     (namespaces, tc) share the `ns` group: it runs beside `timed` at the default weight, since
@@ -35,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
     # then the rest. xdist's --loadscope-reorder (on by default) then sorts the groups by their
     # number of tests, keeping this order only among groups of equal size (docs/tests.md).
     slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    rank = {"timed": 0, "timed-serving": 0, "ns": 1, "slurm": 1}
+    rank = {"timed": 0, "ns": 1, "slurm": 1}
     items.sort(key=lambda item: rank.get(_group(item), 2 if item.module.__name__ in slow else 3))
 
 
@@ -47,9 +45,8 @@ def _group(item) -> str:
     needs = _needs(item)
     if "slurm" in needs:
         return "slurm"
-    timing = item.get_closest_marker("timing")
-    if timing:
-        return timing.args[0] if timing.args else "timed"
+    if item.get_closest_marker("timing"):
+        return "timed"
     if "root" in needs:
         return "ns"
     return item.nodeid.split("::")[0].split("@")[0]
@@ -66,7 +63,7 @@ def pytest_runtest_setup(item):
     if "root" in _needs(item):
         _NETNS_MODULES.add(item.module.__name__)
     if _root():
-        cpu_share.prefer(group.startswith("timed"))  # helpers/cpu_share.py: the rig's own load must not decide timings
+        cpu_share.prefer(group == "timed")  # helpers/cpu_share.py: the rig's own load must not decide timings
 
 
 def pytest_sessionfinish(session):

@@ -73,11 +73,12 @@ def started_here(pid: int | str) -> bool:
 
 def emulations_left(*stdouts: str) -> list[str]:
     """Namespaces still present of the emulations whose output is given (each prints
-    "emulate: N namespaces (fb-<pid>-0, ..."): another worker's, running beside them, are not
-    theirs. Raises when an output names no emulation."""
+    "emulate: N namespaces (fb-<tag>-0, ...": the tag is the emulator's pid, or for a topology a
+    study keeps for an arm <study pid>k<n>, workloads/study/fabrics.py): another worker's,
+    running beside them, are not theirs. Raises when an output names no emulation."""
     from workloads.fabric.netns import leftovers
 
-    tags = [m for out in stdouts for m in re.findall(r"namespaces \((fb-\d+)-0, ", out)]
+    tags = [m for out in stdouts for m in re.findall(r"namespaces \((fb-\d+(?:k\d+)?)-0, ", out)]
     assert tags, "no `emulate: N namespaces (...)` line in the output"
     return [n for n in leftovers() if n.startswith(tuple(f"{t}-" for t in tags))]
 

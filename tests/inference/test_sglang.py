@@ -145,7 +145,7 @@ def across_nodes(sglang_env, tmp_path_factory):
     return {r["fabric"]["name"]: r for r in records_in(out)}, out, runs
 
 
-@pytest.mark.timing("timed-serving")  # shares across_nodes with the TTFT test
+@pytest.mark.timing  # shares across_nodes with the TTFT test
 @pytest.mark.requires("root")
 def test_sglang_tp2_ranks_span_both_namespaces_on_emu0(across_nodes):
     recs, out, runs = across_nodes
@@ -183,13 +183,13 @@ def test_sglang_tp2_ranks_span_both_namespaces_on_emu0(across_nodes):
     assert len(ours) == 4 and not set(ours) & set(leftovers()), (ours, leftovers())
 
 
-@pytest.mark.timing("timed-serving")  # shares across_nodes with the TTFT test
+@pytest.mark.timing  # shares across_nodes with the TTFT test
 @pytest.mark.requires("root")
 def test_metrics_across_nodes_match_the_samples(across_nodes):
     check_metrics_match_the_samples(list(across_nodes[0].values()), EMU_REQUESTS, EMU_OUT_LEN)
 
 
-@pytest.mark.timing("timed-serving")  # a TTFT ratio
+@pytest.mark.timing  # a TTFT ratio
 @pytest.mark.requires("root")
 def test_sglang_ttft_rises_at_100mbit(across_nodes):
     """The per-request TTFTs of one point each (requests are not trials; this checks the link
