@@ -103,7 +103,7 @@ def test_two_containers_on_emulated_nodes_match_the_run_without(image_tag, tmp_p
     spec = EmuSpec.from_config(yaml.safe_load((REPO / "conf/fabric/emu-100m.yaml").read_text())["emulate"])
     out_c, out_h = tmp_path / "containers", tmp_path / "host"
     out_c.mkdir()
-    with Topology(spec, tag=f"ct{os.getpid()}") as topo:
+    with Topology(spec, tag=f"{os.getpid()}ct") as topo:
         procs = []
         for i, node in enumerate(topo.nodes):
             argv = agent_argv("python", spec, i, 1, "launch/collectives.py", [*COLLECTIVES, "output_root=/out"])
@@ -113,7 +113,7 @@ def test_two_containers_on_emulated_nodes_match_the_run_without(image_tag, tmp_p
                  image_tag, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         logs = [p.communicate(timeout=400)[0] for p in procs]
         assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
-    with Topology(spec, tag=f"ht{os.getpid()}") as topo:
+    with Topology(spec, tag=f"{os.getpid()}ht") as topo:
         code = run_agents(topo, 1, "launch/collectives.py", [*COLLECTIVES, f"output_root={out_h}"], 400,
                           env=os.environ | {"FABRICBENCH_RUN_ID": "host", "OMP_NUM_THREADS": "1"})
         assert code == 0
