@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workloads.core import procstat
 from workloads.core.errors import RecordNotWritten
 
 INFLIGHT_ENV = "FABRICBENCH_INFLIGHT_DIR"   # set by self_launch: its launcher recovers the copies there
@@ -115,9 +116,8 @@ def recover(where: str, why: str) -> list[Path]:
 
 def _start_time(pid: int) -> str | None:
     """The process's start time (clock ticks since boot), so a reused pid is not taken for it."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = procstat.fields(pid)
+    if fields is None:
         return None
     return None if fields[0] in ("Z", "X") else fields[19]  # a zombie has died already
 

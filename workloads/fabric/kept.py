@@ -20,6 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from workloads.core import procstat
+
 KEPT_ENV = "FB_EMU_KEPT"
 
 
@@ -57,7 +59,7 @@ class Attached:
         return self._described + " (kept for the study's arm: built before its first run)"
 
     def delay_line_problem(self) -> str | None:
-        if self.delay_pid is None or _alive(self.delay_pid):
+        if self.delay_pid is None or procstat.living(self.delay_pid):
             return None
         err = self.delay_dir / "stderr" if self.delay_dir else None
         why = err.read_text().strip().splitlines() if err is not None and err.is_file() else []
@@ -69,15 +71,6 @@ class Attached:
 
     def __exit__(self, *exc) -> None:
         pass  # its builder removes it
-
-
-def _alive(pid: int) -> bool:
-    """Running: a dead child of the study that was not reaped yet is a zombie ('Z'), not alive."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def attach(spec, host_link: bool, environ=os.environ) -> Attached | None:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from workloads.core import procstat
+
 NOISE_ENV = "FABRICBENCH_NOISE"
 
 
@@ -40,10 +42,8 @@ def cpu_seconds(pids: Sequence[int]) -> float | None:
     when one is unreadable."""
     tick, total = os.sysconf("SC_CLK_TCK"), 0
     for pid in pids:
-        try:
-            # the fields after the command name, which may hold spaces and parentheses itself
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        fields = procstat.fields(pid)
+        if fields is None:
             return None
         total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
     return total / tick

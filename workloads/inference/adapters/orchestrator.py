@@ -32,7 +32,7 @@ from collections import deque
 from pathlib import Path
 
 from workloads import REPO_ROOT
-from workloads.core import signals
+from workloads.core import procstat, signals
 from workloads.core.errors import Fault, UsageError
 from workloads.core.redact import redact_argv
 from workloads.fabric.procnet import listeners, process_cmdline
@@ -206,7 +206,7 @@ class ManagedServer:
             end = time.monotonic() + 5
             while _group_alive(pgid) and time.monotonic() < end:
                 time.sleep(0.05)
-        signal_all([x for x in others if _living(x)], signal.SIGKILL)
+        signal_all([x for x in others if procstat.living(x)], signal.SIGKILL)
         self.proc = None if p.poll() is not None else p
 
 
@@ -244,13 +244,6 @@ def describe(pids: list[int]) -> str:
         cmd = "?" if argv is None else " ".join(argv).strip()
         out.append(f"pid {pid}: {cmd[:120]}")
     return "; ".join(out) or "a process this user cannot see"
-
-
-def _living(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def refuse_taken_port(spec: ServerSpec) -> None:

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from workloads.core import procstat
 from workloads.core.redact import redact_text, secret_values
 
 POLL_S = 0.2
@@ -71,18 +72,11 @@ def relay(src, secrets: list[str]) -> None:
         log(redact_text(pending, secrets))  # the last words, even without their newline
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def family(root: int) -> set[int]:
     """Living processes in root's process group or below root in the process tree."""
     parent, group = {}, set()
     for d in Path("/proc").glob("[0-9]*"):
-        f = _stat(int(d.name))
+        f = procstat.fields(int(d.name))
         if f and f[0] != "Z":
             parent[int(d.name)] = int(f[1])
             if int(f[2]) == root:
