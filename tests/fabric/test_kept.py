@@ -104,3 +104,12 @@ def test_a_kept_delay_line_ends_with_its_builder_even_on_sigkill():
         for ns in reversed(spaces):  # what the killed builder could not remove
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             subprocess.run(["rm", "-rf", f"/etc/netns/{ns}"], capture_output=True)
+
+
+def test_a_wrong_keep_setting_is_refused_in_its_own_words():
+    from workloads.core.errors import UsageError
+    from workloads.study.fabrics import keeping
+
+    assert keeping({}) and keeping({"FB_STUDY_KEEP_FABRIC": "1"}) and not keeping({"FB_STUDY_KEEP_FABRIC": "0"})
+    with pytest.raises(UsageError, match=r"FB_STUDY_KEEP_FABRIC='no': use 1 .* or 0 \(build one per run\)"):
+        keeping({"FB_STUDY_KEEP_FABRIC": "no"})

@@ -13,8 +13,10 @@ from workloads.study.run import add_arguments  # noqa: F401  (the study's option
 
 def run(args) -> int:
     from workloads.study import run as study
+    from workloads.study.fabrics import keeping
     from workloads.study.spec import TuneFirst, load_spec
 
+    keeping()  # a wrong FB_STUDY_KEEP_FABRIC is refused before the plan and the study's folder
     ran: set[str] = set()
     while True:
         try:

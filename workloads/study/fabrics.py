@@ -32,11 +32,23 @@ from workloads.fabric.kept import KEPT_ENV, fresh, handle
 KEEP_ENV = "FB_STUDY_KEEP_FABRIC"
 
 
+def keeping(environ=os.environ) -> bool:
+    """FB_STUDY_KEEP_FABRIC: 1 (the default) keeps each arm's topology and forks each run's
+    emulator; 0 builds one per run in a fresh interpreter. Anything else is refused, not read as on."""
+    v = environ.get(KEEP_ENV, "1").strip() or "1"
+    if v not in ("0", "1"):
+        from workloads.core.errors import UsageError
+
+        raise UsageError(f"{KEEP_ENV}={v!r}: use 1 (keep each emulated arm's topology for the study, the "
+                         "default) or 0 (build one per run)")
+    return v == "1"
+
+
 class KeptFabrics:
     """Per (arm, emulated spec): one Topology. A context manager that removes them all."""
 
     def __init__(self, jobs, environ=os.environ):
-        self.on = environ.get(KEEP_ENV, "1") != "0"
+        self.on = keeping(environ)
         self.built: dict[tuple, Any] = {}
         self._count = 0  # names each topology built (fb-<study pid>k<count>-<node>)
         self._specs: dict[tuple[str, str], Any] = {}
@@ -98,7 +110,7 @@ class KeptFabrics:
 def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:
     """The run `argv` (`<python> launch/emulate.py ...`) forked from this warm study process,
     its output to `out`; None when it is not such a run or forking is off (then it is exec'd)."""
-    if env.get(KEEP_ENV, "1") == "0" or len(argv) < 2 or argv[0] != sys.executable \
+    if not keeping(env) or len(argv) < 2 or argv[0] != sys.executable \
             or Path(argv[1]).name != "emulate.py" or forkrank.mode() != "fork" or not forkrank.can_fork():
         return None
     forkrank.warm(forkrank.RANK_IMPORTS)
