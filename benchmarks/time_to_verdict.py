@@ -5,7 +5,7 @@ each workload's own window) against now (ranks forked, `window: auto`).
     sudo .venv/bin/python benchmarks/time_to_verdict.py benchmarks/studies/emu-train-ab.yaml --rounds 2
 
 Each round runs the study twice, in ABBA order over rounds: "before" (FB_RANK_START=exec,
-window: fixed) and "after" (fork, window: auto), each under its own id in one output root, so
+FB_STUDY_KEEP_FABRIC=0, window: fixed) and "after" (fork, a kept topology per arm, window: auto), each under its own id in one output root, so
 that the "after" plan sizes its windows from the runs before it (the first round's "before"
 study is the pilot every later plan reads). Both plans size their blocks for the same `detect`
 at 80% power. Prints per study: runs, blocks, wall time, the duty cycle (measured / wall, from
@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 def study(spec: dict, name: str, out: Path, mode: str, window: str) -> dict:
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump({**spec, "name": name, "window": window}, sort_keys=False))
-    env = dict(os.environ, FB_RANK_START=mode)
+    # "before" is the study as it ran before issue 48: ranks exec'd, a topology built per run
+    env = dict(os.environ, FB_RANK_START=mode, FB_STUDY_KEEP_FABRIC="0" if mode == "exec" else "1")
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "study", str(path), "--output-root", str(out)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=7200)
