@@ -61,7 +61,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", help="a study YAML with training workloads")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--pilot-blocks", type=int, default=3)
+    ap.add_argument("--pilot-blocks", type=int, default=4)
     ap.add_argument("--keep", type=Path, help="an output root to keep (default: a temporary one)")
     args = ap.parse_args()
     spec = yaml.safe_load(Path(args.spec).read_text())
