@@ -23,6 +23,8 @@ On a Gloo fabric all_reduce and all_gather take Gloo's own schedule instead (for
 gloo_ring): two segments in flight per link, each sent once its receive is announced, so a step
 costs its bytes or half a round trip and half its bytes, whichever is longer, not the sum; the
 same three parameters, fitted robustly (soft L1) so that one cell a host stall hit does not move them.
+Gloo's 2-rank all_gather adds a fourth, serial: the share of calls whose late rank's announcements
+queued behind its own data on the pair's one connection, each one half chunk longer (serial_segments).
 
 The 90% prediction interval is on log T, with three parts added in quadrature:
   - parameters: the spread of the prediction over refits of resampled *blocks* (a study's blocks;
@@ -104,32 +106,50 @@ def gloo_segments(op: str, p: int, size: float) -> tuple[int, int, float]:
     return 1, 2 * (p - 1), size / (2 * p)
 
 
-def gloo_ring(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0) -> float:
+def gloo_ring(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0,
+              serial: float = 0.0) -> float:
     """Seconds of one Gloo ring call. Every iteration posts a receive (its announcement crosses to
     the sender) and a send, then waits for the pair posted two iterations before; the first two
     start at once. With alpha the announcement's round trip plus the host's cost of an iteration
     and b a segment's bytes x beta, a phase of n iterations takes the longer of its link's bytes
     and a round trip, n x b + alpha, and its round trips, each carrying two segments: ceil(n/2) x
-    (alpha + b), plus b when n is even (the pair's second segment queues behind its first)."""
+    (alpha + b), plus b when n is even (the pair's second segment queues behind its first).
+    `serial` (0-1) is the share of 2-rank all_gather calls whose announcements queued behind the
+    late rank's own data: each such call takes one segment longer (serial_segments)."""
     phases, n, seg = gloo_segments(op, p, size)
     a = alpha + kappa * math.log2(p / 2)
     b = seg * beta
-    return phases * max(n * b + a, -(-n // 2) * (a + b) + (b if n % 2 == 0 else 0.0))
+    return (phases * max(n * b + a, -(-n // 2) * (a + b) + (b if n % 2 == 0 else 0.0))
+            + serial * serial_segments(op, p) * b)
+
+
+def serial_segments(op: str, p: int) -> int:
+    """Segments a call waits longer when the late rank of a pair starts after the other's
+    announcements reached it: 1 for Gloo's all_gather at 2 ranks, else 0. gloo/allgather.cc posts
+    each iteration's send before its receive, and at 2 ranks both go to the one peer, over one TCP
+    connection (gloo/transport/tcp/pair.cc: announcements and data share one transmit queue, in
+    order). The late rank finds the early one's announcements, sends its first half at once, and
+    its own announcement follows that half down the stream: the early rank's sends wait for it, so
+    the call costs 3 halves of a rank's chunk where both directions at once would cost 2. From 4
+    ranks the announcements go to the left neighbour and the data to the right, on two connections;
+    Gloo's all_reduce posts each receive before its send."""
+    return 1 if op == "all_gather" and p == 2 else 0
 
 
 def model_time(op: str, p: int, size: float, alpha: float, beta: float, kappa: float = 0.0,
-               form: str = "ring") -> float:
+               form: str = "ring", serial: float = 0.0) -> float:
     """Seconds of one call. form "ring": L(p) x (alpha + kappa x log2(p/2)) + size x G(p) x beta,
     beta = 1/B in s per byte; form "gloo": gloo_ring."""
     if form == "gloo":
-        return gloo_ring(op, p, size, alpha, beta, kappa)
+        return gloo_ring(op, p, size, alpha, beta, kappa, serial)
     L, G = terms(op, p)
     return L * (alpha + kappa * math.log2(p / 2)) + size * G * beta
 
 
 def op_time(c: dict[str, Any], op: str, p: int, size: float) -> float:
     """model_time with a calibrated op's own parameters and form."""
-    return model_time(op, p, size, c["alpha_s"], c["beta_s_per_byte"], c["kappa_s"], c.get("form", "ring"))
+    return model_time(op, p, size, c["alpha_s"], c["beta_s_per_byte"], c["kappa_s"], c.get("form", "ring"),
+                      c.get("serial", 0.0))
 
 
 def form_of(recs: list[tuple[Path, dict[str, Any]]], op: str) -> str:
@@ -241,44 +261,35 @@ def select(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None
 # hit (4 KiB at 4 nodes: 276 ms beside 31-33 ms for its neighbours) otherwise moves B for every size.
 ROBUST_SCALE = 0.10
 _IRLS_ROUNDS = 60
+# The share of 2-rank all_gather calls taken as serialized (serial_segments) when the points cannot
+# tell it from the bandwidth: one scale only, or no 2-rank point.
+SERIAL_UNSEEN = 0.0
 
 
 def _gloo_sides(op: str, pts: list[tuple[int, int, float]]):
-    """gloo_ring is linear in (alpha, beta, kappa) on either side of its max: per point its
-    bandwidth side's row and its latency side's row."""
+    """gloo_ring is linear in (alpha, beta, kappa, serial x beta) on either side of its max: per
+    point its bandwidth side's row and its latency side's row."""
     import numpy as np
 
     bw, lat = [], []
     for p, s, _ in pts:
         phases, n, seg = gloo_segments(op, p, s)
         g, m = math.log2(p / 2), -(-n // 2)
-        bw.append([phases, phases * n * seg, phases * g])
-        lat.append([phases * m, phases * (m + (1 if n % 2 == 0 else 0)) * seg, phases * m * g])
+        extra = serial_segments(op, p) * seg
+        bw.append([phases, phases * n * seg, phases * g, extra])
+        lat.append([phases * m, phases * (m + (1 if n % 2 == 0 else 0)) * seg, phases * m * g, extra])
     return np.array(bw), np.array(lat)
 
 
-def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -> tuple[float, float, float]:
-    """(alpha s, beta s/byte, kappa s), all >= 0; pts = (p, size, time_s). kappa is 0 when the
-    points are of one scale (it cannot be told from alpha there). form "ring": least squares on
-    relative error; "gloo": the same robustly (soft L1, ROBUST_SCALE), by reweighted non-negative
-    least squares over gloo_ring's two linear sides until no point changes side."""
+def _irls(bw, lat, y):
+    """Non-negative soft-L1 fit of y by the rows of bw or lat, whichever side is longer, by
+    reweighted non-negative least squares on relative error until no point changes side."""
     import numpy as np
     from scipy.optimize import nnls
 
-    multi = len({p for p, _, _ in pts}) > 1
-    y = np.array([t for _, _, t in pts], dtype=float)
-    if form != "gloo":
-        rows = []
-        for p, s, _ in pts:
-            L, G = terms(op, p)
-            rows.append([L, s * G] + ([L * math.log2(p / 2)] if multi else []))
-        theta, _ = nnls(np.array(rows, dtype=float) / y[:, None], np.ones_like(y))
-        return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0
-    k = 3 if multi else 2
-    bw, lat = _gloo_sides(op, pts)
-    bw, lat = bw[:, :k] / y[:, None], lat[:, :k] / y[:, None]
+    bw, lat = bw / y[:, None], lat / y[:, None]
     w = np.ones_like(y)
-    theta = np.zeros(k)
+    theta = np.zeros(bw.shape[1])
     on_bw = np.zeros(len(y), dtype=bool)          # start on the latency side everywhere
     for _ in range(_IRLS_ROUNDS):
         x = np.where(on_bw[:, None], bw, lat)
@@ -290,7 +301,53 @@ def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -
         theta = new
         if done:
             break
-    return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0
+    return theta
+
+
+def _fit_gloo(op: str, pts: list[tuple[int, int, float]], y) -> tuple[float, float, float, float]:
+    """fit_params of the gloo form. serial (0-1) is fitted where 2-rank all_gather points sit beside
+    another scale's; there beta = e + g and serial = g / beta, so that both stay >= 0 and serial <= 1
+    (the columns: alpha, e for the bytes, kappa, g for the bytes and the serialized segment).
+    Elsewhere it cannot be told from beta: it is SERIAL_UNSEEN."""
+    import numpy as np
+
+    multi = len({p for p, _, _ in pts}) > 1
+    bw, lat = _gloo_sides(op, pts)
+    free = multi and bool(bw[:, 3].any())
+    keep = [0, 1, 2] if multi else [0, 1]
+
+    def cols(x):
+        if free:
+            return np.column_stack([x[:, 0], x[:, 1], x[:, 2], x[:, 1] + x[:, 3]])
+        x = x.copy()
+        x[:, 1] += SERIAL_UNSEEN * x[:, 3]
+        return x[:, keep]
+
+    theta = _irls(cols(bw), cols(lat), y)
+    if not free:
+        return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0, SERIAL_UNSEEN
+    beta = float(theta[1] + theta[3])
+    return float(theta[0]), beta, float(theta[2]), float(theta[3] / beta) if beta > 0 else 0.0
+
+
+def fit_params(op: str, pts: list[tuple[int, int, float]], form: str = "ring") -> tuple[float, float, float, float]:
+    """(alpha s, beta s/byte, kappa s, serial), all >= 0; pts = (p, size, time_s). kappa is 0 when
+    the points are of one scale (it cannot be told from alpha there). form "ring": least squares
+    on relative error, serial 0; "gloo": the same robustly (soft L1, ROBUST_SCALE), by reweighted
+    non-negative least squares over gloo_ring's two linear sides until no point changes side."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    multi = len({p for p, _, _ in pts}) > 1
+    y = np.array([t for _, _, t in pts], dtype=float)
+    if form == "gloo":
+        return _fit_gloo(op, pts, y)
+    rows = []
+    for p, s, _ in pts:
+        L, G = terms(op, p)
+        rows.append([L, s * G] + ([L * math.log2(p / 2)] if multi else []))
+    theta, _ = nnls(np.array(rows, dtype=float) / y[:, None], np.ones_like(y))
+    return float(theta[0]), float(theta[1]), float(theta[2]) if multi else 0.0, 0.0
 
 
 def _cells(pts: list[Point]) -> dict[tuple[int, int], float]:
@@ -321,47 +378,53 @@ def holdout(op: str, cells: dict[tuple[int, int], float], form: str = "ring") ->
     out = []
     for k in range(1, len(scales)):
         train = [(p, s, t) for (p, s), t in cells.items() if p < scales[k]]
-        a, b, kap = fit_params(op, train, form)
+        a, b, kap, ser = fit_params(op, train, form)
         dist = math.log2(scales[k] / scales[k - 1])
         for (p, s), t in sorted(cells.items()):
             if p == scales[k]:
-                pred = model_time(op, p, s, a, b, kap, form)
+                pred = model_time(op, p, s, a, b, kap, form, ser)
                 out.append({"p": p, "from": scales[:k], "size": s, "measured_s": t, "predicted_s": pred,
                             "log_error": math.log(t / pred), "doublings": dist})
     return out
 
 
-def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, form: str = "ring") -> dict[str, Any]:
-    """The calibration of one op: parameters with block-bootstrap intervals, the held-out check,
-    the noise, and the parameter draws a projection needs."""
+def _blocks(pts: list[Point]) -> dict[int, dict[str, list[Point]]]:
+    """scale -> block -> its points."""
+    out: dict[int, dict[str, list[Point]]] = {}
+    for pt in pts:
+        out.setdefault(pt.p, {}).setdefault(pt.block, []).append(pt)
+    return out
+
+
+def _draws(op: str, blocks: dict[int, dict[str, list[Point]]], resid: dict[tuple[int, int], float],
+           params: tuple[float, ...], boot: int, seed: int, form: str) -> list[tuple[float, float, float, float]]:
+    """`boot` refits on resampled blocks, within each scale; with one block at some scale, on the
+    fit's own log residuals resampled instead (resid: (p, size) -> log(measured / fitted))."""
     import numpy as np
 
-    cells = _cells(pts)
-    a, b, kap = fit_params(op, [(p, s, t) for (p, s), t in cells.items()], form)
-    scales = sorted({p for p, _ in cells})
-    blocks: dict[int, dict[str, list[Point]]] = {}
-    for pt in pts:
-        blocks.setdefault(pt.p, {}).setdefault(pt.block, []).append(pt)
     rng = np.random.default_rng(seed)
-    by_block = all(len(v) >= 2 for v in blocks.values())
-    resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap, form)) for k, t in cells.items()}
+    keys = sorted(resid)
     draws = []
     for _ in range(boot):
-        if by_block:
+        if all(len(v) >= 2 for v in blocks.values()):
             sample = []
-            for p in scales:
+            for p in sorted(blocks):
                 names = sorted(blocks[p])
                 for i in rng.integers(0, len(names), len(names)):
                     sample += blocks[p][names[i]]
             c = _cells(sample)
-        else:  # one block per scale: resample the fit's own log residuals instead
-            keys = sorted(cells)
+        else:
             r = [resid[keys[i]] for i in rng.integers(0, len(keys), len(keys))]
-            c = {k: model_time(op, k[0], k[1], a, b, kap, form) * math.exp(e) for k, e in zip(keys, r)}
+            c = {k: model_time(op, k[0], k[1], *params[:3], form, params[3]) * math.exp(e) for k, e in zip(keys, r)}
         draws.append(fit_params(op, [(p, s, t) for (p, s), t in c.items()], form))
-    # noise: the spread of log time between blocks at one scale and size, pooled over sizes
+    return draws
+
+
+def _noise(blocks: dict[int, dict[str, list[Point]]]) -> dict[int, float | None]:
+    """Per scale, the spread of log time between blocks at one size, pooled over sizes (None
+    with fewer than two blocks)."""
     noise = {}
-    for p in scales:
+    for p in sorted(blocks):
         per_size: dict[int, list[float]] = {}
         for blk in blocks[p].values():
             for s, ts in _by_size(blk).items():
@@ -369,18 +432,38 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, f
         devs = [(x - sum(v) / len(v)) ** 2 for v in per_size.values() if len(v) >= 2 for x in v]
         dof = sum(len(v) - 1 for v in per_size.values() if len(v) >= 2)
         noise[p] = math.sqrt(sum(devs) / dof) if dof else None
+    return noise
+
+
+def _ends(xs: list[float]) -> list[float]:
+    """The 5th and 95th percentiles: a 90% interval's ends."""
+    import numpy as np
+
+    return [float(x) for x in np.quantile(xs, [0.05, 0.95])]
+
+
+def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, form: str = "ring") -> dict[str, Any]:
+    """The calibration of one op: parameters with block-bootstrap intervals, the held-out check,
+    the noise, and the parameter draws a projection needs."""
+    cells = _cells(pts)
+    params = fit_params(op, [(p, s, t) for (p, s), t in cells.items()], form)
+    a, b, kap, ser = params
+    scales = sorted({p for p, _ in cells})
+    blocks = _blocks(pts)
+    by_block = all(len(v) >= 2 for v in blocks.values())
+    resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap, form, ser)) for k, t in cells.items()}
+    draws = _draws(op, blocks, resid, params, boot, seed, form)
     held = holdout(op, cells, form)
     mf = [abs(h["log_error"]) / h["doublings"] for h in held]
-    q = lambda v: [float(x) for x in np.quantile(v, [0.05, 0.5, 0.95])]  # noqa: E731
-    al, be, ka = [d[0] for d in draws], [d[1] for d in draws], [d[2] for d in draws]
-    return {
+    be = _ends([d[1] for d in draws])
+    out = {
         "algorithm": GLOO_ALGORITHMS[op] if form == "gloo" else ALGORITHMS[op][0],
         "form": form,
         "alpha_s": a, "beta_s_per_byte": b, "kappa_s": kap,
-        "kappa_90": q(ka)[0:1] + q(ka)[2:3],
+        "kappa_90": _ends([d[2] for d in draws]),
         "bandwidth_GBps": (1 / b / 1e9) if b > 0 else None,
-        "alpha_90": q(al)[0:1] + q(al)[2:3],
-        "bandwidth_GBps_90": [1 / x / 1e9 if x > 0 else None for x in (q(be)[2], q(be)[0])],
+        "alpha_90": _ends([d[0] for d in draws]),
+        "bandwidth_GBps_90": [1 / x / 1e9 if x > 0 else None for x in (be[1], be[0])],
         "uncertainty": "blocks" if by_block else "residuals (one block at some scale: run 2 or more trials per scale "
                                                  "for block-based intervals)",
         "blocks": {str(p): len(blocks[p]) for p in scales},
@@ -388,11 +471,14 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, f
         "scales": scales,
         "cells": [{"p": p, "size": s, "time_s": t} for (p, s), t in sorted(cells.items())],
         "residual_q90": _quantile([abs(v) for v in resid.values()], PI_LEVEL),
-        "noise_log_sd": {str(p): v for p, v in noise.items()},
+        "noise_log_sd": {str(p): v for p, v in _noise(blocks).items()},
         "holdout": held,
         "model_form_q90_per_doubling": _quantile(mf, PI_LEVEL) if mf else None,
         "draws": [list(d) for d in draws],
     }
+    if form == "gloo" and serial_segments(op, 2):
+        out |= {"serial": ser, "serial_90": _ends([d[3] for d in draws])}
+    return out
 
 
 def _by_size(pts: list[Point]) -> dict[int, list[float]]:
@@ -532,7 +618,8 @@ def project(cal: dict[str, Any], op: str, p: int, size: int) -> Projection:
         raise UsageError(f"the calibration of {cal['fabric']} has no {op} (it has {', '.join(cal['ops'])})")
     c = cal["ops"][op]
     t = op_time(c, op, p, size)
-    logs = [math.log(v) for a, b, k in c["draws"] if (v := model_time(op, p, size, a, b, k, c.get("form", "ring"))) > 0]
+    shape = c.get("form", "ring")      # a calibration written before serial has three numbers a draw
+    logs = [math.log(v) for d in c["draws"] if (v := model_time(op, p, size, *d[:3], shape, (d[3:] or [0.0])[0])) > 0]
     mean = sum(logs) / len(logs)
     param_sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1))
     z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
@@ -662,6 +749,10 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
         if cal.get("payload_GBps") and c["bandwidth_GBps"]:
             line += f"; {100 * c['bandwidth_GBps'] / cal['payload_GBps']:.1f}% of the link's TCP payload ceiling"
         out.append(line)
+        if "serial" in c:
+            slo, shi = c["serial_90"]
+            out.append(f"    at 2 ranks {100 * c['serial']:.0f}% [{100 * slo:.0f}, {100 * shi:.0f}] of the calls took a half "
+                       "chunk longer: the late rank's announcements queued behind its own data on the one connection")
         floor = c.get("latency_floor") or {}
         if floor:
             p0, f = min(floor.items(), key=lambda kv: int(kv[0]))

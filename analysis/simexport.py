@@ -1,20 +1,41 @@
 """A calibration (analysis/projection.py) written in the formats of the simulators users already
 have, so that fabricbench's measured alpha and bandwidth feed them (docs/projection.md).
 
+Both ASTRA-sim and Calculon price a collective as one latency plus its bytes over one bandwidth:
+one line in S. That is the calibration's own form on an NCCL fabric (the textbook ring: each step
+pays its latency and its bytes), and the export is then exact at every size. Gloo's ring (form
+"gloo", analysis/projection.py gloo_ring) keeps two segments in flight, and its time is two lines:
+while a segment's bytes take less than a round trip, a phase pays half of both per segment (its
+latency is the ring's, 2(p-1) x alpha for an all_reduce, and its bytes go at up to twice the
+rate); above that it pays one round trip and its bytes (2 x alpha, at the bus bandwidth B). One
+line cannot hold both, so the export carries one of them (line):
+  - by default the ring form's line, 2(p-1) x alpha + S x G(p) / B: the upper envelope of Gloo's
+    two, exact for small and for large calls and above Gloo's time between (most at the crossover,
+    where a segment's bytes take alpha: `crossover`, which `model export` prints with the error there);
+  - with `model export --bytes S` (the job's typical collective, e.g. its gradient bucket), the
+    line of Gloo's schedule through S and 2S: exact around S, wrong far from it.
+
 ASTRA-sim, analytical backend: the network YAML that astra-network-analytical's NetworkParser
 reads (common/network-parser/NetworkParser.cc: `topology`, `npus_count`, `bandwidth` in GB/s,
 `latency` in ns, one list entry per dimension; examples/network/analytical/*.yml). One dimension,
 `Switch`: every rank's link to one switch, as the emulated star and a NIC-to-leaf fabric are.
-bandwidth = B (a ring's bus bandwidth is what each rank's link carries); latency = half the
-calibrated per-step time at that size (a message crosses two links through the switch).
+bandwidth = the all_reduce line's bus bandwidth; latency = its latency over the ring's 2(p-1)
+steps, halved (a message crosses two links through the switch), so that a ring of one chunk
+gives the line back. The schedule itself (two segments in flight, Gloo's size-dependent segment
+count) is not the network file's to say: ASTRA-sim sets chunking in its system configuration,
+which this export does not write.
 
 Calculon (calculon-ai/calculon, systems/*.json `networks[]`, calculon/network.py): time =
 latency + S' / (bandwidth x efficiency), S' = S x scalar + (S x scalar / p) x offset. With
 ops all_reduce [2, -1], reduce_scatter and all_gather [1, -1] that is S x G(p), the ring's bytes,
-so bandwidth x efficiency = B. bandwidth is the link's line rate when the records know it
-(efficiency = B / it), else B with efficiency 1. Calculon charges one latency per collective:
-the export puts the calibrated all_reduce's latency term at the network's size there (2(p-1)
-steps), which overstates a p-1-step all_gather's by its other half.
+so bandwidth x efficiency = the all_reduce line's bus bandwidth. bandwidth is the link's line
+rate when the records know it (efficiency = that bus bandwidth / it), else the bus bandwidth with
+efficiency 1. Calculon charges one latency per collective: the all_reduce line's, which
+overstates a p-1-step all_gather's by its other half. An all_gather whose line has another bus
+bandwidth than the all_reduce's gets its own scalar, so that its bytes cost what its line says.
+On a Gloo fabric reduce_scatter is an all_reduce of the whole buffer (torch's ProcessGroupGloo
+runs reduce_scatter_tensor as allreduce, then keeps its own chunk): it takes the all_reduce's
+scalar there.
 
 Vidur (microsoft/vidur, data/profiling/network/<sku>/all_reduce.csv, read by
 SklearnExecutionTimePredictor._load_all_reduce_df: rows with num_workers == devices_per_node ==
@@ -37,10 +58,6 @@ VIDUR_COLUMNS = ["", "time_stats.all_reduce.min", "time_stats.all_reduce.max", "
                  "collective", "devices_per_node", "max_devices_per_node"]
 
 
-def _step_s(c: dict[str, Any], p: int) -> float:
-    return c["alpha_s"] + c["kappa_s"] * math.log2(p / 2)
-
-
 def _all_reduce(cal: dict[str, Any]) -> dict[str, Any]:
     if "all_reduce" not in cal["ops"]:
         raise pj.UsageError(f"the calibration of {cal['fabric']} has no all_reduce, which every export prices; "
@@ -48,27 +65,71 @@ def _all_reduce(cal: dict[str, Any]) -> dict[str, Any]:
     return cal["ops"]["all_reduce"]
 
 
-def astra_sim(cal: dict[str, Any], npus: int) -> str:
-    c = _all_reduce(cal)
-    bw = c["bandwidth_GBps"]
-    latency_ns = _step_s(c, npus) / 2 * 1e9
+def line(cal: dict[str, Any], op: str, p: int, size: int | None = None) -> tuple[float, float]:
+    """(latency s, bus bandwidth bytes/s) of the line T = latency + S x G(p) / bandwidth the export
+    carries for op at p ranks: the ring form's (L(p) x the step, B), or with `size` the calibrated
+    model's line through size and 2 x size."""
+    c = cal["ops"][op]
+    L, G = pj.terms(op, p)
+    if size is None:
+        return L * (c["alpha_s"] + c["kappa_s"] * math.log2(p / 2)), 1 / c["beta_s_per_byte"]
+    t1, t2 = pj.op_time(c, op, p, size), pj.op_time(c, op, p, 2 * size)
+    slope = (t2 - t1) / size
+    return max(0.0, t1 - slope * size), G / slope
+
+
+def crossover(cal: dict[str, Any], p: int) -> tuple[int, float] | None:
+    """Gloo's all_reduce at p ranks: (the size whose segments' bytes take alpha, the ring line's
+    error there: its time over the model's, less 1); None for the ring form, or when even a 1 MiB
+    segment (Gloo's largest) is shorter than alpha (the schedule's first line at every size)."""
+    c = cal["ops"]["all_reduce"]
+    a = c["alpha_s"] + c["kappa_s"] * math.log2(p / 2)
+    seg = a / c["beta_s_per_byte"]
+    if c.get("form") != "gloo" or seg > pj.GLOO_MAX_SEGMENT:
+        return None
+    size = int(2 * p * seg)
+    lat, bus = line(cal, "all_reduce", p)
+    ring = lat + size * pj.terms("all_reduce", p)[1] / bus
+    return size, ring / pj.op_time(c, "all_reduce", p, size) - 1
+
+
+def astra_sim(cal: dict[str, Any], npus: int, size: int | None = None) -> str:
+    _all_reduce(cal)
+    lat, bus = line(cal, "all_reduce", npus, size)
+    latency_ns = lat / (2 * (npus - 1)) / 2 * 1e9
     return (f"# fabricbench calibration of {cal['fabric']} (commit {str(cal['code']['commit'])[:12]}, made "
             f"{cal['created']}); ASTRA-sim analytical network config\n"
             "topology: [ Switch ]\n"
             f"npus_count: [ {npus} ]\n"
-            f"bandwidth: [ {bw:.6g} ]  # GB/s: the calibrated all_reduce bus bandwidth\n"
-            f"latency: [ {latency_ns:.6g} ]  # ns: half the calibrated per-step time (two links per step)\n")
+            f"bandwidth: [ {_plain(bus / 1e9)} ]  # GB/s: the calibrated all_reduce's bus bandwidth{_at(size)}\n"
+            f"latency: [ {_plain(latency_ns)} ]  # ns: its latency per ring step, halved (two links per step)\n")
 
 
-def calculon(cal: dict[str, Any], size: int) -> dict[str, Any]:
-    """One entry of a Calculon system's `networks` list."""
-    c = _all_reduce(cal)
-    bus = c["bandwidth_GBps"]
-    line = cal.get("line_rate_GBps")
-    bw, eff = (line, bus / line) if line and bus <= line else (bus, 1.0)
-    return {"bandwidth": bw, "efficiency": eff, "size": size,
-            "latency": 2 * (size - 1) * _step_s(c, max(size, 2)),
-            "ops": {"p2p": [1.0, None], "reduce_scatter": [1.0, -1], "all_gather": [1.0, -1],
+def _plain(x: float) -> str:
+    """Six significant digits without an exponent: YAML 1.1 readers (PyYAML) take 4e+06 for a string."""
+    s = f"{x:.6g}"
+    return s if "e" not in s else f"{float(s):.12f}".rstrip("0").rstrip(".")
+
+
+def _at(size: int | None) -> str:
+    return f" (the line of its time through {pj._size(size)} and twice that)" if size else ""
+
+
+def calculon(cal: dict[str, Any], size: int, message: int | None = None) -> dict[str, Any]:
+    """One entry of a Calculon system's `networks` list (size: its ranks; message: the size whose
+    line it carries, or None for the ring form's)."""
+    _all_reduce(cal)
+    p = max(size, 2)
+    lat, bus = line(cal, "all_reduce", p, message)
+    bus /= 1e9
+    rate = cal.get("line_rate_GBps")
+    bw, eff = (rate, bus / rate) if rate and bus <= rate else (bus, 1.0)
+    gather = 1.0
+    if "all_gather" in cal["ops"]:
+        gather = bus / (line(cal, "all_gather", p, message)[1] / 1e9)
+    scatter = 2.0 if cal["ops"]["all_reduce"].get("form") == "gloo" else 1.0
+    return {"bandwidth": bw, "efficiency": eff, "size": size, "latency": lat,
+            "ops": {"p2p": [1.0, None], "reduce_scatter": [scatter, -1], "all_gather": [gather, -1],
                     "all_reduce": [2.0, -1]},
             "must_be_filled": False, "processor_usage": 0.0}
 

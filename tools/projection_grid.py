@@ -93,6 +93,7 @@ def judge(out: Path, setting: str) -> dict:
     for op, c in cal["ops"].items():
         mine = [r for r in rows if r["op"] == op]
         ops[op] = {"form": c.get("form", "ring"), "alpha_s": c["alpha_s"], "alpha_90": c["alpha_90"], "kappa_s": c["kappa_s"],
+                   "serial": c.get("serial"),
                    "alpha_floor_s": {k: v["alpha_floor_s"] for k, v in c["latency_floor"].items()},
                    "bandwidth_Bps": c["bandwidth_GBps"] * 1e9,
                    "bandwidth_vs_payload": c["bandwidth_GBps"] * 1e9 / payload,
@@ -129,7 +130,8 @@ def main() -> int:
             print(f"{s} {op} ({o['form']} form): alpha {o['alpha_s'] * 1e3:.3f} ms (round trip between nodes {res['round_trip_s'] * 1e3:g} ms), "
                   f"B {o['bandwidth_Bps'] / 1e6:.3f} MB/s = {100 * o['bandwidth_vs_payload']:.1f}% of the payload ceiling; "
                   f"8 nodes: {o['inside']}/{o['cells']} inside the 90% PI, median |error| "
-                  f"{100 * o['median_abs_error']:.1f}%")
+                  f"{100 * o['median_abs_error']:.1f}%"
+                  + (f"; 2-rank calls serialized {100 * o['serial']:.0f}%" if o["serial"] is not None else ""))
         if res["latency_floor"]:
             f = res["latency_floor"]
             print(f"{s} latency: {f['alpha_floor_s'] * 1e3:.3f} ms per ring step at {f['p']} nodes ({f['op']}'s fastest "

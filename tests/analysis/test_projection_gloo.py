@@ -14,13 +14,14 @@ ALPHA, BW = 8e-3, 12e6            # an 8 ms announcement round trip; 12 MB/s of 
 SIZES = [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
 
 
-def _rec(p: int, *, backend="gloo", kappa=0.0, slow=None, ops=("all_reduce", "all_gather")) -> dict:
+def _rec(p: int, *, backend="gloo", kappa=0.0, slow=None, ops=("all_reduce", "all_gather"), serial=0.0) -> dict:
     """One collectives record (one block) at p ranks whose times follow Gloo's ring; `slow` =
-    (op, size, factor) multiplies one cell, as a host stall does."""
+    (op, size, factor) multiplies one cell, as a host stall does; `serial` is the share of 2-rank
+    all_gather calls whose announcements queued behind data."""
     rows = []
     for op in ops:
         for s in SIZES:
-            t = pj.gloo_ring(op, p, s, ALPHA, 1 / BW, kappa)
+            t = pj.gloo_ring(op, p, s, ALPHA, 1 / BW, kappa, serial)
             if slow and slow[:2] == (op, s):
                 t *= slow[2]
             cell = {"time_us": t * 1e6}
@@ -65,6 +66,53 @@ def test_gloo_ring_worked_on_both_sides_of_its_max():
     big = 1 << 34
     t = pj.gloo_ring("all_reduce", 64, big, ALPHA, 1 / BW)
     assert big / t * pj.terms("all_reduce", 64)[1] == pytest.approx(BW, rel=1e-3)
+
+
+def test_a_late_rank_at_two_ranks_serializes_the_all_gather_by_one_half_chunk():
+    # 2 ranks, 16 MiB: each rank's 8 MiB chunk goes as two 4 MiB halves, b = 4194304 / 12e6 =
+    # 349.525 ms. Both directions at once: alpha + 2b = 707.051 ms, the link's bytes. The late rank's
+    # announcements behind its own first half: alpha + 3b = 1056.576 ms, 2/3 of the link's rate
+    b = (1 << 22) / BW
+    assert pj.gloo_ring("all_gather", 2, 1 << 24, ALPHA, 1 / BW) == pytest.approx(0.7070507, abs=1e-6)
+    assert pj.gloo_ring("all_gather", 2, 1 << 24, ALPHA, 1 / BW, serial=1.0) == pytest.approx(1.056576, abs=1e-6)
+    assert pj.gloo_ring("all_gather", 2, 1 << 24, ALPHA, 1 / BW, serial=0.5) == pytest.approx(ALPHA + 2.5 * b)
+    # a late rank costs nothing from 4 ranks (two connections), nor in the all_reduce, which posts
+    # each receive before its send
+    for op, p in (("all_gather", 4), ("all_gather", 8), ("all_reduce", 2)):
+        assert pj.gloo_ring(op, p, 1 << 24, ALPHA, 1 / BW, serial=1.0) == pj.gloo_ring(op, p, 1 << 24, ALPHA, 1 / BW)
+    assert pj.model_time("all_gather", 2, 1 << 24, ALPHA, 1 / BW, form="gloo", serial=1.0) == pytest.approx(1.056576,
+                                                                                                           abs=1e-6)
+
+
+def test_the_serialized_share_is_fitted_beside_another_scale(monkeypatch):
+    recs = [(Path("/r/2.json"), _rec(2, serial=0.75, ops=("all_gather",))),
+            (Path("/r/4.json"), _rec(4, ops=("all_gather",)))]
+    c = pj.fit(recs, boot=20)["ops"]["all_gather"]
+    lo, hi = c["serial_90"]
+    assert c["serial"] == pytest.approx(0.75, abs=1e-3) and lo - 1e-3 <= 0.75 <= hi + 1e-3
+    assert c["alpha_s"] == pytest.approx(ALPHA, rel=1e-3) and c["bandwidth_GBps"] == pytest.approx(BW / 1e9, rel=1e-3)
+    cal = {"fabric": "f", "pi_level": 0.9, "ops": {"all_gather": c}}
+    t8 = pj.gloo_ring("all_gather", 8, 1 << 22, ALPHA, 1 / BW)
+    assert pj.project(cal, "all_gather", 8, 1 << 22).time_s == pytest.approx(t8, rel=1e-3)
+    # without the term, the 2-rank calls (slower than their bytes) pull B down for every scale
+    monkeypatch.setattr(pj, "serial_segments", lambda op, p: 0)
+    old = pj.fit(recs, boot=20)["ops"]["all_gather"]
+    assert pj.project({**cal, "ops": {"all_gather": old}}, "all_gather", 8, 1 << 22).time_s > 1.02 * t8
+    monkeypatch.undo()
+    # from one scale the share cannot be told from B: it is SERIAL_UNSEEN there
+    one = pj.fit_params("all_gather", [(2, s, pj.gloo_ring("all_gather", 2, s, ALPHA, 1 / BW)) for s in SIZES], "gloo")
+    assert one[3] == pj.SERIAL_UNSEEN
+
+
+def test_a_calibration_written_before_serial_projects_from_three_number_draws():
+    cal = pj.fit([(Path(f"/r/{p}.json"), _rec(p, ops=("all_gather",))) for p in (2, 4)], boot=20)
+    c = cal["ops"]["all_gather"]
+    new = pj.project(cal, "all_gather", 8, 1 << 20)
+    for k in ("serial", "serial_90"):
+        c.pop(k)
+    c["draws"] = [d[:3] for d in c["draws"]]
+    old = pj.project(cal, "all_gather", 8, 1 << 20)
+    assert old.time_s == pytest.approx(new.time_s, rel=1e-9) and old.high_s == pytest.approx(new.high_s, rel=1e-9)
 
 
 def test_a_gloo_fabric_is_fitted_in_gloos_form_and_others_in_the_ring_form():

@@ -34,6 +34,19 @@ def _cal() -> dict:
     return pj.fit([rec(2), rec(4)], boot=50)
 
 
+def _gloo_cal() -> dict:
+    """A Gloo fabric's calibration (Gloo's ring form) at 8 ms a round trip and 12 MB/s."""
+    def rec(p):
+        rows = [{"op": op, "size": s, "group_size": p, "out_of_place": None,
+                 "in_place": {"time_us": 1e6 * pj.gloo_ring(op, p, s, 8e-3, 1 / 12e6)}}
+                for op in ("all_reduce", "all_gather") for s in (1 << 12, 1 << 16, 1 << 20, 1 << 24)]
+        return (Path(f"/r/{p}.json"), {"workload": "collectives", "status": "ok", "run_id": f"n{p}", "rows": rows,
+                                       "fabric": {"name": "emu-100m", "backend": "gloo"}, "world": {"world_size": p},
+                                       "fingerprint": {"git": {"commit": "c0ffee"}},
+                                       "line_rate": {"per_comm(GB/s)": 0.025}})
+    return pj.fit([rec(2), rec(4)], boot=20)
+
+
 def astra_valid(doc: dict) -> list[str]:
     """astra-network-analytical NetworkParser's checks: known topologies, four lists of one length,
     npus_count > 1, bandwidth > 0, latency >= 0."""
@@ -107,6 +120,39 @@ def test_calculon_network_prices_the_ring_as_the_model_does():
     # an all_gather's bytes too (its latency is the all_reduce's, 2x its own: said in the module)
     bytes_only = calculon_time(net, "all_gather", size, 64) - net["latency"]
     assert bytes_only == pytest.approx(size * 63 / 64 / B, rel=1e-4)
+
+
+def test_a_gloo_calibration_exports_one_of_its_two_lines():
+    cal = _gloo_cal()
+    c = cal["ops"]["all_reduce"]
+    assert c["form"] == "gloo"
+    # by default the ring form's line, 2 x 63 x 8 ms + S x G / B: at 64 ranks Gloo's two lines cross
+    # where a segment's 96000 bytes take 8 ms, S = 128 x 96000 = 12.288 MB; Gloo there: 2 x 127 x 8 ms
+    # = 2.032 s, the ring line 1.008 + 12.288e6 x 126/64 / 12e6 = 3.024 s: +48.8%
+    size, err = simexport.crossover(cal, 64)
+    assert size == pytest.approx(12_288_000, rel=1e-3) and err == pytest.approx(0.48819, abs=2e-3)
+    net = simexport.calculon(cal, 64)
+    assert net["latency"] == pytest.approx(1.008, rel=1e-3)
+    assert yaml.safe_load(simexport.astra_sim(cal, 64))["latency"][0] == pytest.approx(4e6, rel=1e-3)  # 8 ms / 2
+    # the line through 1 GiB (1 MiB segments, 87 ms each: a round trip and the bytes a phase):
+    # latency 2 x 8 ms, bus bandwidth B; Calculon then gives Gloo's time at 1 GiB
+    big = simexport.calculon(cal, 64, 1 << 30)
+    assert calculon_valid(big) == [] and big["latency"] == pytest.approx(0.016, rel=1e-3)
+    assert big["bandwidth"] * big["efficiency"] == pytest.approx(0.012, rel=1e-3)
+    assert calculon_time(big, "all_reduce", 1 << 30, 64) == pytest.approx(pj.op_time(c, "all_reduce", 64, 1 << 30),
+                                                                           rel=1e-4)
+    # through 1 MiB (8 KiB segments, shorter than a round trip): 126 x 8 ms, and the bytes at twice
+    # the rate less 1/64: 126/64 x 12 MB/s = 23.625 MB/s of bus bandwidth
+    small = simexport.calculon(cal, 64, 1 << 20)
+    assert small["latency"] == pytest.approx(1.008, rel=1e-3)
+    assert small["bandwidth"] * small["efficiency"] == pytest.approx(0.023625, rel=1e-3)
+    assert calculon_time(small, "all_reduce", 1 << 20, 64) == pytest.approx(pj.op_time(c, "all_reduce", 64, 1 << 20),
+                                                                             rel=1e-4)
+    astra = yaml.safe_load(simexport.astra_sim(cal, 64, 1 << 20))
+    assert astra_valid(astra) == [] and astra["bandwidth"][0] == pytest.approx(0.023625, rel=1e-3)
+    # on Gloo reduce_scatter is an all_reduce of the whole buffer; Gloo's all_gather line is B too
+    assert big["ops"]["reduce_scatter"] == [2.0, -1] and big["ops"]["all_gather"][0] == pytest.approx(1.0, rel=1e-3)
+    assert simexport.crossover(_cal(), 64) is None           # the ring form is one line
 
 
 def test_vidur_all_reduce_csv_reads_as_vidur_filters_it():

@@ -21,7 +21,6 @@ LONG = {
     "workloads/commands/emulate.py:run": "to split",
     "workloads/study/plan.py:_apply_windows": "to split",
     "workloads/study/tunespec.py:load_tune": "to split",
-    "analysis/projection.py:fit_op": "to split",  # issue 45 edits this module this round
 }
 
 

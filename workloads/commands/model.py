@@ -40,6 +40,8 @@ def add_arguments(ap) -> None:
     e.add_argument("--ranks", required=True, help="the simulated network's ranks, e.g. 512")
     e.add_argument("--out", required=True, help="folder for astra-sim-network.yml, calculon-network.json, "
                    "vidur-all_reduce.csv")
+    e.add_argument("--bytes", help="the job's typical collective size, e.g. 25M: ASTRA-sim and Calculon get the "
+                   "calibrated model's line through it [the ring form's line]")
     c = sub.add_parser("check", help="the calibration's projections against records it was not fitted on")
     c.add_argument("calibration")
     c.add_argument("dirs", nargs="+", help="results folders of the same fabric and code")
@@ -147,12 +149,27 @@ def _export(args, pj) -> int:
         raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    files = {"astra-sim-network.yml": simexport.astra_sim(cal, n),
-             "calculon-network.json": json.dumps(simexport.calculon(cal, n), indent=1) + "\n",
+    message = None
+    if args.bytes:
+        from workloads.collectives.settings import parse_size
+
+        message = parse_size(args.bytes.strip(), "--bytes")
+        if message <= 0:
+            raise UsageError(f"--bytes {args.bytes}: give the job's typical collective size, e.g. --bytes 25M")
+    files = {"astra-sim-network.yml": simexport.astra_sim(cal, n, message),
+             "calculon-network.json": json.dumps(simexport.calculon(cal, n, message), indent=1) + "\n",
              "vidur-all_reduce.csv": simexport.vidur(cal, sorted({2, 4, 8, n}), [1 << k for k in range(10, 29)])}
     for name, text in files.items():
         (out / name).write_text(text)
         print(f"{out / name}")
+    cross = simexport.crossover(cal, n)
+    if cross:
+        size, err = cross
+        print(f"note: Gloo's all_reduce at {n} ranks follows two lines, crossing at {size / 1e6:.3g} MB (where a "
+              "segment's bytes take a round trip); ASTRA-sim and Calculon hold one: "
+              + (f"the line through {args.bytes} (exact near it, below Gloo's time far from it)" if message else
+                 f"the ring form's, {100 * err:+.0f}% at the crossing and closer away from it; --bytes S gives "
+                 "the line through S instead"))
     if n > pj.MODEL_ONLY * max(cal["ops"]["all_reduce"]["scales"]):
         print(f"note: {n} ranks is beyond {pj.MODEL_ONLY}x the largest measured scale: these inputs are model-only")
     return 0
