@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 from workloads import CONF_DIR, catalog
 from workloads.commands.entry import refuse_other_workloads
 from workloads.core import forkrank
-from workloads.core.errors import UsageError
+from workloads.core.errors import UsageError, say
 from workloads.fabric import noise
 from workloads.fabric.emuplan import spec_from_overrides
 from workloads.fabric.kept import attach
@@ -45,7 +45,6 @@ from workloads.fabric.netns import (
     PREFIX,
     EmuSpec,
     Topology,
-    TopologyError,
     emulated_nodes,
     enter,
     require_root,
@@ -331,12 +330,8 @@ def run(args, conf_dir: str | None = None) -> int:
                     return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
                                     output_root, fabric)
                 return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except TopologyError as e:  # the namespaces made so far are gone: Topology tears down what it built
-        print(f"error: could not build the emulated fabric: {e}", file=sys.stderr)
-        return 1
+    except UsageError as e:  # a TopologyError too: the namespaces made so far are gone, Topology tore them down
+        return say(e)
     except KeyboardInterrupt as e:
         if died:  # the watcher said why; the records of the points measured before it are on disk
             return 1
