@@ -464,8 +464,8 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         taken = stats.Design(blocks=design[0] if design else None, name=label, step=stats.resolution(vals + base_vals),
                              raw=raw and design is not None)
         judging = stats.Judging(alpha=alpha, word=word, control=control, margin=margin, primary=primary, looks=looks,
-                                detect=detect, share=share)
-        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, taken, judging))
+                                detect=detect, share=share, higher_is_better=hib)
+        out.append(stats.compare(vals, base_vals, arm, base, metric, taken, judging))
     return out
 
 

@@ -232,7 +232,7 @@ def _size_ratios(runs: Iterable[Run], op: str, baseline: str | None) -> dict:
             vals, base_vals = [v for r in rs if (v := value(r)) is not None], [v for r in base if (v := value(r)) is not None]
             if vals and base_vals:
                 taken = stats.Design(blocks=design[0] if design else None, name=design[1] if design else None)
-                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", True, taken)))
+                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", taken)))
         if rows:
             out[arm] = tuple(np.array(v) for v in zip(*[(s, c.speedup, c.speedup_lo, c.speedup_hi) for s, c in rows]))
     return out

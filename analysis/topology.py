@@ -255,6 +255,6 @@ def jct_verdicts(summaries: list[dict], baseline: str | None = None) -> list[str
     out = []
     for name in sorted(by):
         if name != base:
-            c = stats.compare(by[name], by[base], name, base, "jct_max(s)", higher_is_better=False, judging=stats.Judging(word="faster"))
+            c = stats.compare(by[name], by[base], name, base, "jct_max(s)", judging=stats.Judging(word="faster", higher_is_better=False))
             out.append(f"JCT (the makespan of each run's jobs): {stats.verdict(c)}")
     return out
