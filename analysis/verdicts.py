@@ -20,8 +20,8 @@ def judge(table: Table, baseline: str | None, allow: Iterable[str] = (), metrics
     what was read, for the message when it held no record)."""
     if not table:
         raise UsageError(f"no result records found in {where}")
-    if baseline and baseline not in table.fabrics:
-        raise UsageError(f"--baseline {baseline}: no such arm or fabric in the records; they hold {', '.join(table.fabrics)}")
+    if baseline and baseline not in table.arms:
+        raise UsageError(f"--baseline {baseline}: no such arm or fabric in the records; they hold {', '.join(table.arms)}")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha:g}: write a level between 0 and 1, e.g. 0.05")
     return compare_table(table, baseline, allow, metrics, alpha, correction)
@@ -56,6 +56,6 @@ def unjudged(table: Table, result: Result) -> str | None:
         return None
     return "no two fabrics share a point: " + (
         result.refusals[0].message() if result.refusals else
-        f"the records hold only fabric(s) {', '.join(table.fabrics)}" if len(table.fabrics) < 2 else
+        f"the records hold only fabric(s) {', '.join(table.arms)}" if len(table.arms) < 2 else
         f"no point that {result.baseline} reached was run under another fabric; pass --verbose to list the points, "
         "or --baseline another fabric")

@@ -25,7 +25,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", action="append", default=[], help="W&B tag the runs must carry (repeatable)")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                    help="W&B config filter on the logger's flat keys, e.g. fabric/name=roce (repeatable)")
-    p.add_argument("--baseline", help="fabric the others are compared against (default: first by name)")
+    p.add_argument("--baseline", help="the arm the others are compared against: a study's arm label, else the fabric's "
+                                      "name (default: the first by name)")
     p.add_argument("--allow", action="append", default=[], metavar="KEY",
                    help="identity key (dotted, prefix or glob) allowed to differ between compared runs (repeatable)")
     p.add_argument("--metric", action="append", default=None, help="metric to compare (default: the workload's headline ones)")
