@@ -137,7 +137,7 @@ def capacities(table: Table, bound_ms: float, metric: str = "p90_ttft_ms", allow
         load = "concurrency" if "concurrency" in r.coords else "rate" if "rate" in r.coords else None
         if load is None:
             continue  # a burst has no load level
-        groups[(guard.point_key(r.record, skip), r.fabric, load)][r.coords[load]].append(r)
+        groups[(guard.point_key(r.record, skip), r.arm, load)][r.coords[load]].append(r)
     out = []
     for (key, fabric, load), by_x in groups.items():
         levels = [Level(x, runs[0].point or f"{x:g}", float(np.median([r.metric(metric) for r in runs])),

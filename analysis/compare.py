@@ -89,11 +89,16 @@ class Point:
     runs: list[Run]
 
     @property
-    def by_fabric(self) -> dict[str, list[Run]]:
+    def by_arm(self) -> dict[str, list[Run]]:
         out: dict[str, list[Run]] = defaultdict(list)
         for r in self.runs:
-            out[r.fabric].append(r)
+            out[r.arm].append(r)
         return dict(sorted(out.items()))
+
+    @property
+    def by_fabric(self) -> dict[str, list[Run]]:
+        """`by_arm`, by its name before (kept for a release)."""
+        return self.by_arm
 
     @property
     def label(self) -> str:
@@ -235,7 +240,7 @@ class Result:
     def unmatched_lines(self) -> list[str]:
         out = []
         for p in self.unmatched:
-            line = f"{p.label}: only {', '.join(p.by_fabric)} ({len(p.runs)} record{'s' if len(p.runs) != 1 else ''})"
+            line = f"{p.label}: only {', '.join(p.by_arm)} ({len(p.runs)} record{'s' if len(p.runs) != 1 else ''})"
             if split := self.splits.get(id(p)):
                 line += "; split from its sibling by " + ", ".join(f"{k} ({a!r} vs {b!r})" for k, (a, b) in sorted(split.items()))
             out.append(line)
@@ -248,7 +253,7 @@ class Result:
         counts = Counter(r.status for r in self.excluded)
         n = len(self.excluded)
         return (f"{n} record{'s' if n != 1 else ''} not analysed ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}): "
-                + ", ".join(f"{r.fabric}: {r.source}" for r in self.excluded))
+                + ", ".join(f"{r.arm}: {r.source}" for r in self.excluded))
 
     def _families(self, control: bool, primary: bool = True) -> dict[tuple, list[tuple[Point, stats.Comparison]]]:
         fams: dict[tuple, list[tuple[Point, stats.Comparison]]] = defaultdict(list)
@@ -357,10 +362,10 @@ def carry_over(p: Point, metric: str, base: str, alpha: float) -> str | None:
     values = [r.metric(metric) for r in runs]
     if any(v is None or v <= 0 for v in values):
         return None
-    arm_at = {r.study["position"]: r.fabric for r in runs}
-    others = sorted({r.fabric for r in runs} - {base})
+    arm_at = {r.study["position"]: r.arm for r in runs}
+    others = sorted({r.arm for r in runs} - {base})
     blocks = sorted({r.study["block"] for r in runs})
-    x = np.array([[r.study["block"] == b for b in blocks] + [r.fabric == a for a in others]
+    x = np.array([[r.study["block"] == b for b in blocks] + [r.arm == a for a in others]
                   + [arm_at.get(r.study["position"] - 1) is None]
                   + [arm_at.get(r.study["position"] - 1) == a for a in others] for r in runs], dtype=float)
     y = np.log(values)
@@ -396,7 +401,7 @@ def default_baseline(table: Table) -> str | None:
     """The studies' declared baseline when they agree on one, else the first label by name."""
     ok = table.ok()
     declared = {str(r.study["baseline"]) for r in ok if r.study and r.study.get("baseline") is not None}
-    labels = sorted({r.fabric for r in ok})
+    labels = sorted({r.arm for r in ok})
     if len(declared) == 1 and (b := declared.pop()) in labels:
         return b
     return labels[0] if labels else None
@@ -412,12 +417,12 @@ def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str
     if correction not in stats.CORRECTIONS:
         raise UsageError(f"--correction {correction}: write one of {', '.join(stats.CORRECTIONS)}")
     pts = points(table, allow)
-    fabrics = sorted({r.fabric for r in table.ok()})
+    fabrics = sorted({r.arm for r in table.ok()})
     base = baseline or default_baseline(table)
     raw: list[tuple[Point, stats.Comparison]] = []
     decides = primary_points(pts)
     for p in pts:
-        groups = p.by_fabric
+        groups = p.by_arm
         if base not in groups or len(groups) < 2:
             continue
         wl = p.runs[0].workload
@@ -464,8 +469,8 @@ def _compare_point(groups: dict[str, list[Run]], base: str, metric: str, alpha: 
         taken = stats.Design(blocks=design[0] if design else None, name=label, step=stats.resolution(vals + base_vals),
                              raw=raw and design is not None)
         judging = stats.Judging(alpha=alpha, word=word, control=control, margin=margin, primary=primary, looks=looks,
-                                detect=detect, share=share)
-        out.append(stats.compare(vals, base_vals, arm, base, metric, hib, taken, judging))
+                                detect=detect, share=share, higher_is_better=hib)
+        out.append(stats.compare(vals, base_vals, arm, base, metric, taken, judging))
     return out
 
 
@@ -519,11 +524,11 @@ def splits(unmatched: list[Point], pts: list[Point], allow: tuple[str, ...]) -> 
     no sibling (a sweep point one fabric alone ran) are left out: nothing split them."""
     out: dict[int, dict[str, tuple]] = {}
     for p in unmatched:
-        best, mine = None, p.by_fabric
+        best, mine = None, p.by_arm
         for q in pts:
             if q is p or q.label != p.label:  # the label starts with the workload
                 continue
-            theirs = q.by_fabric
+            theirs = q.by_arm
             shared = [f for f in mine if f in theirs]
             if not shared:
                 continue
@@ -551,10 +556,10 @@ def near_misses(pts: list[Point], base: str | None, fabrics: list[str], allow: t
     refusals: list[guard.Refusal] = []
     matched: set[int] = set()
     for other in (f for f in fabrics if f != base):
-        mine = [p for p in pts if base in p.by_fabric and other not in p.by_fabric]
-        theirs = [q for q in pts if other in q.by_fabric and base not in q.by_fabric]
-        rec = lambda p, f: p.by_fabric[f][0].record  # noqa: E731
-        shared = any(base in p.by_fabric and other in p.by_fabric for p in pts)
+        mine = [p for p in pts if base in p.by_arm and other not in p.by_arm]
+        theirs = [q for q in pts if other in q.by_arm and base not in q.by_arm]
+        rec = lambda p, f: p.by_arm[f][0].record  # noqa: E731
+        shared = any(base in p.by_arm and other in p.by_arm for p in pts)
         dist = {(i, j): (p.label != q.label, len(guard.differences(rec(p, base), rec(q, other), allow)))
                 for i, p in enumerate(mine) for j, q in enumerate(theirs)
                 if p.runs[0].workload == q.runs[0].workload and (p.label == q.label or not shared)}

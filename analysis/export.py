@@ -28,7 +28,7 @@ def row(point, c) -> dict[str, Any]:
     >1 means `other` is faster/better (inverted for lower-is-better metrics)."""
     return {
         "workload": point.runs[0].workload, "point": point.label, "metric": c.metric,
-        "baseline": c.baseline, "other": c.fabric,
+        "baseline": c.baseline, "other": c.arm,
         "ratio": _num(c.ratio), "lo": _num(c.lo), "hi": _num(c.hi),
         "p": _num(c.p), "p_corrected": _num(c.p_adj), "n": c.n, "n_base": c.n_base,
         "design": c.design, "correction": c.correction, "tests": c.family,
@@ -48,12 +48,12 @@ def as_dict(result: Result) -> dict[str, Any]:
         "baseline": result.baseline, "correction": result.correction, "alpha": result.alpha,
         "control": result.control_lines(),
         "notes": result.notes(),
-        "excluded": [{"label": r.fabric, "status": r.status, "source": r.source} for r in result.excluded],
+        "excluded": [{"label": r.arm, "status": r.status, "source": r.source} for r in result.excluded],
         "verdicts": [row(p, c) for p, c in result.comparisons],
         "refusals": [f.message() for f in result.refusals],
         # points with no counterpart; "split": the identity keys parting one from its sibling of
         # the same fabric and coordinates, as [its value, the sibling's]
-        "unmatched": [{"point": p.label, "fabrics": list(p.by_fabric), "records": len(p.runs),
+        "unmatched": [{"point": p.label, "fabrics": list(p.by_arm), "records": len(p.runs),
                        "split": {k: list(v) for k, v in sorted(result.splits.get(id(p), {}).items())}}
                       for p in result.unmatched],
     }

@@ -76,7 +76,7 @@ class Run:
     # The label runs are grouped and compared by: the study arm (record["study"]["arm"]) when a
     # study ran it, else the fabric's name. An A/A study runs one fabric under two arm labels,
     # so grouping by the fabric would pool the control into the baseline.
-    fabric: str
+    arm: str
     status: str
     run_id: str | None
     metrics: dict[str, float]        # numeric metrics only; units are in the keys
@@ -89,8 +89,13 @@ class Run:
     record: dict = field(default_factory=dict, repr=False)
     point: str | None = None         # inference: the sweep point's label ("c32", "poisson-r8")
     arrival: str | None = None       # inference: closed | poisson | gamma | burst
-    fabric_name: str | None = None   # the fabric profile that ran (equal to `fabric` outside a study)
+    fabric_name: str | None = None   # the fabric profile that ran (equal to `arm` outside a study)
     study: dict | None = None        # record["study"]: name, id, arm, baseline, control, block, position, design, ...
+
+    @property
+    def fabric(self) -> str:
+        """The arm, by its name before `arm` (kept for a release; the profile is `fabric_name`)."""
+        return self.arm
 
     @property
     def control(self) -> bool:
@@ -185,7 +190,7 @@ def run_from_record(rec: Mapping[str, Any]) -> Run:
     return Run(
         source=str(rec.get("_path") or ""),
         workload=workload,
-        fabric=str(study["arm"]) if study and study.get("arm") is not None else fabric_name,
+        arm=str(study["arm"]) if study and study.get("arm") is not None else fabric_name,
         status=str(rec.get("status") or "unknown"),
         run_id=rec.get("run_id"),
         metrics=metrics,
@@ -223,8 +228,13 @@ class Table(list):
         return Table(r for r in self if r.status != "ok")
 
     @property
+    def arms(self) -> list[str]:
+        return sorted({r.arm for r in self})
+
+    @property
     def fabrics(self) -> list[str]:
-        return sorted({r.fabric for r in self})
+        """`arms`, by its name before (kept for a release)."""
+        return self.arms
 
 
 def load_dirs(dirs: Iterable[str]) -> list[dict]:

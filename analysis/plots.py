@@ -81,7 +81,7 @@ def _medians(runs: Iterable[Run], x: Callable[[Run], float | None], y: Callable[
     for r in runs:
         xv, yv = x(r), y(r)
         if xv is not None and yv is not None:
-            pts[r.fabric][xv].append(yv)
+            pts[r.arm][xv].append(yv)
     return {arm: _stack(d) for arm, d in sorted(pts.items())}
 
 
@@ -150,9 +150,9 @@ class Ctx:
     def __init__(self, table: Table, result=None, slo_ms: float | None = None, slo_metric: str = "p90_ttft_ms",
                  external: Iterable[Run] = ()):
         self.result, self.external = result, list(external)
-        self.baseline = result.baseline if result is not None else (table.fabrics[0] if table.fabrics else None)
+        self.baseline = result.baseline if result is not None else (table.arms[0] if table.arms else None)
         self.allow = tuple(result.allow) if result is not None else ()
-        self.styles = arm_styles([r.fabric for r in table], self.baseline)
+        self.styles = arm_styles([r.arm for r in table], self.baseline)
         self.slo_ms, self.slo_metric = slo_ms, slo_metric
 
 
@@ -186,7 +186,7 @@ def _verdict_ratios(ctx: Ctx, ids: set[int], metric: str, x: Callable[[Run], flo
     pts: dict[str, list[tuple]] = defaultdict(list)
     for p, c in (ctx.result.comparisons if ctx.result is not None else []):
         if c.metric == metric and any(id(r) in ids for r in p.runs) and (xv := x(p.runs[0])) is not None:
-            pts[c.fabric].append((xv, c.speedup, c.speedup_lo, c.speedup_hi))
+            pts[c.arm].append((xv, c.speedup, c.speedup_lo, c.speedup_hi))
     return {a: tuple(np.array(v) for v in zip(*sorted(t))) for a, t in sorted(pts.items())}
 
 
@@ -202,7 +202,7 @@ def _busbw_runs(runs: Iterable[Run], op: str) -> dict[str, dict[float, list[Run]
     out: dict[str, dict[float, list[Run]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         for size in sorted({float(row["size"]) for row in r.rows if row.get("op") == op and row.get("size")}):
-            out[r.fabric][size].append(r)
+            out[r.arm][size].append(r)
     return out
 
 
@@ -232,7 +232,7 @@ def _size_ratios(runs: Iterable[Run], op: str, baseline: str | None) -> dict:
             vals, base_vals = [v for r in rs if (v := value(r)) is not None], [v for r in base if (v := value(r)) is not None]
             if vals and base_vals:
                 taken = stats.Design(blocks=design[0] if design else None, name=design[1] if design else None)
-                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", True, taken)))
+                rows.append((s, stats.compare(vals, base_vals, arm, baseline, "busbw", taken)))
         if rows:
             out[arm] = tuple(np.array(v) for v in zip(*[(s, c.speedup, c.speedup_lo, c.speedup_hi) for s, c in rows]))
     return out
@@ -371,7 +371,7 @@ def p2p_latency(table: Table, out_dir: Path, ctx: Ctx) -> list[Chart]:
         for r in rs:
             for row in r.p2p:
                 if row.get("test") == "latency" and row.get("value") is not None and row.get("size") is not None:
-                    pts[r.fabric][float(row["size"]) or 1.0].append(float(row["value"]))
+                    pts[r.arm][float(row["size"]) or 1.0].append(float(row["value"]))
         if not pts:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))

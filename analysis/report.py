@@ -62,7 +62,7 @@ def _runs_rows(table: Table) -> list[list[str]]:
     rows, names = [], _names(table)
     for r in table:
         c = r.coords
-        rows.append([names[id(r)], r.fabric, r.workload, NA if r.model is None else str(r.model),
+        rows.append([names[id(r)], r.arm, r.workload, NA if r.model is None else str(r.model),
                      NA if r.parallel is None else str(r.parallel),
                      f"{c['global_batch']:g}" if "global_batch" in c else NA, f"{c['world_size']:g}" if "world_size" in c else NA,
                      r.status, _transport(r)])
@@ -96,7 +96,7 @@ def _top(table: Table, result: Result) -> list[Section]:
     status = result.control_status()
     top.blocks += [("warn", line) for (kind, _, _), line in zip(status, result.control_lines(status))
                    if kind in ("loud", "mute", "untested")]
-    top.blocks += [("p", f"{len(table)} records; arms: {', '.join(table.fabrics)}; baseline: {result.baseline}. "
+    top.blocks += [("p", f"{len(table)} records; arms: {', '.join(table.arms)}; baseline: {result.baseline}. "
                          f"Raw values are medians over trials in the metric's units.")]
     table_rows = summary.verdict_rows(result)
     verdicts = Section("Verdicts", [("table", summary.VERDICT_HEAD, table_rows)] if table_rows else
@@ -107,7 +107,7 @@ def _top(table: Table, result: Result) -> list[Section]:
 def _details(table: Table, result: Result) -> list[Section]:
     names = _names(table)
     out = []
-    warnings = [f"transport mismatch: {r.fabric}: {names[id(r)]}: transport did not match the label ({_transport(r)}) "
+    warnings = [f"transport mismatch: {r.arm}: {names[id(r)]}: transport did not match the label ({_transport(r)}) "
                 f"{(r.transport or {}).get('message') or ''}".rstrip() for r in table if r.transport_mismatch]
     failed = [f"{names[id(r)]}: status {r.status}" for r in result.excluded]
     if warnings:

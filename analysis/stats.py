@@ -453,12 +453,12 @@ def levels(p: Sequence[float], method: str, alpha: float) -> np.ndarray:
 
 # -- one verdict --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Comparison:
-    """One arm against the baseline at one point, on one metric."""
+    """One arm against the baseline at one point, on one metric (30-odd fields: built by keyword only)."""
 
     metric: str
-    fabric: str           # the arm's label (record["study"]["arm"], else the fabric's name)
+    arm: str              # the arm's label (record["study"]["arm"], else the fabric's name)
     baseline: str
     n: int
     n_base: int
@@ -505,6 +505,11 @@ class Comparison:
     # or share that can be 0 has no log-ratio): ratio, lo, hi and mde are then that difference,
     # speedup the arm's lead in it; no equivalence or `detect` (both are relative) is claimed
     raw: bool = False
+
+    @property
+    def fabric(self) -> str:
+        """The arm, by its name before `arm` (kept for a release)."""
+        return self.arm
 
     @property
     def tested(self) -> bool:
@@ -608,7 +613,7 @@ class Judging:
     "better" for the rest: comm share, loss, failures), whether it is the A/A control or a
     primary verdict, the equivalence margin, the looks of a sequential study and the share of
     alpha this look spends (analysis/looks.py), the difference the study must be able to call,
-    and the permutation test's seed."""
+    and the permutation test's seed; whether the metric is better higher (a rate) or lower (a time)."""
 
     alpha: float = 0.05
     seed: int | None = None
@@ -619,11 +624,12 @@ class Judging:
     looks: int = 1
     detect: float = DETECT
     share: float = math.nan
+    higher_is_better: bool = True
 
 
-def compare(values: Sequence[float], base: Sequence[float], fabric: str, baseline: str, metric: str,
-            higher_is_better: bool = True, design: Design = Design(), judging: Judging = Judging()) -> Comparison:
-    """`fabric` against `baseline` on one metric's per-trial values, as a family of one test
+def compare(values: Sequence[float], base: Sequence[float], arm: str, baseline: str, metric: str,
+            design: Design = Design(), judging: Judging = Judging()) -> Comparison:
+    """`arm` against `baseline` on one metric's per-trial values, as a family of one test
     (`correct` re-judges it once the whole family is known)."""
     blocks, step, raw = design.blocks, design.step, design.raw
     j = judging
@@ -648,10 +654,12 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
         why = "" if not math.isnan(p) else "need >= 2 blocks" if k < 2 else \
             ("every block's difference is the same" if raw else
              "every block log-ratio is the same and the values carry no resolution to bound their spread")
-        c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
-                       False, "", word, design.name or "blocked", k, p, control=control, alpha=alpha, floor=floor,
-                       p_exact=sign_flip_p(d, seed) if k >= 2 else math.nan, sd=sd, margin=margin,
-                       primary=primary, looks=looks, data=d, floor_sd=fl, robust=robust, p_t=p_t, why=why, raw=raw)
+        c = Comparison(metric=metric, arm=arm, baseline=baseline, n=len(x), n_base=len(y), median=med,
+                       median_base=med_base, ratio=ratio, lo=ratio, hi=ratio, p=p, speedup=1, speedup_lo=1,
+                       speedup_hi=1, significant=False, verdict="", word=word, design=design.name or "blocked",
+                       blocks=k, p_adj=p, control=control, alpha=alpha, floor=floor,
+                       p_exact=sign_flip_p(d, seed) if k >= 2 else math.nan, sd=sd, margin=margin, primary=primary,
+                       looks=looks, data=d, floor_sd=fl, robust=robust, p_t=p_t, why=why, raw=raw)
     else:
         pos = all(v > 0 for v in x + y)
         lx, ly = (tuple(np.log(x)), tuple(np.log(y))) if pos else (tuple(x), tuple(y))
@@ -665,11 +673,13 @@ def compare(values: Sequence[float], base: Sequence[float], fabric: str, baselin
         why = "" if not math.isnan(p) else "need >= 2 runs each" if len(x) < 2 or len(y) < 2 else \
             "a value <= 0 has no ratio to test (differences of counts are not judged)" if not pos else "every run of both arms is the same and the values " \
             "carry no resolution to bound their spread"
-        c = Comparison(metric, fabric, baseline, len(x), len(y), med, med_base, ratio, ratio, ratio, p, 1, 1, 1,
-                       False, "", word, design.name or Comparison.design, 0, p, control=control, alpha=alpha,
+        c = Comparison(metric=metric, arm=arm, baseline=baseline, n=len(x), n_base=len(y), median=med,
+                       median_base=med_base, ratio=ratio, lo=ratio, hi=ratio, p=p, speedup=1, speedup_lo=1,
+                       speedup_hi=1, significant=False, verdict="", word=word, design=design.name or Comparison.design,
+                       blocks=0, p_adj=p, control=control, alpha=alpha,
                        p_exact=permutation_p(x, y, seed=seed) if not math.isnan(p) else math.nan, sd=sd,
                        margin=margin, primary=primary, looks=looks, data=lx, data_base=ly, floor_sd=fl, why=why)
-    c = replace(c, higher_is_better=higher_is_better, detect=j.detect, share=j.share)
+    c = replace(c, higher_is_better=j.higher_is_better, detect=j.detect, share=j.share)
     return correct([c], "holm", alpha)[0]
 
 
@@ -736,15 +746,15 @@ def edge(c: Comparison) -> tuple[str, str, float, float, float]:
     is put into words: the verdict sentence, the report's tables and its headlines all use it."""
     s, slo, shi = c.speedup, c.speedup_lo, c.speedup_hi
     if c.raw:  # the lead in the metric's own units: the arm's when >= 0
-        return (c.fabric, c.baseline, s, slo, shi) if s >= 0 else (c.baseline, c.fabric, -s, -shi, -slo)
+        return (c.arm, c.baseline, s, slo, shi) if s >= 0 else (c.baseline, c.arm, -s, -shi, -slo)
     if c.higher_is_better:
         if s >= 1:
-            return c.fabric, c.baseline, s - 1, slo - 1, shi - 1
-        return c.baseline, c.fabric, 1 / s - 1, _inv(shi) - 1, _inv(slo) - 1
+            return c.arm, c.baseline, s - 1, slo - 1, shi - 1
+        return c.baseline, c.arm, 1 / s - 1, _inv(shi) - 1, _inv(slo) - 1
     # speedup = baseline / arm: the arm's value is 1/s of the baseline's
     if s >= 1:
-        return c.fabric, c.baseline, 1 - 1 / s, 1 - _inv(slo), 1 - _inv(shi)
-    return c.baseline, c.fabric, 1 - s, 1 - shi, 1 - slo
+        return c.arm, c.baseline, 1 - 1 / s, 1 - _inv(slo), 1 - _inv(shi)
+    return c.baseline, c.arm, 1 - s, 1 - shi, 1 - slo
 
 
 def _inv(x: float) -> float:

@@ -57,7 +57,7 @@ def outcome(c: stats.Comparison) -> str:
     """The verdict's word for the table, for the arm: faster/slower (or better/worse; a latency
     lower/higher), equivalent, inconclusive, not tested."""
     if c.outcome == "differs":
-        ahead = stats.edge(c)[0] == c.fabric
+        ahead = stats.edge(c)[0] == c.arm
         return {"faster": ("faster", "slower"), "better": ("better", "worse"), "lower": ("lower", "higher")}[c.says][not ahead] + \
             ("" if c.primary else " (exploratory)")
     return {"untested": "not tested"}.get(c.outcome, c.outcome) + ("" if c.primary or not c.tested else " (exploratory)")
@@ -71,7 +71,7 @@ def verdict_rows(result: Result) -> list[list[str]]:
     """One row per verdict: raw medians in the metric's units, the difference in words."""
     p_ = lambda v: "n/a" if v != v else f"{v:.3g}"  # noqa: E731
     return [[display(p.runs[0].workload), _short(p), c.metric, c.baseline,
-             f"{c.median_base:.4g}", c.fabric + (" (A/A control)" if c.control else ""), f"{c.median:.4g}", edge_text(c),
+             f"{c.median_base:.4g}", c.arm + (" (A/A control)" if c.control else ""), f"{c.median:.4g}", edge_text(c),
              f"{100 * c.conf:.4g}%", p_(c.p_adj), f"{c.blocks} blocks" if c.blocks else f"{c.n} vs {c.n_base}",
              outcome(c)] for p, c in result.comparisons]
 
@@ -118,7 +118,7 @@ def claim(c: stats.Comparison) -> str:
         return f"{metric}: {lead} is {100 * frac:.1f}% {c.says} than {trail} {ci}."
     if c.outcome == "equivalent":  # the claim rests on the TOST interval, so that is the one quoted
         _, _, _, elo, ehi = stats.edge(replace(c, speedup_lo=c.eq_lo, speedup_hi=c.eq_hi))
-        return (f"{metric}: {c.fabric} and {c.baseline} are equivalent within +-{stats.pct(c.margin)} "
+        return (f"{metric}: {c.arm} and {c.baseline} are equivalent within +-{stats.pct(c.margin)} "
                 f"[{100 * c.eq_conf:.4g}% CI {100 * elo:.1f}% to {100 * ehi:.1f}%, two one-sided tests].")
     could = f"could detect >= {stats.pct(c.mde)}" if math.isfinite(c.mde) else "cannot call any difference with these runs"
     return f"{metric}: inconclusive, {lead} {100 * frac:.1f}% {c.says} than {trail} {ci}; this study {could}."
@@ -131,7 +131,7 @@ def congestion_claim(p: Point, c: stats.Comparison) -> str | None:
     99.3% faster than noisy [95% CI ...] (congestion-impact factor 0.502 [0.476, 0.528]; under
     iperf3 TCP, 1 stream(s) at 50Mbit/s each, node 0 -> node 1, median 48.9 Mbit/s of it)'.
     None for any other pair of arms."""
-    arm, base = p.by_fabric.get(c.fabric, []), p.by_fabric.get(c.baseline, [])
+    arm, base = p.by_arm.get(c.arm, []), p.by_arm.get(c.baseline, [])
     if not arm or not base or not all(r.noise for r in arm) or any(r.noise for r in base):
         return None
     under = f"under {arm[0].noise.get('description')}{_noise_measured(arm)}"

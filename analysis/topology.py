@@ -109,7 +109,7 @@ def shares_by_arm(table: Table) -> dict[str, dict[str, float]]:
         share = (r.record.get("paths") or {}).get("share") or {}
         if share and all(v is not None for v in share.values()):
             for spine, v in share.items():
-                got[(r.fabric, tuple(sorted(share)))][spine].append(float(v))
+                got[(r.arm, tuple(sorted(share)))][spine].append(float(v))
     arms = defaultdict(int)
     for arm, _ in got:
         arms[arm] += 1
@@ -227,9 +227,9 @@ def against_raw_link(table: Table) -> list[list[str]]:
         if r.status != "ok":
             continue
         if r.workload == "link" and r.metric("throughput_received(Gbit/s)") is not None:
-            raw[r.fabric].append(r.metric("throughput_received(Gbit/s)"))
+            raw[r.arm].append(r.metric("throughput_received(Gbit/s)"))
         elif r.workload == "collectives" and r.metric("peak_busbw(GB/s)") is not None:
-            bus[r.fabric].append(8 * r.metric("peak_busbw(GB/s)"))
+            bus[r.arm].append(8 * r.metric("peak_busbw(GB/s)"))
     rows = []
     for arm in sorted(raw.keys() & bus.keys()):
         link, got = median(raw[arm]), median(bus[arm])
@@ -255,6 +255,6 @@ def jct_verdicts(summaries: list[dict], baseline: str | None = None) -> list[str
     out = []
     for name in sorted(by):
         if name != base:
-            c = stats.compare(by[name], by[base], name, base, "jct_max(s)", higher_is_better=False, judging=stats.Judging(word="faster"))
+            c = stats.compare(by[name], by[base], name, base, "jct_max(s)", judging=stats.Judging(word="faster", higher_is_better=False))
             out.append(f"JCT (the makespan of each run's jobs): {stats.verdict(c)}")
     return out

@@ -177,7 +177,7 @@ def test_an_extended_study_spends_alpha_over_its_sizes():
 def test_latency_is_worded_as_lower_or_higher(arm, base, metric, hib, start):
     """S13. A lower-is-better metric is said as its own change ("x% lower", always below 100%);
     before, a halved TTFT printed "roce is faster than ib by 99.0%"."""
-    c = stats.compare(arm, base, "roce", "ib", metric, higher_is_better=hib)
+    c = stats.compare(arm, base, "roce", "ib", metric, judging=stats.Judging(higher_is_better=hib))
     assert c.verdict.startswith(start), c.verdict
     if not hib:
         assert "faster" not in c.verdict and 0 < stats.edge(c)[2] < 1

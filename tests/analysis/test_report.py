@@ -92,7 +92,7 @@ def test_confounded_only_pair_still_refused_with_keys(tmp_path, capsys):
     ([110.0, 125.0, 95.0], [100.0, 95.0, 105.0], True, "inconclusive: loopback faster than emu-veth by 9.4% [-18.9, +47.6]"),
 ])
 def test_non_significant_verdict_names_who_is_ahead(x, y, hib, start):
-    c = stats.compare(x, y, "loopback", "emu-veth", "m", higher_is_better=hib)
+    c = stats.compare(x, y, "loopback", "emu-veth", "m", judging=stats.Judging(higher_is_better=hib))
     assert not c.significant and c.speedup_lo < 1 < c.speedup_hi
     assert c.verdict.startswith(start), c.verdict
 

@@ -61,12 +61,12 @@ def test_no_difference_says_so():
 def test_lower_is_better_metric_is_worded_as_its_own_change():
     # a halved TTFT is "50% lower", the metric's own change, never "100% faster" (a speed ratio
     # read as a latency: TTFT cannot fall by more than 100%)
-    c = stats.compare([50, 51, 52, 49, 50], [100, 101, 99, 100, 102], "b", "a", "median_ttft_ms", higher_is_better=False)
+    c = stats.compare([50, 51, 52, 49, 50], [100, 101, 99, 100, 102], "b", "a", "median_ttft_ms", judging=stats.Judging(higher_is_better=False))
     assert c.ratio == pytest.approx(0.5, rel=0.01) and c.speedup == pytest.approx(2.0, rel=0.01)
     assert c.verdict.startswith("b's median_ttft_ms is 49.8% lower than a's [48.4, 51.2]"), c.verdict
     assert "faster" not in c.verdict
     # 25% higher the other way round: "lower" for the side ahead, its interval below 100%
-    up = stats.compare([125, 126, 124, 125, 125], [100, 101, 99, 100, 100], "roce", "ib", "p99_ttft_ms", higher_is_better=False)
+    up = stats.compare([125, 126, 124, 125, 125], [100, 101, 99, 100, 100], "roce", "ib", "p99_ttft_ms", judging=stats.Judging(higher_is_better=False))
     assert up.verdict.startswith("ib's p99_ttft_ms is 20.0% lower than roce's ["), up.verdict
     lead, _, frac, lo, hi = stats.edge(up)
     assert lead == "ib" and 0 < lo < frac < hi < 1

@@ -111,7 +111,7 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
     counterpart among the old, so a resume on another commit is refused with the fix; a
     study already split over commits is named with its runs per commit. The records here are
     written by hand (the real resume is in the loopback A/A test below)."""
-    from workloads.core import records
+    from workloads.core import fingerprint
     from workloads.study.run import _same_code
 
     spec = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
@@ -126,7 +126,7 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
             "fingerprint": {"git": {"commit": commit}}}))
 
     here = "c" * 40
-    monkeypatch.setattr(records, "git_commit", lambda: {"commit": here, "dirty": False})
+    monkeypatch.setattr(fingerprint, "git_commit", lambda: {"commit": here, "dirty": False})
     _same_code(spec, jobs)  # nothing recorded yet
     recorded(jobs[0], here)
     _same_code(spec, jobs)  # resumed on its own commit
@@ -751,12 +751,12 @@ def test_an_edit_to_a_tracked_file_is_other_code(tmp_path, monkeypatch):
     git.dirty_hash alone; compare keeps them apart (`--allow fingerprint.git.dirty_hash` pools
     them) and a study resumed on the edited tree is refused in one line, as on another commit."""
     from analysis import guard
-    from workloads.core import records
+    from workloads.core import fingerprint
     from workloads.study.run import _same_code
 
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
-    probe = "import json; from workloads.core.records import git_commit; print(json.dumps(git_commit()))"
+    probe = "import json; from workloads.core.fingerprint import git_commit; print(json.dumps(git_commit()))"
 
     def code() -> dict:  # the clone's own package: `python -c` puts its working folder first on sys.path
         r = subprocess.run([sys.executable, "-c", probe], cwd=clone, env=child_env(), capture_output=True, text=True,
@@ -785,13 +785,13 @@ def test_an_edit_to_a_tracked_file_is_other_code(tmp_path, monkeypatch):
         "status": "ok", "run_id": jobs[0].run_id(spec), "config": {"trial": jobs[0].cell.trial},
         "study": {"id": spec.id, "arm": jobs[0].arm.label, "workload": jobs[0].workload.name},
         "fingerprint": {"git": clean}}))
-    monkeypatch.setattr(records, "git_commit", lambda: edited)
+    monkeypatch.setattr(fingerprint, "git_commit", lambda: edited)
     with pytest.raises(UsageError) as e:
         _same_code(spec, jobs)
     assert str(e.value).startswith(f"study aa was measured on commit {clean['commit'][:12]} and this checkout is commit "
                                    f"{clean['commit'][:12]} with uncommitted changes (diff hash {edited['dirty_hash']}): ")
     assert "with no uncommitted edits (git stash)" in str(e.value)
-    monkeypatch.setattr(records, "git_commit", lambda: clean)
+    monkeypatch.setattr(fingerprint, "git_commit", lambda: clean)
     _same_code(spec, jobs)  # the edit undone: the same code again
 
 

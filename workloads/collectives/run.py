@@ -23,7 +23,7 @@ from workloads.collectives.harness import Communicators, Harness, Row, min_bw_ve
 from workloads.collectives.settings import Checks, Settings, Sweep, pattern_groups
 from workloads.core import dist as fdist
 from workloads.core import hostmem
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.core.fingerprint import fingerprint
 from workloads.fabric.profile import FabricProfile
 
@@ -277,11 +277,10 @@ def _judge(s: Settings, rows: list[Row], record: dict) -> None:
         record["status"] = "ok"
 
 
-class CollectivesFailed(UsageError):
+class CollectivesFailed(Fault):
     """Measured, recorded, and wrong (bad elements or below min_busbw): exit 1. Every rank raises
     it with the same message (the rows are combined over ranks), so rank 0 alone says it."""
 
-    exit_code = 1
     agreed = True
 
 

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from workloads.core.errors import UsageError
+from workloads.core.errors import UsageError, say
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("workloads.commands.doctor", "fabric inventory of this machine, and a profile checked against it"),
@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", action="append", default=[], help="W&B tag the runs must carry (repeatable)")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                    help="W&B config filter on the logger's flat keys, e.g. fabric/name=roce (repeatable)")
-    p.add_argument("--baseline", help="fabric the others are compared against (default: first by name)")
+    p.add_argument("--baseline", help="the arm the others are compared against: a study's arm label, else the fabric's "
+                                      "name (default: the first by name)")
     p.add_argument("--allow", action="append", default=[], metavar="KEY",
                    help="identity key (dotted, prefix or glob) allowed to differ between compared runs (repeatable)")
     p.add_argument("--metric", action="append", default=None, help="metric to compare (default: the workload's headline ones)")
@@ -38,8 +39,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
-    from analysis.compare import compare_table
     from analysis.load import load_table
+    from analysis.verdicts import judge
 
     if not args.dirs and not args.wandb:
         raise UsageError("nothing to read: pass result directories and/or --wandb entity/project")
@@ -50,40 +51,16 @@ def _load(args):
             raise UsageError(f"--filter {f!r}: write KEY=VALUE")
         config[k] = v
     table = load_table(args.dirs, args.wandb, args.group, args.tag, config)
-    if not table:
-        raise UsageError(f"no result records found in {', '.join(args.dirs) or args.wandb}")
-    if args.baseline and args.baseline not in table.fabrics:
-        raise UsageError(f"--baseline {args.baseline}: no such arm or fabric in the records; they hold {', '.join(table.fabrics)}")
-    if not 0 < args.alpha < 1:
-        raise UsageError(f"--alpha {args.alpha:g}: write a level between 0 and 1, e.g. 0.05")
-    result = compare_table(table, args.baseline, args.allow, args.metric, args.alpha, args.correction)
+    result = judge(table, args.baseline, args.allow, args.metric, args.alpha, args.correction,
+                   where=", ".join(args.dirs) or args.wandb)
     return table, result
 
 
 def _print(result, verbose: bool = False, dirs: Sequence[str] = ()) -> None:
-    for line in result.control_lines() + result.notes():  # first: whether any verdict below can be trusted
-        print(line)
-    if (excluded := result.excluded_summary()) is not None:
-        print(excluded)
-    for p, c in result.comparisons:
-        print(f"{p.label} [{c.metric}]: {c.verdict}")
-    from analysis import topology
+    from analysis.verdicts import lines
 
-    # emulate --jobs writes its summaries beside the run folders, under the folders given here
-    found = {s["_path"]: s for d in dirs for s in topology.jobs_summaries(Path(d))}
-    for line in topology.jct_verdicts(list(found.values()), result.baseline):
+    for line in lines(result, verbose, dirs):
         print(line)
-    from analysis.summary import headlines
-
-    for workload, claim, detail in headlines(result):  # last: what a study's console ends on
-        print(f"headline: {workload}, {claim} {detail}")
-    for r in result.refusals:  # near misses only: the comparisons the user most likely meant
-        print(f"refused: {r.message()}")
-    if (summary := result.unmatched_summary(verbose)) is not None:
-        print(summary)
-        if verbose:
-            for line in result.unmatched_lines():
-                print(f"  {line}")
 
 
 def _exports(args, result) -> bool:
@@ -108,14 +85,13 @@ def _exports(args, result) -> bool:
 
 
 def cmd_compare(args) -> int:
+    from analysis.verdicts import unjudged
+
     table, result = _load(args)
     if not _exports(args, result):
         _print(result, getattr(args, "verbose", False), args.dirs)
-    if not result.comparisons:
-        raise UsageError("no two fabrics share a point: " + (result.refusals[0].message() if result.refusals else
-                         f"the records hold only fabric(s) {', '.join(table.fabrics)}" if len(table.fabrics) < 2 else
-                         f"no point that {result.baseline} reached was run under another fabric; pass --verbose to "
-                         f"list the points, or --baseline another fabric"))
+    if (why := unjudged(table, result)) is not None:
+        raise UsageError(why)
     return 0
 
 

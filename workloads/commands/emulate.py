@@ -29,13 +29,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from workloads import CONF_DIR, catalog
 from workloads.commands.entry import refuse_other_workloads
 from workloads.core import forkrank
-from workloads.core.errors import UsageError
+from workloads.core.errors import UsageError, say
 from workloads.fabric import noise
 from workloads.fabric.emuplan import spec_from_overrides
 from workloads.fabric.kept import attach
@@ -45,7 +46,6 @@ from workloads.fabric.netns import (
     PREFIX,
     EmuSpec,
     Topology,
-    TopologyError,
     emulated_nodes,
     enter,
     require_root,
@@ -279,64 +279,14 @@ def run(args, conf_dir: str | None = None) -> int:
     from workloads.core import timeline
 
     timeline.begin()  # the run's clock: namespaces, links and agents are its start-up too
-    conf_dir = conf_dir or CONF_DIR
     old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     died: list[str] = []  # the delay line's death, said once by its watcher
     try:
-        serving = _check_entry(args)
-        if args.jobs != 1 and serving:
-            raise UsageError(f"--jobs {args.jobs} runs concurrent training, collectives or link jobs; served inference "
-                             "runs one server: drop --jobs")
-        spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
-                                           nproc_per_node=args.nproc_per_node,
-                                           jobs=args.jobs, check_served=check_emulated)
-        output_root = None
-        if args.jobs != 1:
-            from workloads.core.config import compose
-            from workloads.fabric.jobs import split
-
-            split(spec.nodes, args.jobs)
-            plain = [o for o in args.overrides if o not in ("-m", "--multirun")]
-            output_root = str(compose(conf_dir, plain).output_root)
-        if args.rate is not None:
-            # The record must not claim a shaping the link did not have: the rate goes into
-            # the config, and the fabric gets a name of its own unless the user gave one.
-            args.overrides.append(f"fabric.emulate.rate={'null' if spec.rate is None else spec.rate}")
-            if not any(o.startswith("fabric.name=") for o in args.overrides):
-                args.overrides.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
-        # Likewise the topology the record describes is the one built: --nodes, and a leaf-spine's
-        # defaults that the profile did not spell out.
-        if args.nodes is not None:
-            args.overrides.append(f"++fabric.emulate.nodes={spec.nodes}")
-        if spec.leaf_spine:
-            args.overrides += [f"++fabric.emulate.{k}={'null' if v is None else v}" for k, v in
-                               (("leaves", spec.leaves), ("spines", spec.spines), ("hash", spec.hash),
-                                ("uplink_rate", spec.uplink_rate))]
-        loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides)
-        if loud is not None:
-            loud.require(spec.nodes)
-            if args.jobs != 1:
-                raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
-                                 "noise: drop the noise block or --jobs")
+        plan = _plan(args, conf_dir or CONF_DIR)
         require_root()
-        # a study's arm may lend its topology (fabric/kept.py): this run's processes are still its own
-        with attach(spec, serving) or Topology(spec, host_link=serving) as topo, _watch_delay_line(topo, died):
-            print(f"emulate: {topo.describe()}", flush=True)
-            addrs = [spec.addr(i) for i in range(spec.nodes)]
-            with noise.running(loud, topo.nodes, addrs, noise_dir, args.timeout) as noise_env:
-                env = {**os.environ, **noise_env, "FABRICBENCH_RUN_ID": run_id} if noise_env else None
-                if serving:
-                    return run_load_generator(topo, args.entry, args.overrides, args.timeout, env=env)
-                if args.jobs != 1:
-                    return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
-                                    output_root, fabric)
-                return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except TopologyError as e:  # the namespaces made so far are gone: Topology tears down what it built
-        print(f"error: could not build the emulated fabric: {e}", file=sys.stderr)
-        return 1
+        return _run_planned(args, plan, died)
+    except UsageError as e:  # a TopologyError too: the namespaces made so far are gone, Topology tore them down
+        return say(e)
     except KeyboardInterrupt as e:
         if died:  # the watcher said why; the records of the points measured before it are on disk
             return 1
@@ -344,6 +294,84 @@ def run(args, conf_dir: str | None = None) -> int:
         return getattr(e, "exit_code", 130)
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What an emulated run builds and starts, all decided (and refused) before any namespace exists."""
+
+    spec: EmuSpec
+    fabric: str
+    serving: bool  # served inference: its load generator runs on this host
+    output_root: str | None  # --jobs: where the jobs' summary goes
+    loud: noise.NoiseSpec | None
+    noise_dir: Path
+    run_id: str
+
+
+def _plan(args, conf_dir: str) -> _Plan:
+    """Check the entry and the options, compose the fabric, and complete `args.overrides` so the
+    record describes the topology that will be built."""
+    serving = _check_entry(args)
+    if args.jobs != 1 and serving:
+        raise UsageError(f"--jobs {args.jobs} runs concurrent training, collectives or link jobs; served inference "
+                         "runs one server: drop --jobs")
+    spec, fabric = spec_from_overrides(conf_dir, args.overrides, nodes=args.nodes, rate=args.rate,
+                                       nproc_per_node=args.nproc_per_node,
+                                       jobs=args.jobs, check_served=check_emulated)
+    output_root = None
+    if args.jobs != 1:
+        from workloads.core.config import compose
+        from workloads.fabric.jobs import split
+
+        split(spec.nodes, args.jobs)
+        plain = [o for o in args.overrides if o not in ("-m", "--multirun")]
+        output_root = str(compose(conf_dir, plain).output_root)
+    args.overrides += _as_built(args, spec)
+    loud, noise_dir, run_id = noise.from_overrides(conf_dir, args.overrides)
+    if loud is not None:
+        loud.require(spec.nodes)
+        if args.jobs != 1:
+            raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
+                             "noise: drop the noise block or --jobs")
+    return _Plan(spec, fabric, serving, output_root, loud, noise_dir, run_id)
+
+
+def _as_built(args, spec: EmuSpec) -> list[str]:
+    """The overrides that make the record's fabric the one built."""
+    out = []
+    if args.rate is not None:
+        # The record must not claim a shaping the link did not have: the rate goes into
+        # the config, and the fabric gets a name of its own unless the user gave one.
+        out.append(f"fabric.emulate.rate={'null' if spec.rate is None else spec.rate}")
+        if not any(o.startswith("fabric.name=") for o in args.overrides):
+            out.append(f"fabric.name=emu-{'veth' if spec.rate is None else spec.rate}")
+    # Likewise the topology the record describes is the one built: --nodes, and a leaf-spine's
+    # defaults that the profile did not spell out.
+    if args.nodes is not None:
+        out.append(f"++fabric.emulate.nodes={spec.nodes}")
+    if spec.leaf_spine:
+        out += [f"++fabric.emulate.{k}={'null' if v is None else v}" for k, v in
+                (("leaves", spec.leaves), ("spines", spec.spines), ("hash", spec.hash),
+                 ("uplink_rate", spec.uplink_rate))]
+    return out
+
+
+def _run_planned(args, plan: _Plan, died: list[str]) -> int:
+    """Build (or borrow) the topology, start the noise, run the entry's agents in it."""
+    spec = plan.spec
+    # a study's arm may lend its topology (fabric/kept.py): this run's processes are still its own
+    with attach(spec, plan.serving) or Topology(spec, host_link=plan.serving) as topo, _watch_delay_line(topo, died):
+        print(f"emulate: {topo.describe()}", flush=True)
+        addrs = [spec.addr(i) for i in range(spec.nodes)]
+        with noise.running(plan.loud, topo.nodes, addrs, plan.noise_dir, args.timeout) as noise_env:
+            env = {**os.environ, **noise_env, "FABRICBENCH_RUN_ID": plan.run_id} if noise_env else None
+            if plan.serving:
+                return run_load_generator(topo, args.entry, args.overrides, args.timeout, env=env)
+            if args.jobs != 1:
+                return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
+                                plan.output_root, plan.fabric)
+            return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
 
 
 @contextlib.contextmanager

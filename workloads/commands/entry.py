@@ -36,7 +36,7 @@ from typing import Callable, NoReturn
 from workloads import CONF_DIR, catalog
 from workloads.core import celllock, forkrank, signals, timeline
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
-from workloads.core.errors import AlreadyRecorded, UsageError
+from workloads.core.errors import AlreadyRecorded, UsageError, say
 from workloads.core.hostmem import oom_killed_since, oom_kills
 from workloads.core.inflight import INFLIGHT_ENV, recover
 from workloads.core.inflight import SUFFIX as INFLIGHT_SUFFIX
@@ -105,7 +105,7 @@ def _say(e: UsageError) -> None:
     waits; the speaker's exit ends the wait (the agent's SIGTERM), and QUIET_WAIT_S bounds it
     where nothing sends one (srun without --kill-on-bad-exit)."""
     if _should_say(e):
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        say(e)
     elif launched():
         time.sleep(QUIET_WAIT_S)
 
@@ -141,8 +141,7 @@ def self_launch(script: str, argv: list[str], conf_dir: str = CONF_DIR, config_n
             if len(jobs) == 1 and "train" in cfg and "model" in cfg:  # what an out-of-memory rank needed memory for
                 what = f"model={cfg.model.name} at train.micro_batch_size={cfg.train.micro_batch_size}"
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
 
     # The ranks' run folder is named as a plain `python` run's (<time>-p<this pid>), as run_dirs
     # are, not after the random rendezvous id of _run_ranks' --standalone agent (rdzv-<uuid>),

@@ -1,18 +1,53 @@
 """`fabricbench study SPEC`: arms x workloads x trials, interleaved; then compare and report.
 
-The study itself is workloads/study/run.py (docs/studies.md). Here, before it: a study whose
-tuned arms name tune specs (`arms: [{tuned: conf/tune/ib.yaml}, {tuned: roce-tune}]`) runs each
-tune that has not run yet under the study's output root (`fabricbench tune`, resumed where it
-stopped), then the study over the tuned arms, in one command; `--plan` prints the tunes' plans.
+    fabricbench study conf/study/emu-ab.yaml            # or just: fabricbench study emu-ab
+    fabricbench study my-study.yaml --id ab-2024-06-01 --output-root /shared/results
+    fabricbench study emu-ab --plan                     # the plan only: tests, noise, MDE, blocks, time
+    fabricbench study emu-ab --until-decided --max-trials 16   # add blocks until every verdict is decided
+
+The study itself, its runner and its tables, is workloads/study/run.py (docs/studies.md). Here,
+before it: a study whose tuned arms name tune specs (`arms: [{tuned: conf/tune/ib.yaml},
+{tuned: roce-tune}]`) runs each tune that has not run yet under the study's output root
+(`fabricbench tune`, resumed where it stopped), then the study over the tuned arms, in one
+command; `--plan` prints the tunes' plans.
+
+Exit status: 0 every cell ok, 1 a cell failed (the others still ran), 2 bad input,
+130 interrupted by Ctrl-C, 143 by SIGTERM (finished cells are kept; rerun to continue).
 """
 
 from __future__ import annotations
 
-from workloads.study.run import add_arguments  # noqa: F401  (the study's options)
+import signal
+import sys
+
+from workloads.core.errors import Fault, UsageError
+
+
+def add_arguments(parser) -> None:
+    common_arguments(parser, "study")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
+    parser.add_argument("--until-decided", action="store_true",
+                        help="add blocks until every primary verdict is settled: faster, slower or equivalent (see "
+                             "--stop-on; needs --max-trials)")
+    parser.add_argument("--max-trials", type=int, metavar="N", help="the most blocks a --until-decided study runs")
+    parser.add_argument("--stop-on", metavar="WHAT", default=None,
+                        help="what settles a verdict of --until-decided: a comma-separated subset of difference, "
+                             "equivalence, futility (a `detect`-sized difference ruled out: fewer blocks, but a true "
+                             "difference below detect is then rarely called); default difference,equivalence")
+
+
+def common_arguments(parser, kind: str) -> None:
+    """What `fabricbench study` and `fabricbench tune` both take: the file, its id, where it goes, the launcher."""
+    parser.add_argument(kind, help=f"a {kind} YAML file, or the name of one in conf/{kind}/")
+    parser.add_argument("--id", help=f"{kind} id (default: the file's id or name); a rerun with the same id resumes")
+    parser.add_argument("--output-root", help=f"where the {kind}'s folder goes (default: the file's, else results)")
+    parser.add_argument("--launcher", choices=["auto", "local", "slurm"], default="auto",
+                        help="auto: one Slurm step per run inside an allocation (SLURM_JOB_ID set), else local")
 
 
 def run(args) -> int:
-    from workloads.study import run as study
+    """Run an A/B study: arms x workloads x trials, counterbalanced and interleaved; its tunes first."""
     from workloads.study.fabrics import keeping
     from workloads.study.spec import TuneFirst, load_spec
 
@@ -20,20 +55,37 @@ def run(args) -> int:
     ran: set[str] = set()
     while True:
         try:
-            load_spec(args.study, args.id, args.output_root)
+            spec = load_spec(args.study, args.id, args.output_root)
             break
         except TuneFirst as e:
             code = _tunes_first(e, ran, args)
             if code is not None:
                 return code
-    return study.run(args)
+    return _study(spec, args)
+
+
+def _study(spec, args) -> int:
+    from workloads.study.run import run_study
+
+    if args.until_decided != (args.max_trials is not None):
+        raise UsageError("--until-decided and --max-trials N go together: a sequential study needs its cap")
+    stop_on = None
+    if args.stop_on is not None:
+        from analysis import looks
+
+        if not args.until_decided:
+            raise UsageError("--stop-on goes with --until-decided --max-trials N: only a sequential study stops early")
+        try:
+            stop_on = looks.stop_on(args.stop_on)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials,
+                                           stop_on=stop_on))
 
 
 def _tunes_first(e, ran: set[str], args) -> int | None:
     """Run (or, with --plan, plan) the tunes the study's arms wait for: an exit code to stop at,
     or None to load the study again."""
-    from workloads.core.errors import Fault
-    from workloads.study.run import interruptible
     from workloads.study.tune import run_tune
     from workloads.study.tunespec import load_tune
 
@@ -51,3 +103,22 @@ def _tunes_first(e, ran: set[str], args) -> int | None:
         print("the study's own plan follows once its tunes have run (run the study without --plan: it tunes first)")
         return 0
     return None
+
+
+def interruptible(call) -> int:
+    """call() with SIGTERM as an interrupt: Ctrl-C or SIGTERM ends it with one line and 130/143,
+    the finished runs kept for a rerun to continue from (a study's or a tune's)."""
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return call()
+    except KeyboardInterrupt as e:
+        print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
+        return getattr(e, "exit_code", 130)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _sigterm(signum, frame):
+    from workloads.core.signals import Terminated
+
+    raise Terminated(f"received signal {signum}")  # a KeyboardInterrupt that exits 143, as docs/reliability.md says

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 def add_arguments(parser) -> None:
-    from workloads.study.run import common_arguments
+    from workloads.commands.study import common_arguments
 
     common_arguments(parser, "tune")
     parser.add_argument("--plan", action="store_true", help="print the plan (candidates, rounds, runs) and stop")
@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Tune an arm's settings: successive halving, then the winner against the default on fresh blocks."""
-    from workloads.study.run import interruptible
+    from workloads.commands.study import interruptible
     from workloads.study.tune import run_tune
     from workloads.study.tunespec import load_tune
 

@@ -1,22 +1,32 @@
-"""One exception type for every user-facing mistake.
+"""One base for every one-line error, and the one place that prints it.
 
-A `UsageError` carries a message that names the problem and the fix. Entry points
-catch it, print the message alone (no traceback) and exit with its `exit_code`: 2 for
-bad input, 1 for a `Fault` (something that ran failed), 3 for a transport mismatch; the
-table is docs/reliability.md's. Anything else that escapes is a bug and keeps its traceback.
+A `UsageError` carries a message that names the problem and the fix, and the exit code the
+command ends with: 2 for bad input; its `Fault`s (something that ran failed: a server, a
+peer, a measurement that came out wrong) 1; a transport mismatch 3; the table is
+docs/reliability.md's. Entry points catch it and hand it to `say`, which prints its line alone
+(no traceback) and returns the code to exit with. Anything else that escapes is a bug and
+keeps its traceback.
 """
+
+from __future__ import annotations
+
+import sys
 
 
 class UsageError(Exception):
-    """Bad input the user can fix: the message says what and how."""
+    """Bad input the user can fix: the message says what and how. The base of every one-line error."""
 
     exit_code = 2
+
+    def line(self) -> str:
+        """What `say` prints."""
+        return f"error: {self}"
 
 
 class Fault(UsageError):
     """Something that was started failed (a server died or never became ready, a peer never
-    joined, no port was free): one line like bad input, but exit 1, since the input was not
-    what was wrong and the same command may pass on a retry."""
+    joined, no port was free, a measurement came out wrong): one line like bad input, but exit
+    1, since the input was not what was wrong and the same command may pass on a retry."""
 
     exit_code = 1
 
@@ -27,15 +37,19 @@ class TransportMismatch(UsageError):
     exit_code = 3
 
 
-class RecordNotWritten(UsageError):
+class RecordNotWritten(Fault):
     """The output filesystem refused a record (full, read-only, over quota). The measured
     record is kept elsewhere when any place takes it (`kept`), and the message says where."""
-
-    exit_code = 1
 
     def __init__(self, message: str, kept=None):
         super().__init__(message)
         self.kept = kept  # pathlib.Path of the rescued record, or None when nothing took it
+
+
+def say(e: UsageError) -> int:
+    """Print the error's one line on stderr; the code to exit with."""
+    print(e.line(), file=sys.stderr, flush=True)
+    return e.exit_code
 
 
 class AlreadyRecorded(Exception):

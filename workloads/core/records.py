@@ -18,8 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from workloads import catalog
 from workloads.core.errors import RecordNotWritten, UsageError
-from workloads.core.fingerprint import git_commit  # noqa: F401  (study/run.py and its tests read it here)
-from workloads.core.redact import redact, redact_argv  # noqa: F401  (redact_argv: study/run.py reads it here)
+from workloads.core.redact import redact
 
 SCHEMA = "fabricbench.record/1"
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from workloads.core.celllock import die_with_parent
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.fabric import leafspine
 from workloads.fabric.delaymeter import DELAY_ENV
 
@@ -91,8 +91,11 @@ def delay_us(value: Any, key: str = "latency") -> float:
     return us
 
 
-class TopologyError(RuntimeError):
-    """A command that builds the emulated fabric failed (ip, tc, sysctl): said in one line."""
+class TopologyError(Fault, RuntimeError):
+    """A command that builds the emulated fabric failed (ip, tc, sysctl): said in one line, exit 1."""
+
+    def line(self) -> str:
+        return f"error: could not build the emulated fabric: {self}"
 
 
 @dataclass(frozen=True)

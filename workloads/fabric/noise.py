@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from workloads import REPO_ROOT
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.core.signals import stop_group
 from workloads.fabric import procnet
 from workloads.fabric.iperf3 import ToolFailed, load_iperf3, parse_iperf3
@@ -66,11 +66,9 @@ STOP_S = 10.0            # how long iperf3 may take to write its summary after S
 _STOPPED = ("interrupt - the client has terminated", "the client has terminated", "interrupt - the server has terminated")
 
 
-class NoiseFailed(UsageError):
+class NoiseFailed(Fault):
     """The noise did not run as asked (no bytes moved, iperf3 exited): the run is not what its
     record would claim. Exit 1, as a measurement that failed."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

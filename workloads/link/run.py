@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from workloads import session
 from workloads.core import dist as fdist
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.core.fingerprint import fingerprint
 from workloads.core.signals import stop_group
 from workloads.fabric import leafspine, procnet
@@ -37,11 +37,10 @@ SERVER_END_S = 15.0      # how long the server may take to end after its client 
 DIRECTIONS = ("forward", "reverse", "bidir")
 
 
-class LinkFailed(UsageError):
+class LinkFailed(Fault):
     """The tool ran and failed (refused, timed out, said "error"): recorded, exit 1. Every rank
     raises it with the same message (it was agreed over the group), so rank 0 alone says it."""
 
-    exit_code = 1
     agreed = True
 
 

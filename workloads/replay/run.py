@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 
 from workloads import session
 from workloads.core import dist as fdist
-from workloads.core.errors import UsageError
+from workloads.core.errors import Fault, UsageError
 from workloads.core.fingerprint import fingerprint
 from workloads.fabric.profile import FabricProfile
 from workloads.replay.trace import Call, Trace, load
@@ -70,8 +70,9 @@ def validate(cfg: DictConfig, world: int) -> ReplayPlan:
     return ReplayPlan(trace, steps, warm, pace, fabric, session.context(cfg))
 
 
-class ReplayFailed(UsageError):
-    exit_code = 1
+class ReplayFailed(Fault):
+    """The replayed collectives failed: recorded, exit 1; agreed over the group, so rank 0 alone says it."""
+
     agreed = True
 
 

@@ -1,12 +1,8 @@
 """Run a study: every (arm, trial) cell as its own process group, in a counterbalanced order.
 
-    fabricbench study conf/study/emu-ab.yaml            # or just: fabricbench study emu-ab
-    fabricbench study my-study.yaml --id ab-2024-06-01 --output-root /shared/results
-    fabricbench study emu-ab --plan                     # the plan only: tests, noise, MDE, blocks, time
-    fabricbench study emu-ab --until-decided --max-trials 16   # add blocks until every verdict is decided
-
-Every study first prints its plan (workloads/study/plan.py) and is refused, before any run,
-when it cannot call the difference it asks for (`detect:`).
+The command, its options and its exit statuses are workloads/commands/study.py's. Every study
+first prints its plan (workloads/study/plan.py) and is refused, before any run, when it cannot
+call the difference it asks for (`detect:`).
 
 Each cell runs each workload of the study as a separate process of its entry point
 (launch/train.py, launch/collectives.py, launch/infer.py; launch/emulate.py when the arm's
@@ -15,21 +11,21 @@ fabric is emulated; one Slurm step per cell inside an allocation), with its own 
 every record keeps. Records go to `<output_root>/<study id>/`; each cell's console output
 to `<output_root>/<study id>/logs/`. A rerun of the same study skips every cell whose
 records are all there with status ok and runs the missing or failed ones; a rerun of a
-finished study writes nothing. At the end: the summary table, `fabricbench compare`'s
-verdicts (saved as compare.txt) and the report (report/).
-
-Exit status: 0 every cell ok, 1 a cell failed (the others still ran), 2 bad input,
-130 interrupted by Ctrl-C, 143 by SIGTERM (finished cells are kept; rerun to continue).
+finished study writes nothing. At the end: the summary table, the verdicts (judged once, in
+this process, as `fabricbench compare` on the study's folder prints them; saved as
+compare.txt) and the report (report/).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter, deque
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,16 +33,16 @@ from statistics import median
 
 from analysis.clock import measured_s
 from workloads import CONF_DIR, REPO_ROOT
-from workloads.core import celllock, timeline
+from workloads.core import celllock, errors, timeline
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id
-from workloads.core.signals import Terminated, stop_group
+from workloads.core.signals import stop_group
 from workloads.study.fabrics import KeptFabrics, fork_emulator
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
-from workloads.study.spec import Arm, StudySpec, Workload, load_spec
+from workloads.study.spec import Arm, StudySpec, Workload
 
 
 @dataclass(frozen=True)
@@ -215,7 +211,7 @@ def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
     identity, analysis/guard.py), so the runs added now would have no counterpart among those
     of the first session and the study would lose its blocks. Checked before anything runs; a
     finished study (nothing to run) is not."""
-    from workloads.core.records import git_commit
+    from workloads.core.fingerprint import git_commit
 
     here = git_commit()
     if here["commit"] is None or all(complete(spec, j) for j in jobs):
@@ -317,7 +313,7 @@ def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str]
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "ab") as out:
         env[timeline.T0_ENV] = f"{time.time():.3f}"  # the record's timeline counts from the study starting the cell
-        from workloads.core.records import redact_argv
+        from workloads.core.redact import redact_argv
 
         out.write(f"# {redact_argv(argv)}\n".encode())
         out.flush()
@@ -341,10 +337,6 @@ def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str]
 def _tail(path: Path, lines: int = 8) -> str:
     with open(path, errors="replace") as f:
         return "".join(deque(f, lines)).rstrip()
-
-
-def _sigterm(signum, frame):
-    raise Terminated(f"received signal {signum}")  # a KeyboardInterrupt that exits 143, as docs/reliability.md says
 
 
 def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
@@ -388,9 +380,10 @@ def _execute(spec: StudySpec, todo: list[Job], total: int, done: int, launcher: 
     return len(todo), len(failures), failures
 
 
-def clock_line(spec: StudySpec, jobs: list[Job], wall_s: float) -> str | None:
+def clock_line(spec: StudySpec, jobs: list[Job], wall_s: float, verdicts: Verdicts | None = None) -> str | None:
     """The study's clock: how much of its runs' wall time was measured (the duty cycle) and the
-    wall time per decided primary verdict of this invocation."""
+    wall time per decided primary verdict of this invocation (`verdicts`: the study's, judged
+    once; judged here when not given)."""
     try:
         spent = [json.loads(x)["seconds"] for x in (spec.dir / "timings.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError, KeyError):
@@ -400,10 +393,10 @@ def clock_line(spec: StudySpec, jobs: list[Job], wall_s: float) -> str | None:
     if not spent or not measured:
         return None
     duty = sum(measured) / sum(spent)
-    try:
-        n_decided, n, _ = decided(spec)
-    except (UsageError, ValueError):  # compare refuses (mixed code...): analyse() says why, below
+    result = (verdicts or judge(spec)).result
+    if result is None:  # compare refused the records (mixed code...): the verdicts' text says why, below
         return f"clock: {sum(measured):.0f} s measured of {sum(spent):.0f} s of runs (duty cycle {100 * duty:.0f}%)"
+    n_decided, n, _ = _decided(result)
     per = f"; {n_decided} of {n} primary verdict(s) decided, {clock(wall_s / n_decided)} of wall time each" \
         if n_decided else f"; none of {n} primary verdict(s) decided yet"
     return (f"clock: {sum(measured):.0f} s measured of {sum(spent):.0f} s of runs (duty cycle {100 * duty:.0f}%), "
@@ -477,31 +470,82 @@ def kv_lines(spec: StudySpec, jobs: list[Job]) -> list[str]:
     return out
 
 
-def analyse(spec: StudySpec, refresh: bool, say=print) -> int:
-    """`fabricbench compare` (saved as compare.txt) and `fabricbench report` over the study's
-    records, as a user would run them. Kept as they are when nothing new was measured."""
+@dataclass(frozen=True)
+class Verdicts:
+    """The study's verdicts, judged once: `text` and `code` are what `fabricbench compare` on the
+    study's folder prints and exits with; `table` and `result` what the report and the clock line
+    read (None where compare refused the records)."""
+
+    text: str
+    code: int
+    table: object = None  # analysis.load.Table
+    result: object = None  # analysis.compare.Result
+
+
+def judge(spec: StudySpec) -> Verdicts:
+    """Compare the study's records, as `fabricbench compare <study folder> --baseline <baseline>
+    [--allow <tuned arms' keys>]` would, at the study's alpha, in this process: its lines, its
+    warnings after them, its one-line refusal and its exit code."""
+    from analysis import verdicts
+    from analysis.load import load_table
+
+    out, err = io.StringIO(), io.StringIO()
+    table = result = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            table = load_table([str(spec.dir)])
+            # tuned arms' settings are the arms
+            result = verdicts.judge(table, spec.baseline.label, spec.allow, alpha=spec.alpha, where=str(spec.dir))
+            for line in verdicts.lines(result, dirs=[str(spec.dir)]):
+                print(line)
+            if (why := verdicts.unjudged(table, result)) is not None:
+                raise UsageError(why)
+            code = 0
+        except UsageError as e:
+            code = errors.say(e)
+        except Exception:  # a bug: its traceback goes into compare.txt, and the study still ends in its own words
+            traceback.print_exc()
+            code = 1
+    return Verdicts((out.getvalue() + err.getvalue()).rstrip(), code, table, result)
+
+
+def analyse(spec: StudySpec, refresh: bool, say=print, verdicts: Verdicts | None = None) -> int:
+    """The verdicts (saved as compare.txt) and `fabricbench report`'s report over the study's
+    records. Kept as they are when nothing new was measured."""
     out_txt, report_dir = spec.dir / "compare.txt", spec.dir / "report"
     if not refresh and out_txt.is_file() and report_dir.is_dir():
         say(out_txt.read_text().rstrip())
         return 0
-    base = [sys.executable, "-m", "workloads.commands.cli"]
-    allow = [x for k in spec.allow for x in ("--allow", k)]  # tuned arms' settings are the arms
-    cmp = subprocess.run([*base, "compare", str(spec.dir), "--baseline", spec.baseline.label, *allow], cwd=str(REPO_ROOT),
-                         capture_output=True, text=True)
-    text = (cmp.stdout + cmp.stderr).rstrip()
-    say(text)
+    verdicts = verdicts or judge(spec)
+    say(verdicts.text)
     try:
-        out_txt.write_text(text + "\n")
+        out_txt.write_text(verdicts.text + "\n")
     except OSError as e:  # a full disk: the verdicts are on the console, the records are safe; no traceback
         out_txt.unlink(missing_ok=True)
         say(f"error: cannot write {out_txt} ({e.strerror}) on the disk mounted at {_mount(spec.dir)}: the records are "
             f"kept in {spec.dir}/*/records; free space there and rerun the same command (it measures nothing again, "
             "and writes compare.txt and the report)")
         return 1
-    rep = subprocess.run([*base, "report", str(spec.dir), "--baseline", spec.baseline.label, *allow, "--out", str(report_dir)],
-                         cwd=str(REPO_ROOT), capture_output=True, text=True)
-    say(f"report: {report_dir}" if rep.returncode == 0 else f"warning: report failed: {(rep.stdout + rep.stderr)[-500:]}")
-    return cmp.returncode
+    why = _report(verdicts, report_dir)
+    say(f"report: {report_dir}" if why is None else f"warning: report failed: {why[-500:]}")
+    return verdicts.code
+
+
+def _report(verdicts: Verdicts, folder: Path) -> str | None:
+    """Write the report of the judged verdicts into `folder`; None, or what its failure printed."""
+    if verdicts.result is None:
+        return verdicts.text + "\n"  # the records compare refused, the report refuses too
+    from analysis.report import write_report
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            write_report(verdicts.table, verdicts.result, folder)
+    except UsageError as e:
+        return f"{out.getvalue()}error: {e}\n"
+    except Exception:
+        return out.getvalue() + traceback.format_exc()
+    return None
 
 
 def _mount(path: Path) -> Path:
@@ -515,19 +559,24 @@ def _mount(path: Path) -> Path:
 
 def decided(spec: StudySpec, upto: int | None = None, stop_on: tuple[str, ...] | None = None) -> tuple[int, int, list[str]]:
     """(decided, primary verdicts, their sentences) over the study's records of blocks before
-    `upto` (all when None): the real arms' primaries (the A/A control's when the study has no
-    other arm). Decided: what `stop_on` stops on (analysis/looks.py: by default faster, slower or
-    equivalent; a difference of `detect` ruled out only with futility). A look judges only its own blocks: a study resumed after a
-    failure may hold later blocks already, and judging those at an early look would be a look
-    the plan did not spend alpha on."""
-    from analysis import looks
+    `upto` (all when None). A look judges only its own blocks: a study resumed after a failure
+    may hold later blocks already, and judging those at an early look would be a look the plan
+    did not spend alpha on."""
     from analysis.compare import compare_table
     from analysis.load import Table, load_table
 
     table = load_table([spec.dir])
     if upto is not None:
         table = Table(r for r in table if (r.study or {}).get("block", 0) < upto)
-    res = compare_table(table, spec.baseline.label, spec.allow, alpha=spec.alpha)
+    return _decided(compare_table(table, spec.baseline.label, spec.allow, alpha=spec.alpha), stop_on)
+
+
+def _decided(res, stop_on: tuple[str, ...] | None = None) -> tuple[int, int, list[str]]:
+    """decided() of a comparison's result: the real arms' primaries (the A/A control's when the
+    study has no other arm). Decided: what `stop_on` stops on (analysis/looks.py: by default
+    faster, slower or equivalent; a difference of `detect` ruled out only with futility)."""
+    from analysis import looks
+
     real = [(p, c) for p, c in res.comparisons if c.primary and not c.control]
     mine = real or [(p, c) for p, c in res.comparisons if c.primary]
     return (sum(looks.stops(c, stop_on or looks.STOP_ON) for _, c in mine), len(mine),
@@ -592,7 +641,8 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_t
     else:
         ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
-    if (line := clock_line(spec, jobs, time.monotonic() - started)) is not None:
+    verdicts = judge(spec)  # once: the clock line counts what compare.txt says
+    if (line := clock_line(spec, jobs, time.monotonic() - started, verdicts)) is not None:
         say(line)
     commits = {_commit(r) for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
@@ -601,63 +651,8 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_t
             "the code changed during the study, and compare will not pool trials of different code")
     if ran == 0:
         say("every run of this study is recorded; nothing was run")
-    code = analyse(spec, refresh=ran > 0, say=say)
+    code = analyse(spec, refresh=ran > 0, say=say, verdicts=verdicts)
     if failed:
         say(f"{failed} run(s) failed; rerun the same command to retry them:\n  " + "\n  ".join(failures))
         return 1
     return 0 if code in (0, None) else code
-
-
-def add_arguments(parser) -> None:
-    common_arguments(parser, "study")
-    parser.add_argument("--plan", action="store_true",
-                        help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
-    parser.add_argument("--until-decided", action="store_true",
-                        help="add blocks until every primary verdict is settled: faster, slower or equivalent (see "
-                             "--stop-on; needs --max-trials)")
-    parser.add_argument("--max-trials", type=int, metavar="N", help="the most blocks a --until-decided study runs")
-    parser.add_argument("--stop-on", metavar="WHAT", default=None,
-                        help="what settles a verdict of --until-decided: a comma-separated subset of difference, "
-                             "equivalence, futility (a `detect`-sized difference ruled out: fewer blocks, but a true "
-                             "difference below detect is then rarely called); default difference,equivalence")
-
-
-def common_arguments(parser, kind: str) -> None:
-    """What `fabricbench study` and `fabricbench tune` both take: the file, its id, where it goes, the launcher."""
-    parser.add_argument(kind, help=f"a {kind} YAML file, or the name of one in conf/{kind}/")
-    parser.add_argument("--id", help=f"{kind} id (default: the file's id or name); a rerun with the same id resumes")
-    parser.add_argument("--output-root", help=f"where the {kind}'s folder goes (default: the file's, else results)")
-    parser.add_argument("--launcher", choices=["auto", "local", "slurm"], default="auto",
-                        help="auto: one Slurm step per run inside an allocation (SLURM_JOB_ID set), else local")
-
-
-def run(args) -> int:
-    """Run an A/B study: arms x workloads x trials, counterbalanced and interleaved."""
-    spec = load_spec(args.study, args.id, args.output_root)
-    if args.until_decided != (args.max_trials is not None):
-        raise UsageError("--until-decided and --max-trials N go together: a sequential study needs its cap")
-    stop_on = None
-    if args.stop_on is not None:
-        from analysis import looks
-
-        if not args.until_decided:
-            raise UsageError("--stop-on goes with --until-decided --max-trials N: only a sequential study stops early")
-        try:
-            stop_on = looks.stop_on(args.stop_on)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials,
-                                           stop_on=stop_on))
-
-
-def interruptible(call) -> int:
-    """call() with SIGTERM as an interrupt: Ctrl-C or SIGTERM ends it with one line and 130/143,
-    the finished runs kept for a rerun to continue from (a study's or a tune's)."""
-    old = signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        return call()
-    except KeyboardInterrupt as e:
-        print("interrupted: finished runs are kept; rerun the same command to continue", file=sys.stderr)
-        return getattr(e, "exit_code", 130)
-    finally:
-        signal.signal(signal.SIGTERM, old)

@@ -139,7 +139,7 @@ def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> list:
 
     allow = sorted({*tuned.varied_keys(tune.candidate(winner).settings), "config.tuned"})
     res = compare_table(load_table([str(spec.dir)]), DEFAULT, allow=allow, alpha=tune.alpha)
-    return [c for _, c in res.comparisons if c.primary and not c.control and c.fabric == winner]
+    return [c for _, c in res.comparisons if c.primary and not c.control and c.arm == winner]
 
 
 def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], list[Job]]:

@@ -243,13 +243,33 @@ def _count(raw: Any, key: str, what: str) -> int | None:
 
 def load_tune(path: str | Path, tune_id: str | None = None, output_root: str | None = None) -> TuneSpec:
     """Read and check a tune YAML; UsageError (one line, exit 2) naming the field and the fix."""
-    from analysis import stats
-
     p, raw = read_yaml(path, "tune", "name, arm, workloads, space")
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a tune has {', '.join(FIELDS)}")
     name = _label(raw.get("name", p.stem), "name")
+    arm, candidates = _arm_and_candidates(raw)
+    workloads = _workloads(raw.get("workloads"))
+    runs = _search_runs(raw, len(candidates), len(workloads))
+    detect = fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0)
+    alpha = fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5)
+    blocks, cv, cv_source = _confirm_blocks(raw, workloads, detect, alpha)
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise UsageError(f"seed={seed!r} must be an integer")
+    timeout = raw.get("timeout_s", 1800)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise UsageError(f"timeout_s={timeout!r} must be a positive number of seconds (the most one run may take)")
+    return TuneSpec(name=name, id=_label(tune_id or raw.get("id") or name, "id"), arm=arm, workloads=workloads,
+                    candidates=candidates, search_runs=runs, confirm_blocks=blocks,
+                    confirm_given=raw.get("confirm") is not None, detect=detect,
+                    margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0), alpha=alpha, cv=cv,
+                    cv_source=cv_source, seed=seed, output_root=str(output_root or raw.get("output_root") or "results"),
+                    timeout_s=float(timeout), source=str(p))
+
+
+def _arm_and_candidates(raw: Mapping[str, Any]) -> tuple[Arm, tuple[Candidate, ...]]:
+    """The arm to tune and its candidates, the arm as it is (DEFAULT) first."""
     if not isinstance(raw.get("arm"), Mapping):
         raise UsageError("arm: the arm to tune, e.g. {fabric: emu-100m, overrides: [...]}")
     if set(raw["arm"]) - {"fabric", "overrides", "label"}:
@@ -266,18 +286,28 @@ def load_tune(path: str | Path, tune_id: str | None = None, output_root: str | N
     names = [DEFAULT, *(c.name for c in cands)]
     if len({n.replace("~", "-") for n in names}) < len(names):
         raise UsageError(f"candidates: names must be unique and not {DEFAULT!r}, got {names}")
-    candidates = (Candidate(DEFAULT, {}), *cands)
-    workloads = _workloads(raw.get("workloads"))
-    w = len(workloads)
-    need = search_runs_needed(len(candidates), w)
+    return arm, (Candidate(DEFAULT, {}), *cands)
+
+
+def _search_runs(raw: Mapping[str, Any], candidates: int, w: int) -> int:
+    """search.runs, or the fewest that measure every candidate once a round."""
+    need = search_runs_needed(candidates, w)
     runs = _count(raw.get("search"), "runs", "search") or need
     if runs < need:
-        raise UsageError(f"search.runs={runs} is too small: successive halving over {len(candidates)} candidates "
-                         f"(the default included) x {w} workload point(s) takes {len(rounds(len(candidates)))} rounds "
+        raise UsageError(f"search.runs={runs} is too small: successive halving over {candidates} candidates "
+                         f"(the default included) x {w} workload point(s) takes {len(rounds(candidates))} rounds "
                          f"and needs at least {need} runs to measure each candidate once a round; set search: "
                          f"{{runs: {need}}} or more, or narrow the space")
-    detect = fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0)
-    alpha = fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5)
+    return runs
+
+
+def _confirm_blocks(raw: Mapping[str, Any], workloads: tuple[StudyWorkload, ...], detect: float,
+                    alpha: float) -> tuple[int, float, str]:
+    """(confirm.blocks, the CV it is planned at, where that CV comes from): the blocks given, when
+    they can call `detect`, else the fewest that can."""
+    from analysis import stats
+
+    w = len(workloads)
     declared = None if raw.get("cv") is None else fraction(raw["cv"], "cv")
     cvs = [(wl.cv, f"declared for {wl.name}") if wl.cv is not None else
            (declared, "declared for the tune") if declared is not None else
@@ -295,15 +325,4 @@ def load_tune(path: str | Path, tune_id: str | None = None, output_root: str | N
                          f"the smallest difference {blocks} blocks call with 80% power is {stats.pct(mde)}, above detect "
                          f"{stats.pct(detect)}; set confirm: {{blocks: {fix}}}" + (" or more" if fix else "")
                          + ", or raise detect:")
-    seed = raw.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise UsageError(f"seed={seed!r} must be an integer")
-    timeout = raw.get("timeout_s", 1800)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-        raise UsageError(f"timeout_s={timeout!r} must be a positive number of seconds (the most one run may take)")
-    return TuneSpec(name=name, id=_label(tune_id or raw.get("id") or name, "id"), arm=arm, workloads=workloads,
-                    candidates=candidates, search_runs=runs, confirm_blocks=blocks,
-                    confirm_given=raw.get("confirm") is not None, detect=detect,
-                    margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0), alpha=alpha, cv=cv,
-                    cv_source=cv_source, seed=seed, output_root=str(output_root or raw.get("output_root") or "results"),
-                    timeout_s=float(timeout), source=str(p))
+    return blocks, cv, cv_source
