@@ -155,4 +155,7 @@ def test_each_arm_ran_on_one_kept_topology_of_its_own(latency):
         seen.setdefault(arm, set()).add(re.search(r"\((fb-[^,]+)-0,", line).group(1))
     assert sum(1 for _ in (folder / "logs").glob("*.log")) >= 24
     assert all(len(tags) == 1 for tags in seen.values()) and seen["near"] != seen["far"], seen
+    # each TP=2 run's engine and node agents were forked, not fresh interpreters (inference/adapters/forkstart.py)
+    served = list(folder.glob("*/server/reference.log"))
+    assert len(served) >= 6 and all("forked from the warm load generator" in p.read_text() for p in served), served
     assert not [n for n in leftovers() if any(n.startswith(t) for tags in seen.values() for t in tags)]
