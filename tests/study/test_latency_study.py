@@ -76,9 +76,10 @@ def _comparisons(folder: Path, baseline: str):
     return compare_table(load_table([folder]), baseline).comparisons
 
 
-# whichever test runs first pays for the study's 24 runs: 207 s alone here beside other engineers' work (load 7-10),
-# then the A/A's 6 runs 32 s, with each arm's topology kept and the emulators and load generators forked warm
-# (386 s and 64 s without, at load 10-13: docs/measurements.md#latency-at-equal-bandwidth)
+# whichever test runs first pays for the study's 24 runs: 172-181 s here beside other engineers' work (load 7-13),
+# then the A/A's 6 runs 31-38 s, with each arm's topology kept, the emulators, load generators and the TP=2
+# engine's processes forked warm (216-237 s and 32-41 s with the engine exec'd; 386 s and 64 s with nothing kept,
+# at load 10-13: docs/measurements.md#latency-at-equal-bandwidth)
 pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
