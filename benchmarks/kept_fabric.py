@@ -3,10 +3,14 @@ emulator forked from the study, against a topology and a fresh interpreter per r
 
     sudo .venv/bin/python benchmarks/kept_fabric.py                 # 2 ABBA rounds, 4 studies
     sudo .venv/bin/python benchmarks/kept_fabric.py --rounds 3 --trials 3
+    sudo .venv/bin/python benchmarks/kept_fabric.py --workload tp2   # served: the reference engine at TP=2
 
 Each study is conf/study/emu-latency.yaml's two arms (0.5 ms and 5.5 ms one way on one 1 Gbit/s
-link, through the delay line) with its 1 KiB all_reduce only, `--trials` blocks: 2 x trials runs,
-each a real emulated run as every study starts it. The same study runs with the topology kept for
+link, through the delay line) with one of its workloads, `--trials` blocks: 2 x trials runs,
+each a real emulated run as every study starts it: the 1 KiB all_reduce, or (`--workload tp2`) the
+served TP=2 reference engine at the size tests/study/test_latency_study.py runs it (4 requests of 8
+tokens after 1 warm-up), whose engine and node agents are also forked where the topology is kept
+(workloads/inference/adapters/forkstart.py; each such run's server log says so, and is counted). The same study runs with the topology kept for
 each arm and the emulators forked (the default: workloads/study/fabrics.py) and with both off
 (FB_STUDY_KEEP_FABRIC=0: a topology built around every run, `python launch/emulate.py` exec'd),
 in ABBA order so the machine's drift falls on both. Prints, per mode, the median over studies of the study's wall time
@@ -34,10 +38,17 @@ REPO = Path(__file__).resolve().parent.parent
 MODES = {"kept": "1", "per-run": "0"}
 
 
-def spec_file(tmp: Path, trials: int) -> Path:
+# the served cell's size in CI (tests/study/test_latency_study.py)
+CI_SERVED = {"load.num_requests": "load.num_requests=4", "load.warmup_requests": "load.warmup_requests=1",
+             "load.dataset.output_len": "load.dataset.output_len=8"}
+
+
+def spec_file(tmp: Path, trials: int, workload: str = "allreduce-1k") -> Path:
     spec = yaml.safe_load((REPO / "conf" / "study" / "emu-latency.yaml").read_text())
     spec.update(name="kept-bench", trials=trials, detect="60%")
-    spec["workloads"] = [w for w in spec["workloads"] if w["name"] == "allreduce-1k"]
+    spec["workloads"] = [w for w in spec["workloads"] if w["name"] == workload]
+    for w in spec["workloads"]:
+        w["overrides"] = [CI_SERVED.get(o.split("=")[0], o) for o in w["overrides"]]
     path = tmp / "kept-bench.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -57,6 +68,10 @@ def one(spec: Path, mode: str, out: Path, k: int) -> dict:
     kept = sum("kept for the study's arm" in p.read_text() for p in (out / f"{mode}-{k}" / "logs").glob("*.log"))
     if (kept == len(runs)) != (mode == "kept"):
         sys.exit(f"study ({mode}): {kept} of {len(runs)} runs said they ran on a kept topology")
+    served = list((out / f"{mode}-{k}").rglob("server/reference.log"))
+    forked = sum("forked from the warm load generator" in p.read_text() for p in served)
+    if served and (forked == len(served)) != (mode == "kept"):
+        sys.exit(f"study ({mode}): {forked} of {len(served)} served runs forked their engine")
     return {"wall": wall, "run": statistics.mean(runs), "cpu": (after.ru_utime + after.ru_stime)
             - (before.ru_utime + before.ru_stime), "runs": len(runs)}
 
@@ -65,12 +80,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each: kept, per-run, per-run, kept)")
     ap.add_argument("--trials", type=int, default=2, help="blocks per study (2 runs each)")
+    ap.add_argument("--workload", default="allreduce-1k", choices=("allreduce-1k", "tp2"),
+                    help="the study's one workload: the 1 KiB all_reduce, or the served TP=2 reference engine")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the studies build network namespaces")
     got: dict[str, list[dict]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="fb-kept-") as tmp:
-        spec = spec_file(Path(tmp), args.trials)
+        spec = spec_file(Path(tmp), args.trials, args.workload)
         k = 0
         for _ in range(args.rounds):
             for mode in ("kept", "per-run", "per-run", "kept"):

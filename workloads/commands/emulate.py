@@ -464,8 +464,13 @@ def _fork_load_generator(argv: Sequence[str], env: dict[str, str]) -> subprocess
     if argv[0] != sys.executable or "torch" not in sys.modules or forkrank.mode() != "fork" or not forkrank.can_fork():
         return None
     from workloads.core import celllock
+    from workloads.inference.adapters import forkstart
 
-    return forkrank.script(argv[1], argv[2:], dict(env), "fb-loadgen", prepare=celllock.die_with_parent)
+    def prepare() -> None:
+        celllock.die_with_parent()
+        forkstart.prefork()  # the reference engine's watchdog-to-be, a copy of this warm state (forkstart.py)
+
+    return forkrank.script(argv[1], argv[2:], dict(env), "fb-loadgen", prepare=prepare)
 
 
 def serve_agents(nproc: int, entry: str, overrides: Sequence[str]) -> int:

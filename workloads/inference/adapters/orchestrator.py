@@ -36,6 +36,7 @@ from workloads.core import procstat, signals
 from workloads.core.errors import Fault, UsageError
 from workloads.core.redact import redact_argv
 from workloads.fabric.procnet import listeners, process_cmdline
+from workloads.inference.adapters import forkstart
 from workloads.inference.adapters.base import Launch, ServerSpec
 from workloads.inference.adapters.watchdog import family, signal_all
 from workloads.inference.protocol import IDENTITY_ENV
@@ -117,14 +118,18 @@ class ManagedServer:
             raise UsageError(f"cannot start server={self.spec.adapter}: {exe!r} is not installed "
                              "on this machine (SGLang and vLLM need their GPU container; see Dockerfile)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(self.env) | self.launch.env | {IDENTITY_ENV: self.token}
+        env = forkstart.without(dict(self.env) | self.launch.env | {IDENTITY_ENV: self.token})
         argv = [sys.executable, "-m", "workloads.inference.adapters.watchdog", str(os.getpid()),
                 str(self.spec.stop_timeout_s), "--", *self.launch.argv]
         with open(self.log_path, "ab") as log:
             log.write(f"# {redact_argv(self.launch.argv)}\n".encode())  # the log is shared; its secrets are not
             log.flush()
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, cwd=str(REPO_ROOT), start_new_session=True)
+            # the reference engine on a study's kept topology: no fresh interpreter (forkstart.py)
+            forked = forkstart.watchdog(argv, env, str(self.log_path), str(REPO_ROOT)) \
+                if forkstart.wanted(self.launch.argv) else None
+            self.proc = forked or subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT),
+                                                   start_new_session=True)
 
     def check_identity(self) -> None:
         """The answer must come from our child: its session listens on the port, and the

@@ -121,6 +121,19 @@ def _reap_group(grace_s: float, copier: threading.Thread) -> None:
     sys.exit(1)
 
 
+def _forked(argv: list[str]) -> subprocess.Popen | None:
+    """The engine forked from this watchdog when the load generator forked it warm (forkstart.py)."""
+    if "torch" not in sys.modules:  # exec'd: nothing warm to fork from
+        return None
+    from workloads.inference.adapters import forkstart
+
+    child = forkstart.engine(argv)
+    if child is not None:
+        log(f"watchdog: {argv[2]} {argv[3]} forked from the warm load generator (pid {child.pid}), "
+            "not a fresh interpreter\n")
+    return child
+
+
 def main(argv: list[str]) -> None:
     parent, grace_s, argv = int(argv[0]), float(argv[1]), argv[argv.index("--") + 1:]
     if os.getppid() != parent:
@@ -130,7 +143,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = _forked(argv) or subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except FileNotFoundError:
         print(f"watchdog: {argv[0]!r} is not installed", file=sys.stderr, flush=True)
         sys.exit(127)
