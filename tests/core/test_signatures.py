@@ -19,7 +19,6 @@ LONG = {
     "workloads/testing/scripted_server.py:handle": "a test double's script",
     # not yet split at their seams (issue 41 names them); remove a line when its function is split
     "workloads/commands/emulate.py:run": "to split",
-    "workloads/study/plan.py:_apply_windows": "to split",
     "workloads/study/tunespec.py:load_tune": "to split",
     "analysis/projection.py:fit_op": "to split",  # issue 45 edits this module this round
 }
