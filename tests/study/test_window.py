@@ -300,8 +300,9 @@ def _earlier_collectives(root, rng, blocks=8, iters=20):
 
 def test_plan_sizes_collectives_iterations_and_says_when_it_guesses(tmp_path):
     """`window: auto` for collectives: without earlier runs the plan says it is guessing, in its
-    line and in the records' study.window; with an earlier study it chooses collectives.iters (the
-    measured iterations alone: the warm-up is collectives.warmup_iters) and says why."""
+    line and in the records' study.window, and a rerun of that study keeps the guess; with an
+    earlier study a new study chooses collectives.iters (the measured iterations alone: the
+    warm-up is collectives.warmup_iters) and says why."""
     from workloads.study import run as study_run
     from workloads.study.plan import make_plan
     from workloads.study.spec import load_spec
@@ -313,8 +314,12 @@ def test_plan_sizes_collectives_iterations_and_says_when_it_guesses(tmp_path):
     assert not bare.windows and "window: guessing: its own window (no earlier runs to size it from)" in text, text
     job = study_run.plan(bare.spec)[0]
     assert study_run.study_field(bare.spec, job, env={})["window"].startswith("guessing: its own window")
+    study_run._manifest(bare.spec)  # its first attempt ran (and wrote its definition) ...
     _earlier_collectives(out, np.random.default_rng(7))
-    plan = make_plan(load_spec(str(tmp_path / "ar.yaml"), None, str(out)))
+    again = make_plan(load_spec(str(tmp_path / "ar.yaml"), None, str(out)))
+    assert again.spec.workloads == bare.spec.workloads  # ... so a rerun keeps the guess its first blocks measured
+    study_run._manifest(again.spec)  # (not refused as another definition)
+    plan = make_plan(load_spec(str(tmp_path / "ar.yaml"), "new", str(out)))  # a new study sizes it
     (w,) = plan.spec.workloads
     n, costs = plan.windows["ar"]
     assert f"collectives.iters={n}" in w.overrides and n > 20  # 6 s of start-up against 80 ms iterations
