@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import need
-from workloads.fabric.kept import KEPT_ENV, attach, fresh, handle
+from workloads.fabric.kept import KEPT_ENV, LENT_ENV, attach, fresh, handle, lent
 from workloads.fabric.netns import EmuSpec, Topology
 
 SPEC = EmuSpec(nodes=2, rate="1gbit", latency="500us")
@@ -41,6 +41,11 @@ def test_a_run_attaches_only_to_the_topology_it_asks_for(topo):
     held = json.loads(env[KEPT_ENV]) | {"host_addr": None}  # a served run needs the host's link into node 0
     assert attach(SPEC, True, {KEPT_ENV: json.dumps(held)}) is None
     assert attach(SPEC, False, {KEPT_ENV: json.dumps(held)}) is not None
+    # the loan the study names reaches the run's processes, and so its record's fabric.kept
+    loan = {"topology": f"fb-{topo.tag}", "built_at_run": "s-emu-t0-ar", "runs_on_it": 3}
+    lent_to = attach(SPEC, True, {KEPT_ENV: handle(topo, loan)})
+    assert lent(lent_to.env()) == loan and lent_to.env()[LENT_ENV] and lent(got.env()) is None and lent({}) is None
+    assert "built for run s-emu-t0-ar, run 3 on it" in lent_to.describe()
 
 
 def _in(ns: str, code: str) -> subprocess.Popen:

@@ -28,6 +28,7 @@ from typing import IO, Any, Sequence
 from workloads import CONF_DIR, REPO_ROOT
 from workloads.core import celllock, forkrank
 from workloads.fabric.kept import KEPT_ENV, fresh, handle
+from workloads.fabric.netns import PREFIX
 
 KEEP_ENV = "FB_STUDY_KEEP_FABRIC"
 
@@ -47,9 +48,11 @@ def keeping(environ=os.environ) -> bool:
 class KeptFabrics:
     """Per (arm, emulated spec): one Topology. A context manager that removes them all."""
 
-    def __init__(self, jobs, environ=os.environ):
+    def __init__(self, jobs, environ=os.environ, run_id=lambda job: ""):
         self.on = keeping(environ)
         self.built: dict[tuple, Any] = {}
+        self.run_id = run_id  # a job's run id: what its records say the topology was built for
+        self._lent: dict[tuple, dict[str, Any]] = {}  # per topology: the record's fabric.kept
         self._count = 0  # names each topology built (fb-<study pid>k<count>-<node>)
         self._specs: dict[tuple[str, str], Any] = {}
         # a served workload's runs need the host's link into node 0; one topology serves the arm's
@@ -83,7 +86,9 @@ class KeptFabrics:
             if topo is None:
                 return {}
             self.built[key] = topo
-        return {KEPT_ENV: handle(topo)}
+            self._lent[key] = {"topology": f"{PREFIX}{topo.tag}", "built_at_run": self.run_id(job), "runs_on_it": 0}
+        self._lent[key]["runs_on_it"] += 1
+        return {KEPT_ENV: handle(topo, dict(self._lent[key]))}
 
     def _spec(self, job):
         key = (job.arm.label, job.workload.name)
