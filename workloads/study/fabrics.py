@@ -130,19 +130,21 @@ def remove_orphans() -> str | None:
         m = KEPT_NAME.match(name)
         if m and not procstat.living(m.group(1)):
             orphans.setdefault(int(m.group(1)), []).append(name)
-    removed = []
-    for pid, names in sorted(orphans.items()):
+    tried = []
+    for names in orphans.values():
         if any(subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split() for n in names):
             continue
         for n in names:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
             shutil.rmtree(NETNS_ETC / n, ignore_errors=True)
-        removed.append((pid, names))
-    if not removed:
+        tried += names
+    left = set(leftovers()) if tried else set()  # said only of what is gone (without root nothing is)
+    names = [n for n in tried if n not in left]
+    if not names:
         return None
-    names = [n for _, group in removed for n in group]
+    pids = sorted({int(KEPT_NAME.match(n).group(1)) for n in names})
     return (f"study: removed {len(names)} namespace(s) kept by a study that ended without removing them (pid "
-            f"{', '.join(str(pid) for pid, _ in removed)} gone, killed with -9?): {', '.join(names)}")
+            f"{', '.join(map(str, pids))} gone, killed with -9?): {', '.join(names)}")
 
 
 def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:
