@@ -215,7 +215,7 @@ CC = Costs(overhead_s=7.55, step_s=0.0275, between=0.02, within=0.10, steps_befo
 @pytest.mark.parametrize("costs,detect,iters,blocks,wall,blocks_at_20", [
     (CC, 0.05, 62, 8, 148.08, 11),                                # n* = sqrt(0.01 x 7.55 / (0.0004 x 0.0275)) = 82.8
     (Costs(7.55, 0.0275, 0.02, 0.30, 20), 0.10, 102, 6, 124.26, 15),  # noisy calls: longer still
-    (Costs(0.5, 0.0275, 0.05, 0.02, 20), 0.10, 5, 9, 11.47, 9),   # cheap runs, quiet calls: the shortest window
+    (Costs(0.5, 0.0275, 0.05, 0.02, 20), 0.10, 5, 9, 11.475, 9),  # cheap runs, quiet calls: the shortest window
 ])
 def test_collectives_window_worked_values(costs, detect, iters, blocks, wall, blocks_at_20):
     """(O, t, sigma_b, sigma_w) -> iterations and blocks over a study's 3 primary verdicts (two
