@@ -87,9 +87,11 @@ class Workload:
     crosses_link: bool = True     # its ranks (a served workload: its server's) span emulated nodes
     study_entry: str = ""         # the word a study's `entry:` takes (the written studies' vocabulary)
     default_cv: float = 0.05      # a study's expected run-to-run noise when nothing else says
-    # (total steps key, warm-up steps key) when a study may size the measured window
-    # (`window: auto`, workloads/study/window.py): the records carry per-step samples
-    window: tuple[str, str] | None = None
+    # (steps key, warm-up steps key) when a study may size the measured window (`window: auto`,
+    # workloads/study/window.py): the records carry per-step or per-iteration samples. The warm-up
+    # key is None when the steps key counts the measured ones alone (collectives.iters), else the
+    # steps key counts the warm-up too (train.steps)
+    window: tuple[str, str | None] | None = None
     # module (by name, like `validator`) whose KEYS (dotted config key -> core.schema kind) and
     # METRICS (Metric, ...) this workload declares
     declares: str | None = None
@@ -178,6 +180,7 @@ register(Workload("finetune", "Fine-tuning", overrides=("workload=finetune",), *
 register(Workload("collectives", "Collectives", "launch/collectives.py", overrides=("workload=collectives",),
                   validator="workloads.collectives.run", primary=_collectives_primary, declares="workloads.collectives.declare",
                   primary_text="all_reduce bus bandwidth at the largest size", headline=("*/avg_busbw(GB/s)",),
+                  window=("collectives.iters", None),
                   not_applicable=("model", "parallel"), group="collectives-ws{world}"))
 # the served model applies; the training parallel strategy does not
 register(Workload("inference", "Inference", "launch/infer.py", overrides=("workload=inference",), primary=named("request_throughput"),

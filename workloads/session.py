@@ -27,6 +27,7 @@ from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.fingerprint import cpu_affinity
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, new_record, same_trial, skipped_message, write_record
+from workloads.fabric import kept
 from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
 from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.preflight import preflight
@@ -118,7 +119,7 @@ def base_record(workload: str, run: RunContext, fabric: FabricProfile, applied_e
         overrides=list(overrides or []),
         config=copy.deepcopy(run.config),  # the record's own: a record is filled in place, the context never
         fabric={"name": fabric.name, "backend": fabric.backend, "env": applied_env, "expect": fabric.expect,
-                "verify": fabric.verify},
+                "verify": fabric.verify, "kept": kept.lent()},
         study=stamp_study(copy.deepcopy(run.study)),
         **fields,
     )

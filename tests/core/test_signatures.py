@@ -17,8 +17,6 @@ LONG = {
     "workloads/inference/loadgen/client.py:stream_request": "the timed loop stays whole",
     # a test double: one scripted reply per request path, read top to bottom
     "workloads/testing/scripted_server.py:handle": "a test double's script",
-    # not yet split at their seams (issue 41 names them); remove a line when its function is split
-    "workloads/study/plan.py:_apply_windows": "to split",
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import need
-from workloads.fabric.kept import KEPT_ENV, attach, fresh, handle
+from workloads.fabric.kept import KEPT_ENV, LENT_ENV, attach, fresh, handle, lent
 from workloads.fabric.netns import EmuSpec, Topology
 
 SPEC = EmuSpec(nodes=2, rate="1gbit", latency="500us")
@@ -41,6 +41,11 @@ def test_a_run_attaches_only_to_the_topology_it_asks_for(topo):
     held = json.loads(env[KEPT_ENV]) | {"host_addr": None}  # a served run needs the host's link into node 0
     assert attach(SPEC, True, {KEPT_ENV: json.dumps(held)}) is None
     assert attach(SPEC, False, {KEPT_ENV: json.dumps(held)}) is not None
+    # the loan the study names reaches the run's processes, and so its record's fabric.kept
+    loan = {"topology": f"fb-{topo.tag}", "built_at_run": "s-emu-t0-ar", "runs_on_it": 3}
+    lent_to = attach(SPEC, True, {KEPT_ENV: handle(topo, loan)})
+    assert lent(lent_to.env()) == loan and lent_to.env()[LENT_ENV] and lent(got.env()) is None and lent({}) is None
+    assert "built for run s-emu-t0-ar, run 3 on it" in lent_to.describe()
 
 
 def _in(ns: str, code: str) -> subprocess.Popen:
@@ -83,23 +88,38 @@ def test_a_run_hears_that_the_kept_delay_line_died():
         assert why is not None and f"pid {t.delay_line.pid}" in why and "carry nothing" in why, why
 
 
-def test_a_kept_delay_line_ends_with_its_builder_even_on_sigkill():
+def test_a_kept_delay_line_ends_with_its_builder_even_on_sigkill_and_the_next_study_removes_its_namespaces():
     """A study holds its arms' delay lines for its whole run; killed with -9 it cannot stop them,
-    so each line asks the kernel for SIGTERM when its builder dies (PR_SET_PDEATHSIG)."""
+    so each line asks the kernel for SIGTERM when its builder dies (PR_SET_PDEATHSIG). Its
+    namespaces (fb-<study pid>k<n>-...) stay; the next study removes them, in one line, and
+    leaves those of a study that still lives alone."""
+    from workloads.fabric.netns import leftovers
+    from workloads.study.fabrics import remove_orphans
+
     need("root")
-    code = ("import sys, time; from workloads.fabric.netns import EmuSpec, Topology\n"
-            "t = Topology(EmuSpec(nodes=2, rate='1gbit', latency='500us')); t.__enter__()\n"
+    code = ("import os, sys, time; from workloads.fabric.netns import EmuSpec, Topology\n"
+            "t = Topology(EmuSpec(nodes=2, rate='1gbit', latency='500us'), tag=f'{os.getpid()}k1'); t.__enter__()\n"
             "print(t.delay_line.pid, ' '.join(t.created), flush=True); time.sleep(120)")
     builder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                cwd=str(Path(__file__).resolve().parents[2]))
     pid, *spaces = builder.stdout.readline().split()
+    mine = lambda: [n for n in leftovers() if n.startswith(f"fb-{builder.pid}k1-")]  # noqa: E731
     try:
+        assert sorted(spaces) == sorted(mine()) and len(spaces) == 3, (spaces, mine())  # 2 nodes and the delay line's
+        line = remove_orphans()
+        assert f"fb-{builder.pid}k1-" not in (line or "") and sorted(mine()) == sorted(spaces)  # its study lives
         builder.kill()
         builder.wait(timeout=10)
         deadline = time.monotonic() + 10
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not Path(f"/proc/{pid}").exists(), "the delay line outlived its builder"
+        left = mine()
+        line = remove_orphans()
+        assert mine() == []
+        if left:  # (unless another study on this host removed them first)
+            assert line is not None and line.startswith("study: removed ") and str(builder.pid) in line, line
+            assert all(n in line for n in left) and "\n" not in line, line
     finally:
         for ns in reversed(spaces):  # what the killed builder could not remove
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -202,3 +203,129 @@ def test_window_field_is_checked(tmp_path):
     (tmp_path / "s.yaml").write_text(SPEC.replace("window: auto", "window: sometimes"))
     with pytest.raises(UsageError, match="window='sometimes': use auto"):
         load_spec(str(tmp_path / "s.yaml"))
+
+
+# --- collectives: the window is collectives.iters (workloads/study/iterations.py) ---
+
+# The all_reduce of the emulated study in issue 48: a run of 8.1 s with 0.55 s measured in 20
+# iterations (27.5 ms each: one call of every size and placement), so O = 7.55 s.
+CC = Costs(overhead_s=7.55, step_s=0.0275, between=0.02, within=0.10, steps_before=20)
+
+
+@pytest.mark.parametrize("costs,detect,iters,blocks,wall,blocks_at_20", [
+    (CC, 0.05, 62, 8, 148.08, 11),                                # n* = sqrt(0.01 x 7.55 / (0.0004 x 0.0275)) = 82.8
+    (Costs(7.55, 0.0275, 0.02, 0.30, 20), 0.10, 102, 6, 124.26, 15),  # noisy calls: longer still
+    (Costs(0.5, 0.0275, 0.05, 0.02, 20), 0.10, 5, 9, 11.475, 9),  # cheap runs, quiet calls: the shortest window
+])
+def test_collectives_window_worked_values(costs, detect, iters, blocks, wall, blocks_at_20):
+    """(O, t, sigma_b, sigma_w) -> iterations and blocks over a study's 3 primary verdicts (two
+    arms): the least wall time of every window from 5 to 2000 iterations, against the 20 of
+    conf/workload/collectives.yaml."""
+    ch = choose(costs, detect=detect, tests=3, alpha=ALPHA, arms=2)
+    assert (ch.steps, ch.blocks) == (iters, blocks)
+    assert ch.wall_s == pytest.approx(wall) == blocks * 2 * (costs.overhead_s + iters * costs.step_s)
+    assert ch.cv == pytest.approx(math.sqrt(costs.between ** 2 + costs.within ** 2 / iters))
+    assert stats.blocks_for(detect, 3, costs.cv(20), ALPHA) == blocks_at_20
+    every = min(stats.blocks_for(detect, 3, costs.cv(n), ALPHA) * 2 * costs.run_s(n) for n in range(5, 2001)
+                if stats.blocks_for(detect, 3, costs.cv(n), ALPHA))
+    assert ch.wall_s <= every * 1.05
+
+
+def _coll_rec(times_4m, cells_us, iters=20, busbw=1.0):
+    """A collectives record of all_reduce at 1 MiB and 4 MiB, both placements: `cells_us` the four
+    cells' block times (1M oop, 1M ip, 4M oop, 4M ip), `times_4m` rank 0's per-call samples at
+    4 MiB (rank 1 spends 1 us less in each: rank 0 is the call's duration)."""
+    def cell(us):
+        return {"time_us": us, "busbw": busbw, "algbw": busbw, "wrong": 0}
+
+    stab = {"samples": len(times_4m), "times_us_by_rank": {"0": [x * 1e6 for x in times_4m],
+                                                           "1": [x * 1e6 - 1 for x in times_4m]}}
+    return {"workload": "collectives", "status": "ok", "config": {"collectives": {"iters": iters}},
+            "rows": [{"op": "all_reduce", "size": 1 << 20, "out_of_place": cell(cells_us[0]), "in_place": cell(cells_us[1])},
+                     {"op": "all_reduce", "size": 1 << 22, "out_of_place": cell(cells_us[2]), "in_place": cell(cells_us[3]),
+                      "stability": stab}]}
+
+
+def test_iterations_worked_values():
+    """t = the sum of every timed cell (one iteration of the sweep), the window iters x t, and
+    sigma_w^2 per iteration = the calls' batch variance over the row's two placements: calls of 4
+    and 8 ms, five then five, in batches of two give (ln 2)^2 / 2 per call, / 2 placements."""
+    from workloads.study.iterations import iterations_of, primary_row
+
+    rec = _coll_rec([0.004] * 5 + [0.008] * 5, [1000, 1100, 4000, 4200])
+    m = iterations_of(rec, "all_reduce/busbw@4194304(GB/s)")
+    assert m.step_s == pytest.approx(0.0103) and m.window_s == pytest.approx(0.206) and m.steps == 20
+    assert m.within2 == pytest.approx(math.log(2) ** 2 / 4)
+    assert primary_row(rec["rows"], "all_reduce/busbw@1048576(GB/s)")["size"] == 1 << 20
+    # an op's average over two sizes is no one row's; over one size it is that row's
+    assert iterations_of(rec, "all_reduce/avg_busbw(GB/s)") is None
+    one = {**rec, "rows": rec["rows"][1:]}
+    assert iterations_of(one, "all_reduce/avg_busbw(GB/s)").within2 == pytest.approx(math.log(2) ** 2 / 4)
+    # too few per-call samples (collectives.sample_iters=4), or none at that size: no window from them
+    assert iterations_of(_coll_rec([0.004] * 4, [1000, 1100, 4000, 4200]), "all_reduce/busbw@4194304(GB/s)") is None
+    assert iterations_of(rec, "all_reduce/busbw@1048576(GB/s)") is None
+    c = costs_from([rec], [5.206, 6.206], block_cv=0.2, read=lambda r: iterations_of(r, "all_reduce/busbw@4194304(GB/s)"))
+    assert c.overhead_s == pytest.approx(5.706 - 0.206) and c.step_s == pytest.approx(0.0103)
+    assert c.between == pytest.approx(math.sqrt(0.04 - math.log(2) ** 2 / 4 / 20))
+
+
+COLL_SPEC = SPEC.replace("{name: t, entry: train}", "{name: ar, entry: collectives}")
+
+
+def _earlier_collectives(root, rng, blocks=8, iters=20):
+    """An earlier study of workload ar (collectives) under `root`: runs 6 s outside a window of
+    `iters` iterations of 8, 8, 32, 32 ms cells (2% between runs, calls 30% apart), records and timings."""
+    from workloads.core.records import write_record
+
+    folder = root / "old"
+    folder.mkdir(parents=True)
+    (folder / "study.json").write_text(json.dumps({"id": "old", "workloads": [{"name": "ar", "entry": "collectives",
+                                                                               "overrides": []}],
+                                                   "arms": [{"label": "ib", "fabric": "loopback"},
+                                                            {"label": "roce", "fabric": "loopback"}]}))
+    timings = []
+    for b in range(blocks):
+        for arm in ("ib", "roce"):
+            shift = rng.normal(0, 0.02)
+            cells = [base * float(np.exp(shift + rng.normal(0, 0.3, iters)).mean()) for base in (8000, 8000, 32000, 32000)]
+            rec = _coll_rec(list(0.032 * np.exp(shift + rng.normal(0, 0.3, 10))), cells, iters=iters)
+            for row, (a, c) in zip(rec["rows"], ((0, 1), (2, 3))):
+                row["out_of_place"]["busbw"], row["in_place"]["busbw"] = row["size"] / cells[a], row["size"] / cells[c]
+            rec |= {"run_id": f"{arm}-{b}", "fabric": {"name": "loopback"}, "world": {"world_size": 2, "nodes": 1},
+                    "study": {"id": "old", "arm": arm, "block": b, "workload": "ar", "design": "abba"}}
+            write_record(folder / f"{arm}-{b}" / "records", rec, "r")
+            timings.append({"workload": "ar", "arm": arm, "seconds": 6 + iters * sum(cells) * 1e-6, "ok": True})
+    (folder / "timings.jsonl").write_text("".join(json.dumps(t) + "\n" for t in timings))
+
+
+def test_plan_sizes_collectives_iterations_and_says_when_it_guesses(tmp_path):
+    """`window: auto` for collectives: without earlier runs the plan says it is guessing, in its
+    line and in the records' study.window, and a rerun of that study keeps the guess; with an
+    earlier study a new study chooses collectives.iters (the measured iterations alone: the
+    warm-up is collectives.warmup_iters) and says why."""
+    from workloads.study import run as study_run
+    from workloads.study.plan import make_plan
+    from workloads.study.spec import load_spec
+
+    (tmp_path / "ar.yaml").write_text(COLL_SPEC)
+    out = tmp_path / "out"
+    bare = make_plan(load_spec(str(tmp_path / "ar.yaml"), None, str(out)))
+    text = "\n".join(bare.lines())
+    assert not bare.windows and "window: guessing: its own window (no earlier runs to size it from)" in text, text
+    job = study_run.plan(bare.spec)[0]
+    assert study_run.study_field(bare.spec, job, env={})["window"].startswith("guessing: its own window")
+    study_run._manifest(bare.spec)  # its first attempt ran (and wrote its definition) ...
+    _earlier_collectives(out, np.random.default_rng(7))
+    again = make_plan(load_spec(str(tmp_path / "ar.yaml"), None, str(out)))
+    assert again.spec.workloads == bare.spec.workloads  # ... so a rerun keeps the guess its first blocks measured
+    study_run._manifest(again.spec)  # (not refused as another definition)
+    plan = make_plan(load_spec(str(tmp_path / "ar.yaml"), "new", str(out)))  # a new study sizes it
+    (w,) = plan.spec.workloads
+    n, costs = plan.windows["ar"]
+    assert f"collectives.iters={n}" in w.overrides and n > 20  # 6 s of start-up against 80 ms iterations
+    assert 5.5 < costs.overhead_s < 6.5 and 0.07 < costs.step_s < 0.09 and 0.12 < costs.within < 0.32
+    text = "\n".join(plan.lines())
+    assert f"window: {n} measured iterations per run" in text and "duty cycle" in text, text
+    why = study_run.study_field(plan.spec, study_run.plan(plan.spec)[0], env={})["window"]
+    assert why.startswith("chosen: run overhead") and re.search(r"iteration \d+\.\d ms", why), why
+    assert "(one call of every op, size and placement)" in why and "iteration sd" in why, why

@@ -23,18 +23,32 @@ from typing import Any
 from workloads.core import procstat
 
 KEPT_ENV = "FB_EMU_KEPT"
+LENT_ENV = "FB_EMU_KEPT_RUN"  # set for a run's processes only when its emulator attached: the record's fabric.kept
 
 
 def _spec_key(spec) -> str:
     return json.dumps(dataclasses.asdict(spec), sort_keys=True)
 
 
-def handle(topo) -> str:
-    """What a run's emulator needs of a built Topology, as the value of KEPT_ENV."""
+def handle(topo, lent: dict[str, Any] | None = None) -> str:
+    """What a run's emulator needs of a built Topology, as the value of KEPT_ENV; `lent`: what
+    its record says of the loan (`fabric.kept`: the topology, the run it was built for, how many
+    runs it has served, this one included)."""
     return json.dumps({"spec": _spec_key(topo.spec), "tag": topo.tag, "nodes": topo.nodes,
                        "host_addr": topo.host_addr, "env": topo.env(), "described": topo.describe(),
                        "delay_pid": topo.delay_line.pid if topo.delay_line is not None else None,
-                       "delay_dir": str(topo.delay_dir) if topo.delay_dir is not None else None})
+                       "delay_dir": str(topo.delay_dir) if topo.delay_dir is not None else None,
+                       "lent": lent})
+
+
+def lent(environ=os.environ) -> dict[str, Any] | None:
+    """The record's `fabric.kept`: {topology, built_at_run, runs_on_it} when the run's emulator
+    attached to a topology its study kept, else None (it built its own, or is not emulated)."""
+    try:
+        got = json.loads(environ.get(LENT_ENV) or "null")
+    except json.JSONDecodeError:
+        return None
+    return got if isinstance(got, dict) else None
 
 
 class Attached:
@@ -51,12 +65,15 @@ class Attached:
         self.delay_pid = held.get("delay_pid")
         self.delay_dir = Path(held["delay_dir"]) if held.get("delay_dir") else None
         self.delay_line = self.delay_pid  # truthy when the topology has a line to watch
+        self.lent = held.get("lent") if isinstance(held.get("lent"), dict) else None
 
     def env(self) -> dict[str, str]:
-        return dict(self._env)
+        return dict(self._env) | ({LENT_ENV: json.dumps(self.lent)} if self.lent else {})
 
     def describe(self) -> str:
-        return self._described + " (kept for the study's arm: built before its first run)"
+        loan = (f"built for run {self.lent.get('built_at_run')}, run {self.lent.get('runs_on_it')} on it"
+                if self.lent else "built before its first run")
+        return f"{self._described} (kept for the study's arm: {loan})"
 
     def delay_line_problem(self) -> str | None:
         if self.delay_pid is None or procstat.living(self.delay_pid):

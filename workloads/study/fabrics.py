@@ -20,16 +20,20 @@ FB_RANK_START=exec, or FB_STUDY_KEEP_FABRIC=0, starts fresh interpreters instead
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from workloads import CONF_DIR, REPO_ROOT
-from workloads.core import celllock, forkrank
+from workloads.core import celllock, forkrank, procstat
 from workloads.fabric.kept import KEPT_ENV, fresh, handle
+from workloads.fabric.netns import NETNS_ETC, PREFIX, leftovers
 
 KEEP_ENV = "FB_STUDY_KEEP_FABRIC"
+KEPT_NAME = re.compile(rf"^{PREFIX}(\d+)k\d+-")  # fb-<study pid>k<n>-<node>: KeptFabrics._build names them so
 
 
 def keeping(environ=os.environ) -> bool:
@@ -47,16 +51,23 @@ def keeping(environ=os.environ) -> bool:
 class KeptFabrics:
     """Per (arm, emulated spec): one Topology. A context manager that removes them all."""
 
-    def __init__(self, jobs, environ=os.environ):
+    def __init__(self, jobs, environ=os.environ, run_id=lambda job: "", say: Callable[[str], None] | None = None):
         self.on = keeping(environ)
+        self.say = say  # where the line about an earlier study's leftovers goes
         self.built: dict[tuple, Any] = {}
+        self.run_id = run_id  # a job's run id: what its records say the topology was built for
+        self._lent: dict[tuple, dict[str, Any]] = {}  # per topology: the record's fabric.kept
         self._count = 0  # names each topology built (fb-<study pid>k<count>-<node>)
         self._specs: dict[tuple[str, str], Any] = {}
         # a served workload's runs need the host's link into node 0; one topology serves the arm's
         # other workloads too (they do not use that link)
         self._served = {j.arm.label for j in jobs if j.arm.emulated and j.workload.kind.served}
+        self._jobs = list(jobs)
 
     def __enter__(self) -> KeptFabrics:
+        if self.say is not None and any(j.arm.emulated for j in self._jobs):
+            if (line := remove_orphans()) is not None:
+                self.say(line)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -83,7 +94,9 @@ class KeptFabrics:
             if topo is None:
                 return {}
             self.built[key] = topo
-        return {KEPT_ENV: handle(topo)}
+            self._lent[key] = {"topology": f"{PREFIX}{topo.tag}", "built_at_run": self.run_id(job), "runs_on_it": 0}
+        self._lent[key]["runs_on_it"] += 1
+        return {KEPT_ENV: handle(topo, dict(self._lent[key]))}
 
     def _spec(self, job):
         key = (job.arm.label, job.workload.name)
@@ -105,6 +118,33 @@ class KeptFabrics:
         except Exception:  # noqa: BLE001 - TopologyError, OSError, UsageError: said by the run that builds its own
             return None  # __enter__ removed what it built
         return topo
+
+
+def remove_orphans() -> str | None:
+    """Remove the namespaces of topologies kept by a study that no longer lives (killed with -9,
+    it could not remove them; its delay lines ended with it) and say so in one line; None when
+    there were none. The pid in the name is the study's in this host's pid namespace; a group of
+    which a namespace still holds a process is left alone (its runs are still ending)."""
+    orphans: dict[int, list[str]] = {}
+    for name in leftovers():
+        m = KEPT_NAME.match(name)
+        if m and not procstat.living(m.group(1)):
+            orphans.setdefault(int(m.group(1)), []).append(name)
+    tried = []
+    for names in orphans.values():
+        if any(subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split() for n in names):
+            continue
+        for n in names:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+            shutil.rmtree(NETNS_ETC / n, ignore_errors=True)
+        tried += names
+    left = set(leftovers()) if tried else set()  # said only of what is gone (without root nothing is)
+    names = [n for n in tried if n not in left]
+    if not names:
+        return None
+    pids = sorted({int(KEPT_NAME.match(n).group(1)) for n in names})
+    return (f"study: removed {len(names)} namespace(s) kept by a study that ended without removing them (pid "
+            f"{', '.join(map(str, pids))} gone, killed with -9?): {', '.join(names)}")
 
 
 def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:

@@ -37,8 +37,9 @@ from statistics import median
 
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records
+from workloads.study import iterations
 from workloads.study.spec import StudySpec, Workload
-from workloads.study.window import MAX_STEPS, Costs, choose, costs_from, run_seconds, shortest
+from workloads.study.window import MAX_STEPS, Choice, Costs, choose, costs_from, run_seconds, shortest
 
 FIRST_LOOK = 3
 
@@ -137,10 +138,10 @@ class Plan:
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
             if w.name in self.windows:
                 n, c = self.windows[w.name]
-                out.append(f"    window: {n} measured steps per run ({w.window}); a run about {c.run_s(n):.1f} s, "
-                           f"duty cycle {100 * c.duty(n):.0f}% (measured / wall)")
-            elif w.name in self.window_notes:
-                out.append(f"    window: the workload's own ({self.window_notes[w.name]})")
+                out.append(f"    window: {n} measured {iterations.unit(w.kind.window[0])}s per run ({w.window}); a run "
+                           f"about {c.run_s(n):.1f} s, duty cycle {100 * c.duty(n):.0f}% (measured / wall)")
+            elif w.name in self.window_notes or w.window:
+                out.append(f"    window: {self.window_notes.get(w.name) or w.window}")
         n = len(s.arms)
         rows = n if n % 2 == 0 else 2 * n
         if n >= 3 and s.design in ("abba", "williams") and s.trials % rows:
@@ -201,8 +202,9 @@ def _unwindowed(w: Workload, overrides) -> list[str]:
 
 def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float | None
                   ) -> tuple[Costs | None, str, int]:
-    """The costs of `w`'s runs (window.py) from earlier studies' records and timings, or why not;
-    and the warm-up steps those runs took (its override, else the records' median)."""
+    """The costs of `w`'s runs (window.py; a collectives run's iterations, iterations.py) from
+    earlier studies' records and timings, or why not; and the warm-up steps those runs took
+    (its override, else the records' median)."""
     records, seconds = [], []
     for folder, manifest in earlier:
         names = {o["name"] for o in manifest.get("workloads") or [] if _same(w, o)}
@@ -216,73 +218,110 @@ def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float
         return None, "no earlier runs to size it from", warm
     if block_cv is None:
         return None, "no measured CV of earlier blocks", warm
-    c = costs_from(records, seconds, block_cv)
-    return c, "" if c is not None else "earlier runs lack per-step samples or run times", warm
+    c = costs_from(records, seconds, block_cv, iterations.reader(w.kind.window[0], lambda rec: primary_of(rec, w)[0]))
+    return c, "" if c is not None else f"earlier runs lack per-{_unit(w)} samples or run times", warm
+
+
+def _unit(w: Workload) -> str:
+    return iterations.unit(w.kind.window[0])
 
 
 def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[str, Noise]) -> Plan:
-    """`window: auto`: for each workload that has a window (catalog), the measured steps with the
-    least wall time at the plan's power (window.choose), then the shortest window that needs no
-    more blocks than the study's slowest-to-decide workload; the choice becomes the workload's
-    steps override and its `window` text, which its records carry. A study resumed keeps the
-    windows its manifest holds."""
-    spec = plan.spec
-    pinned = _pinned_windows(spec)
-    m = max(plan.family[0], 1)
-    looks = len(plan.looks)
+    """`window: auto`: for each workload that has a window (catalog), the measured steps (a
+    collectives run's iterations) with the least wall time at the plan's power (window.choose),
+    then the shortest window that needs no more blocks than the study's slowest-to-decide
+    workload; the choice becomes the workload's steps override and its `window` text, which its
+    records carry. A workload the plan cannot size keeps its own window, and its text says why
+    (`guessing` without earlier evidence). A study resumed keeps the windows its manifest holds."""
+    pinned = _pinned_windows(plan.spec)
+    costs, warmups, notes = _window_inputs(plan, earlier, measured, pinned)
+    chosen = _choices(plan, costs, notes)
+    return _windowed(plan, pinned, costs, chosen, _window_blocks(plan, costs, chosen), warmups, notes)
+
+
+def _window_inputs(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[str, Noise],
+                   pinned: dict) -> tuple[dict[str, tuple[Costs, float]], dict[str, int], dict[str, str]]:
+    """Per workload the plan may size: its costs with the ratio of its CV's upper limit to the
+    estimate, and its warm-up; or a note why it keeps its own window."""
     costs: dict[str, tuple[Costs, float]] = {}
     warmups: dict[str, int] = {}
     notes: dict[str, str] = {}
-    for w in spec.workloads:
-        if w.kind.window is None:
+    for w in plan.spec.workloads:
+        if w.kind.window is None or w.name in pinned:
             continue
-        if any(str(o).lstrip("+~").split("=", 1)[0] == w.kind.window[0] for o in w.overrides) and w.name not in pinned:
-            notes[w.name] = f"pinned by its overrides ({w.kind.window[0]})"
+        if any(str(o).lstrip("+~").split("=", 1)[0] == w.kind.window[0] for o in w.overrides):
+            notes[w.name] = f"its own, pinned by its overrides ({w.kind.window[0]})"
             continue
         noise = measured.get(w.name)
         c, why, warm = _window_costs(earlier, w, noise.cv if noise else None)
         if c is None:
-            notes[w.name] = f"{why}: a first study at the workload's own window measures it"
+            notes[w.name] = f"guessing: its own window ({why}); this study's runs measure it"
             continue
         costs[w.name] = (c, (noise.upper / noise.cv) if noise and noise.cv else 1.0)
         warmups[w.name] = warm
-    if not costs:
-        return replace(plan, window_notes=notes)
+    return costs, warmups, notes
+
+
+def _choices(plan: Plan, costs: dict[str, tuple[Costs, float]], notes: dict[str, str]) -> dict[str, Choice | None]:
+    """window.choose for each sized workload; a workload no window can size gets a note."""
     from analysis import stats
 
-    chosen = {name: choose(c, spec.detect, m, spec.alpha, len(spec.arms), looks, ratio) for name, (c, ratio) in costs.items()}
-    best = [ch.blocks for ch in chosen.values() if ch]
+    spec = plan.spec
+    chosen = {name: choose(c, spec.detect, max(plan.family[0], 1), spec.alpha, len(spec.arms), len(plan.looks), ratio)
+              for name, (c, ratio) in costs.items()}
     for name, ch in chosen.items():
         if ch is None:
-            notes[name] = f"no window up to {MAX_STEPS} steps calls {stats.pct(spec.detect)} at the noise earlier runs had"
+            w = next(x for x in spec.workloads if x.name == name)
+            notes[name] = (f"its own: no window up to {MAX_STEPS} {_unit(w)}s calls {stats.pct(spec.detect)} at the "
+                           "noise earlier runs had")
+    return chosen
+
+
+def _window_blocks(plan: Plan, costs: dict[str, tuple[Costs, float]], chosen: dict[str, Choice | None]) -> int | None:
+    """The blocks the windows are fitted to: the user's trials (a fixed design), else the study's
+    slowest-to-decide workload at its best window (a sequential cap only bounds it); None when no
+    window was chosen."""
+    from analysis import stats
+
+    spec, m, looks = plan.spec, max(plan.family[0], 1), len(plan.looks)
+    best = [ch.blocks for ch in chosen.values() if ch]
     if not best:
-        return replace(plan, window_notes=notes)
+        return None
     if spec.trials_given and looks == 1:
-        blocks = spec.trials  # blocks pinned by the user: the windows that reach the power in them
-    elif spec.trials_given:
-        blocks = min(spec.trials, max(best, default=spec.trials))  # sequential: the cap only bounds the optimum
-    else:
-        others = [stats.blocks_for(spec.detect, m, plan.cv_upper.get(w.name, plan.cv[w.name][0]), spec.alpha, looks)
-                  for w in spec.workloads if w.name not in costs]
-        blocks = max([k for k in others if k] + best)
+        return spec.trials  # blocks pinned by the user: the windows that reach the power in them
+    if spec.trials_given:
+        return min(spec.trials, max(best))
+    others = [stats.blocks_for(spec.detect, m, plan.cv_upper.get(w.name, plan.cv[w.name][0]), spec.alpha, looks)
+              for w in spec.workloads if w.name not in costs]
+    return max([k for k in others if k] + best)
+
+
+def _windowed(plan: Plan, pinned: dict, costs: dict[str, tuple[Costs, float]], chosen: dict[str, Choice | None],
+              blocks: int | None, warmups: dict[str, int], notes: dict[str, str]) -> Plan:
+    """The plan with each workload's window: resumed from the manifest, chosen (the shortest that
+    calls in `blocks`: its steps override, its CV at that window), or its own with the note."""
+    spec, m, looks = plan.spec, max(plan.family[0], 1), len(plan.looks)
     workloads, windows, cv, upper = [], {}, dict(plan.cv), dict(plan.cv_upper)
     for w in spec.workloads:
         if w.name in pinned:
             w = replace(w, overrides=pinned[w.name][0], window=pinned[w.name][1])
-        elif chosen.get(w.name) is not None:
+        elif blocks is not None and chosen.get(w.name) is not None:
             c, ratio = costs[w.name]
             n = shortest(c, blocks, spec.detect, m, spec.alpha, looks, ratio) or chosen[w.name].steps
-            warm = warmups[w.name]
-            why = (f"chosen: run overhead {c.overhead_s:.1f} s, step {1000 * c.step_s:.1f} ms, between-run sd "
-                   f"{100 * c.between:.1f}%, step sd {100 * c.within:.1f}% over {c.steps_before}-step windows")
-            w = replace(w, overrides=(*_unwindowed(w, w.overrides), f"{w.kind.window[0]}={warm + n}"), window=why)
+            key, unit = w.kind.window[0], _unit(w)
+            why = (f"chosen: run overhead {c.overhead_s:.1f} s, {unit} {1000 * c.step_s:.1f} ms"
+                   f"{iterations.WHAT.get(key, '')}, between-run sd {100 * c.between:.1f}%, {unit} sd "
+                   f"{100 * c.within:.1f}% over {c.steps_before}-{unit} windows")
+            w = replace(w, overrides=(*_unwindowed(w, w.overrides), f"{key}={warmups[w.name] + n}"), window=why)
             windows[w.name] = (n, c)
-            cv[w.name] = (c.cv(n), f"at the chosen window: sqrt(between^2 + step^2/{n}) from earlier runs")
+            cv[w.name] = (c.cv(n), f"at the chosen window: sqrt(between^2 + {unit}^2/{n}) from earlier runs")
             upper[w.name] = c.cv(n) * ratio
+        elif w.name in notes:
+            w = replace(w, window=notes[w.name])  # the records say why, and a rerun keeps it
         workloads.append(w)
-    new = replace(spec, workloads=tuple(workloads))
     seconds = {**plan.seconds, **{name: c.run_s(n) for name, (n, c) in windows.items()}}
-    return replace(plan, spec=new, cv=cv, cv_upper=upper, windows=windows, window_notes=notes, seconds=seconds)
+    return replace(plan, spec=replace(spec, workloads=tuple(workloads)), cv=cv, cv_upper=upper, windows=windows,
+                   window_notes=notes, seconds=seconds)
 
 
 def _pinned_windows(spec: StudySpec) -> dict[str, tuple[tuple[str, ...], str]]:
@@ -296,8 +335,11 @@ def _pinned_windows(spec: StudySpec) -> dict[str, tuple[tuple[str, ...], str]]:
 
 
 def _warmup(w: Workload, records: list[dict]) -> int:
-    """The warm-up steps the workload's runs take (its override, else what earlier records say)."""
+    """The warm-up steps the workload's steps key counts (its override, else what earlier records
+    say); 0 where that key counts the measured steps alone (collectives.iters)."""
     key = w.kind.window[1]
+    if key is None:
+        return 0
     for o in w.overrides:
         if str(o).lstrip("+~").split("=", 1)[0] == key:
             return int(str(o).split("=", 1)[1])

@@ -347,7 +347,7 @@ def execute(spec: StudySpec, jobs: list[Job], launcher: str, say=print,
     done = len(jobs) - len(todo)
     if done and todo:
         say(f"study {spec.id}: {done} of {len(jobs)} runs already recorded (status ok); running the other {len(todo)}")
-    with KeptFabrics(todo) as fabrics:
+    with KeptFabrics(todo, run_id=lambda job: job.run_id(spec), say=say) as fabrics:
         return _execute(spec, todo, len(jobs), done, launcher, say, timings, fabrics)
 
 

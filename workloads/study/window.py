@@ -15,10 +15,11 @@ is least at n* = sqrt(σ_w²·O / (σ_b²·t)). The plan evaluates the integer b
 least wall time; a longer window than needed is never bought when it does not save a block.
 
 Where the numbers come from, for a workload with per-step samples (training: samples.step_time_s
-after the warm-up): t the median measured step; σ_w from batch means of the steps' logs (five
-batches, so steps that drift together are not counted as independent); O the median wall time
-of the runs (the study's timings.jsonl) less their measured window; σ_b from the block CV the
-plan measured (its upper limit for the block count), less the σ_w²/n that window contributed.
+after the warm-up; a collectives run's iterations: workloads/study/iterations.py): t the median
+measured step; σ_w from batch means of the steps' logs (five batches, so steps that drift
+together are not counted as independent); O the median wall time of the runs (the study's
+timings.jsonl) less their measured window; σ_b from the block CV the plan measured (its upper
+limit for the block count), less the σ_w²/n that window contributed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
+from typing import Callable
 
 MIN_STEPS, MAX_STEPS = 5, 2000
 BATCHES = 5
@@ -123,34 +125,62 @@ def _grid(lo: int, hi: int) -> list[int]:
     return out
 
 
-def step_costs(records: list[dict], run_seconds: list[float]) -> tuple[float, float, int, float] | None:
-    """(t, σ_w, measured steps, O) from ok records of one workload (their per-step samples) and
-    the wall seconds of their runs; None without at least BATCHES·2 measured steps in a record."""
-    steps, within, windows, counts = [], [], [], []
-    for rec in records:
-        s = rec.get("samples") or {}
-        times = [float(x) for x in (s.get("step_time_s") or [])[int(s.get("warmup_steps") or 0):] if x and x > 0]
-        if len(times) < 2 * BATCHES:
-            continue
-        logs = [math.log(x) for x in times]
-        size = len(logs) // BATCHES
-        means = [sum(logs[i * size:(i + 1) * size]) / size for i in range(BATCHES)]
-        grand = sum(means) / BATCHES
-        within.append(sum((m - grand) ** 2 for m in means) / (BATCHES - 1) * size)  # σ_w² from batch means
-        steps.append(median(times))
-        windows.append(sum(times))
-        counts.append(len(times))
-    if not steps or not run_seconds:
+@dataclass(frozen=True)
+class Measured:
+    """What one earlier run says of its window: the within-run variance of its primary metric per
+    step and what a step costs (a training step; for collectives an iteration, workloads/study/iterations.py)."""
+
+    within2: float      # σ_w² per step: the log primary's variance that a window of n steps divides by n
+    step_s: float       # t: the wall seconds one more step adds to the run
+    window_s: float     # the run's measured time
+    steps: int          # its measured steps
+
+
+def batch_var(times: list[float]) -> float | None:
+    """σ² per sample of the samples' logs, from the means of BATCHES consecutive batches (samples
+    that drift together are not counted as independent): var(batch means) x batch size. None for
+    fewer than BATCHES·2 samples."""
+    if len(times) < 2 * BATCHES:
         return None
-    t = median(steps)
-    overhead = max(median(run_seconds) - median(windows), 0.0)
-    return t, math.sqrt(sum(within) / len(within)), int(median(counts)), overhead
+    logs = [math.log(x) for x in times]
+    size = len(logs) // BATCHES
+    means = [sum(logs[i * size:(i + 1) * size]) / size for i in range(BATCHES)]
+    grand = sum(means) / BATCHES
+    return sum((m - grand) ** 2 for m in means) / (BATCHES - 1) * size
 
 
-def costs_from(records: list[dict], run_seconds: list[float], block_cv: float | None) -> Costs | None:
-    """Costs of a workload from its earlier runs; σ_b from the block CV measured at their window
-    (None: the plan has no measured CV, and then no window is chosen from a guess)."""
-    got = step_costs(records, run_seconds)
+def steps_of(rec: dict) -> Measured | None:
+    """A training record's measured steps (samples.step_time_s after the warm-up)."""
+    s = rec.get("samples") or {}
+    times = [float(x) for x in (s.get("step_time_s") or [])[int(s.get("warmup_steps") or 0):] if x and x > 0]
+    var = batch_var(times)
+    return None if var is None else Measured(var, median(times), sum(times), len(times))
+
+
+def summarize(measured: list[Measured | None], run_seconds: list[float]) -> tuple[float, float, int, float] | None:
+    """(t, σ_w, measured steps, O) over earlier runs: the median step, σ_w pooled, the median
+    window, and O the median run's wall time less the median window; None without a run that
+    has samples enough or without run times."""
+    got = [m for m in measured if m is not None]
+    if not got or not run_seconds:
+        return None
+    overhead = max(median(run_seconds) - median(m.window_s for m in got), 0.0)
+    return (median(m.step_s for m in got), math.sqrt(sum(m.within2 for m in got) / len(got)),
+            int(median(m.steps for m in got)), overhead)
+
+
+def step_costs(records: list[dict], run_seconds: list[float]) -> tuple[float, float, int, float] | None:
+    """(t, σ_w, measured steps, O) from ok training records of one workload (their per-step
+    samples) and the wall seconds of their runs; None without at least BATCHES·2 measured steps in a record."""
+    return summarize([steps_of(rec) for rec in records], run_seconds)
+
+
+def costs_from(records: list[dict], run_seconds: list[float], block_cv: float | None,
+               read: Callable[[dict], Measured | None] = steps_of) -> Costs | None:
+    """Costs of a workload from its earlier runs (`read`: what one record says of its window);
+    σ_b from the block CV measured at their window (None: the plan has no measured CV, and then
+    no window is chosen from a guess)."""
+    got = summarize([read(rec) for rec in records], run_seconds)
     if got is None or block_cv is None:
         return None
     t, sw, n, overhead = got
