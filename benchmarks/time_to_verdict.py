@@ -51,7 +51,7 @@ def study(spec: dict, name: str, out: Path, mode: str, window: str) -> dict:
         sys.exit(f"study {name} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
     plan = re.search(r"x (\d+) blocks = (\d+) runs", r.stdout)
     clock = re.search(r"duty cycle (\d+)%.*?(\d+|none) of (\d+) primary verdict", r.stdout)
-    windows = re.findall(r"window: (\d+) measured steps", r.stdout)
+    windows = re.findall(r"window: (\d+) measured (?:steps|iterations)", r.stdout)
     return {"wall": wall, "blocks": int(plan.group(1)), "runs": int(plan.group(2)),
             "duty": int(clock.group(1)) if clock else None,
             "decided": f"{clock.group(2).replace('none', '0')}/{clock.group(3)}" if clock else "?", "windows": windows}
