@@ -281,8 +281,8 @@ def test_sigterm_mid_run_stops_every_iperf3(tmp_path):
 @pytest.fixture(scope="module")
 def emu_incast(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """conf/study/emu-incast.yaml as a user runs it: a 4-rank all_reduce on emu-leafspine (2
-    leaves x 2 hosts x 2 spines), quiet and under an incast (nodes 1, 2, 3 -> node 0), 3 blocks
-    ABBA (6 emulated runs, ~3 min)."""
+    leaves x 2 hosts x 2 spines), quiet and under an incast (nodes 1, 2, 3 -> node 0), 4 blocks
+    ABBA (8 emulated runs, ~4 min)."""
     return _study(tmp_path_factory, "emu-incast")
 
 
