@@ -1,10 +1,13 @@
 # syntax=docker/dockerfile:1
-# fabricbench images for GPU clusters, and one for CPU. One file, five targets:
+# fabricbench images for GPU clusters, and one for CPU. One file, four targets:
 #   docker build --target cuda   -t fabricbench:cuda   .   # CUDA + PyTorch and DeepSpeed (locked)
 #   docker build --target rocm   -t fabricbench:rocm   .   # ROCm PyTorch base (RCCL) + fabricbench
 #   docker build --target sglang -t fabricbench:sglang .   # SGLang's image + fabricbench's client side
 #   docker build --target vllm   -t fabricbench:vllm   .   # vLLM's image + fabricbench's client side
-#   make image                                             # cpu: the cuda steps on a Debian base made here
+#   make image                                             # cpu: the cuda target on a Debian base made here
+# The CPU image is the cuda target itself, built with CUDA_BASE set to a Debian base
+# (tools/image.sh): the image CI builds and runs is the one GPU clusters run, step for step, and
+# no second copy of its steps can drift from the first.
 # Every GPU image carries RDMA user space (rdma-core, libibverbs providers, ibverbs-utils,
 # perftest, infiniband-diags) so NCCL/RCCL can use IB/RoCE and `ib_write_bw` can check a link.
 #
@@ -18,40 +21,9 @@ ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 ARG ROCM_BASE=rocm/pytorch:rocm6.4_ubuntu24.04_py3.12_pytorch_release_2.6.0
 ARG SGLANG_BASE=lmsysorg/sglang:latest
 ARG VLLM_BASE=vllm/vllm-openai:latest
-# make image imports this from an mmdebstrap'd Debian bookworm (tools/image.sh): no registry.
-ARG CPU_BASE=localhost/fabricbench-base:bookworm
 
 # ---------------------------------------------------------------------------------------
 FROM ${CUDA_BASE} AS cuda
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
-# A site whose HTTPS is inspected passes its CA bundle for pip and uv (tools/image.sh does): build
-# arguments, so nothing of the site stays in the image's environment.
-ARG SSL_CERT_FILE
-ARG PIP_CERT
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends \
-        python3 python3-venv python3-dev make git ca-certificates build-essential ninja-build \
-        rdma-core ibverbs-providers ibverbs-utils perftest infiniband-diags libibverbs-dev librdmacm-dev \
-        iproute2 pciutils \
-    && rm -rf /var/lib/apt/lists/*
-WORKDIR /opt/fabricbench
-# Dependencies first, from the lock alone (their layer survives every edit but the lock's and
-# pyproject's: a README or Makefile change must not re-install ~4 GB of wheels), then the project.
-COPY pyproject.toml uv.lock ./
-RUN python3 -m venv .tools && .tools/bin/pip install -q uv
-RUN .tools/bin/uv sync --frozen --no-install-project
-COPY . .
-RUN .tools/bin/uv sync --frozen
-# No DeepSpeed op pre-build: training uses torch.optim.AdamW (no fused DeepSpeed op), and a
-# build against a toolkit other than torch's CUDA fails DeepSpeed's CUDA-version check.
-ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1 FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
-CMD ["python", "launch/train.py", "--help"]
-
-# ---------------------------------------------------------------------------------------
-# CPU: the cuda target's steps, line for line, on a plain Debian base, so that the image users run
-# on GPUs is the one built and run in CI (the lock's torch runs on a CPU; tests/launch/
-# test_dockerfile.py checks the steps stay the same).
-FROM ${CPU_BASE} AS cpu
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1
 # A site whose HTTPS is inspected passes its CA bundle for pip and uv (tools/image.sh does): build
 # arguments, so nothing of the site stays in the image's environment.

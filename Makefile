@@ -50,7 +50,7 @@ bench: sync
 gpu-check: sync
 	$(UV) run --frozen fabricbench gpu-check $(ARGS)
 
-# The cpu image (the Dockerfile's cpu target: the cuda target's steps on Debian bookworm) with
+# The cpu image (the Dockerfile's cuda target built on Debian bookworm instead of CUDA) with
 # podman or docker, from a base made here with mmdebstrap and cached in ~/.cache/fabricbench-image
 # (the machine's, kept across checkouts), so no container registry is needed. tools/image.sh prints each step's time; a failed step is one line.
 image:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# make image: the Dockerfile's `cpu` target (the cuda target's steps on a plain Debian base),
+# make image: the Dockerfile's `cuda` target built on a plain Debian base (CUDA_BASE),
 # from nothing but a Debian mirror and the package index, so it builds where no container
 # registry is reachable:
 #   1. the base: `mmdebstrap` of Debian bookworm into $IMAGE_CACHE/bookworm.tar (cached: a CI
 #      machine that keeps the folder pays for it once; it took 75-169 s here);
 #   2. `import` of that tar as $IMAGE_BASE (again only when the tar is newer than the import);
-#   3. `build --target cpu` tagged $IMAGE_TAG.
+#   3. `build --target cuda --build-arg CUDA_BASE=$IMAGE_BASE` tagged $IMAGE_TAG.
 # podman (with buildah's engine and runc) or docker, whichever is installed ($IMAGE_TOOL
 # chooses). Each step logs to $IMAGE_CACHE/<step>.log; a failed step is one line naming the
 # command, its exit status, its last log line and the log. Settings (environment):
@@ -91,7 +91,7 @@ for v in SSL_CERT_FILE PIP_CERT; do
 done
 t1=$SECONDS
 old_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
-run build "${build[@]}" --target cpu --build-arg "CPU_BASE=$base" -t "$tag" .
+run build "${build[@]}" --target cuda --build-arg "CUDA_BASE=$base" -t "$tag" .
 # The image this tag named before (CI rebuilds it on every run) would stay as an untagged one,
 # its source layers too; the layers it shares with the new one stay. In use by a container: kept.
 new_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
