@@ -91,7 +91,10 @@ for v in SSL_CERT_FILE PIP_CERT; do
 done
 t1=$SECONDS
 old_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
-run build "${build[@]}" --target cuda --build-arg "CUDA_BASE=$base" -t "$tag" .
+# The source the image holds, as a label: the container tests refuse an image of other source
+# (a record made by older code in the container differs from the host's in shape, not in fabric).
+source_id="$(tools/source_id.sh)"
+run build "${build[@]}" --target cuda --build-arg "CUDA_BASE=$base" --label "org.fabricbench.source=$source_id" -t "$tag" .
 # The image this tag named before (CI rebuilds it on every run) would stay as an untagged one,
 # its source layers too; the layers it shares with the new one stay. In use by a container: kept.
 new_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"

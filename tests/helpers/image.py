@@ -36,6 +36,17 @@ def _exists(tag: str) -> bool:
     return subprocess.run(["podman", "image", "exists", tag], capture_output=True, timeout=60).returncode == 0
 
 
+def source_id() -> str:
+    return subprocess.run(["bash", str(REPO / "tools" / "source_id.sh")], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+
+
+def _source(tag: str) -> str:
+    p = subprocess.run(["podman", "image", "inspect", "--format", '{{index .Labels "org.fabricbench.source"}}', tag],
+                       capture_output=True, text=True, timeout=60)
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() != "<no value>" else ""
+
+
 def build_wanted() -> bool:
     return os.environ.get("FB_BUILD_IMAGE", "").lower() in ("1", "true", "yes")
 
@@ -46,6 +57,10 @@ def cpu_image() -> str:
     if not build_wanted():
         for tag in (checkout_tag(), DEFAULT_TAG):
             if _exists(tag):
+                held, here = _source(tag), source_id()
+                if held != here:
+                    pytest.skip(f"{tag} holds source {held or 'without a label'}, this checkout is {here}: "
+                                "run make image (seconds after a source edit) or set FB_BUILD_IMAGE=1")
                 return tag
         pytest.skip(f"{DEFAULT_TAG} is not built: run make image first (docs/cluster.md gives its cost), "
                     "or set FB_BUILD_IMAGE=1 to build it here")
