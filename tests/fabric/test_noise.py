@@ -302,7 +302,7 @@ def test_incast_on_the_leaf_spine_is_called_with_its_congestion_impact(emu_incas
     # three unpaced flows into one 100 Mbit/s link leave the ring a small share of it
     assert 50 <= slower <= 99 and 30 <= noise_mbit <= 100, r.stdout[-1000:]
     recs = records_in(out)
-    assert len(recs) == 6 and all(r["status"] == "ok" and r["world"]["world_size"] == 4 for r in recs)
+    assert len(recs) == 8 and all(r["status"] == "ok" and r["world"]["world_size"] == 4 for r in recs)
     for rec in recs:
         if rec["study"]["arm"] == "quiet":
             assert rec["fabric"].get("noise") is None

@@ -114,7 +114,7 @@ def test_the_cpu_image_is_the_cuda_target_on_another_base():
     assert re.search(r"^FROM \$\{CUDA_BASE\} AS cuda$", text, re.M)
     assert set(stages(text)) == set(TARGETS), sorted(stages(text))
     script = (REPO / "tools/image.sh").read_text()
-    assert re.search(r'^run build .* --target cuda --build-arg "CUDA_BASE=\$base" -t "\$tag" \.$', script, re.M)
+    assert re.search(r'^run build .* --target cuda --build-arg "CUDA_BASE=\$base" (--label \S+ )?-t "\$tag" \.$', script, re.M)
     assert re.search(r"^image:\n\ttools/image\.sh$", (REPO / "Makefile").read_text(), re.M)
 
 
