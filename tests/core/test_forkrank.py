@@ -69,3 +69,35 @@ def test_a_forked_child_takes_its_own_omp_threads(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert ((tmp_path / "own").read_text(), (tmp_path / "unset").read_text()) == ("1", "3")
+
+
+_SIGNAL_IN_FORK = """
+import os, signal, sys
+from workloads.core import forkrank
+
+class SignalException(Exception):  # what torch's elastic agent raises from its handler
+    pass
+
+def handler(signum, frame):
+    raise SignalException(signum)
+
+signal.signal(signal.SIGTERM, handler)
+# The signal lands while the launcher is inside the fork, as emulate's --timeout did in CI: from
+# an after-fork hook (logging's _releaseLock is one), where Python only prints what is raised.
+os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGTERM))
+try:
+    child = forkrank.fork(["rank"], lambda: 0, dict(os.environ), "rank")
+except SignalException:
+    print("raised", file=sys.stderr)
+    sys.exit(3)
+print("not raised", child.wait(), file=sys.stderr)
+"""
+
+
+def test_a_stop_signal_during_the_fork_reaches_the_launcher_not_a_fork_hook():
+    """A SIGTERM taken inside an after-fork hook ran the agent's handler there, where Python
+    prints "Exception ignored" with a traceback and drops the exception: the agent carried on,
+    unsignalled. Held across the fork, it is raised in the launcher's own code once the child is known."""
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_IN_FORK], cwd=REPO, env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stderr.strip()) == (3, "raised"), r.stderr[-3000:]

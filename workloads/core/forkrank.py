@@ -29,6 +29,8 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 
+from workloads.core import signals
+
 FORKED_AT_ENV = "FB_FORKED_AT"
 MODE_ENV = "FB_RANK_START"  # fork (default) | exec: torchrun's own `python -u script`
 # Our own packages: imported afresh in each rank, so no module state of the launcher's is inherited.
@@ -39,6 +41,8 @@ _FRESH = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_
           **{s: signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
                                          signal.SIGCHLD, signal.SIGALRM)}}
 
+# What torch's elastic agent turns into SignalException (torch.distributed.elastic.multiprocessing.api).
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 # What every rank imports on its way to its first step (warm): DDP's constructor imports
 # torch._dynamo (sympy, triton's probe), the process group torch.distributed's tensor and FSDP
@@ -152,14 +156,22 @@ def fork(args: Sequence[str], body: Callable[[], int], env: dict[str, str], name
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    # A stop signal taken during the fork ran the agent's handler (torch's SignalException) inside
+    # logging's after-fork hook, where Python only prints it ("Exception ignored in: _releaseLock"
+    # and a traceback, an emulated --timeout in CI) and the agent carried on as if not signalled;
+    # the child, where only the launcher was signalled, sets its own handlers (_child).
+    held = signals.hold(_HELD) if threading.current_thread() is threading.main_thread() else ({}, [])
+    before = len(held[1])
     pid = os.fork()
     if pid:
-        return _Forked(pid, args)
+        proc = _Forked(pid, args)
+        signals.release(*held)  # the agent now takes its signal, with this child known to it
+        return proc
     code = 1
     try:
         if enter is not None:
             enter()
-        code = _child(body, env, name, stdout, stderr, session)
+        code = _child(body, env, name, stdout, stderr, session, held[1][before:])
     except BaseException:  # noqa: BLE001 - the child must never return into the launcher's code
         with contextlib.suppress(Exception):
             traceback.print_exc()
@@ -170,11 +182,14 @@ def fork(args: Sequence[str], body: Callable[[], int], env: dict[str, str], name
         os._exit(code)
 
 
-def _child(body: Callable[[], int], env: dict[str, str], name: str, stdout, stderr, session: bool = True) -> int:
+def _child(body: Callable[[], int], env: dict[str, str], name: str, stdout, stderr, session: bool = True,
+           noted: Sequence[int] = ()) -> int:
     if session:
         os.setsid()  # as Popen(start_new_session=True): torchrun's agent signals the rank's group
     for sig, how in _FRESH.items():  # the agent's handlers (SignalException) are not the rank's
         signal.signal(sig, how)
+    if noted:  # sent to this child before its own handlers were set (still live in `noted`)
+        signal.raise_signal(noted[0])
     os.environ.clear()
     os.environ.update(env)
     os.environ[FORKED_AT_ENV] = f"{time.time():.3f}"  # the rank's start (core/timeline.py): /proc says the launcher's

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workloads.core import procstat
+from workloads.core import procstat, signals
 from workloads.core.errors import RecordNotWritten
 
 INFLIGHT_ENV = "FABRICBENCH_INFLIGHT_DIR"   # set by self_launch: its launcher recovers the copies there
@@ -158,17 +158,11 @@ def _signals_held():
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers; signals are the main thread's anyway
         return
-    noted: list[int] = []
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for s in before:
-        signal.signal(s, lambda signum, frame: noted.append(signum))
+    before, noted = signals.hold((signal.SIGTERM, signal.SIGINT))
     try:
         yield
     finally:
-        for s, handler in before.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        if noted:
-            signal.raise_signal(noted[0])  # now the real handler runs (Terminated, exit 143)
+        signals.release(before, noted)  # now the real handler runs (Terminated, exit 143)
 
 
 def after_writer_died(who: dict[str, Any] | None, rank: int, exc: BaseException) -> Path | None:

@@ -101,6 +101,25 @@ def ending(status: int) -> None:
         signal.signal(signal.SIGINT, now)
 
 
+def hold(signums) -> tuple[dict[int, object], list[int]]:
+    """Until `release`, `signums` are only noted. A blocked mask would not do: torch's own threads
+    would still take the signal, and the main thread would run its handler at the next bytecode
+    boundary, wherever that is. Main thread only (where handlers may be set)."""
+    noted: list[int] = []
+    before = {s: signal.getsignal(s) for s in signums}
+    for s in before:
+        signal.signal(s, lambda signum, frame: noted.append(signum))
+    return before, noted
+
+
+def release(before: dict[int, object], noted: list[int]) -> None:
+    """The handlers `hold` replaced, back; a signal noted meanwhile now reaches them."""
+    for s, handler in before.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    if noted:
+        signal.raise_signal(noted[0])
+
+
 def received() -> int | None:
     """The signal this process was asked to stop by, if any."""
     return _received
