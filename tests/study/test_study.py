@@ -411,12 +411,14 @@ def test_ab_study_on_emulated_links_calls_100mbit_slower(emu_ab):
     link = 100e6 / 8 * 1448 / 1514 / 1e9  # GB/s: 100 Mbit/s of frames, payload share
     for x in recs:
         assert x["world"]["nodes"] == 2 and x["fabric"]["env"]["GLOO_SOCKET_IFNAME"] == "emu0"
-    # each arm's runs say which kept topology they ran on: built for the first of them, then counted
+    # each arm's runs in a block say which kept topology they ran on: built for the first, then counted
     on: dict[str, list[dict]] = {}
     for x in sorted(recs, key=lambda x: x["study"]["started"]):  # in the order they ran
         on.setdefault(x["fabric"]["kept"]["topology"], []).append(x)
+    assert len(on) == 2 * 3, list(on)  # one per arm and block: an instance's offsets vary as any noise does
     for topology, xs in on.items():
         assert len({x["study"]["arm"] for x in xs}) == 1, topology  # arms never share one
+        assert len({x["study"]["block"] for x in xs}) == 1, topology  # nor blocks
         assert [x["fabric"]["kept"]["runs_on_it"] for x in xs] == list(range(1, len(xs) + 1)), topology
         assert {x["fabric"]["kept"]["built_at_run"] for x in xs} == {xs[0]["run_id"]}, topology
     # The shaped arm runs at the link's rate: never faster, and so in the median. One trial of
