@@ -803,7 +803,8 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     overlap included) scales as the calibrated model's time of the step's own collectives (the
     record's trace) at p over its time at the record's scale (as the calibration's sweep measured
     it there, when it did: measured_at). The interval: each call's 90% PI at p, and the record's
-    step-to-step spread (z x sd / sqrt(steps))."""
+    step-to-step spread (z x sd / sqrt(steps)); its low end also drops what the record's calls
+    spent beyond the sweep's time for them (waiting for a peer or the host)."""
     from scipy import stats
 
     from workloads import catalog
@@ -823,17 +824,18 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
                          "on this version")
     p0 = int((rec.get("world") or {}).get("world_size"))
     step, comm = float(m["iteration_time(s)"]), float(m["comm_share"]) * float(m["iteration_time(s)"])
-    at = base = lows = highs = 0.0
+    at = base = lows = highs = took = 0.0
     labels = set()
     groups = sorted({c[3] for one in calls for c in one if c[3] and c[3] != p0})
     if groups:
         raise UsageError(f"the record's steps run collectives on groups of {groups} ranks (tensor or expert "
                          f"parallel), not all {p0}: the step projection prices whole-world (DP) collectives only")
     for one in calls:
-        for name, dtype, numel, _, _, _ in one:
+        for name, dtype, numel, _, start, end in one:
             op = _TRACE_OPS.get(name)
             if op is None or not numel:
                 continue
+            took += max(0.0, float(end) - float(start)) if start is not None and end is not None else 0.0
             if op not in cal["ops"]:
                 raise UsageError(f"the record's steps run {op}, which the calibration of {cal['fabric']} lacks; "
                                  f"calibrate it (collectives.ops=[{op}])")
@@ -851,7 +853,14 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
     spread = z * float(m.get("iteration_time_std(s)") or 0.0) / math.sqrt(n)
     order = ("model-only", "extrapolated", "interpolated", "measured")
     lab = next(x for x in order if x in labels)
-    return StepProjection(p, other + comm * at / base, other + comm * lows / base - spread,
+    # The calls took longer in the run than the sweep measured them at its scale (took > base): a
+    # rank waited for a peer still computing, or for the host. That wait is not the fabric's, and
+    # one run does not say whether it grows with the collectives (CI: a 2-node run whose calls took
+    # 1.0 s where the sweep measured 0.8 s was projected to 1609 ms [1361, 1870] at 4 nodes, where
+    # the 4-node run waited less and measured 1331 ms): the interval reaches down to the step
+    # without it, the centre scales it with the collectives as the rest.
+    low_base = max(base, took)
+    return StepProjection(p, other + comm * at / base, other + comm * lows / low_base - spread,
                           other + comm * highs / base + spread, step, comm, comm * at / base, lab, p0)
 
 

@@ -210,12 +210,14 @@ def test_cli_fit_project_check_and_one_line_errors(tmp_path):
     assert not (one / "calibration-emu-100m.json").exists()
 
 
-def _training(p0=2, fabric="emu-100m", commit="c0ffee") -> dict:
-    """A training record: 1 s steps, 80% of them with a gradient all_reduce of 231168 floats in flight."""
+def _training(p0=2, fabric="emu-100m", commit="c0ffee", took=0.07) -> dict:
+    """A training record: 1 s steps, 80% of them with a gradient all_reduce of 231168 floats in
+    flight, each call taking `took` s from its launch on rank 0 (the rest: other collectives and
+    host work, which CommTimer's union also counts)."""
     return {"workload": "pretrain", "status": "ok", "fabric": {"name": fabric}, "world": {"world_size": p0},
             "fingerprint": {"git": {"commit": commit, "dirty_hash": None}},
             "metrics": {"iteration_time(s)": 1.0, "iteration_time_std(s)": 0.0, "comm_share": 0.8, "measured_steps": 10},
-            "samples": {"comm_calls": [[["all_reduce", "float32", 231168, p0, 0.1, 0.9]]] * 3}}
+            "samples": {"comm_calls": [[["all_reduce", "float32", 231168, p0, 0.1, 0.1 + took]]] * 3}}
 
 
 def test_step_time_projection_worked():
@@ -232,6 +234,11 @@ def test_step_time_projection_worked():
     assert sp.label == "measured" and sp.ranks == 2
     assert sp.low_s == pytest.approx(sp.step_s) and sp.high_s == pytest.approx(sp.step_s)   # exact data, no spread
     assert f"training step at 4 ranks: {sp.step_s * 1e3:.1f} ms" in pj.step_line(sp)
+    # the run's calls took twice what the sweep measured for them (a rank waited for its peer): the
+    # centre and the high end stay, the low end prices the step without that wait
+    waited = pj.project_step(cal, _training(took=2 * base), 4)
+    assert (waited.step_s, waited.high_s) == (pytest.approx(sp.step_s), pytest.approx(sp.high_s))
+    assert waited.low_s == pytest.approx(0.2 + 0.8 * 0.11216064 / (2 * base), rel=1e-6)
     # log-log between measured cells: 1 s at 1000 B and 4 s at 4000 B give 2 s at 2000 B
     c = {"cells": [{"p": 2, "size": 1000, "time_s": 1.0}, {"p": 2, "size": 4000, "time_s": 4.0}]}
     assert pj.measured_at(c, 2, 2000) == pytest.approx(2.0)
