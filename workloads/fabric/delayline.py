@@ -181,9 +181,10 @@ def serve(links: list[Link], stats: Path) -> int:
     gc.disable()
     dirs = [d for k in links for d in k.dirs]
     by_fd = {d.src.fileno(): d for d in dirs}
-    stop = []
+    stop, asked = [], []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append(True))  # a meter wants the report now (delaymeter.fresh)
     poller = select.poll()
     for fd in by_fd:
         poller.register(fd, select.POLLIN)
@@ -218,7 +219,8 @@ def serve(links: list[Link], stats: Path) -> int:
             continue
         for fd, _ev in events:
             by_fd[fd].read()
-        if time.monotonic() >= next_stats:
+        if asked or time.monotonic() >= next_stats:
+            asked.clear()
             for d in dirs:
                 d.count_socket_drops()
             write_stats(stats, links, "running", policy)

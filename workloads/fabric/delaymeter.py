@@ -4,7 +4,8 @@ the point ran at the delay its label asks for.
 The delay line (fabric/delayline.py) keeps cumulative counts per link and direction and a
 histogram of each frame's achieved one-way delay, in a JSON file the emulator names in
 DELAY_ENV. The writing rank reads it when a point starts and when it ends (session.Recorded);
-the difference is what this point's traffic saw: per link, frames, bytes, drops and the achieved
+the difference is what this point's traffic saw (each read asks the line for a report of that
+moment: `fresh`): per link, frames, bytes, drops and the achieved
 delay's p50 and p99. A point whose median achieved delay is off the asked delay by more than
 the tolerance ran on another link than the one its record names: it fails, as a run whose
 traffic took the wrong transport fails, and no study counts it.
@@ -15,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,6 +38,31 @@ def _read(path: str | None) -> dict[str, Any] | None:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+FRESH_WAIT_S = 2.0        # how long a meter waits for the report it asked for (the line writes one every 0.5 s anyway)
+
+
+def fresh(path: str) -> dict[str, Any] | None:
+    """The line's report as of now. The line rewrites it only every 0.5 s, so a read at a point's
+    edge could miss the point's frames (a 20-call 1 KiB all_reduce at 0.5 ms, ~0.1 s long, was
+    recorded with 0 frames, and the next run's point with both: 42, 0, 740 over one arm's three
+    runs): the meter asks the line for a report (SIGUSR1) and waits for one written after it asked."""
+    since = time.time_ns()
+    report = _read(path)
+    if report is None or report.get("state") != "running" or "time_ns" not in report:
+        return report
+    pid = int(report.get("pid") or 0)
+    try:  # only a delay line: a report left by a line killed with -9 names a pid that may be anyone's now
+        if pid > 0 and b"workloads.fabric.delayline" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        pass  # gone, or not ours to signal: its next periodic report, or none
+    deadline = time.monotonic() + FRESH_WAIT_S
+    while report.get("state") == "running" and report["time_ns"] < since and time.monotonic() < deadline:
+        time.sleep(0.005)
+        report = _read(path) or report
+    return report
 
 
 def quantile_us(hist: Mapping[str, int], bucket_us: float, q: float) -> float | None:
@@ -112,7 +140,7 @@ class DelayMeter:
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.paths = [p for p in (os.environ if environ is None else environ).get(DELAY_ENV, "").split(",") if p]
-        self.start = [_read(p) for p in self.paths]
+        self.start = [fresh(p) for p in self.paths]
 
     def record(self) -> dict[str, Any] | None:
         """`fabric.delay` of the record: per link, the asked delay and what each direction achieved."""
@@ -120,7 +148,7 @@ class DelayMeter:
             return None
         links, unmeasured, policy = {}, [], None
         for path, before in zip(self.paths, self.start):
-            after = _read(path)
+            after = fresh(path)
             if before is None or after is None:
                 unmeasured.append(f"could not read {path} (the delay line ended, or not root)")
                 continue
