@@ -265,6 +265,21 @@ class Recorded:
         return False
 
 
+    def settle(self) -> None:
+        """After a stop signal's exception left the `with`: the point is recorded, whatever the
+        signal cut short. Its handler runs wherever the interpreter next looks, and that can be
+        __exit__'s own first instruction, which then ends before it writes anything (seen under
+        load: rank 0's collective failed as its peer stopped, and the signal landed on its way into
+        __exit__; the copy was left to the launcher, a second line). The point then ends here, as
+        the interruption it is; a record written but whose copy was left loses the copy."""
+        if not self.write:
+            return
+        if self.path is None:
+            self.__exit__(KeyboardInterrupt, signals.interruption(), None)
+        elif self.inflight is not None:
+            inflight.discard(self.inflight)
+
+
 def say_record(record: dict[str, Any], path: Path) -> None:
     """The one line a point ends with when its workload prints no summary of its own."""
     print(f"record: {path}" + ("" if record["status"] == "ok" else f" (failed: {record['error']})"), flush=True)
@@ -304,6 +319,9 @@ def run_point(point: Point, measure: Callable[[], None], tracking: Tracking, log
     try:
         with recorded:
             measure()
+    except KeyboardInterrupt:
+        recorded.settle()
+        raise
     finally:
         if info.is_main and recorded.path is not None:  # None: refused before measuring (a recorded trial)
             summarize(record, recorded.path)

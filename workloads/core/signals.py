@@ -158,7 +158,27 @@ def _excepthook(exc_type, exc, tb) -> None:
     _next_excepthook(exc_type, exc, tb)
 
 
+def _timer_joined_itself(u) -> bool:
+    """torch's rendezvous keep-alive timer (elastic/rendezvous/utils.py, _PeriodicTimer) stops
+    itself from a weakref finalizer, which runs in whichever thread drops the timer's last
+    reference; when that is the timer's own thread, `join` raises "cannot join current thread"
+    after the stop event is already set, so the thread ends regardless. Python prints it as
+    "Exception ignored in: <finalize object>" with a traceback (1 launcher in ~35 under load, after
+    its one "interrupted" line): nothing the user can act on."""
+    if not (isinstance(u.exc_value, RuntimeError) and "cannot join current thread" in str(u.exc_value)):
+        return False
+    tb = u.exc_traceback
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "_stop_thread" and code.co_filename.replace("\\", "/").endswith("rendezvous/utils.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _unraisable(u) -> None:
+    if _timer_joined_itself(u):
+        return
     if isinstance(u.exc_value, KeyboardInterrupt) and _received is not None:
         # Sent from a thread a moment later, so that it lands outside the callback; sent to the
         # main thread alone, so that it also wakes a blocking call there, as the first one did.
