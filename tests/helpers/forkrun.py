@@ -100,6 +100,7 @@ def _child(cmd: dict, out: Path, err: Path) -> None:
 
 def _serve() -> None:
     import importlib
+    import shutil
     import tempfile
     import time
 
@@ -110,7 +111,11 @@ def _serve() -> None:
         importlib.import_module(mod)
     print(f"preloaded in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    # mkdtemp, not TemporaryDirectory: the latter's finalizer is an atexit hook every child
+    # inherits, and a command whose own children exit through Python's exit path (ranks forked
+    # by a self-launch, core/forkrank.py) would remove the folder under the server
+    tmp = tempfile.mkdtemp(prefix="fb-forkrun-")
+    try:
         for i, cmd in enumerate(commands):
             out, err = Path(tmp, f"{i}.out"), Path(tmp, f"{i}.err")
             sys.stdout.flush()
@@ -123,6 +128,8 @@ def _serve() -> None:
             code = os.waitstatus_to_exitcode(status)
             results.append({"pid": pid, "code": code, "wall_s": round(time.monotonic() - t0, 3), "out": out.read_text(errors="replace"),
                             "err": err.read_text(errors="replace")})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     json.dump(results, sys.stdout)
 
 
