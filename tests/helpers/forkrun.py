@@ -109,6 +109,9 @@ def _serve() -> None:
     t0 = time.monotonic()
     for mod in PRELOAD:
         importlib.import_module(mod)
+    from workloads.core import forkrank
+
+    forkrank.warm(forkrank.RANK_IMPORTS)  # what a self-launch warms before it forks its ranks: once here, not per command
     print(f"preloaded in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     results = []
     # mkdtemp, not TemporaryDirectory: the latter's finalizer is an atexit hook every child
