@@ -11,7 +11,8 @@ rate where its siblings reached 95%). That load is the test rig's own, not the s
 worker joins a cgroup with 8x the default CPU weight while it runs a test of the timed group,
 and leaves it for every other test. The price is paid by the other worker, whose share now
 swings between ~20% and all of it: a real A/A study there saw its control 179% "faster" (both
-blocks), so the A/A studies are in the timed group too. Children inherit the cgroup, also the
+blocks), so the A/A studies whose tests judge their verdicts are in the timed group too.
+Children inherit the cgroup, also the
 emulator's new sessions (a nice value would not reach those: each session is its own
 autogroup).
 
