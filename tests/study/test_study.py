@@ -297,6 +297,7 @@ def study(path: Path, out: Path, timeout: float = 900) -> subprocess.CompletedPr
 # machine and that wording is allowed (below); the plan of each rerun sizes its 2 blocks on the
 # default CV (2 blocks of one control are too few to measure the noise from, plan.measured_cv).
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 5 runs, 4 study invocations at the default weight: 476 s here beside make check at load 16
 def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     out = tmp_path / "results"
     r = study(write(tmp_path, AA), out)
