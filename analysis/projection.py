@@ -824,6 +824,28 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
                          "on this version")
     p0 = int((rec.get("world") or {}).get("world_size"))
     step, comm = float(m["iteration_time(s)"]), float(m["comm_share"]) * float(m["iteration_time(s)"])
+    at, lows, highs, base, took, labels = _price_calls(cal, calls, p, p0)
+    other = max(0.0, step - comm) * host_share(rec, p)
+    z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
+    n = int(m.get("measured_steps") or 1)
+    spread = z * float(m.get("iteration_time_std(s)") or 0.0) / math.sqrt(n)
+    order = ("model-only", "extrapolated", "interpolated", "measured")
+    lab = next(x for x in order if x in labels)
+    # The calls took longer in the run than the sweep measured them at its scale (took > base): a
+    # rank waited for a peer still computing, or for the host. That wait is not the fabric's, and
+    # one run does not say whether it grows with the collectives (CI: a 2-node run whose calls took
+    # 1.0 s where the sweep measured 0.8 s was projected to 1609 ms [1361, 1870] at 4 nodes, where
+    # the 4-node run waited less and measured 1331 ms): the interval reaches down to the step
+    # without it, the centre scales it with the collectives as the rest.
+    low_base = max(base, took)
+    return StepProjection(p, other + comm * at / base, other + comm * lows / low_base - spread,
+                          other + comm * highs / base + spread, step, comm, comm * at / base, lab, p0)
+
+
+def _price_calls(cal: dict[str, Any], calls: list, p: int, p0: int) -> tuple[float, float, float, float, float, set]:
+    """Over a record's traced calls: their projected time at p with its PI's ends, their time at
+    the record's scale p0 (the sweep's, else the model's), the time they took in the run (rank 0's
+    launch to completion) and the projections' labels."""
     at = base = lows = highs = took = 0.0
     labels = set()
     groups = sorted({c[3] for one in calls for c in one if c[3] and c[3] != p0})
@@ -847,21 +869,7 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
             labels.add(pr.label)
     if base <= 0:
         raise UsageError("the record's trace holds no collective the model prices")
-    other = max(0.0, step - comm) * host_share(rec, p)
-    z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
-    n = int(m.get("measured_steps") or 1)
-    spread = z * float(m.get("iteration_time_std(s)") or 0.0) / math.sqrt(n)
-    order = ("model-only", "extrapolated", "interpolated", "measured")
-    lab = next(x for x in order if x in labels)
-    # The calls took longer in the run than the sweep measured them at its scale (took > base): a
-    # rank waited for a peer still computing, or for the host. That wait is not the fabric's, and
-    # one run does not say whether it grows with the collectives (CI: a 2-node run whose calls took
-    # 1.0 s where the sweep measured 0.8 s was projected to 1609 ms [1361, 1870] at 4 nodes, where
-    # the 4-node run waited less and measured 1331 ms): the interval reaches down to the step
-    # without it, the centre scales it with the collectives as the rest.
-    low_base = max(base, took)
-    return StepProjection(p, other + comm * at / base, other + comm * lows / low_base - spread,
-                          other + comm * highs / base + spread, step, comm, comm * at / base, lab, p0)
+    return at, lows, highs, base, took, labels
 
 
 def measured_at(c: dict[str, Any], p: int, size: int) -> float | None:
