@@ -191,6 +191,14 @@ def test_old_words_load_to_the_same_plan_with_one_deprecation_line(tmp_path, cap
     assert as_new == new.as_dict()
     assert [x.replace("  infer (", "  inference (") for x in make_plan(old).lines()] == make_plan(new).lines()
     load_spec(old_file)  # read again (a study whose tunes ran first reloads its spec): no second line
+    # a study started before the rename saved entry: train; the same study resumes (not refused as another)
+    from workloads.study.run import definition
+
+    before = old.as_dict()
+    before["workloads"][1]["entry"] = "train"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "study.json").write_text(json.dumps(before))
+    definition(tmp_path / "old", "study", old.as_dict(), str(tmp_path))
     err = capsys.readouterr().err.splitlines()
     assert err == [f"{old_file}: deprecated word(s), read for this release: trials: is now blocks:, equivalence: is "
                    "now margin:, entry: train is now entry: pretrain, entry: infer is now entry: inference (the "

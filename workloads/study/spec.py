@@ -109,6 +109,11 @@ class StudySpec:
         return self.blocks
 
     @property
+    def trials_given(self) -> bool:
+        """`blocks_given`, by its name before (kept for a release)."""
+        return self.blocks_given
+
+    @property
     def baseline(self) -> Arm:
         return next(a for a in self.arms if a.baseline)
 
