@@ -208,7 +208,7 @@ def test_old_words_load_to_the_same_plan_with_one_deprecation_line(tmp_path, cap
 @pytest.mark.parametrize("text,message", [
     (NEW_WORDS.replace("blocks: 2", "blocks: 2\ntrials: 3"), "both trials: 3 and blocks: 2 are given"),
     (OLD_WORDS.replace("equivalence: 3%", "equivalence: 3%\nmargin: 2%"), "both equivalence: 3% and margin: 2% are given"),
-])
+], ids=["blocks", "margin"])
 def test_a_field_under_its_old_and_its_new_word_is_refused(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(UsageError) as e:
