@@ -313,7 +313,7 @@ class Result:
         k = stats.blocks_for(detect, c.family, cv, self.alpha)
         # a new study, not more blocks on this one: its verdicts are printed, and adding blocks
         # until something is called is optional stopping (--until-decided plans its looks instead)
-        return f"at its measured noise (CV {stats.pct(cv)}) a new study (--id <new id>) with trials: {k} could" if k else \
+        return f"at its measured noise (CV {stats.pct(cv)}) a new study (--id <new id>) with blocks: {k} could" if k else \
             f"its noise (CV {stats.pct(cv)}) is too large to detect {stats.pct(detect)} in 200 blocks"
 
     def notes(self) -> list[str]:

@@ -2,11 +2,11 @@
 emulator forked from the study, against a topology and a fresh interpreter per run (root).
 
     sudo .venv/bin/python benchmarks/kept_fabric.py                 # 2 ABBA rounds, 4 studies
-    sudo .venv/bin/python benchmarks/kept_fabric.py --rounds 3 --trials 3
+    sudo .venv/bin/python benchmarks/kept_fabric.py --rounds 3 --blocks 3
     sudo .venv/bin/python benchmarks/kept_fabric.py --workload tp2   # served: the reference engine at TP=2
 
 Each study is conf/study/emu-latency.yaml's two arms (0.5 ms and 5.5 ms one way on one 1 Gbit/s
-link, through the delay line) with one of its workloads, `--trials` blocks: 2 x trials runs,
+link, through the delay line) with one of its workloads, `--blocks` blocks: 2 x blocks runs,
 each a real emulated run as every study starts it: the 1 KiB all_reduce, or (`--workload tp2`) the
 served TP=2 reference engine at the size tests/study/test_latency_study.py runs it (4 requests of 8
 tokens after 1 warm-up), whose engine and node agents are also forked where the topology is kept
@@ -43,9 +43,9 @@ CI_SERVED = {"load.num_requests": "load.num_requests=4", "load.warmup_requests":
              "load.dataset.output_len": "load.dataset.output_len=8"}
 
 
-def spec_file(tmp: Path, trials: int, workload: str = "allreduce-1k") -> Path:
+def spec_file(tmp: Path, blocks: int, workload: str = "allreduce-1k") -> Path:
     spec = yaml.safe_load((REPO / "conf" / "study" / "emu-latency.yaml").read_text())
-    spec.update(name="kept-bench", trials=trials, detect="60%")
+    spec.update(name="kept-bench", blocks=blocks, detect="60%")
     spec["workloads"] = [w for w in spec["workloads"] if w["name"] == workload]
     for w in spec["workloads"]:
         w["overrides"] = [CI_SERVED.get(o.split("=")[0], o) for o in w["overrides"]]
@@ -79,7 +79,7 @@ def one(spec: Path, mode: str, out: Path, k: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each: kept, per-run, per-run, kept)")
-    ap.add_argument("--trials", type=int, default=2, help="blocks per study (2 runs each)")
+    ap.add_argument("--blocks", type=int, default=2, help="blocks per study (2 runs each)")
     ap.add_argument("--workload", default="allreduce-1k", choices=("allreduce-1k", "tp2"),
                     help="the study's one workload: the 1 KiB all_reduce, or the served TP=2 reference engine")
     args = ap.parse_args()
@@ -87,7 +87,7 @@ def main() -> int:
         sys.exit("run as root: the studies build network namespaces")
     got: dict[str, list[dict]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="fb-kept-") as tmp:
-        spec = spec_file(Path(tmp), args.trials, args.workload)
+        spec = spec_file(Path(tmp), args.blocks, args.workload)
         k = 0
         for _ in range(args.rounds):
             for mode in ("kept", "per-run", "per-run", "kept"):

@@ -59,11 +59,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--studies", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-trials", type=int, default=16)
+    ap.add_argument("--max-blocks", type=int, default=16)
     args = ap.parse_args()
     fixed = stats.blocks_for(DETECT, TESTS, CV, ALPHA)
     rng = np.random.default_rng(args.seed)
-    print(f"fixed plan: {fixed} blocks; sequential: looks after {sched.looks_at(args.max_trials)} blocks; "
+    print(f"fixed plan: {fixed} blocks; sequential: looks after {sched.looks_at(args.max_blocks)} blocks; "
           f"{args.studies} studies per row; CV {CV:.0%}, {TESTS} primary tests, alpha {ALPHA}")
     for both in (False, True):
         print(f"\ndifference in {'both metrics' if both else 'the first metric, the second equal'} "
@@ -71,7 +71,7 @@ def main() -> int:
         print(f"{'true difference':>16} | {'fixed':>18} | {'sequential (default)':>24} | {'with futility':>24} | "
               f"blocks ratio (default, futility)")
         for effect in ((0.05, 0.10, 0.30, 1.0) if both else (0.0, 0.02, 0.05, 0.10, 0.30, 1.0)):
-            runs = np.array([one(rng, effect, fixed, args.max_trials, both) for _ in range(args.studies)], dtype=float)
+            runs = np.array([one(rng, effect, fixed, args.max_blocks, both) for _ in range(args.studies)], dtype=float)
             cells = [f"{runs[:, i, 0].mean():.2f} {runs[:, i, 1].mean():.3f} {runs[:, i, 2].mean():4.1f}" for i in range(3)]
             print(f"{effect:>16.0%} | {cells[0]:>18} | {cells[1]:>24} | {cells[2]:>24} | "
                   f"{runs[:, 1, 2].mean() / fixed:.2f}, {runs[:, 2, 2].mean() / fixed:.2f}")

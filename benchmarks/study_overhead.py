@@ -44,7 +44,7 @@ workloads:
     entry: collectives
     overrides: ["collectives.ops=[all_reduce]", collectives.minbytes=64K, collectives.maxbytes=64K,
                 collectives.iters=5, collectives.warmup_iters=1]
-trials: 1
+blocks: 1
 """
 
 

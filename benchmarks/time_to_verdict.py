@@ -65,12 +65,13 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="an output root to keep (default: a temporary one)")
     args = ap.parse_args()
     spec = yaml.safe_load(Path(args.spec).read_text())
-    spec.pop("trials", None)  # both plans choose their blocks for the same detect
+    for word in ("blocks", "trials"):  # trials: is blocks' name before
+        spec.pop(word, None)  # both plans choose their blocks for the same detect
     res: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="fb-ttv-") as tmp:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        got = study({**spec, "trials": args.pilot_blocks}, "pilot", out, "exec", "fixed")
+        got = study({**spec, "blocks": args.pilot_blocks}, "pilot", out, "exec", "fixed")
         print(f"  pilot: {got.get('runs')} runs, wall {got['wall']:.0f} s, decided {got.get('decided')}", flush=True)
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")

@@ -85,7 +85,9 @@ class Workload:
     training: bool = False        # records are training records (batch, samples/s, loss)
     served: bool = False          # the script is a load generator: it starts a server, one record per load point
     crosses_link: bool = True     # its ranks (a served workload: its server's) span emulated nodes
-    study_entry: str = ""         # the word a study's `entry:` takes (the written studies' vocabulary)
+    # the word a study's `entry:` took before it took the workload's name (train, infer): still read
+    # for a release, with a deprecation line (workloads/study/words.py)
+    old_entry: str = ""
     default_cv: float = 0.05      # a study's expected run-to-run noise when nothing else says
     # (steps key, warm-up steps key) when a study may size the measured window (`window: auto`,
     # workloads/study/window.py): the records carry per-step or per-iteration samples. The warm-up
@@ -96,10 +98,6 @@ class Workload:
     # METRICS (Metric, ...) this workload declares
     declares: str | None = None
     sweep_keys: tuple[str, ...] = ()  # config keys listing the points one run sweeps (not a point's identity)
-
-    @property
-    def entry(self) -> str:
-        return self.study_entry or self.name
 
 
 CATALOG: dict[str, Workload] = {}
@@ -115,9 +113,9 @@ def unregister(name: str) -> None:
 
 
 def get(word: str) -> Workload | None:
-    """The workload a record's name or a study's entry word means; None for neither."""
+    """The workload a record's name (or a study's entry word before it was the name) means; None for neither."""
     word = str(word)
-    return CATALOG.get(word) or next((w for w in CATALOG.values() if w.study_entry == word), None)
+    return CATALOG.get(word) or next((w for w in CATALOG.values() if w.old_entry == word), None)
 
 
 def field(word: str, name: str, default=None):
@@ -175,7 +173,7 @@ def scripts(**having) -> tuple[str, ...]:
 _TRAINING = dict(script="launch/train.py", validator="workloads.training.run", primary=named("samples_per_sec"),
                  primary_text="samples_per_sec", headline=("samples_per_sec", "alltoall_share"), training=True,
                  default_cv=0.03, window=("train.steps", "train.warmup_steps"), declares="workloads.training.declare")
-register(Workload("pretrain", "Pre-training", study_entry="train", **_TRAINING))
+register(Workload("pretrain", "Pre-training", old_entry="train", **_TRAINING))
 register(Workload("finetune", "Fine-tuning", overrides=("workload=finetune",), **_TRAINING))
 register(Workload("collectives", "Collectives", "launch/collectives.py", overrides=("workload=collectives",),
                   validator="workloads.collectives.run", primary=_collectives_primary, declares="workloads.collectives.declare",
@@ -188,7 +186,7 @@ register(Workload("inference", "Inference", "launch/infer.py", overrides=("workl
                   # server=vllm-pd adds the KV transfer's time and its share of TTFT (absent elsewhere)
                   headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms", "kv_xfer_ms_mean", "kv_ttft_share"),
                   not_applicable=("parallel",),
-                  group="inference-{model}-{server}-tp{world}", served=True, study_entry="infer",
+                  group="inference-{model}-{server}-tp{world}", served=True, old_entry="infer",
                   declares="workloads.inference.declare", sweep_keys=("load.points",)))
 # what the wire gives before any framework: one server and one client, no model or parallel layout;
 # iperf3 on a quiet link repeats to ~1-2%

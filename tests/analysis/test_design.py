@@ -198,7 +198,7 @@ def test_a_control_that_cannot_fire_says_so_not_quiet():
     (line,) = res.control_lines()
     assert line.startswith("A/A control cannot speak: it could only detect a bias >= ") and "quiet" not in line
     # more blocks on this study after its verdict is optional stopping: the advice is a new study
-    assert "(the study asks for 10.0%); at its measured noise (CV 6.4%) a new study (--id <new id>) with trials: " in line
+    assert "(the study asks for 10.0%); at its measured noise (CV 6.4%) a new study (--id <new id>) with blocks: " in line
     assert res.floor_lines() == []  # the t-test can call something at 3 blocks
     # loose runs, 2 vs 1: nothing can be called, said once
     loose = Table(run_from_record(train_record(f, v, trial=i)) for f, vs in (("a", (1, 2)), ("b", (4,)))

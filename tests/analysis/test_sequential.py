@@ -1,4 +1,4 @@
-"""A sequential study (`--until-decided --max-trials N`) spends alpha over its looks in
+"""A sequential study (`--until-decided --max-blocks N`) spends alpha over its looks in
 proportion to their blocks and, by default, stops only on a difference called or equivalence
 (analysis/looks.py), by simulation through the project's verdict code (fixed seeds; each
 docstring gives the figures measured before the change, at the same seed, and after).

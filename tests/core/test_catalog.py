@@ -68,7 +68,7 @@ def test_a_registered_workload_reaches_a_study(echo, tmp_path):
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text("name: e\narms:\n  - {label: a, fabric: loopback, baseline: true}\n"
                          "  - {label: b, fabric: loopback}\n"
-                         "workloads:\n  - {name: e1, entry: echo, overrides: [x=1]}\ntrials: 40\n")
+                         "workloads:\n  - {name: e1, entry: echo, overrides: [x=1]}\nblocks: 40\n")
     spec = load_spec(spec_file, output_root=str(tmp_path / "out"))
     w = spec.workloads[0]
     assert (w.script, w.argv) == ("launch/echo.py", ("workload=echo", "x=1"))
@@ -112,9 +112,9 @@ def _names(node: ast.AST) -> list[ast.AST]:
 
 
 def test_no_second_table_of_workload_names():
-    """A literal holding two or more workload names (or a study's entry words) outside the
+    """A literal holding two or more workload names (or a study's old entry words) outside the
     catalog is a second table of workloads."""
-    words = set(catalog.CATALOG) | {w.study_entry for w in catalog.CATALOG.values() if w.study_entry}
+    words = set(catalog.CATALOG) | {w.old_entry for w in catalog.CATALOG.values() if w.old_entry}
     found = []
     for top in ("workloads", "analysis", "launch", "benchmarks"):
         for path in sorted((REPO / top).rglob("*.py")):

@@ -81,7 +81,7 @@ def _nccl_tests(d, **result):
 
 def _study(d, timeout: str):
     (d / "s.yaml").write_text(f"name: s\narms:\n  - {{label: loopback, fabric: loopback}}\ncontrol: true\nworkloads:\n"
-                              f"  - {{name: ar, entry: collectives}}\ntrials: 2\ntimeout_s: {timeout}\n"
+                              f"  - {{name: ar, entry: collectives}}\nblocks: 2\ntimeout_s: {timeout}\n"
                               f"output_root: {d}/res\n")
 
 

@@ -89,7 +89,7 @@ workloads:
     entry: collectives
     overrides: ["collectives.ops=[all_reduce]", collectives.minbytes=64K, collectives.maxbytes=64K,
                 collectives.iters=5, collectives.warmup_iters=1]
-trials: 2
+blocks: 2
 detect: 500%                   # a smoke test of the machinery: 2 blocks can only call a 5x difference
 """
 
@@ -144,26 +144,100 @@ def test_resuming_on_other_code_is_refused_before_anything_runs(tmp_path, monkey
 
 
 @pytest.mark.parametrize("edit,message", [
-    (("trials: 2", "trials: 1"), "trials=1 must be an integer >= 2"),
+    (("blocks: 2", "blocks: 1"), "blocks=1 must be an integer >= 2"),
     (("detect: 500%", "detect: big"), "detect='big': write a percentage such as 5%"),
-    (("control: true", "control: true\nequivalence: 0"), "equivalence=0: write a percentage"),
+    (("control: true", "control: true\nmargin: 0"), "margin=0: write a percentage"),
     (("entry: collectives", "entry: collectives\n    primary: {metric: samples_per_sec, point: c8}"),
      "workloads[0].primary.point: only inference sweeps have load points"),
     (("entry: collectives", "entry: collectives\n    primary: {metric: wibble}"), "--metric wibble: no known direction"),
     (("name: aa", "name: aa\ncolour: red"), "unknown field(s) colour"),
     (("fabric: loopback}", "fabric: nosuch}"), "fabric=nosuch has no profile conf/fabric/nosuch.yaml; present:"),
     (("collectives.iters=5", "trial=3"), "sets trial, which the study decides per cell"),
-    (("entry: collectives", "entry: bench"), "workloads[0].entry must be one of train, finetune, collectives, infer"),
+    (("entry: collectives", "entry: bench"), "workloads[0].entry must be one of pretrain, finetune, collectives, inference"),
     (("control: true", "control: false"), "a study needs two arms"),
-    (("trials: 2", "trials: 2\ndesign: latin"), "design='latin'; use abba (2 arms; Williams for 3 or more)"),
-    (("trials: 2", "trials: 2\ntimeout_s: soon"), "timeout_s='soon' must be a positive number of seconds"),
-    (("trials: 2", "trials: 2\ntimeout_s: -5"), "timeout_s=-5 must be a positive number of seconds"),
-    (("trials: 2", "trials: 2\ntimeout_s: 0"), "timeout_s=0 must be a positive number of seconds"),
+    (("blocks: 2", "blocks: 2\ndesign: latin"), "design='latin'; use abba (2 arms; Williams for 3 or more)"),
+    (("blocks: 2", "blocks: 2\ntimeout_s: soon"), "timeout_s='soon' must be a positive number of seconds"),
+    (("blocks: 2", "blocks: 2\ntimeout_s: -5"), "timeout_s=-5 must be a positive number of seconds"),
+    (("blocks: 2", "blocks: 2\ntimeout_s: 0"), "timeout_s=0 must be a positive number of seconds"),
 ])
 def test_spec_errors_name_the_field_and_the_fix(tmp_path, edit, message):
     with pytest.raises(UsageError) as e:
         load_spec(write(tmp_path, AA.replace(*edit)))
     assert message in str(e.value)
+
+
+# The spec's words are the record's (study.blocks, study.margin, workload); the words a spec wrote
+# before load for a release. One worked spec in both vocabularies:
+NEW_WORDS = AA.replace("control: true", "control: true\nmargin: 3%").replace(
+    "blocks: 2", "  - {name: tr, entry: pretrain}\n  - {entry: inference, primary: {point: c1}}\nblocks: 2")
+OLD_WORDS = (NEW_WORDS.replace("blocks: 2", "trials: 2").replace("margin: 3%", "equivalence: 3%")
+             .replace("entry: pretrain", "entry: train").replace("entry: inference", "entry: infer"))
+
+
+def test_old_words_load_to_the_same_plan_with_one_deprecation_line(tmp_path, capsys):
+    from workloads.study.plan import make_plan
+
+    new = load_spec(write(tmp_path, NEW_WORDS.replace("detect: 500%", "detect: 900%"), "new.yaml"))
+    assert capsys.readouterr().err == ""
+    old_file = write(tmp_path, OLD_WORDS.replace("detect: 500%", "detect: 900%"), "old.yaml")
+    old = load_spec(old_file)
+    # the record's words: blocks, margin, the catalog's workload names
+    assert (old.blocks, old.margin, [w.entry for w in old.workloads]) == (2, 0.03, ["collectives", "pretrain", "inference"])
+    # a workload without a name keeps the word it was named by, so a study started before keeps its run ids
+    assert [w.name for w in new.workloads] == ["ar", "tr", "inference"]
+    assert [w.name for w in old.workloads] == ["ar", "tr", "infer"]
+    as_new = {**old.as_dict(), "workloads": [{**w, "name": n} for w, n in zip(old.as_dict()["workloads"],
+                                                                                  ["ar", "tr", "inference"])]}
+    assert as_new == new.as_dict()
+    assert [x.replace("  infer (", "  inference (") for x in make_plan(old).lines()] == make_plan(new).lines()
+    load_spec(old_file)  # read again (a study whose tunes ran first reloads its spec): no second line
+    # a study started before the rename saved entry: train; the same study resumes (not refused as another)
+    from workloads.study.run import definition
+
+    before = old.as_dict()
+    before["workloads"][1]["entry"] = "train"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "study.json").write_text(json.dumps(before))
+    definition(tmp_path / "old", "study", old.as_dict(), str(tmp_path))
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"{old_file}: deprecated word(s), read for this release: trials: is now blocks:, equivalence: is "
+                   "now margin:, entry: train is now entry: pretrain, entry: infer is now entry: inference (the "
+                   "record's words)"], err
+
+
+@pytest.mark.parametrize("text,message", [
+    (NEW_WORDS.replace("blocks: 2", "blocks: 2\ntrials: 3"), "both trials: 3 and blocks: 2 are given"),
+    (OLD_WORDS.replace("equivalence: 3%", "equivalence: 3%\nmargin: 2%"), "both equivalence: 3% and margin: 2% are given"),
+], ids=["blocks", "margin"])
+def test_a_field_under_its_old_and_its_new_word_is_refused(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(UsageError) as e:
+        load_spec(path)
+    new = message.split(" and ")[1].split(":")[0]
+    assert str(e.value) == f"{path}: {message}, one field under its old and its new name; keep {new}: only"
+
+
+def test_max_trials_is_max_blocks_by_its_old_name(tmp_path, capsys):
+    """--max-trials still works for a release (one deprecation line), is not shown by --help,
+    and given with --max-blocks is one error."""
+    import argparse
+
+    from workloads.commands import cli
+    from workloads.commands import study as command
+
+    spec = str(write(tmp_path, AA))
+    assert cli.main(["study", spec, "--until-decided", "--max-blocks", "6", "--plan"]) == 0
+    new = capsys.readouterr()
+    assert new.out.startswith("plan of study aa: 2 arms x 1 workload point(s) x 6 blocks") and new.err == ""
+    assert cli.main(["study", spec, "--until-decided", "--max-trials", "6", "--plan"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and old.err == "--max-trials is deprecated, read for this release: write --max-blocks\n"
+    assert cli.main(["study", spec, "--until-decided", "--max-trials", "6", "--max-blocks", "8", "--plan"]) == 2
+    assert capsys.readouterr().err == ("error: --max-blocks 8 and --max-trials 6 are one option (--max-trials is its "
+                                       "name before); give --max-blocks only\n")
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    assert "--max-blocks" in parser.format_help() and "--max-trials" not in parser.format_help()
 
 
 def test_bad_study_is_one_line_exit_2(tmp_path):
@@ -178,7 +252,7 @@ def test_bad_study_is_one_line_exit_2(tmp_path):
 
 def test_plan_is_printed_and_a_study_that_cannot_call_is_refused_before_it_runs(tmp_path):
     """The family, the noise and where it came from, the detectable difference, the blocks; a
-    study whose trials cannot call its `detect` is one line, exit 2, and nothing written."""
+    study whose blocks cannot call its `detect` is one line, exit 2, and nothing written."""
     r = subprocess.run([*STUDY, str(write(tmp_path, AA)), "--plan", "--output-root", str(tmp_path / "o")], cwd=REPO,
                        env=child_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -192,18 +266,18 @@ def test_plan_is_printed_and_a_study_that_cannot_call_is_refused_before_it_runs(
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: study aa cannot call a 10.0% difference: with 2 blocks and 1 A/A control test "
                                "at CV 5.0% the smallest it can call (80% power) is ")
-    assert "set trials: 7 (or leave trials out to let the plan choose)" in r.stderr and not (tmp_path / "o").exists()
+    assert "set blocks: 7 (or leave blocks out to let the plan choose)" in r.stderr and not (tmp_path / "o").exists()
     # left out, the plan chooses; earlier runs of the same workload set the noise (below, in the real study)
-    r = subprocess.run([*STUDY, str(write(tmp_path, AA.replace("trials: 2\ndetect: 500%", ""))), "--plan"], cwd=REPO,
+    r = subprocess.run([*STUDY, str(write(tmp_path, AA.replace("blocks: 2\ndetect: 500%", ""))), "--plan"], cwd=REPO,
                        env=child_env(), capture_output=True, text=True)
-    assert "x 7 blocks = 14 runs, design abba (trials chosen by this plan)" in r.stdout, r.stdout + r.stderr
+    assert "x 7 blocks = 14 runs, design abba (blocks chosen by this plan)" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([*STUDY, str(tight), "--until-decided"], cwd=REPO, env=child_env(), capture_output=True, text=True)
-    assert r.returncode == 2 and "--until-decided and --max-trials N go together" in r.stderr
-    r = subprocess.run([*STUDY, str(tight), "--until-decided", "--max-trials", "16", "--stop-on", "futile", "--plan"],
+    assert r.returncode == 2 and "--until-decided and --max-blocks N go together" in r.stderr
+    r = subprocess.run([*STUDY, str(tight), "--until-decided", "--max-blocks", "16", "--stop-on", "futile", "--plan"],
                        cwd=REPO, env=child_env(), capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == ("error: --stop-on futile: a comma-separated subset of difference, "
                                                       "equivalence, futility (the default is difference,equivalence)")
-    r = subprocess.run([*STUDY, str(write(tmp_path, AA)), "--until-decided", "--max-trials", "16", "--plan"], cwd=REPO,
+    r = subprocess.run([*STUDY, str(write(tmp_path, AA)), "--until-decided", "--max-blocks", "16", "--plan"], cwd=REPO,
                        env=child_env(), capture_output=True, text=True)
     assert r.stdout.startswith("plan of study aa: 2 arms x 1 workload point(s) x 16 blocks = 32 runs, design abba, "
                                "sequential: looks after 3, 4, 6, 8, 12, 16 blocks (alpha x 3/49, 4/49, 6/49, 8/49, "
@@ -213,8 +287,8 @@ def test_plan_is_printed_and_a_study_that_cannot_call_is_refused_before_it_runs(
 def test_a_cell_the_workload_would_refuse_is_refused_before_the_study_runs(tmp_path):
     """The workload's own checks run for every arm x workload before the first cell (a batch
     that does not divide the world), not in every cell as a failure."""
-    bad = write(tmp_path, AA.split("workloads:")[0] + "workloads:\n  - {name: tr, entry: train, overrides: "
-                          "[train.micro_batch_size=3, train.global_batch_size=8]}\ntrials: 2\ndetect: 500%\n")
+    bad = write(tmp_path, AA.split("workloads:")[0] + "workloads:\n  - {name: tr, entry: pretrain, overrides: "
+                          "[train.micro_batch_size=3, train.global_batch_size=8]}\nblocks: 2\ndetect: 500%\n")
     r = subprocess.run([*STUDY, str(bad), "--output-root", str(tmp_path / "o")], cwd=REPO, env=child_env(),
                        capture_output=True, text=True)
     assert r.returncode == 2 and "is not divisible by micro_batch_size (3)" in r.stderr, r.stderr
@@ -360,22 +434,22 @@ def test_aa_study_on_loopback_interleaves_records_and_resumes(tmp_path):
     assert r.returncode == 2 and "study aa was measured on commit 000000000000 and this checkout is " in r.stderr, r.stderr
     assert "git checkout " + "0" * 40 in r.stderr and "Traceback" not in r.stderr and not gone["_path"].exists()
 
-    # The same id with another study is refused, not mixed in (more trials is the same study, extended).
-    r = study(write(tmp_path, AA.replace("trials: 2", "trials: 2\ndesign: permuted")), out)
+    # The same id with another study is refused, not mixed in (more blocks is the same study, extended).
+    r = study(write(tmp_path, AA.replace("blocks: 2", "blocks: 2\ndesign: permuted")), out)
     assert r.returncode == 2 and "holds study 'aa' with other design" in r.stderr
 
 
 @pytest.mark.slow
 def test_sequential_study_stops_at_the_first_look_that_decides(tmp_path):
-    """`--until-decided --max-trials 4 --stop-on difference,equivalence,futility`: looks after 3
+    """`--until-decided --max-blocks 4 --stop-on difference,equivalence,futility`: looks after 3
     and 4 blocks, alpha x 3/7 and 4/7 there. An A/A pair with a (deliberately wide) 900% `detect`
     is usually settled at the first look (900% ruled out: futility, asked for here), so block 4
     never runs; on a loaded machine its noise can keep it open to the cap. Either way the
     console says what each look found, the records match it, and carry the looks, so the
     verdict is judged at the spent alpha."""
     out = tmp_path / "results"
-    spec = write(tmp_path, AA.replace("trials: 2\n", "equivalence: 900%\n").replace("detect: 500%", "detect: 900%"))
-    r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--until-decided", "--max-trials", "4",
+    spec = write(tmp_path, AA.replace("blocks: 2\n", "margin: 900%\n").replace("detect: 500%", "detect: 900%"))
+    r = subprocess.run([*STUDY, str(spec), "--output-root", str(out), "--until-decided", "--max-blocks", "4",
                         "--stop-on", "difference,equivalence,futility"], cwd=REPO,
                        env=child_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -478,10 +552,10 @@ arms:
 control: true
 workloads:
   - name: ext
-    entry: infer
+    entry: inference
     overrides: [server=external, "server.url={url}", "load.points=[1,2]", load.num_requests=4,
                 load.warmup_requests=1, load.dataset.input_len=8, load.dataset.output_len=4]
-trials: 2
+blocks: 2
 detect: 900%
 """)
         assert [j.points for j in plan(load_spec(spec, output_root=str(out)))] == [("c1", "c2")] * 4
@@ -538,7 +612,7 @@ def _blocked_folder(folder: Path, blocks: int, planned: int) -> None:
 
 
 def test_a_study_whose_verdicts_were_printed_is_not_extended(tmp_path):
-    """Raising `trials:` after compare.txt was written would judge the study again at full alpha
+    """Raising `blocks:` after compare.txt was written would judge the study again at full alpha
     (optional stopping: 9.1% A/A false calls extending 8 -> 16, the statistics review): refused,
     with the valid alternatives named. A resume to the same size is not an extension."""
     from workloads.study.run import extension_refusal
@@ -550,7 +624,7 @@ def test_a_study_whose_verdicts_were_printed_is_not_extended(tmp_path):
     assert extension_refusal(folder, "s", 4) is None
     why = extension_refusal(folder, "s", 8)
     assert why.startswith("study s printed its verdicts after 4 blocks (compare.txt): adding blocks") and \
-        "(--id <new id>) with trials: 8" in why and "--until-decided" in why, why
+        "(--id <new id>) with blocks: 8" in why and "--until-decided" in why, why
 
 
 def test_a_sequential_look_judges_only_its_own_blocks(tmp_path):
@@ -595,14 +669,15 @@ def test_plan_says_when_a_williams_square_is_incomplete(tmp_path):
 
     three = AA.replace("  - {label: loopback, fabric: loopback}", "  - {label: loopback, fabric: loopback}\n"
                        "  - {label: other, fabric: loopback}")
-    for trials, incomplete in ((8, True), (12, False)):
-        spec = load_spec(str(write(tmp_path, three.replace("trials: 2", f"trials: {trials}"))), None, str(tmp_path / "o"))
+    for blocks, incomplete in ((8, True), (12, False)):
+        spec = load_spec(str(write(tmp_path, three.replace("blocks: 2", f"blocks: {blocks}"))), None, str(tmp_path / "o"))
         lines = make_plan(spec).lines()
         assert any("a Williams square of 6 rows; 8 blocks leave its balance incomplete" in x for x in lines) == incomplete
 
 
 def _earlier_study(folder: Path, blocks: int, rng, block_sd: float, run_sd: float, first_slow: float) -> tuple[Path, dict]:
-    """An earlier two-arm ABBA study of workload `t` (train), as records and its manifest: a
+    """An earlier two-arm ABBA study of workload `t` (pretrain), as records and its manifest (saved
+    before the rename, so its entry says train: it still counts as the same workload): a
     run's samples/s is 100 x exp(block effect + run noise - first_slow x [first run of its block])."""
     from helpers.records import train_record
     from workloads.core.records import write_record
@@ -638,7 +713,7 @@ def test_the_plan_sizes_on_the_spread_of_the_block_log_ratio():
     from workloads.study.spec import StudyWorkload
 
     rng = np.random.default_rng(7)
-    w = StudyWorkload("t", "train")
+    w = StudyWorkload("t", "pretrain")
     with tempfile.TemporaryDirectory() as tmp:
         drift = measured_cv([_earlier_study(Path(tmp) / "a", 120, rng, 0.03, 0.01, 0.0)], w, {"ib", "roce"})
     assert 0.009 < drift.cv < 0.011 and "sd of the block log-ratio" in drift.source and "(ib, roce)" in drift.source, drift
@@ -695,7 +770,7 @@ TRAIN = AA.replace("""  - name: ar
     entry: collectives
     overrides: ["collectives.ops=[all_reduce]", collectives.minbytes=64K, collectives.maxbytes=64K,
                 collectives.iters=5, collectives.warmup_iters=1]""", """  - name: tr
-    entry: train
+    entry: pretrain
     overrides: [model=neox-tiny, train.steps=100, train.warmup_steps=2]""").replace("name: aa", "name: tr")
 
 

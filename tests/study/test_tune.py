@@ -230,7 +230,7 @@ def test_the_tuned_arm_file_round_trips_into_a_study_arm(tmp_path):
         assert [p.name for p in written] == (["tuned.yaml", "nccl-tuner.conf"] if s else ["tuned.yaml"])
     study = write(tmp_path, f"name: two\narms:\n  - {{tuned: {tmp_path / 'a'}, label: ta}}\n"
                   f"  - {{tuned: {tmp_path / 'b' / 'tuned.yaml'}, baseline: true}}\nworkloads:\n"
-                  "  - {name: ar, entry: collectives}\ntrials: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
+                  "  - {name: ar, entry: collectives}\nblocks: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
     spec = load_spec(study, output_root=str(tmp_path / "o"))
     assert [a.label for a in spec.arms] == ["ta", "b-tuned"] and spec.baseline.label == "b-tuned"
     assert spec.allow == ["config.collectives.warmup_iters", "config.tuned"]
@@ -264,7 +264,7 @@ def test_a_study_naming_tune_specs_plans_the_tunes_first(tmp_path):
 
     tune = write(tmp_path, TUNE, "tune-a.yaml")
     study = write(tmp_path, f"name: two\narms:\n  - {{tuned: {tune}, label: a}}\n  - {{tuned: {tune}, label: b}}\n"
-                  "workloads:\n  - {name: ar, entry: collectives}\ntrials: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
+                  "workloads:\n  - {name: ar, entry: collectives}\nblocks: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
     with pytest.raises(TuneFirst) as e:
         load_spec(study, output_root=str(tmp_path / "o"))
     assert e.value.tunes == [(str(tune), str(tmp_path / "o"))]          # two arms, one tune: tuned once

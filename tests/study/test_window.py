@@ -57,7 +57,7 @@ def test_window_moves_the_way_the_costs_say(overhead, between, within, expect):
 
 
 def test_shortest_window_for_pinned_blocks():
-    """Blocks pinned (the user's trials): the fewest steps that still call the difference in them."""
+    """Blocks pinned (the user's `blocks:`): the fewest steps that still call the difference in them."""
     ch = choose(C, 0.10, 1, ALPHA, 2)
     n = shortest(C, ch.blocks + 2, 0.10, 1, ALPHA)
     assert n < ch.steps
@@ -133,7 +133,7 @@ arms:
   - {label: ib, fabric: loopback, baseline: true}
   - {label: roce, fabric: loopback, overrides: [parallel.bucket_cap_mb=1]}
 workloads:
-  - {name: t, entry: train}
+  - {name: t, entry: pretrain}
 detect: 10%
 window: auto
 """
@@ -269,7 +269,7 @@ def test_iterations_worked_values():
     assert c.between == pytest.approx(math.sqrt(0.04 - math.log(2) ** 2 / 4 / 20))
 
 
-COLL_SPEC = SPEC.replace("{name: t, entry: train}", "{name: ar, entry: collectives}")
+COLL_SPEC = SPEC.replace("{name: t, entry: pretrain}", "{name: ar, entry: collectives}")
 
 
 def _earlier_collectives(root, rng, blocks=8, iters=20):

@@ -57,7 +57,7 @@ def test_emulated_ab_study_calls_100mbit_slower_and_reports_the_alltoall_share(t
     """conf/study/emu-moe-ab.yaml as a user runs it, at 3 blocks (the fewest its plan accepts
     for a 50% difference)."""
     spec = tmp_path / "emu-moe-ab.yaml"
-    spec.write_text(Path(REPO, "conf", "study", "emu-moe-ab.yaml").read_text() + "trials: 3\ndetect: 50%\n")
+    spec.write_text(Path(REPO, "conf", "study", "emu-moe-ab.yaml").read_text() + "blocks: 3\ndetect: 50%\n")
     out = tmp_path / "results"
     r = subprocess.run([sys.executable, "-m", "workloads.commands.cli", "study", str(spec), "--output-root", str(out)],
                        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=900)

@@ -1,9 +1,9 @@
-"""`fabricbench study SPEC`: arms x workloads x trials, interleaved; then compare and report.
+"""`fabricbench study SPEC`: arms x workloads x blocks, interleaved; then compare and report.
 
     fabricbench study conf/study/emu-ab.yaml            # or just: fabricbench study emu-ab
     fabricbench study my-study.yaml --id ab-2024-06-01 --output-root /shared/results
     fabricbench study emu-ab --plan                     # the plan only: tests, noise, MDE, blocks, time
-    fabricbench study emu-ab --until-decided --max-trials 16   # add blocks until every verdict is decided
+    fabricbench study emu-ab --until-decided --max-blocks 16   # add blocks until every verdict is decided
 
 The study itself, its runner and its tables, is workloads/study/run.py (docs/studies.md). Here,
 before it: a study whose tuned arms name tune specs (`arms: [{tuned: conf/tune/ib.yaml},
@@ -17,6 +17,7 @@ Exit status: 0 every cell ok, 1 a cell failed (the others still ran), 2 bad inpu
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 
@@ -29,8 +30,10 @@ def add_arguments(parser) -> None:
                         help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
     parser.add_argument("--until-decided", action="store_true",
                         help="add blocks until every primary verdict is settled: faster, slower or equivalent (see "
-                             "--stop-on; needs --max-trials)")
-    parser.add_argument("--max-trials", type=int, metavar="N", help="the most blocks a --until-decided study runs")
+                             "--stop-on; needs --max-blocks)")
+    parser.add_argument("--max-blocks", type=int, metavar="N", help="the most blocks a --until-decided study runs")
+    # its name before, read for a release with a deprecation line; not shown by --help
+    parser.add_argument("--max-trials", type=int, dest="max_trials", help=argparse.SUPPRESS)
     parser.add_argument("--stop-on", metavar="WHAT", default=None,
                         help="what settles a verdict of --until-decided: a comma-separated subset of difference, "
                              "equivalence, futility (a `detect`-sized difference ruled out: fewer blocks, but a true "
@@ -47,7 +50,7 @@ def common_arguments(parser, kind: str) -> None:
 
 
 def run(args) -> int:
-    """Run an A/B study: arms x workloads x trials, counterbalanced and interleaved; its tunes first."""
+    """Run an A/B study: arms x workloads x blocks, counterbalanced and interleaved; its tunes first."""
     from workloads.study.fabrics import keeping
     from workloads.study.spec import TuneFirst, load_spec
 
@@ -67,20 +70,33 @@ def run(args) -> int:
 def _study(spec, args) -> int:
     from workloads.study.run import run_study
 
-    if args.until_decided != (args.max_trials is not None):
-        raise UsageError("--until-decided and --max-trials N go together: a sequential study needs its cap")
+    max_blocks = _max_blocks(args)
+    if args.until_decided != (max_blocks is not None):
+        raise UsageError("--until-decided and --max-blocks N go together: a sequential study needs its cap")
     stop_on = None
     if args.stop_on is not None:
         from analysis import looks
 
         if not args.until_decided:
-            raise UsageError("--stop-on goes with --until-decided --max-trials N: only a sequential study stops early")
+            raise UsageError("--stop-on goes with --until-decided --max-blocks N: only a sequential study stops early")
         try:
             stop_on = looks.stop_on(args.stop_on)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan, max_trials=args.max_trials,
+    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan, max_blocks=max_blocks,
                                            stop_on=stop_on))
+
+
+def _max_blocks(args) -> int | None:
+    """--max-blocks, or --max-trials (its name before) with one deprecation line; both is refused."""
+    old = getattr(args, "max_trials", None)
+    if old is None:
+        return args.max_blocks
+    if args.max_blocks is not None:
+        raise UsageError(f"--max-blocks {args.max_blocks} and --max-trials {old} are one option (--max-trials is its "
+                         "name before); give --max-blocks only")
+    print("--max-trials is deprecated, read for this release: write --max-blocks", file=sys.stderr)
+    return old
 
 
 def _tunes_first(e, ran: set[str], args) -> int | None:

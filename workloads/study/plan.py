@@ -14,10 +14,10 @@ earlier records of the same workload (same entry and overrides) under the output
 sd(d)/sqrt(2) of their blocks (measured_cv; the study's own fabrics first), else, with no
 blocked study, the within-arm spread over at least 3 runs per arm; else the workload's
 default_cv (workloads/catalog.py). The plan says which. A measured CV is an estimate: the
-blocks are counted on its 80% upper limit, the MDE printed at the estimate. Default trials: the fewest blocks (>= 3) whose MDE is at most `detect`. A study that
-cannot call `detect` with the trials it was given is refused before anything runs.
+blocks are counted on its 80% upper limit, the MDE printed at the estimate. Default `blocks`: the fewest (>= 3) whose MDE is at
+most `detect`. A study that cannot call `detect` with the blocks it was given is refused before anything runs.
 
-Sequential (`--until-decided --max-trials N`): the verdicts are looked at after 3, 4, 6, 8,
+Sequential (`--until-decided --max-blocks N`): the verdicts are looked at after 3, 4, 6, 8,
 12, 18, 24, 36, ... blocks below N (looks_at) and at N; the look after k_j blocks spends
 alpha x k_j / (k_1 + ... + k_L) (analysis/looks.py: weighted Bonferroni over looks, valid whenever
 the study stops), and the study stops at the first look where every primary verdict is settled:
@@ -40,6 +40,7 @@ from workloads.core.records import iter_records
 from workloads.study import iterations
 from workloads.study.spec import StudySpec, Workload
 from workloads.study.window import MAX_STEPS, Choice, Costs, choose, costs_from, run_seconds, shortest
+from workloads.study.words import entry_name
 
 FIRST_LOOK = 3
 
@@ -54,12 +55,12 @@ def looks_at(max_blocks: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Plan:
-    spec: StudySpec               # with `trials` filled in
+    spec: StudySpec               # with `blocks` filled in
     tests: int                    # primary verdicts of the real arms (one family)
     control_tests: int            # primary verdicts of the A/A control (a family of its own)
     cv: dict[str, tuple[float, str]]   # workload -> (expected CV, where it came from)
     seconds: dict[str, float]     # workload -> median seconds per run, from earlier runs
-    looks: list[int]              # [trials] for a fixed design; the look schedule when sequential
+    looks: list[int]              # [blocks] for a fixed design; the look schedule when sequential
     # workload -> an 80% upper limit of its CV (a measured CV is an estimate: blocks are counted
     # on its upper limit, so a lucky low estimate does not undersize the study); absent: the CV itself
     cv_upper: dict[str, float] = field(default_factory=dict)
@@ -69,7 +70,7 @@ class Plan:
 
     @property
     def family(self) -> tuple[int, str]:
-        """(size, name) of the family the refusal and the default trials are judged on."""
+        """(size, name) of the family the refusal and the default blocks are judged on."""
         return (self.tests, "primary") if self.tests else (self.control_tests, "A/A control")
 
     @property
@@ -90,7 +91,7 @@ class Plan:
     def mde(self, blocks: int | None = None) -> float:
         from analysis import stats
 
-        return stats.plan_mde(blocks or self.spec.trials, self.family[0], self.worst_cv, self.spec.alpha, self.spread)
+        return stats.plan_mde(blocks or self.spec.blocks, self.family[0], self.worst_cv, self.spec.alpha, self.spread)
 
     def equivalence_blocks(self) -> int | None:
         """About how many blocks let two equal arms be called equivalent at the margin (80%):
@@ -108,24 +109,24 @@ class Plan:
         return None
 
     def runs(self) -> int:
-        return self.spec.trials * len(self.spec.arms) * len(self.spec.workloads)
+        return self.spec.blocks * len(self.spec.arms) * len(self.spec.workloads)
 
     def wall_seconds(self) -> float | None:
         if len(self.seconds) < len(self.spec.workloads):
             return None
-        return sum(self.seconds[w.name] for w in self.spec.workloads) * self.spec.trials * len(self.spec.arms)
+        return sum(self.seconds[w.name] for w in self.spec.workloads) * self.spec.blocks * len(self.spec.arms)
 
     def lines(self) -> list[str]:
         from analysis import stats
 
         s = self.spec
         m, name = self.family
-        out = [f"plan of study {s.id}: {len(s.arms)} arms x {len(s.workloads)} workload point(s) x {s.trials} blocks = "
+        out = [f"plan of study {s.id}: {len(s.arms)} arms x {len(s.workloads)} workload point(s) x {s.blocks} blocks = "
                f"{self.runs()} runs, design {s.design}"
                + (f", sequential: looks after {', '.join(map(str, self.looks))} blocks (alpha x "
                   f"{', '.join(f'{k}/{sum(self.looks)}' for k in self.looks)}: in proportion to the blocks)"
                   if len(self.looks) > 1 else "")
-               + ("" if s.trials_given else " (trials chosen by this plan)"),
+               + ("" if s.blocks_given else " (blocks chosen by this plan)"),
                (f"  decides: {self.tests} primary verdict(s) ({len(s.arms) - 1 - bool(self.control_tests)} arm(s) x "
                 f"{len(s.workloads)} point(s)), Holm at alpha {s.alpha:g}"
                 + (f"; the A/A control: {self.control_tests} verdict(s), a family of its own" if self.control_tests else ""))
@@ -144,15 +145,15 @@ class Plan:
                 out.append(f"    window: {self.window_notes.get(w.name) or w.window}")
         n = len(s.arms)
         rows = n if n % 2 == 0 else 2 * n
-        if n >= 3 and s.design in ("abba", "williams") and s.trials % rows:
+        if n >= 3 and s.design in ("abba", "williams") and s.blocks % rows:
             # arm positions and carry-over pairs balance only over whole squares
-            out.append(f"  design: a Williams square of {rows} rows; {s.trials} blocks leave its balance incomplete "
+            out.append(f"  design: a Williams square of {rows} rows; {s.blocks} blocks leave its balance incomplete "
                        f"(a multiple of {rows} completes it)")
         eq = self.equivalence_blocks()
         out.append(f"  can call: >= {stats.pct(self.mde())} with 80% power over the {name} family of {m} "
-                   f"(asked: {stats.pct(s.detect)}); sign-flip check's smallest p {min(1.0, 2 / 2 ** s.trials):.3g}")
-        out.append(f"  equivalence within +-{stats.pct(s.margin)}: needs about {eq} blocks at that noise" if eq else
-                   f"  equivalence within +-{stats.pct(s.margin)}: out of reach at that noise")
+                   f"(asked: {stats.pct(s.detect)}); sign-flip check's smallest p {min(1.0, 2 / 2 ** s.blocks):.3g}")
+        out.append(f"  equivalence within the margin +-{stats.pct(s.margin)}: needs about {eq} blocks at that noise" if eq else
+                   f"  equivalence within the margin +-{stats.pct(s.margin)}: out of reach at that noise")
         wall = self.wall_seconds()
         duty = self.duty()
         out.append(f"  wall time: about {clock(wall)} ({self.runs()} runs at the median of earlier runs"
@@ -176,9 +177,9 @@ class Plan:
             return None
         m, name = self.family
         need = stats.blocks_for(s.detect, m, self.worst_cv_upper, s.alpha, self.spread)
-        fix = (f"set trials: {need} (or leave trials out to let the plan choose)" if need and len(self.looks) == 1 else
-               f"raise --max-trials to at least {need}" if need else "the noise is too large for any number of blocks")
-        return (f"study {s.id} cannot call a {stats.pct(s.detect)} difference: with {s.trials} blocks and {m} {name} "
+        fix = (f"set blocks: {need} (or leave blocks out to let the plan choose)" if need and len(self.looks) == 1 else
+               f"raise --max-blocks to at least {need}" if need else "the noise is too large for any number of blocks")
+        return (f"study {s.id} cannot call a {stats.pct(s.detect)} difference: with {s.blocks} blocks and {m} {name} "
                 f"test{'s' if m != 1 else ''} at CV {stats.pct(self.worst_cv)} the smallest it can call (80% power) is "
                 f"{stats.pct(mde)}; {fix}, raise detect:, or compare fewer arms or workload points")
 
@@ -192,7 +193,9 @@ def clock(s: float) -> str:
 def _same(w: Workload, other: dict) -> bool:
     """Another study's workload is this one: the same entry and overrides, whatever window either
     measured (a window the plan chose is an override of the steps key)."""
-    return other.get("entry") == w.entry and _unwindowed(w, other.get("overrides") or []) == _unwindowed(w, w.overrides)
+    # a study saved before the entry words became the catalog's names wrote train / infer
+    return (entry_name(other.get("entry")) == w.entry
+            and _unwindowed(w, other.get("overrides") or []) == _unwindowed(w, w.overrides))
 
 
 def _unwindowed(w: Workload, overrides) -> list[str]:
@@ -278,7 +281,7 @@ def _choices(plan: Plan, costs: dict[str, tuple[Costs, float]], notes: dict[str,
 
 
 def _window_blocks(plan: Plan, costs: dict[str, tuple[Costs, float]], chosen: dict[str, Choice | None]) -> int | None:
-    """The blocks the windows are fitted to: the user's trials (a fixed design), else the study's
+    """The blocks the windows are fitted to: the user's `blocks` (a fixed design), else the study's
     slowest-to-decide workload at its best window (a sequential cap only bounds it); None when no
     window was chosen."""
     from analysis import stats
@@ -287,10 +290,10 @@ def _window_blocks(plan: Plan, costs: dict[str, tuple[Costs, float]], chosen: di
     best = [ch.blocks for ch in chosen.values() if ch]
     if not best:
         return None
-    if spec.trials_given and looks == 1:
-        return spec.trials  # blocks pinned by the user: the windows that reach the power in them
-    if spec.trials_given:
-        return min(spec.trials, max(best))
+    if spec.blocks_given and looks == 1:
+        return spec.blocks  # blocks pinned by the user: the windows that reach the power in them
+    if spec.blocks_given:
+        return min(spec.blocks, max(best))
     others = [stats.blocks_for(spec.detect, m, plan.cv_upper.get(w.name, plan.cv[w.name][0]), spec.alpha, looks)
               for w in spec.workloads if w.name not in costs]
     return max([k for k in others if k] + best)
@@ -465,8 +468,8 @@ def _seconds(earlier: list[tuple[Path, dict]], w: Workload) -> float | None:
     return median(spent) if spent else None
 
 
-def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
-    """The plan for `spec`; `max_trials` makes it sequential. Fills in `trials` when the study
+def make_plan(spec: StudySpec, max_blocks: int | None = None) -> Plan:
+    """The plan for `spec`; `max_blocks` makes it sequential. Fills in `blocks` when the study
     left it out. Raises UsageError (exit 2) when the plan cannot call `detect`."""
     cv: dict[str, tuple[float, str]] = {}
     upper: dict[str, float] = {}
@@ -487,18 +490,18 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
     real = len(spec.arms) - 1 - int(control)
     tests, control_tests = real * len(spec.workloads), int(control) * len(spec.workloads)
     seconds = {w.name: t for w in spec.workloads if (t := _seconds(earlier, w)) is not None}
-    if max_trials is not None:
-        if max_trials < FIRST_LOOK:
-            raise UsageError(f"--max-trials {max_trials}: a sequential study looks first after {FIRST_LOOK} blocks; "
+    if max_blocks is not None:
+        if max_blocks < FIRST_LOOK:
+            raise UsageError(f"--max-blocks {max_blocks}: a sequential study looks first after {FIRST_LOOK} blocks; "
                              f"give at least {FIRST_LOOK}")
-        spec = replace(spec, trials=max_trials, trials_given=True)
-        plan = Plan(spec, tests, control_tests, cv, seconds, looks_at(max_trials), upper)
+        spec = replace(spec, blocks=max_blocks, blocks_given=True)
+        plan = Plan(spec, tests, control_tests, cv, seconds, looks_at(max_blocks), upper)
         return _checked(_apply_windows(plan, earlier, measured) if spec.window == "auto" else plan)
-    plan = Plan(spec, tests, control_tests, cv, seconds, [spec.trials or 1], upper)
+    plan = Plan(spec, tests, control_tests, cv, seconds, [spec.blocks or 1], upper)
     if spec.window == "auto":
         plan = _apply_windows(plan, earlier, measured)
         spec = plan.spec
-    if not spec.trials_given:
+    if not spec.blocks_given:
         from analysis import stats
 
         m = plan.family[0]
@@ -506,7 +509,7 @@ def make_plan(spec: StudySpec, max_trials: int | None = None) -> Plan:
         if k is None:
             raise UsageError(f"study {spec.id}: at CV {stats.pct(plan.worst_cv)} no number of blocks up to 200 can call "
                              f"a {stats.pct(spec.detect)} difference over {m} tests; raise detect: or compare fewer points")
-        plan = replace(plan, spec=replace(spec, trials=k), looks=[k])
+        plan = replace(plan, spec=replace(spec, blocks=k), looks=[k])
     return _checked(plan)
 
 

@@ -67,7 +67,7 @@ def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
     """The record's `study` block (shared contract with analysis/: keep these names)."""
     f = {"name": spec.name, "id": spec.id, "arm": job.arm.label, "baseline": spec.baseline.label,
          "control": job.arm.control, "block": job.cell.block, "position": job.cell.position,
-         "design": spec.design, "seed": spec.seed, "blocks": spec.trials, "workload": job.workload.name,
+         "design": spec.design, "seed": spec.seed, "blocks": spec.blocks, "workload": job.workload.name,
          "margin": spec.margin, "detect": spec.detect, "looks": spec.looks}
     if job.workload.primary_metric:
         f["primary_metric"] = job.workload.primary_metric
@@ -137,7 +137,7 @@ def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
 def plan(spec: StudySpec) -> list[Job]:
     points = {(a.label, w.name): job_points(w, a) for a in spec.arms for w in spec.workloads}
     return [Job(c, spec.arm(c.arm), w, points[(c.arm, w.name)])
-            for c in schedule([a.label for a in spec.arms], spec.trials, spec.design, spec.seed, spec.id)
+            for c in schedule([a.label for a in spec.arms], spec.blocks, spec.design, spec.seed, spec.id)
             for w in spec.workloads]
 
 
@@ -172,9 +172,11 @@ def _manifest(spec: StudySpec) -> None:
 def definition(folder: Path, kind: str, mine: dict, output_root: str) -> None:
     """Write `<folder>/<kind>.json` (a study's or a tune's definition), or refuse when the one
     there differs: a rerun under the same id resumes the same experiment, never another."""
+    from workloads.study.words import saved
+
     path = folder / f"{kind}.json"
     if path.is_file():
-        theirs = json.loads(path.read_text())
+        theirs = saved(json.loads(path.read_text()))  # one saved before the rename says entry: train / infer
         if theirs != mine:
             keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             raise UsageError(f"{folder} holds {kind} {theirs.get('id')!r} with other {', '.join(keys)}; "
@@ -235,8 +237,8 @@ def _same_code(spec: StudySpec, jobs: list[Job]) -> None:
                      f"{spec.dir} and finish it on one")
 
 
-def extension_refusal(folder: Path, study_id: str, trials: int) -> str | None:
-    """Why a study may not run to `trials` blocks now, or None. Once its verdicts were printed
+def extension_refusal(folder: Path, study_id: str, blocks: int) -> str | None:
+    """Why a study may not run to `blocks` blocks now, or None. Once its verdicts were printed
     (compare.txt), adding blocks and judging again at full alpha is optional stopping: A/A
     studies extended from 8 to 16 blocks whenever the first verdict called nothing call a
     difference in about 9% of cases, not 5%. The blocks a study was planned for are in its
@@ -245,12 +247,12 @@ def extension_refusal(folder: Path, study_id: str, trials: int) -> str | None:
         return None
     planned = [int(b) for _, rec in iter_records(folder, "*/records/*.json")
                if (st := rec.get("study") or {}).get("id") == study_id and (b := st.get("blocks")) is not None]
-    if not planned or trials <= max(planned):
+    if not planned or blocks <= max(planned):
         return None
     return (f"study {study_id} printed its verdicts after {max(planned)} blocks (compare.txt): adding blocks now and "
             "judging them again is optional stopping, a false call about twice as often as alpha. Run a new study "
-            f"(--id <new id>) with trials: {trials}, whose verdicts use only its own blocks, or plan the extra blocks "
-            "from the start with --until-decided --max-trials N (alpha spent over its looks)")
+            f"(--id <new id>) with blocks: {blocks}, whose verdicts use only its own blocks, or plan the extra blocks "
+            "from the start with --until-decided --max-blocks N (alpha spent over its looks)")
 
 
 def _lock(spec: StudySpec, kind: str = "study"):
@@ -602,13 +604,13 @@ def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: l
 
 
 def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: bool = False,
-              max_trials: int | None = None, stop_on: tuple[str, ...] | None = None) -> int:
+              max_blocks: int | None = None, stop_on: tuple[str, ...] | None = None) -> int:
     from workloads.study.plan import make_plan
 
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
-    the_plan = make_plan(spec, max_trials)
-    spec = replace(the_plan.spec, looks=len(the_plan.looks) if max_trials else 1)
+    the_plan = make_plan(spec, max_blocks)
+    spec = replace(the_plan.spec, looks=len(the_plan.looks) if max_blocks else 1)
     for line in the_plan.lines():
         say(line)
     if plan_only:
@@ -621,22 +623,22 @@ def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: boo
     lock = _lock(spec)  # noqa: F841  (held until this function returns)
     cells = _cells_lock(spec, say)
     try:
-        return _run_locked(spec, jobs, launcher, the_plan, max_trials, say, stop_on)
+        return _run_locked(spec, jobs, launcher, the_plan, max_blocks, say, stop_on)
     finally:
         celllock.release(cells)
 
 
-def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_trials: int | None, say,
+def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_blocks: int | None, say,
                 stop_on: tuple[str, ...] | None = None) -> int:
     """run_study once it holds the study's locks: check the code, run what is left, analyse."""
     _same_code(spec, jobs)
-    if (why := extension_refusal(spec.dir, spec.id, spec.trials)) is not None:
+    if (why := extension_refusal(spec.dir, spec.id, spec.blocks)) is not None:
         raise UsageError(why)
     say(f"study {spec.id}: {len(spec.arms)} arms ({', '.join(a.label for a in spec.arms)}; baseline "
-        f"{spec.baseline.label}) x {spec.trials} trials x {len(spec.workloads)} workload(s), design {spec.design}"
+        f"{spec.baseline.label}) x {spec.blocks} blocks x {len(spec.workloads)} workload(s), design {spec.design}"
         f"{' seed ' + str(spec.seed) if spec.design != 'abba' else ''}, {launcher}; records in {spec.dir}")
     started = time.monotonic()
-    if max_trials:
+    if max_blocks:
         ran, failed, failures = execute_sequential(spec, jobs, launcher, the_plan.looks, say, stop_on)
     else:
         ran, failed, failures = execute(spec, jobs, launcher, say)

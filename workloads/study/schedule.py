@@ -92,9 +92,9 @@ def block_order(arms: Sequence[str], block: int, design: str, seed: int, salt: s
     raise ValueError(f"unknown design {design!r}")
 
 
-def schedule(arms: Sequence[str], trials: int, design: str, seed: int = 0, salt: str = "") -> list[Cell]:
+def schedule(arms: Sequence[str], blocks: int, design: str, seed: int = 0, salt: str = "") -> list[Cell]:
     cells: list[Cell] = []
-    for block in range(trials):
+    for block in range(blocks):
         for arm in block_order(arms, block, design, seed, salt):
             cells.append(Cell(arm, block, block, len(cells)))
     return cells

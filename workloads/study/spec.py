@@ -1,16 +1,16 @@
-"""A study, read from YAML and checked once: arms x workloads x trials in a design.
+"""A study, read from YAML and checked once: arms x workloads x blocks in a design.
 
     name: emu-ab                     # the study; its id (default: the name) names its folder
     arms:                            # each a fabric profile plus optional Hydra overrides
       - {label: emu-veth, fabric: emu-veth, baseline: true}
       - {label: emu-100m, fabric: emu-100m}
       # or a tune's confirmed best: {tuned: results/<tune id>, label: ...} (docs/tune.md)
-    workloads:                       # entry: train | finetune | collectives | infer
+    workloads:                       # entry: a workload of workloads/catalog.py (pretrain, finetune, collectives, inference, ...)
       - {name: allreduce, entry: collectives, overrides: [collectives.minbytes=1M, collectives.maxbytes=1M]}
         # optional per workload: primary: {metric: ..., point: c8}   cv: 5%
-    trials: 8                        # blocks; default: the fewest that can call `detect` (the plan)
+    blocks: 8                        # each arm once per block; default: the fewest that can call `detect` (the plan)
     detect: 10%                      # the smallest difference the study must be able to call
-    equivalence: 2%                  # the margin within which two arms are called equivalent
+    margin: 2%                       # the margin within which two arms are called equivalent
     cv: 5%                           # expected run-to-run noise; default: earlier records, else per entry
     window: auto                     # the plan sizes each run's measured window (training); default fixed
     design: abba                     # abba (2 arms; Williams for 3+) | williams | permuted (seeded)
@@ -19,7 +19,9 @@
 
 Everything that can be wrong is found here, before any cell runs: each message names the
 field and the fix. A sweep in a workload's overrides (`train.micro_batch_size=1,2,4`) is
-expanded into one workload point per combination, each its own cell.
+expanded into one workload point per combination, each its own cell. The words are the
+record's (`study.blocks`, `study.margin`, `workload`); the ones a spec wrote before (`trials:`,
+`equivalence:`, `entry: train` / `infer`) still load for a release (workloads/study/words.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Arm:
 @dataclass(frozen=True)
 class StudyWorkload:
     name: str                      # unique within the study; part of every cell's run_id
-    entry: str                     # a workload of workloads/catalog.py, by name or study word
+    entry: str                     # the workload of workloads/catalog.py, by its name (the record's `workload`)
     overrides: tuple[str, ...] = ()
     primary_metric: str | None = None   # declared; None: the workload's default (analysis/compare.py)
     primary_point: str | None = None    # inference: the load point that decides ("c8"); None: the heaviest
@@ -87,7 +89,7 @@ class StudySpec:
     id: str
     arms: tuple[Arm, ...]
     workloads: tuple[StudyWorkload, ...]
-    trials: int
+    blocks: int
     design: str
     seed: int
     output_root: str
@@ -96,10 +98,20 @@ class StudySpec:
     detect: float = 0.10           # the difference the plan must be able to call (a fraction)
     margin: float = 0.02           # equivalence margin (a fraction)
     cv: float | None = None        # expected noise for every workload, when declared
-    trials_given: bool = True      # False: `trials` was chosen by the plan
+    blocks_given: bool = True      # False: `blocks` was chosen by the plan
     alpha: float = 0.05
     looks: int = 1                 # a sequential study's planned looks (workloads/study/plan.py)
     window: str = "fixed"          # auto: the plan sizes each run's measured window (workloads/study/window.py)
+
+    @property
+    def trials(self) -> int:
+        """`blocks`, by its name before (kept for a release)."""
+        return self.blocks
+
+    @property
+    def trials_given(self) -> bool:
+        """`blocks_given`, by its name before (kept for a release)."""
+        return self.blocks_given
 
     @property
     def baseline(self) -> Arm:
@@ -160,7 +172,7 @@ def _overrides(value: Any, what: str) -> tuple[str, ...]:
             if key.startswith("fabric.") and what.startswith("arms"):
                 continue  # an arm may tune its own fabric (fabric.env.NCCL_IB_HCA=...)
             raise UsageError(f"{what}: {o!r} sets {key}, which the study decides per cell; "
-                             "remove it (fabrics are arms, trials are `trials:`)")
+                             "remove it (fabrics are arms, blocks are `blocks:`)")
         if o.startswith("-"):
             raise UsageError(f"{what}: {o!r} is a flag, not a Hydra override")
     return out
@@ -286,7 +298,7 @@ def _workloads(raw: Any) -> tuple[StudyWorkload, ...]:
     out = []
     for i, w in enumerate(raw):
         if not isinstance(w, Mapping) or catalog.get(str(w.get("entry"))) is None:
-            raise UsageError(f"workloads[{i}].entry must be one of {', '.join(k.entry for k in catalog.CATALOG.values())}")
+            raise UsageError(f"workloads[{i}].entry must be one of {', '.join(catalog.CATALOG)}")
         unknown = sorted(set(w) - {"name", "entry", "overrides", "primary", "cv"})
         if unknown:
             raise UsageError(f"workloads[{i}]: unknown field(s) {', '.join(unknown)}; a workload has name, entry, "
@@ -296,7 +308,8 @@ def _workloads(raw: Any) -> tuple[StudyWorkload, ...]:
         cv = None if w.get("cv") is None else fraction(w["cv"], f"workloads[{i}].cv")
         points = expand_sweep(list(_overrides(w.get("overrides"), f"workloads[{i}].overrides")))
         for k, point_overrides in enumerate(points):
-            out.append(StudyWorkload(name if len(points) == 1 else f"{name}-p{k}", str(w["entry"]), tuple(point_overrides),
+            out.append(StudyWorkload(name if len(points) == 1 else f"{name}-p{k}", catalog.get(str(w["entry"])).name,
+                                     tuple(point_overrides),
                                 metric, point, cv))
     names = [w.name for w in out]
     if len(set(names)) < len(names):
@@ -325,17 +338,20 @@ def read_yaml(path: str | Path, kind: str, fields: str) -> tuple[Path, Mapping]:
 
 def load_spec(path: str | Path, study_id: str | None = None, output_root: str | None = None) -> StudySpec:
     """Read and check a study YAML. Raises UsageError naming the field and the fix."""
-    p, raw = read_yaml(path, "study", "name, arms, workloads, trials")
-    fields = ("name", "id", "arms", "workloads", "trials", "design", "seed", "control", "output_root", "timeout_s",
-              "detect", "equivalence", "cv", "alpha", "window")
+    from workloads.study.words import modernise
+
+    p, raw = read_yaml(path, "study", "name, arms, workloads, blocks")
+    raw = modernise(raw, p, "study")
+    fields = ("name", "id", "arms", "workloads", "blocks", "design", "seed", "control", "output_root", "timeout_s",
+              "detect", "margin", "cv", "alpha", "window")
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a study has {', '.join(fields)}")
     name = _label(raw.get("name", p.stem), "name")
-    trials = raw.get("trials")
-    if trials is not None and (not isinstance(trials, int) or isinstance(trials, bool) or trials < 2):
-        raise UsageError(f"trials={trials!r} must be an integer >= 2 (blocks; leave it out and the plan chooses "
-                         "the fewest that can call the study's `detect`)")
+    blocks = raw.get("blocks")
+    if blocks is not None and (not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 2):
+        raise UsageError(f"blocks={blocks!r} must be an integer >= 2 (each arm runs once per block; leave it out and "
+                         "the plan chooses the fewest that can call the study's `detect`)")
     design = str(raw.get("design", "abba"))
     if design not in DESIGNS:
         raise UsageError(f"design={design!r}; use abba (2 arms; Williams for 3 or more), williams (balanced for "
@@ -359,10 +375,10 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
         # and never follows itself); Williams' square is its generalisation and equals ABBA for 2
         design = "williams"
     return StudySpec(name=name, id=_label(study_id or raw.get("id") or name, "id"), arms=arms,
-                     workloads=_workloads(raw.get("workloads")), trials=trials or 0, design=design, seed=seed,
+                     workloads=_workloads(raw.get("workloads")), blocks=blocks or 0, design=design, seed=seed,
                      output_root=root, timeout_s=float(timeout),
                      source=str(p), detect=fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0),
-                     margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0),
+                     margin=fraction(raw.get("margin", "2%"), "margin", 0.0, 10.0),
                      cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),
-                     trials_given=trials is not None, alpha=fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5),
+                     blocks_given=blocks is not None, alpha=fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5),
                      window=window)

@@ -38,10 +38,10 @@ def phase_spec(tune: TuneSpec, phase: str, names: list[str], blocks: int, seed: 
     folder: interleaved blocks, ABBA for two, a Williams square for more (the order rotates from
     block to block, so no candidate always runs first or after the same other)."""
     arms = tuple(tune.candidate(n).arm(tune.arm, tune.id, baseline=i == 0) for i, n in enumerate(names))
-    return StudySpec(name=tune.name, id=phase, arms=arms, workloads=tune.workloads, trials=blocks,
+    return StudySpec(name=tune.name, id=phase, arms=arms, workloads=tune.workloads, blocks=blocks,
                      design="abba" if len(arms) == 2 else "williams", seed=seed, output_root=str(tune.dir),
                      timeout_s=tune.timeout_s, source=tune.source, detect=tune.detect, margin=tune.margin,
-                     cv=tune.cv, trials_given=True, alpha=tune.alpha)
+                     cv=tune.cv, blocks_given=True, alpha=tune.alpha)
 
 
 def search_phases(tune: TuneSpec) -> list[tuple[int, int]]:
@@ -117,7 +117,7 @@ def round_scores(spec: StudySpec, jobs: list[Job]) -> dict[str, float]:
     names = [a.label for a in spec.arms]
     total = {n: 0.0 for n in names}
     for w in spec.workloads:
-        logs: dict[str, list[float | None]] = {n: [None] * spec.trials for n in names}
+        logs: dict[str, list[float | None]] = {n: [None] * spec.blocks for n in names}
         hib = True
         for job in jobs:
             if job.workload.name != w.name:

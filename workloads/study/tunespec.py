@@ -3,7 +3,7 @@ tuned on, and the settings searched.
 
     name: cc-delay
     arm: {fabric: emu-100m, overrides: ["fabric.emulate.latency=5ms"]}   # what is tuned; as it is, it is "the default"
-    workloads:                       # as a study's: entry, overrides, primary, cv
+    workloads:                       # as a study's: entry (a workload's name), overrides, primary, cv
       - {name: iperf, entry: link, overrides: [link.duration_s=2]}
     space:                           # every combination of these values is a candidate
       sysctls: {net.ipv4.tcp_congestion_control: [reno, cubic, bbr]}   # emulated fabrics: per-namespace TCP
@@ -14,7 +14,7 @@ tuned on, and the settings searched.
     search: {runs: 12}               # successive halving's budget (default: one block per candidate per round)
     confirm: {blocks: 4}             # the winner against the default on fresh blocks (default: the fewest that call `detect`)
     detect: 10%
-    equivalence: 2%
+    margin: 2%                       # the margin within which the winner and the default are called equivalent
     cv: 5%                           # expected noise (default: per workload, workloads/catalog.py)
     seed: 0
 
@@ -38,7 +38,7 @@ from workloads.study.spec import Arm, StudyWorkload, _arms, _label, _overrides, 
 
 DEFAULT = "default"            # the arm as it is: the candidate every other must beat
 MAX_CANDIDATES = 64
-FIELDS = ("name", "id", "arm", "workloads", "space", "candidates", "search", "confirm", "detect", "equivalence",
+FIELDS = ("name", "id", "arm", "workloads", "space", "candidates", "search", "confirm", "detect", "margin",
           "cv", "alpha", "seed", "output_root", "timeout_s")
 
 
@@ -243,7 +243,10 @@ def _count(raw: Any, key: str, what: str) -> int | None:
 
 def load_tune(path: str | Path, tune_id: str | None = None, output_root: str | None = None) -> TuneSpec:
     """Read and check a tune YAML; UsageError (one line, exit 2) naming the field and the fix."""
+    from workloads.study.words import modernise
+
     p, raw = read_yaml(path, "tune", "name, arm, workloads, space")
+    raw = modernise(raw, p, "tune")
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a tune has {', '.join(FIELDS)}")
@@ -263,7 +266,7 @@ def load_tune(path: str | Path, tune_id: str | None = None, output_root: str | N
     return TuneSpec(name=name, id=_label(tune_id or raw.get("id") or name, "id"), arm=arm, workloads=workloads,
                     candidates=candidates, search_runs=runs, confirm_blocks=blocks,
                     confirm_given=raw.get("confirm") is not None, detect=detect,
-                    margin=fraction(raw.get("equivalence", "2%"), "equivalence", 0.0, 10.0), alpha=alpha, cv=cv,
+                    margin=fraction(raw.get("margin", "2%"), "margin", 0.0, 10.0), alpha=alpha, cv=cv,
                     cv_source=cv_source, seed=seed, output_root=str(output_root or raw.get("output_root") or "results"),
                     timeout_s=float(timeout), source=str(p))
 
