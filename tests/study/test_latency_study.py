@@ -34,16 +34,16 @@ STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
 # two is diluted by the window's length); micro-batch 16, which only has to lose less, 12 (140-190 ms each).
 CI_SIZE = {"load.num_requests": "load.num_requests=4", "load.warmup_requests": "load.warmup_requests=1",
            "load.dataset.output_len": "load.dataset.output_len=8"}
-TRAIN = [{"name": "train-mb1", "entry": "train", "overrides": ["train.micro_batch_size=1", "train.steps=160",
+TRAIN = [{"name": "train-mb1", "entry": "pretrain", "overrides": ["train.micro_batch_size=1", "train.steps=160",
                                                                 "train.warmup_steps=2"]},
-         {"name": "train-mb16", "entry": "train", "overrides": ["train.micro_batch_size=16", "train.steps=12",
+         {"name": "train-mb16", "entry": "pretrain", "overrides": ["train.micro_batch_size=16", "train.steps=12",
                                                                  "train.warmup_steps=2"]}]
 
 
 def _spec(tmp: Path, name: str, edit) -> Path:
     spec = yaml.safe_load((REPO / "conf" / "study" / "emu-latency.yaml").read_text())
     spec["name"] = name
-    spec["trials"] = 3
+    spec["blocks"] = 3
     spec["detect"] = "60%"   # 3 blocks and 4 primaries can call 52% at the default CV; the effects are 2-10x
     spec["workloads"] = TRAIN + [w for w in spec["workloads"] if w["name"] not in ("allreduce-4m", "train")]
     for w in spec["workloads"]:
