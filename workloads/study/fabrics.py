@@ -10,10 +10,11 @@ share one: each arm's fabric is built for it, so a difference between arms canno
 topology one of them inherited. FB_STUDY_KEEP_FABRIC=0 builds one per run instead (the
 benchmark's baseline, benchmarks/kept_fabric.py).
 
-Each run's emulator is also forked from the study (`fork_emulator`), which imports torch and what
-every rank imports once, instead of starting as a fresh interpreter that imports them again
-(core/forkrank.py: the child purges and re-imports our own modules, runs launch/emulate.py as
-`python launch/emulate.py` would, in a session of its own, dying with the study). The study
+Each run's emulator (on a local arm, its launcher) is also forked from the study (`fork_run`),
+which imports torch and what every rank imports once, instead of starting as a fresh interpreter
+that imports them again (core/forkrank.py: the child purges and re-imports our own modules, runs
+launch/<script>.py as `python launch/<script>.py` would, in a session of its own, dying with the
+study). The study
 touches no torch state between forks, so every run of either arm starts from the same parent.
 FB_RANK_START=exec, or FB_STUDY_KEEP_FABRIC=0, starts fresh interpreters instead.
 """
@@ -39,7 +40,7 @@ KEPT_NAME = re.compile(rf"^{PREFIX}(\d+)k\d+-")  # fb-<study pid>k<n>-<node>: Ke
 
 def keeping(environ=os.environ) -> bool:
     """FB_STUDY_KEEP_FABRIC: 1 (the default) keeps each arm's topology and forks each run's
-    emulator; 0 builds one per run in a fresh interpreter. Anything else is refused, not read as on."""
+    emulator or launcher; 0 builds one per run, each run in a fresh interpreter. Anything else is refused, not read as on."""
     v = environ.get(KEEP_ENV, "1").strip() or "1"
     if v not in ("0", "1"):
         from workloads.core.errors import UsageError
@@ -157,11 +158,13 @@ def remove_orphans() -> str | None:
             f"{', '.join(map(str, pids))} gone, killed with -9?): {', '.join(names)}")
 
 
-def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:
-    """The run `argv` (`<python> launch/emulate.py ...`) forked from this warm study process,
-    its output to `out`; None when it is not such a run or forking is off (then it is exec'd)."""
+def fork_run(argv: Sequence[str], env: dict[str, str], out: IO) -> subprocess.Popen | None:
+    """The run `argv` (`<python> launch/<script>.py ...`: an emulated run's emulator, or a local
+    run's launcher) forked from this warm study process, its output to `out`; None when it is not
+    such a run (an srun step) or forking is off (then it is exec'd)."""
     if not keeping(env) or len(argv) < 2 or argv[0] != sys.executable \
-            or Path(argv[1]).name != "emulate.py" or forkrank.mode() != "fork" or not forkrank.can_fork():
+            or Path(argv[1]).resolve().parent != REPO_ROOT / "launch" or forkrank.mode() != "fork" \
+            or not forkrank.can_fork():
         return None
     forkrank.warm(forkrank.RANK_IMPORTS)
 
@@ -170,4 +173,4 @@ def fork_emulator(argv: Sequence[str], env: dict[str, str], out: IO) -> subproce
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         celllock.die_with_parent()
 
-    return forkrank.script(argv[1], argv[2:], env, "fb-emulate", out, out, prepare=prepare)
+    return forkrank.script(argv[1], argv[2:], env, f"fb-{Path(argv[1]).stem}", out, out, prepare=prepare)

@@ -39,7 +39,7 @@ from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id
 from workloads.core.signals import stop_group
-from workloads.study.fabrics import KeptFabrics, fork_emulator
+from workloads.study.fabrics import KeptFabrics, fork_run
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
 from workloads.study.spec import Arm, StudySpec, Workload
@@ -321,7 +321,7 @@ def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str]
         out.flush()
         t0 = time.monotonic()
         # the cell dies with the study (SIGKILL included) and holds the study's cell lock meanwhile
-        proc = fork_emulator(argv, env, out) if job.arm.emulated else None
+        proc = fork_run(argv, env, out)
         proc = proc or subprocess.Popen(argv, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                         pass_fds=celllock.inherited(), preexec_fn=celllock.die_with_parent)

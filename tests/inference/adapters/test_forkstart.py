@@ -2,7 +2,7 @@
 (workloads/inference/adapters/forkstart.py), on real namespaces (root).
 
 One served TP=2 run, started as a study starts it: a warm process (torch imported) builds the
-topology, names it in KEPT_ENV and forks the run's emulator (study/fabrics.py: fork_emulator),
+topology, names it in KEPT_ENV and forks the run's emulator (study/fabrics.py: fork_run),
 which forks the load generator, which forks the engine's watchdog, which forks the engine's
 `--serve` process, which forks a torchrun agent into each node. Node 1's agent is killed
 during the second point: the run must fail as the exec'd engine's does (its one line), the
@@ -36,7 +36,7 @@ from workloads.fabric.emuplan import _spec_of
 from workloads.fabric.kept import KEPT_ENV, fresh, handle
 from workloads.fabric.netns import Topology
 from workloads.inference.adapters.watchdog import family
-from workloads.study.fabrics import fork_emulator
+from workloads.study.fabrics import fork_run
 
 out, args = Path(sys.argv[1]), json.loads(sys.argv[2])
 spec = _spec_of(compose(CONF_DIR, [o for o in args if o.startswith("fabric")]), {})[0]  # as the study's KeptFabrics
@@ -45,7 +45,7 @@ with Topology(spec, tag=f"{os.getpid()}fk", host_link=True) as topo:
     env = dict(os.environ, **{KEPT_ENV: handle(topo)})
     argv = [sys.executable, "launch/emulate.py", *args, f"output_root={out}", "run_id=fk"]
     with open(out / "emulate.log", "w") as log:
-        emu = fork_emulator(argv, env, log)
+        emu = fork_run(argv, env, log)
         said["forked_emulator"] = emu is not None
         names, killed = {}, None
         deadline = time.monotonic() + 400
