@@ -60,6 +60,41 @@ def test_failed_step_names_its_command_and_keeps_the_log(tmp_path):
     assert (cache / "import.log").read_text().strip()
 
 
+@pytest.mark.requires("root", "podman")
+def test_an_image_of_other_source_fails_under_ci(tmp_path, monkeypatch):
+    """The image .ci/run names (FB_IMAGE_TAG) labelled with other source than this checkout's, then
+    gone: under CI=true each is a failure in one line naming the command that fixes it (a CI run
+    whose build failed must not quietly test less), outside CI the same line as a skip."""
+    tag = f"localhost/fabricbench-test-stale:{os.getpid()}"
+    (tmp_path / "f").write_text("x\n")
+    subprocess.run(["tar", "-cf", str(tmp_path / "t.tar"), "-C", str(tmp_path), "f"], check=True)
+    subprocess.run(["podman", "import", "--change", "LABEL org.fabricbench.source=0123abc", str(tmp_path / "t.tar"),
+                    tag], check=True, capture_output=True, timeout=120)
+    monkeypatch.setenv("FB_IMAGE_TAG", tag)
+    monkeypatch.delenv("FB_BUILD_IMAGE", raising=False)
+    monkeypatch.delenv("FB_REQUIRE", raising=False)
+    def outcome() -> tuple[str, str]:
+        # caught here, both: a Skipped escaping the test would make it skip, not fail
+        try:
+            cpu_image()
+        except (pytest.fail.Exception, pytest.skip.Exception) as e:
+            return type(e).__name__, str(e)
+        return "returned", ""
+
+    try:
+        monkeypatch.setenv("CI", "true")
+        kind, line = outcome()
+        assert kind == "Failed" and line.startswith(f"{tag} holds source 0123abc, this checkout is "), (kind, line)
+        assert f"run IMAGE_TAG={tag} make image (seconds after a source edit)" in line and "\n" not in line, line
+        monkeypatch.setenv("CI", "false")
+        assert outcome() == ("Skipped", line)
+    finally:
+        subprocess.run(["podman", "rmi", "-f", tag], capture_output=True, timeout=120)
+    monkeypatch.setenv("CI", "true")
+    kind, line = outcome()
+    assert kind == "Failed" and line.startswith(f"{tag} is not built: run IMAGE_TAG={tag} make image first"), line
+
+
 @pytest.fixture(scope="module")
 def image_tag() -> str:
     return cpu_image()
