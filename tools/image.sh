@@ -42,14 +42,14 @@ stamp() {
 # Where a podman build's time went, from build.times: each step that ran (not cached) and took
 # a second or more, the commit of the image, and how many steps the layer cache answered.
 steps() {
-  awk '$2 == "STEP"   { n++; name[n] = substr($0, index($0, ": ") + 2, 48); at[n] = $1 }
+  awk '$2 == "STEP"   { n++; name[n] = substr($0, index($0, ": ") + 2, 48); at[n] = $1; if ($4 != "FROM") steps++ }
        $2 == "-->"    { cached[n] = 1; hits++ }
        $2 == "COMMIT" { commit = $1 }
        $2 == "END"    { end = $1 }
        END { for (i = 1; i <= n; i++) { stop = i < n ? at[i + 1] : (commit ? commit : end)
                                         if (!cached[i] && stop - at[i] >= 1) printf "%s %.0f s; ", name[i], stop - at[i] }
              if (commit) printf "commit %.0f s; ", end - commit
-             printf "%d of %d steps cached\n", hits, n }' "$cache/build.times"
+             printf "%d of %d steps cached\n", hits, steps }' "$cache/build.times"
 }
 # run <step> <command...>: the command's output goes to the step's log; a failure is one line.
 # The build's step and cache lines also go, stamped with the time, to <step>.times (steps()).
