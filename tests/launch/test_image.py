@@ -1,7 +1,9 @@
 """make image (tools/image.sh): a missing tool, a missing base that cannot be made, and a step
-that fails are each one line naming the command and the fix, with the step's log kept; and the
-image itself (built here with FB_BUILD_IMAGE=1, else the one `make image` left: helpers/image.py): `make train` runs inside it as a user runs
-it and writes a record, and two containers on emulated nodes match the run without them."""
+that fails are each one line naming the command and the fix, with the step's log kept; an image
+of other source than the checkout's is a failure under CI; and the image itself (the one .ci/run
+built, or `make image` left, or built here with FB_BUILD_IMAGE=1: helpers/image.py): `make train`
+runs inside it as a user runs it and writes a record, and two containers on emulated nodes match
+the run without them."""
 
 from __future__ import annotations
 
