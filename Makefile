@@ -37,8 +37,8 @@ test: sync
 check: sync
 	$(UV) run --frozen pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
-# Syntax errors, pyflakes (unused or undefined names) and import order ([tool.ruff] in
-# pyproject.toml says which rules and why). `ruff check --fix` repairs the import order.
+# Syntax errors, pyflakes (unused or undefined names) and import order (ruff.toml says
+# which rules and why). `ruff check --fix` repairs the import order.
 lint: sync
 	$(UV) run --frozen ruff check
 

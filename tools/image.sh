@@ -30,10 +30,32 @@ uv_cache="${IMAGE_UV_CACHE-$( { [ -x .tools/bin/uv ] && .tools/bin/uv cache dir 
 # What the host lacks is bad input (exit 2); a step that ran and failed is a fault (exit 1), as
 # docs/reliability.md's exit codes say.
 die() { echo "error: $*" >&2; exit 2; }
+stamp() {
+  local line
+  : >"$1.times"
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    case "$line" in "STEP "*|"--> Using cache"*|"COMMIT"*) printf '%s %s\n' "$EPOCHREALTIME" "$line" >>"$1.times" ;; esac
+  done >"$1.log"
+  printf '%s END\n' "$EPOCHREALTIME" >>"$1.times"
+}
+# Where a podman build's time went, from build.times: each step that ran (not cached) and took
+# a second or more, the commit of the image, and how many steps the layer cache answered.
+steps() {
+  awk '$2 == "STEP"   { n++; name[n] = substr($0, index($0, ": ") + 2, 48); at[n] = $1; if ($4 != "FROM") steps++ }
+       $2 == "-->"    { cached[n] = 1; hits++ }
+       $2 == "COMMIT" { commit = $1 }
+       $2 == "END"    { end = $1 }
+       END { for (i = 1; i <= n; i++) { stop = i < n ? at[i + 1] : (commit ? commit : end)
+                                        if (!cached[i] && stop - at[i] >= 1) printf "%s %.0f s; ", name[i], stop - at[i] }
+             if (commit) printf "commit %.0f s; ", end - commit
+             printf "%d of %d steps cached\n", hits, steps }' "$cache/build.times"
+}
 # run <step> <command...>: the command's output goes to the step's log; a failure is one line.
+# The build's step and cache lines also go, stamped with the time, to <step>.times (steps()).
 run() {
   local step="$1" rc=0; shift
-  "$@" >"$cache/$step.log" 2>&1 || rc=$?
+  { "$@" 2>&1 | stamp "$cache/$step"; } || rc=$?
   if [ "$rc" != 0 ]; then
     local last; last="$(grep -v '^\s*$' "$cache/$step.log" | tail -n 1 | cut -c1-200)"
     echo "error: \`$*\` failed (exit $rc): ${last:-no output}; the whole log: $cache/$step.log" >&2
@@ -101,4 +123,5 @@ new_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
 if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then "$tool" rmi "$old_id" >/dev/null 2>&1 || true; fi
 run_flags="${flags[*]:+${flags[*]} }run --rm"
 [ "$(basename "$tool")" = podman ] && run_flags="$run_flags --ulimit nofile=4096:4096 --ulimit nproc=4096:4096"
+[ -s "$cache/build.times" ] && echo "image: where the time went: $(steps)"
 echo "image: $tag built in $((SECONDS - t1)) s ($tool); run it: $tool $run_flags $tag make train"

@@ -1,14 +1,16 @@
 """The cpu image the container tests run, built by `make image`'s script from this checkout.
 
-With FB_BUILD_IMAGE=1 the image is built here, as part of the tests: from an empty podman
-storage and base cache that costs the whole build (docs/cluster.md gives the figures), on a
-machine that keeps them only the layers the checkout changed. A failed build fails the test
-with the script's one line. Otherwise a test uses the image `make image` left, and skips when
-there is none, CI included: on a fresh machine the build is ~14 min and the tests ~4 min of two
-busy cores, which the 30-minute CI run cannot hold beside the rest (docs/tests.md). The tag is
-this checkout's, so that two checkouts on one machine (CI beside an engineer's worktree) never
-run each other's source; the layers below the source are shared. tools/image.sh takes a lock,
-so test modules on two xdist workers build it once."""
+.ci/run builds it before `make test` (tagged $FB_IMAGE_TAG, which it exports: on a machine that
+keeps its podman storage and base tarball, seconds after a source edit; docs/tests.md). With
+FB_BUILD_IMAGE=1 a test builds it itself, tagged for this checkout: from an empty podman storage
+and base cache that costs the whole build (docs/cluster.md gives the figures), on a machine that
+keeps them only the layers the checkout changed; a failed build fails the test with the script's
+one line. Otherwise a test uses the image `make image` left. An image that is missing, or holds
+other source than this checkout's (its `org.fabricbench.source` label), is a skip naming
+`make image`, and a failure where podman is required (CI=true): a CI run must not quietly test
+less. The default tag is this checkout's, so that two checkouts on one machine (CI beside an
+engineer's worktree) never run each other's source; the layers below the source are shared.
+tools/image.sh takes a lock, so test modules on two xdist workers build it once."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import hashlib
 import os
 import re
 import subprocess
+from typing import NoReturn
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, required
 
 DEFAULT_TAG = "localhost/fabricbench:cpu"
 # podman flags every run of the image needs here (docs/cluster.md): crun refuses this kernel's
@@ -51,20 +54,30 @@ def build_wanted() -> bool:
     return os.environ.get("FB_BUILD_IMAGE", "").lower() in ("1", "true", "yes")
 
 
+def _stop(reason: str) -> NoReturn:
+    """A failure where podman is required (CI=true: a CI machine must not quietly test less),
+    else a skip; one line either way."""
+    if "podman" in required():
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
 def cpu_image() -> str:
-    """The tag of a cpu image of this checkout: built now with FB_BUILD_IMAGE=1, else whatever
-    `make image` left (skip when nothing)."""
+    """The tag of a cpu image of this checkout: built now with FB_BUILD_IMAGE=1, else the one
+    .ci/run built ($FB_IMAGE_TAG) or `make image` left."""
+    wanted = os.environ.get("FB_IMAGE_TAG", "")
     if not build_wanted():
-        for tag in (checkout_tag(), DEFAULT_TAG):
+        make = f"IMAGE_TAG={wanted} make image" if wanted else "make image"
+        for tag in ([wanted] if wanted else [checkout_tag(), DEFAULT_TAG]):
             if _exists(tag):
                 held, here = _source(tag), source_id()
                 if held != here:
-                    pytest.skip(f"{tag} holds source {held or 'without a label'}, this checkout is {here}: "
-                                "run make image (seconds after a source edit) or set FB_BUILD_IMAGE=1")
+                    _stop(f"{tag} holds source {held or 'without a label'}, this checkout is {here}: "
+                          f"run {make} (seconds after a source edit) or set FB_BUILD_IMAGE=1")
                 return tag
-        pytest.skip(f"{DEFAULT_TAG} is not built: run make image first (docs/cluster.md gives its cost), "
-                    "or set FB_BUILD_IMAGE=1 to build it here")
-    tag = checkout_tag()
+        _stop(f"{wanted or DEFAULT_TAG} is not built: run {make} first (docs/cluster.md gives its cost), "
+              "or set FB_BUILD_IMAGE=1 to build it here")
+    tag = wanted or checkout_tag()
     p = subprocess.run(["bash", str(REPO / "tools" / "image.sh")], cwd=REPO, capture_output=True, text=True,
                        timeout=2400, env=os.environ | {"IMAGE_TAG": tag})
     if p.returncode != 0:

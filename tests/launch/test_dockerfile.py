@@ -190,3 +190,19 @@ def test_serving_image_commands_run_in_fabricbench_venv(tmp_path, stage):
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == sys.executable
+
+
+def test_the_dependency_layer_is_keyed_on_the_lock_alone():
+    """`make image` after a source edit costs seconds only while the dependency layer's key, the
+    files copied before `uv sync --no-install-project`, is pyproject.toml and uv.lock and the
+    source comes after; and pyproject.toml holds the package alone (pytest's and ruff's settings
+    have their own files), so a marker or lint edit does not re-install the lock (~7 min)."""
+    cuda = stages((REPO / "Dockerfile").read_text())["cuda"]
+    steps = [line.strip() for line in cuda.splitlines() if line.strip().startswith(("COPY ", "RUN "))]
+    deps = next(i for i, s in enumerate(steps) if "--no-install-project" in s)
+    copies = [s for s in steps[:deps] if s.startswith("COPY ")]
+    assert copies == ["COPY pyproject.toml uv.lock ./"], copies
+    assert "COPY . ." in steps[deps + 1:], steps
+    tables = re.findall(r"^\[([^\]]+)\]", (REPO / "pyproject.toml").read_text(), re.M)
+    tools = [t for t in tables if t.startswith("tool.") and not t.startswith(("tool.hatch.", "tool.uv"))]
+    assert not tools, f"pyproject.toml's {tools} key the image's dependency layer: put them in their own file"

@@ -1,7 +1,9 @@
 """make image (tools/image.sh): a missing tool, a missing base that cannot be made, and a step
-that fails are each one line naming the command and the fix, with the step's log kept; and the
-image itself (built here with FB_BUILD_IMAGE=1, else the one `make image` left: helpers/image.py): `make train` runs inside it as a user runs
-it and writes a record, and two containers on emulated nodes match the run without them."""
+that fails are each one line naming the command and the fix, with the step's log kept; an image
+of other source than the checkout's is a failure under CI; and the image itself (the one .ci/run
+built, or `make image` left, or built here with FB_BUILD_IMAGE=1: helpers/image.py): `make train`
+runs inside it as a user runs it and writes a record, and two containers on emulated nodes match
+the run without them."""
 
 from __future__ import annotations
 
@@ -58,6 +60,41 @@ def test_failed_step_names_its_command_and_keeps_the_log(tmp_path):
                            "failed (exit "), line
     assert line.endswith(f"the whole log: {cache}/import.log")
     assert (cache / "import.log").read_text().strip()
+
+
+@pytest.mark.requires("root", "podman")
+def test_an_image_of_other_source_fails_under_ci(tmp_path, monkeypatch):
+    """The image .ci/run names (FB_IMAGE_TAG) labelled with other source than this checkout's, then
+    gone: under CI=true each is a failure in one line naming the command that fixes it (a CI run
+    whose build failed must not quietly test less), outside CI the same line as a skip."""
+    tag = f"localhost/fabricbench-test-stale:{os.getpid()}"
+    (tmp_path / "f").write_text("x\n")
+    subprocess.run(["tar", "-cf", str(tmp_path / "t.tar"), "-C", str(tmp_path), "f"], check=True)
+    subprocess.run(["podman", "import", "--change", "LABEL org.fabricbench.source=0123abc", str(tmp_path / "t.tar"),
+                    tag], check=True, capture_output=True, timeout=120)
+    monkeypatch.setenv("FB_IMAGE_TAG", tag)
+    monkeypatch.delenv("FB_BUILD_IMAGE", raising=False)
+    monkeypatch.delenv("FB_REQUIRE", raising=False)
+    def outcome() -> tuple[str, str]:
+        # caught here, both: a Skipped escaping the test would make it skip, not fail
+        try:
+            cpu_image()
+        except (pytest.fail.Exception, pytest.skip.Exception) as e:
+            return type(e).__name__, str(e)
+        return "returned", ""
+
+    try:
+        monkeypatch.setenv("CI", "true")
+        kind, line = outcome()
+        assert kind == "Failed" and line.startswith(f"{tag} holds source 0123abc, this checkout is "), (kind, line)
+        assert f"run IMAGE_TAG={tag} make image (seconds after a source edit)" in line and "\n" not in line, line
+        monkeypatch.setenv("CI", "false")
+        assert outcome() == ("Skipped", line)
+    finally:
+        subprocess.run(["podman", "rmi", "-f", tag], capture_output=True, timeout=120)
+    monkeypatch.setenv("CI", "true")
+    kind, line = outcome()
+    assert kind == "Failed" and line.startswith(f"{tag} is not built: run IMAGE_TAG={tag} make image first"), line
 
 
 @pytest.fixture(scope="module")
