@@ -90,9 +90,9 @@ class Workload:
     old_entry: str = ""
     default_cv: float = 0.05      # a study's expected run-to-run noise when nothing else says
     # (steps key, warm-up steps key) when a study may size the measured window (`window: auto`,
-    # workloads/study/window.py): the records carry per-step or per-iteration samples. The warm-up
-    # key is None when the steps key counts the measured ones alone (collectives.iters), else the
-    # steps key counts the warm-up too (train.steps)
+    # workloads/study/window.py): the records carry per-step, per-iteration or per-request samples. The
+    # warm-up key is None when the steps key counts the measured ones alone (collectives.iters,
+    # load.num_requests), else the steps key counts the warm-up too (train.steps)
     window: tuple[str, str | None] | None = None
     # module (by name, like `validator`) whose KEYS (dotted config key -> core.schema kind) and
     # METRICS (Metric, ...) this workload declares
@@ -187,6 +187,7 @@ register(Workload("inference", "Inference", "launch/infer.py", overrides=("workl
                   headline=("request_throughput", "median_ttft_ms", "p99_ttft_ms", "kv_xfer_ms_mean", "kv_ttft_share"),
                   not_applicable=("parallel",),
                   group="inference-{model}-{server}-tp{world}", served=True, old_entry="infer",
+                  window=("load.num_requests", None),
                   declares="workloads.inference.declare", sweep_keys=("load.points",)))
 # what the wire gives before any framework: one server and one client, no model or parallel layout;
 # iperf3 on a quiet link repeats to ~1-2%

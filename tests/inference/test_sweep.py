@@ -56,6 +56,21 @@ def test_sweep_records_and_resume(tmp_path):
             assert m["mean_ttft_ms"] >= 4 and m["median_tpot_ms"] > 0 and len(x["samples"]["requests"]) == 12
             assert x["fabric"]["name"] == "loopback" and x["server"]["adapter"] == "external"
             assert x["client"] == {"event_loop": "uvloop"}  # load.event_loop=auto, uvloop installed
+        # what a study's plan reads of this sweep's window (workloads/study/served.py): one more
+        # request at every point adds their durations / 12; the batch statistic over a whole
+        # point is the point's own metric (the same function), and a closed loop's throughput
+        # statistic times the concurrency is its request_throughput while the workers are busy
+        from workloads.study.served import requests_of, statistic
+
+        c4 = next(x for x in recs if x["point"] == "c4")
+        got = requests_of(c4, recs, "request_throughput")
+        assert got.steps == 12 and got.step_s == pytest.approx(sum(x["metrics"]["duration"] for x in recs) / 12)
+        assert got.within2 >= 0 and requests_of(c4, recs, "p99_itl_ms") is not None
+        rows = c4["samples"]["requests"]
+        for name in ("median_ttft_ms", "p99_itl_ms", "mean_tpot_ms"):
+            assert statistic(name, "closed")(rows) == pytest.approx(c4["metrics"][name]), name
+        assert 4 * statistic("request_throughput", "closed")(rows) == pytest.approx(
+            c4["metrics"]["request_throughput"], rel=0.3)
         # Interrupted after c1, c4 ... : a rerun with one more point runs only that one,
         # and tells W&B (offline here) about that one point: one W&B run per record.
         wandb_dir = tmp_path / "wandb"

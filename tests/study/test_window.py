@@ -185,8 +185,7 @@ def test_plan_sizes_the_window_from_earlier_runs_and_a_rerun_keeps_it(tmp_path):
     assert 0.05 < costs.within < 0.4 and 9 < costs.overhead_s < 11 and 0.07 < costs.step_s < 0.09
     text = "\n".join(plan.lines())
     assert f"window: {n} measured steps per run" in text and "duty cycle" in text and "wall time: about" in text
-    job = study_run.plan(plan.spec)[0]
-    assert study_run.study_field(plan.spec, job, env={})["window"].startswith("chosen: run overhead")
+    assert study_run.study_field(plan.spec, _job(plan.spec), env={})["window"].startswith("chosen: run overhead")
     study_run._manifest(plan.spec)
     _earlier(out, np.random.default_rng(6), steps=60, name="newer")  # new evidence: a rerun must not move the window
     fresh = make_plan(load_spec(str(tmp_path / "sized.yaml"), None, str(out)).__class__(
@@ -194,6 +193,15 @@ def test_plan_sizes_the_window_from_earlier_runs_and_a_rerun_keeps_it(tmp_path):
     assert fresh.windows["t"][1] != costs  # ... which a new study would use
     again = make_plan(load_spec(str(tmp_path / "sized.yaml"), None, str(out)))
     assert again.spec.workloads[0].overrides == w.overrides
+
+
+def _job(spec):
+    """The study's first job, made here: run.plan would compose and validate each cell's config
+    (a torch import, ~5-20 s on a loaded host) to say what the records' study block says."""
+    from workloads.study.run import Job
+    from workloads.study.schedule import Cell
+
+    return Job(Cell(spec.arms[0].label, 0, 0, 0), spec.arms[0], spec.workloads[0], ("",))
 
 
 def test_window_field_is_checked(tmp_path):
@@ -312,8 +320,7 @@ def test_plan_sizes_collectives_iterations_and_says_when_it_guesses(tmp_path):
     bare = make_plan(load_spec(str(tmp_path / "ar.yaml"), None, str(out)))
     text = "\n".join(bare.lines())
     assert not bare.windows and "window: guessing: its own window (no earlier runs to size it from)" in text, text
-    job = study_run.plan(bare.spec)[0]
-    assert study_run.study_field(bare.spec, job, env={})["window"].startswith("guessing: its own window")
+    assert study_run.study_field(bare.spec, _job(bare.spec), env={})["window"].startswith("guessing: its own window")
     study_run._manifest(bare.spec)  # its first attempt ran (and wrote its definition) ...
     _earlier_collectives(out, np.random.default_rng(7))
     again = make_plan(load_spec(str(tmp_path / "ar.yaml"), None, str(out)))
@@ -326,6 +333,6 @@ def test_plan_sizes_collectives_iterations_and_says_when_it_guesses(tmp_path):
     assert 5.5 < costs.overhead_s < 6.5 and 0.07 < costs.step_s < 0.09 and 0.12 < costs.within < 0.32
     text = "\n".join(plan.lines())
     assert f"window: {n} measured iterations per run" in text and "duty cycle" in text, text
-    why = study_run.study_field(plan.spec, study_run.plan(plan.spec)[0], env={})["window"]
+    why = study_run.study_field(plan.spec, _job(plan.spec), env={})["window"]
     assert why.startswith("chosen: run overhead") and re.search(r"iteration \d+\.\d ms", why), why
     assert "(one call of every op, size and placement)" in why and "iteration sd" in why, why

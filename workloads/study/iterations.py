@@ -26,8 +26,12 @@ from typing import Callable
 from workloads.study.window import Measured, batch_var, steps_of
 
 # the window's key (catalog: Workload.window) -> what one of its units is called in the plan and the records
-UNITS = {"train.steps": "step", "collectives.iters": "iteration"}
-WHAT = {"collectives.iters": " (one call of every op, size and placement)"}
+UNITS = {"train.steps": "step", "collectives.iters": "iteration", "load.num_requests": "request"}
+WHAT = {"collectives.iters": " (one call of every op, size and placement)",
+        "load.num_requests": " (one at every load point)"}
+PER = {"load.num_requests": "load point"}   # what the window counts units of, when not the run
+# keys that, set by a workload's overrides, pin its window too (a sweep run for a time, not a count)
+PINS = {"load.num_requests": ("load.duration_s",)}
 
 
 def unit(key: str) -> str:

@@ -37,7 +37,7 @@ from statistics import median
 
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records
-from workloads.study import iterations
+from workloads.study import iterations, served
 from workloads.study.spec import StudySpec, Workload
 from workloads.study.window import MAX_STEPS, Choice, Costs, choose, costs_from, run_seconds, shortest
 from workloads.study.words import entry_name
@@ -139,7 +139,8 @@ class Plan:
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
             if w.name in self.windows:
                 n, c = self.windows[w.name]
-                out.append(f"    window: {n} measured {iterations.unit(w.kind.window[0])}s per run ({w.window}); a run "
+                out.append(f"    window: {n} measured {_unit(w)}s per {iterations.PER.get(w.kind.window[0], 'run')} "
+                           f"({w.window}); a run "
                            f"about {c.run_s(n):.1f} s, duty cycle {100 * c.duty(n):.0f}% (measured / wall)")
             elif w.name in self.window_notes or w.window:
                 out.append(f"    window: {self.window_notes.get(w.name) or w.window}")
@@ -221,8 +222,21 @@ def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float
         return None, "no earlier runs to size it from", warm
     if block_cv is None:
         return None, "no measured CV of earlier blocks", warm
-    c = costs_from(records, seconds, block_cv, iterations.reader(w.kind.window[0], lambda rec: primary_of(rec, w)[0]))
-    return c, "" if c is not None else f"earlier runs lack per-{_unit(w)} samples or run times", warm
+    key, metric = w.kind.window[0], (lambda rec: primary_of(rec, w)[0])
+    read = served.reader(records, metric, lambda rec: _rank(rec, w)) if key == served.KEY else iterations.reader(key, metric)
+    c = costs_from(records, seconds, block_cv, read)
+    return c, "" if c is not None else f"earlier runs lack per-{_unit(w)} samples{_NEEDS.get(key, '')} or run times", warm
+
+
+# what else a sweep's earlier runs must have for their per-request samples to size its window (served.py)
+_NEEDS = {served.KEY: " of the primary metric at a fixed load.num_requests (an open loop's throughput has none)"}
+
+
+def _rank(rec: dict, w: Workload) -> float | None:
+    """How a sweep's point record ranks for the primary point: its load, None when it is not the
+    declared point or lacks the metric (the heaviest point decides when none is declared)."""
+    value, level = _primary_value(rec, w)
+    return None if value is None else level
 
 
 def _unit(w: Workload) -> str:
@@ -252,8 +266,9 @@ def _window_inputs(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
     for w in plan.spec.workloads:
         if w.kind.window is None or w.name in pinned:
             continue
-        if any(str(o).lstrip("+~").split("=", 1)[0] == w.kind.window[0] for o in w.overrides):
-            notes[w.name] = f"its own, pinned by its overrides ({w.kind.window[0]})"
+        keys = (w.kind.window[0], *iterations.PINS.get(w.kind.window[0], ()))
+        if pin := next((k for o in w.overrides if (k := str(o).lstrip("+~").split("=", 1)[0]) in keys), None):
+            notes[w.name] = f"its own, pinned by its overrides ({pin})"
             continue
         noise = measured.get(w.name)
         c, why, warm = _window_costs(earlier, w, noise.cv if noise else None)

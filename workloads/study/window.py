@@ -136,15 +136,24 @@ class Measured:
     steps: int          # its measured steps
 
 
-def batch_var(times: list[float]) -> float | None:
-    """σ² per sample of the samples' logs, from the means of BATCHES consecutive batches (samples
-    that drift together are not counted as independent): var(batch means) x batch size. None for
-    fewer than BATCHES·2 samples."""
-    if len(times) < 2 * BATCHES:
+def batch_var(samples: list, stat: Callable[[list], float | None] | None = None) -> float | None:
+    """σ² per sample of a statistic's log, from BATCHES consecutive batches of the samples (samples
+    that drift together are not counted as independent): var(the batches' log statistic) x batch
+    size, what a statistic over n samples then varies by, divided by n. `stat`: a batch's
+    statistic, the one the run's metric takes over all its samples (an inference point's median
+    TTFT: workloads/study/served.py); by default the mean of the samples' logs. None for fewer
+    than BATCHES·2 samples, or a batch whose statistic is not positive."""
+    if len(samples) < 2 * BATCHES:
         return None
-    logs = [math.log(x) for x in times]
-    size = len(logs) // BATCHES
-    means = [sum(logs[i * size:(i + 1) * size]) / size for i in range(BATCHES)]
+    size = len(samples) // BATCHES
+    batches = [samples[i * size:(i + 1) * size] for i in range(BATCHES)]
+    if stat is None:
+        means = [sum(math.log(x) for x in b) / size for b in batches]
+    else:
+        got = [stat(b) for b in batches]
+        if any(x is None or not x > 0 for x in got):
+            return None
+        means = [math.log(x) for x in got]
     grand = sum(means) / BATCHES
     return sum((m - grand) ** 2 for m in means) / (BATCHES - 1) * size
 
