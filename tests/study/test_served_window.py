@@ -1,4 +1,4 @@
-"""Inference windows (`window: auto` for an `infer` workload: load.num_requests, the requests per
+"""Inference windows (`window: auto` for an `inference` workload: load.num_requests, the requests per
 load point; workloads/study/served.py): what a sweep's records say of its window, with worked
 values; the planner's choice (O, t, sigma_b, sigma_w -> requests, blocks); that the batch
 estimate of a median's noise is the noise of the median over n requests, and the power the plan
@@ -146,7 +146,7 @@ arms:
   - {label: ib, fabric: loopback, baseline: true}
   - {label: roce, fabric: loopback}
 workloads:
-  - {name: s, entry: infer, overrides: ["load.points=[1,4]"]}
+  - {name: s, entry: inference, overrides: ["load.points=[1,4]"]}
 detect: 10%
 window: auto
 """
@@ -160,7 +160,7 @@ def _earlier(root, rng, blocks=8, n=20):
 
     folder = root / "old"
     folder.mkdir(parents=True)
-    (folder / "study.json").write_text(json.dumps({"id": "old", "workloads": [{"name": "s", "entry": "infer",
+    (folder / "study.json").write_text(json.dumps({"id": "old", "workloads": [{"name": "s", "entry": "inference",
                                                                                "overrides": ["load.points=[1,4]"]}],
                                                    "arms": [{"label": "ib", "fabric": "loopback"},
                                                             {"label": "roce", "fabric": "loopback"}]}))
@@ -207,6 +207,12 @@ def test_plan_sizes_requests_per_point_and_says_when_it_guesses(tmp_path):
                                 env={})["window"]
     assert why == w.window and why.startswith("chosen: run overhead") and "(one at every load point)" in why, why
     assert re.search(r"request \d+\.\d ms .*request sd \d+\.\d% over 20-request windows", why), why
+    # blocks pinned (blocks:) above the plan's choice: fewer requests per point that still reach the power in them
+    k = plan.spec.blocks + 2
+    (tmp_path / "t.yaml").write_text(SPEC + f"blocks: {k}\n")
+    fixed = make_plan(load_spec(str(tmp_path / "t.yaml"), "fixed", str(out)))
+    m, _ = fixed.windows["s"]
+    assert fixed.spec.blocks == k and m < n and stats.blocks_for(0.10, 1, fixed.cv_upper["s"], ALPHA) <= k
     for pin in ("load.num_requests=64", "load.duration_s=30"):
         (tmp_path / "p.yaml").write_text(SPEC.replace('"load.points=[1,4]"', f'"load.points=[1,4]", {pin}'))
         pinned = make_plan(load_spec(str(tmp_path / "p.yaml"), "pinned", str(out)))

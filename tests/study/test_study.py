@@ -553,7 +553,7 @@ control: true
 workloads:
   - name: ext
     entry: inference
-    overrides: [server=external, "server.url={url}", "load.points=[1,2]", load.num_requests=4,
+    overrides: [server=external, "server.url={url}", "load.points=[1,2]", load.num_requests=10,
                 load.warmup_requests=1, load.dataset.input_len=8, load.dataset.output_len=4]
 blocks: 2
 detect: 900%
@@ -571,6 +571,26 @@ detect: 900%
         assert r.returncode == 0 and "3 of 4 runs already recorded" in r.stdout, r.stdout[-3000:]
         assert "point c1: already recorded" in (out / "inf" / "logs" / "inf-loopback-aa-t0-ext.log").read_text()
         assert len(records(out / "inf")) == 8
+    # what `window: auto` reads of these runs (workloads/study/served.py): one more request at both
+    # points adds their durations / 10; O is the run (timings.jsonl) less that window. Two blocks
+    # measure no CV of blocks yet (the plan then says it guesses): given one, the costs are these
+    from workloads.study import plan as study_plan
+
+    auto = write(tmp_path, spec.read_text().replace(" load.num_requests=10,", "").replace("name: inf", "name: inf2")
+                 .replace("blocks: 2", "window: auto"), name="auto.yaml")
+    auto_spec = load_spec(auto, output_root=str(out))
+    assert "guessing: its own window (no measured CV of earlier blocks)" in "\n".join(study_plan.make_plan(auto_spec).lines())
+    costs, why, _ = study_plan._window_costs(study_plan._earlier(auto_spec), auto_spec.workloads[0], 0.05)
+    assert why == "" and costs.steps_before == 10, why
+    runs: dict[tuple, float] = {}
+    for x in records(out / "inf"):
+        key = (x["study"]["arm"], x["config"]["trial"])
+        runs[key] = runs.get(key, 0.0) + x["metrics"]["duration"] / 10
+    assert costs.step_s == pytest.approx(median(runs.values()))
+    seconds = [json.loads(t)["seconds"] for t in (out / "inf" / "timings.jsonl").read_text().splitlines()
+               if json.loads(t).get("ok")]
+    assert costs.overhead_s == pytest.approx(median(seconds) - 10 * median(runs.values()))
+    assert costs.within > 0 and costs.overhead_s > 1  # a run is mostly its start, not its 20 requests
 
 
 @pytest.mark.slow

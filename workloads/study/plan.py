@@ -245,7 +245,8 @@ def _unit(w: Workload) -> str:
 
 def _apply_windows(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[str, Noise]) -> Plan:
     """`window: auto`: for each workload that has a window (catalog), the measured steps (a
-    collectives run's iterations) with the least wall time at the plan's power (window.choose),
+    collectives run's iterations, an inference sweep's requests per load point) with the least
+    wall time at the plan's power (window.choose),
     then the shortest window that needs no more blocks than the study's slowest-to-decide
     workload; the choice becomes the workload's steps override and its `window` text, which its
     records carry. A workload the plan cannot size keeps its own window, and its text says why
