@@ -56,6 +56,9 @@ def test_sweep_records_and_resume(tmp_path):
             assert m["mean_ttft_ms"] >= 4 and m["median_tpot_ms"] > 0 and len(x["samples"]["requests"]) == 12
             assert x["fabric"]["name"] == "loopback" and x["server"]["adapter"] == "external"
             assert x["client"] == {"event_loop": "uvloop"}  # load.event_loop=auto, uvloop installed
+            # its measured window on the run's clock is its measured requests' (the study's duty cycle)
+            tl = x["timeline"]
+            assert tl["window_end"] - tl["window"] == pytest.approx(m["duration"], abs=0.002) and tl["window_end"] <= tl["record"]
         # what a study's plan reads of this sweep's window (workloads/study/served.py): one more
         # request at every point adds their durations / 12; the batch statistic over a whole
         # point is the point's own metric (the same function), and a closed loop's throughput

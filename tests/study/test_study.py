@@ -565,6 +565,7 @@ detect: 900%
         assert sorted((x["study"]["arm"], x["point"]) for x in recs) == sorted(
             [("loopback", "c1"), ("loopback", "c2"), ("loopback~aa", "c1"), ("loopback~aa", "c2")] * 2)
         assert "ext       c2     loopback~aa  2/2" in r.stdout
+        assert re.search(r"clock: \d+ s measured of \d+ s of runs \(duty cycle \d+%\)", r.stdout), r.stdout[-3000:]
         lost = next(x for x in recs if x["study"]["arm"] == "loopback~aa" and x["point"] == "c2" and x["config"]["trial"] == 0)
         lost["_path"].unlink()
         r = study(spec, out)

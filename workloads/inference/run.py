@@ -27,7 +27,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from workloads import session
-from workloads.core import hostmem, rundir
+from workloads.core import hostmem, rundir, timeline
 from workloads.core.errors import Fault, RecordNotWritten, TransportMismatch, UsageError
 from workloads.core.records import flatten, iter_records, json_safe
 from workloads.fabric.netns import emulated_nodes
@@ -375,6 +375,10 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         noise = PointMeter()
         mark = obs.begin() if obs is not None else None
         res = run_load(point, warn=lambda m: print(m, flush=True))
+        done = time.time()
+        # the point's measured requests (its warm-up came before them) on the run's clock: the
+        # study's duty cycle and a report's time to the verdict count a sweep's points by it
+        timeline.window(done - res.duration_s, done)
         noise.stamp(rec)
         m = summarize(res.results, res.duration_s, plan.slo)
         # the engine's own account of the point (vllm-pd: its KV transfers), its headline figures
