@@ -53,7 +53,11 @@ def test_sweep_records_and_resume(tmp_path):
             m = x["metrics"]
             assert x["status"] == "ok" and x["workload"] == "inference" and m["completed"] == 12 and m["failed"] == 0
             assert m["total_output_tokens"] == 12 * 6  # ignore_eos + usage: exactly what was asked
-            assert m["mean_ttft_ms"] >= 4 and m["median_tpot_ms"] > 0 and len(x["samples"]["requests"]) == 12
+            # the server sends the first token after 4 ms and the other 5 at 2 ms apart: no client sees
+            # the last before 14 ms. TPOT can be 0: a client descheduled past the pacing reads the
+            # remaining tokens in one chunk (seen under load: TTFT 18.8 ms, every token in one read)
+            assert m["mean_ttft_ms"] >= 4 and m["mean_e2el_ms"] >= 4 + 5 * 2 and m["median_tpot_ms"] >= 0
+            assert len(x["samples"]["requests"]) == 12
             assert x["fabric"]["name"] == "loopback" and x["server"]["adapter"] == "external"
             assert x["client"] == {"event_loop": "uvloop"}  # load.event_loop=auto, uvloop installed
             # its measured window on the run's clock is its measured requests' (the study's duty cycle)
