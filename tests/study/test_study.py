@@ -798,8 +798,7 @@ TRAIN = AA.replace("""  - name: ar
 def _ours(out: Path) -> list[int]:
     """Pids of the processes of a study's cells: launch/train.py exec'd, its command line naming the
     study's folder, or a fork of the study, which keeps the study's command line (that names the
-    output root) under another name in /proc/<pid>/comm: fb-rank0 for a rank (forkrank names it),
-    pt_elastic for the launcher, once torch's agent names its thread."""
+    output root) under a name of its own in /proc/<pid>/comm (forkrank's: fb-train, fb-rank0)."""
     pids = []
     for d in Path("/proc").glob("[0-9]*"):
         try:
@@ -807,7 +806,7 @@ def _ours(out: Path) -> list[int]:
             comm = d.joinpath("comm").read_text().strip()
         except OSError:
             continue
-        if ("launch/train.py" in argv and str(out) in argv) or (comm.startswith(("fb-", "pt_elastic")) and str(out.parent) in argv):
+        if ("launch/train.py" in argv and str(out) in argv) or (comm.startswith("fb-") and str(out.parent) in argv):
             pids.append(int(d.name))
     return pids
 

@@ -28,6 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from workloads.core import signals
 
@@ -228,6 +229,14 @@ def _name(name: str) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
+def _own_name() -> bool:
+    """Whether this process carries a name _name gave it (fb-...)."""
+    try:
+        return Path("/proc/self/comm").read_text().startswith("fb-")
+    except OSError:
+        return False
+
+
 def run_main(main: Callable[[], object]) -> int:
     """`main` as a forked child's program (_run)."""
     return _run(main)
@@ -277,11 +286,18 @@ def forking(warm_modules: Sequence[str] = ()) -> Iterator[None]:
         return _Handler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
                         local_rank_id=local_rank_id, numa_options=numa_options)
 
+    import torch.multiprocessing as tmp
+
     warm(warm_modules)
-    before = api.get_subprocess_handler
+    before, named = api.get_subprocess_handler, tmp._set_thread_name
     api.get_subprocess_handler = get
+    # torch.distributed.run names its calling thread "pt_elastic", which for a forked agent is its
+    # process name: node 1's agent, forked as fb-agent1, was fb-agent1 in ps for a moment and then
+    # pt_elastic like every other agent (a test that looked for it by name saw it only at times)
+    if _own_name():
+        tmp._set_thread_name = lambda name: None
     try:
         yield
     finally:
-        api.get_subprocess_handler = before
+        api.get_subprocess_handler, tmp._set_thread_name = before, named
         del handlers  # imported only to fail early where torch moved it
