@@ -59,6 +59,16 @@ def stats_ms(name: str, values_s: Sequence[float], percentiles: Iterable[int] = 
     return out
 
 
+def series(ok: Sequence) -> dict[str, list[float]]:
+    """Seconds of each latency over ok requests (anything with ttft, latency, itl and
+    output_tokens): TTFT and E2EL one per request, TPOT one per request of 2 or more tokens, ITL
+    every gap of every request, pooled."""
+    return {"ttft": [r.ttft for r in ok],
+            "tpot": [t for r in ok if (t := tpot(r.latency, r.ttft, r.output_tokens)) is not None],
+            "itl": [g for r in ok for g in r.itl],
+            "e2el": [r.latency for r in ok]}
+
+
 def summarize(results: Sequence, duration_s: float, slo: dict[str, float] | None = None,
               max_errors: int = 20) -> dict:
     """`results` are client.RequestResult (measured requests only, warm-up excluded)."""
@@ -66,10 +76,6 @@ def summarize(results: Sequence, duration_s: float, slo: dict[str, float] | None
         raise ValueError(f"duration must be positive, got {duration_s}")
     ok = [r for r in results if r.ok]
     bad = [r for r in results if not r.ok]
-    ttfts = [r.ttft for r in ok]
-    tpots = [t for r in ok if (t := tpot(r.latency, r.ttft, r.output_tokens)) is not None]
-    itls = [g for r in ok for g in r.itl]
-    e2els = [r.latency for r in ok]
     n_in = sum(r.prompt_len for r in ok)
     n_out = sum(r.output_tokens for r in ok)
     good = 0
@@ -93,7 +99,7 @@ def summarize(results: Sequence, duration_s: float, slo: dict[str, float] | None
         "output_throughput": n_out / duration_s,
         "total_token_throughput": (n_in + n_out) / duration_s,
     }
-    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+    for name, vals in series(ok).items():
         m |= stats_ms(name, vals)
     # The distinct messages with their counts; the first few verbatim, per vLLM's "errors".
     m["errors"] = [f"{n}x {msg}" for msg, n in sorted(errors.items(), key=lambda kv: -kv[1])][:max_errors]

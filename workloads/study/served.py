@@ -38,16 +38,14 @@ _THROUGHPUT = {"request_throughput": lambda r: 1, "output_throughput": lambda r:
 
 
 def _values(kind: str, rows: list[dict]) -> list[float]:
-    """Seconds of `kind` over the batch's requests, as metrics.summarize gathers them."""
-    from workloads.inference.metrics import tpot
+    """Seconds of `kind` over the batch's requests, gathered as the point's metrics were
+    (metrics.series), from the record's samples."""
+    from types import SimpleNamespace
 
-    if kind == "ttft":
-        return [r["ttft_s"] for r in rows]
-    if kind == "e2el":
-        return [r["latency_s"] for r in rows]
-    if kind == "itl":
-        return [g for r in rows for g in r.get("itl_s") or []]
-    return [t for r in rows if (t := tpot(r["latency_s"], r["ttft_s"], int(r.get("output_tokens") or 0))) is not None]
+    from workloads.inference.metrics import series
+
+    return series([SimpleNamespace(ttft=r["ttft_s"], latency=r["latency_s"], itl=r.get("itl_s") or [],
+                                   output_tokens=int(r.get("output_tokens") or 0)) for r in rows])[kind]
 
 
 def statistic(metric: str | None, arrival: str | None) -> Callable[[list[dict]], float | None] | None:
