@@ -4,15 +4,19 @@ each workload's own window) against now (ranks forked, `window: auto`).
     python benchmarks/time_to_verdict.py benchmarks/studies/train-aa.yaml
     sudo .venv/bin/python benchmarks/time_to_verdict.py benchmarks/studies/emu-train-ab.yaml --rounds 2
 
-A pilot study comes first (the "before" way, --pilot-blocks blocks, not counted), so that both
-plans size their blocks from the same measured noise: without it the first "before" ran on the
-default CV (4 blocks) while the "after" planned from measured runs, and the two were not at equal
-power. Then each round runs the study twice, in ABBA order over rounds: "before"
-(FB_RANK_START=exec, FB_STUDY_KEEP_FABRIC=0, window: fixed) and "after" (fork, a kept topology
-per arm, window: auto), each under its own id in one output root, each planned from every run
-before it. Both plans size their blocks for the same `detect` at 80% power. Prints per study:
-runs, blocks, wall time, the duty cycle (measured / wall, from the study's clock line), how many
-primary verdicts were decided; then the ratio after/before of the median wall times.
+Each way has its own output root and its own pilot study (--pilot-blocks blocks, not counted),
+run the way it plans for, so that each plan sizes its blocks from its own mode's measured noise
+and start-up cost: "before" (FB_RANK_START=exec, FB_STUDY_KEEP_FABRIC=0, window: fixed) and
+"after" (fork, a kept topology per arm and block, window: auto). A shared root let the "after"
+plan read the "before" runs' noise and overhead (exec'd ranks, 15-step windows: a CV twice its
+own), so it bought far more power than the "before" one; the two were not at equal power. Each
+round then runs the study both ways, in ABBA order over rounds, each planned from every run of its
+own root before it. Both plans size their blocks for the same `detect` at 80% power. Prints per
+study: runs, blocks, wall time, the duty cycle (measured / wall, from the study's clock line), how
+many primary verdicts were decided, and the power it reached: the worst primary verdict's MDE
+(what it calls with 80% power at its measured sd, analysis/stats.py). Then the ratio after/before
+of the median wall times, and the same at equal power: each study's wall scaled to the asked
+`detect` by (MDE / detect)^2, since the blocks a difference needs go as its sd squared.
 
 Run it on a quiet machine. A plan that cannot reach the power refuses ("no number of blocks up
 to 200 can call a 10% difference"), as a study should; the benchmark prints the refusal.
@@ -53,8 +57,23 @@ def study(spec: dict, name: str, out: Path, mode: str, window: str) -> dict:
     clock = re.search(r"duty cycle (\d+)%.*?(\d+|none) of (\d+) primary verdict", r.stdout)
     windows = re.findall(r"window: (\d+) measured (?:steps|iterations)", r.stdout)
     return {"wall": wall, "blocks": int(plan.group(1)), "runs": int(plan.group(2)),
-            "duty": int(clock.group(1)) if clock else None,
+            "duty": int(clock.group(1)) if clock else None, "mde": reached(out / name),
             "decided": f"{clock.group(2).replace('none', '0')}/{clock.group(3)}" if clock else "?", "windows": windows}
+
+
+def reached(folder: Path) -> float:
+    """The power a study reached: the largest MDE of its primary verdicts (a fraction), each at its
+    own level and measured sd, as compare reports it."""
+    from analysis.compare import compare_table
+    from analysis.load import load_table
+
+    table = compare_table(load_table([folder]), baseline_of(folder))
+    return max(c.mde for _, c in table.comparisons if c.primary)
+
+
+def baseline_of(folder: Path) -> str:
+    spec = yaml.safe_load(next(folder.parent.glob(f"{folder.name}.yaml")).read_text())
+    return next(a["label"] for a in spec["arms"] if a.get("baseline"))
 
 
 def main() -> int:
@@ -67,29 +86,39 @@ def main() -> int:
     spec = yaml.safe_load(Path(args.spec).read_text())
     for word in ("blocks", "trials"):  # trials: is blocks' name before
         spec.pop(word, None)  # both plans choose their blocks for the same detect
+    detect = float(str(spec["detect"]).rstrip("%")) / 100
+    ways = {"before": ("exec", "fixed"), "after": ("fork", "auto")}
     res: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="fb-ttv-") as tmp:
-        out = args.keep or Path(tmp)
-        out.mkdir(parents=True, exist_ok=True)
-        got = study({**spec, "blocks": args.pilot_blocks}, "pilot", out, "exec", "fixed")
-        print(f"  pilot: {got.get('runs')} runs, wall {got['wall']:.0f} s, decided {got.get('decided')}", flush=True)
+        root = args.keep or Path(tmp)
+        for which, (mode, _) in ways.items():
+            (root / which).mkdir(parents=True, exist_ok=True)
+            # the pilot runs at the workload's own window both ways: window: auto sizes from it
+            got = study({**spec, "blocks": args.pilot_blocks}, "pilot", root / which, mode, "fixed")
+            print(f"  pilot {which:6s}: {got.get('runs')} runs, wall {got['wall']:.0f} s, decided {got.get('decided')}",
+                  flush=True)
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for which in order:
-                mode, window = ("exec", "fixed") if which == "before" else ("fork", "auto")
-                got = study(spec, f"{which}-{r}", out, mode, window)
+                mode, window = ways[which]
+                got = study(spec, f"{which}-{r}", root / which, mode, window)
                 if "refused" in got:
                     print(f"  round {r} {which:6s}: the plan refused: {got['refused']}", flush=True)
                     continue
+                got["equal"] = got["wall"] * (got["mde"] / detect) ** 2
                 res[which].append(got)
                 print(f"  round {r} {which:6s}: {got['runs']} runs, {got['blocks']} blocks, wall {got['wall']:.0f} s, "
-                      f"duty {got['duty']}%, decided {got['decided']}, windows {got['windows'] or 'own'}", flush=True)
+                      f"duty {got['duty']}%, decided {got['decided']}, reached MDE {100 * got['mde']:.1f}% "
+                      f"(asked {100 * detect:.0f}%: {got['equal']:.0f} s at it), windows {got['windows'] or 'own'}",
+                      flush=True)
     if not all(res.values()):
         print("no ratio: a plan refused in every round of one side (raise detect: in the study)")
         return 1
     w = {k: statistics.median(x["wall"] for x in v) for k, v in res.items()}
+    e = {k: statistics.median(x["equal"] for x in v) for k, v in res.items()}
     print(f"median wall time: before {w['before']:.0f} s, after {w['after']:.0f} s; after/before {w['after'] / w['before']:.2f}"
-          f" (load average now {os.getloadavg()[0]:.1f})")
+          f"; at equal power (each at the asked {100 * detect:.0f}%): {e['before']:.0f} s, {e['after']:.0f} s, "
+          f"after/before {e['after'] / e['before']:.2f} (load average now {os.getloadavg()[0]:.1f})")
     return 0
 
 
