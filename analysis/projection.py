@@ -23,6 +23,9 @@ On a Gloo fabric all_reduce and all_gather take Gloo's own schedule instead (for
 gloo_ring): two segments in flight per link, each sent once its receive is announced, so a step
 costs its bytes or half a round trip and half its bytes, whichever is longer, not the sum; the
 same three parameters, fitted robustly (soft L1) so that one cell a host stall hit does not move them.
+reduce_scatter there is no ring reduce-scatter at all: torch's ProcessGroupGloo runs
+reduce_scatter_tensor as an all_reduce of the whole buffer, then copies out the rank's chunk, so
+its form "gloo" is Gloo's all_reduce schedule of S (twice the ring reduce-scatter's bytes).
 Gloo's 2-rank all_gather adds a fourth, serial: the share of calls whose late rank's announcements
 queued behind its own data on the pair's one connection, each one half chunk longer (serial_segments).
 
@@ -81,6 +84,7 @@ ALGORITHMS: dict[str, tuple[str, Any]] = {
 GLOO_ALGORITHMS = {
     "all_reduce": "Gloo ring: reduce-scatter then all-gather, segments of at most 1 MiB, two in flight",
     "all_gather": "Gloo ring, 2(p-1) half chunks, two in flight",
+    "reduce_scatter": "an all_reduce of the whole buffer (Gloo's ring, as all_reduce), then the rank's chunk kept",
 }
 
 
@@ -92,15 +96,25 @@ def terms(op: str, p: int) -> tuple[float, float]:
 # Gloo's ring (gloo/allreduce.cc, gloo/allgather.cc) keeps two segments in flight per link and
 # sends each only once its receiver has announced the receive (gloo/transport/tcp/pair.cc), so a
 # step does not cost a round trip plus its bytes: see gloo_ring below and docs/projection.md.
-GLOO_FORM_OPS = ("all_reduce", "all_gather")
+# torch's ProcessGroupGloo has no reduce-scatter of its own: reduce_scatter_tensor (_reduce_scatter_base
+# -> reduce_scatter_tensor_coalesced) clones the input, all_reduces it and copies out the rank's chunk,
+# so on Gloo a reduce_scatter of S is an all_reduce of S on the wire (WIRE_OP).
+GLOO_FORM_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+WIRE_OP = {"reduce_scatter": "all_reduce"}
 GLOO_MAX_SEGMENT = 1 << 20      # AllreduceOptions' kMaxSegmentSize (gloo/allreduce.h)
 
 
+def wire_op(op: str, form: str) -> str:
+    """The collective that carries op's bytes: in the gloo form a reduce_scatter is an all_reduce."""
+    return WIRE_OP.get(op, op) if form == "gloo" else op
+
+
 def gloo_segments(op: str, p: int, size: float) -> tuple[int, int, float]:
-    """(phases, iterations per phase, bytes per segment) of Gloo's ring at p ranks. all_reduce:
-    reduce-scatter then all-gather over roundUp(max(ceil(S / 1 MiB), 2p), p) segments, (p-1) x
-    segments-per-rank iterations each; all_gather: 2(p-1) iterations of half a rank's chunk."""
-    if op == "all_reduce":
+    """(phases, iterations per phase, bytes per segment) of Gloo's ring at p ranks. all_reduce (and
+    reduce_scatter, an all_reduce of its whole buffer): reduce-scatter then all-gather over
+    roundUp(max(ceil(S / 1 MiB), 2p), p) segments, (p-1) x segments-per-rank iterations each;
+    all_gather: 2(p-1) iterations of half a rank's chunk."""
+    if wire_op(op, "gloo") == "all_reduce":
         per_rank = -(-max(-(-int(size) // GLOO_MAX_SEGMENT), 2 * p) // p)
         return 2, (p - 1) * per_rank, size / (per_rank * p)
     return 1, 2 * (p - 1), size / (2 * p)
@@ -488,10 +502,11 @@ def _by_size(pts: list[Point]) -> dict[int, list[float]]:
     return out
 
 
-def latency_floor(recs: list[tuple[Path, dict[str, Any]]], op: str, beta: float) -> dict[str, Any]:
+def latency_floor(recs: list[tuple[Path, dict[str, Any]]], op: str, beta: float, form: str = "ring") -> dict[str, Any]:
     """Per scale, the latency the fabric cannot hide: the fastest call of the smallest size whose
     calls were timed one by one (`row.stability`, collectives.sample_iters; a call's time is its
-    slowest rank's), less its bytes (size x G(p) x beta), per ring step. A host that is busy only
+    slowest rank's), less its bytes (size x G(p) x beta), per ring step (of wire_op's ring: a Gloo
+    reduce_scatter's are its all_reduce's). A host that is busy only
     ever adds to a call, so the fastest of many calls is the round trip plus the host's least cost,
     where the block time's mean also holds every scheduling delay of the block (docs/projection.md,
     "Latency"). {} when no record sampled a size of op."""
@@ -510,7 +525,7 @@ def latency_floor(recs: list[tuple[Path, dict[str, Any]]], op: str, beta: float)
                 best[p] = (size, min(t, min(calls)), n + len(calls))
     out = {}
     for p, (size, t, n) in sorted(best.items()):
-        L, G = terms(op, p)
+        L, G = terms(wire_op(op, form), p)
         out[str(p)] = {"size": size, "calls": n, "fastest_call_s": t, "alpha_floor_s": max(0.0, t - size * G * beta) / L}
     return out
 
@@ -526,8 +541,9 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
     fitted = {}
     for op, ps in sorted(by_op.items()):
         if len({pt.p for pt in ps}) >= 2 and len({pt.size for pt in ps}) >= 2:
-            fitted[op] = fit_op(op, ps, boot, form=form_of(recs, op))
-            fitted[op]["latency_floor"] = latency_floor(recs, op, fitted[op]["beta_s_per_byte"])
+            form = form_of(recs, op)
+            fitted[op] = fit_op(op, ps, boot, form=form)
+            fitted[op]["latency_floor"] = latency_floor(recs, op, fitted[op]["beta_s_per_byte"], form)
     if not fitted:
         raise UsageError("no collective was measured at two or more scales and two or more sizes in these records; "
                          "sweep a size range (collectives.minbytes=64K collectives.maxbytes=16M) at each world size")
@@ -861,6 +877,12 @@ def _price_calls(cal: dict[str, Any], calls: list, p: int, p0: int) -> tuple[flo
             if op not in cal["ops"]:
                 raise UsageError(f"the record's steps run {op}, which the calibration of {cal['fabric']} lacks; "
                                  f"calibrate it (collectives.ops=[{op}])")
+            if name == "reduce_scatter" and cal["ops"][op].get("form") == "gloo":
+                # ProcessGroupGloo::reduce_scatter (a list of tensors) enqueues p all_reduces of S/p on
+                # the group's worker threads, not reduce_scatter_tensor's one all_reduce of S
+                raise UsageError("the record's steps run the list form of reduce_scatter, which Gloo runs as p "
+                                 "all_reduces of S/p that this model does not price; use reduce_scatter_tensor "
+                                 "(what ZeRO calls where torch has it), which it does")
             size = _call_size(op, numel, dtype, p0)
             pr = project(cal, op, p, size)
             at, lows, highs = at + pr.time_s, lows + pr.low_s, highs + pr.high_s

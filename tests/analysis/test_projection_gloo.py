@@ -1,6 +1,7 @@
 """Gloo's own ring as the projection's model form (analysis/projection.py gloo_ring): the segment
-schedule of gloo/allreduce.cc and gloo/allgather.cc pinned with worked values, the robust fit
-recovering known parameters past an outlier cell, and the form chosen by the records' backend."""
+schedule of gloo/allreduce.cc and gloo/allgather.cc pinned with worked values, reduce_scatter as
+ProcessGroupGloo runs it (an all_reduce of the whole buffer), the robust fit recovering known
+parameters past an outlier cell, and the form chosen by the records' backend."""
 
 from __future__ import annotations
 
@@ -128,8 +129,54 @@ def test_a_gloo_fabric_is_fitted_in_gloos_form_and_others_in_the_ring_form():
                                                                         rel=1e-4)
     nccl = pj.fit([(Path(f"/r/{p}.json"), _rec(p, backend="nccl")) for p in (2, 4)], boot=20)
     assert {c["form"] for c in nccl["ops"].values()} == {"ring"}
-    # Gloo's reduce_scatter is not this ring: it keeps the ring form
-    assert pj.form_of([(Path("/r"), _rec(2))], "reduce_scatter") == "ring"
+    assert pj.form_of([(Path("/r"), _rec(2))], "alltoall") == "ring"
+
+
+def test_gloos_reduce_scatter_is_an_all_reduce_of_the_whole_buffer():
+    # torch's ProcessGroupGloo runs reduce_scatter_tensor as an all_reduce of S, then keeps its chunk.
+    # 8 ranks, 1 MiB: Gloo's all_reduce schedule, 199.381 ms (see the worked all_reduce above); the
+    # textbook ring reduce-scatter: 7 x 8 ms + 1048576 x 0.875 / 12e6 = 132.459 ms
+    t = pj.model_time("reduce_scatter", 8, 1 << 20, ALPHA, 1 / BW, form="gloo")
+    assert t == pytest.approx(0.1993813, abs=1e-6) == pj.gloo_ring("all_reduce", 8, 1 << 20, ALPHA, 1 / BW)
+    assert pj.model_time("reduce_scatter", 8, 1 << 20, ALPHA, 1 / BW) == pytest.approx(0.1324587, abs=1e-6)
+    # 2 ranks, 16 MiB: 2 x 8 ms + 16 MiB / 12 MB/s = 1414.101 ms on the wire, where the ring form
+    # says 8 ms + 8 MiB / 12 MB/s = 707.051: twice the bytes (each rank sends 2(p-1)/p S, not (p-1)/p S)
+    assert pj.gloo_ring("reduce_scatter", 2, 1 << 24, ALPHA, 1 / BW) == pytest.approx(1.4141013, abs=1e-6)
+    assert pj.model_time("reduce_scatter", 2, 1 << 24, ALPHA, 1 / BW) == pytest.approx(0.7070507, abs=1e-6)
+    assert pj.gloo_segments("reduce_scatter", 8, 1 << 20) == pj.gloo_segments("all_reduce", 8, 1 << 20)
+    assert pj.serial_segments("reduce_scatter", 2) == 0           # the all_reduce posts each receive first
+    # fitted on a Gloo fabric in that form, B is the link's (the all_reduce's bus bandwidth), alpha the round trip
+    recs = [(Path(f"/r/{p}.json"), _rec(p, ops=("reduce_scatter",))) for p in (2, 4)]
+    c = pj.fit(recs, boot=20)["ops"]["reduce_scatter"]
+    assert c["form"] == "gloo" and c["algorithm"].startswith("an all_reduce of the whole buffer")
+    assert c["alpha_s"] == pytest.approx(ALPHA, rel=1e-4) and c["bandwidth_GBps"] == pytest.approx(BW / 1e9, rel=1e-4)
+    # the same times read in the ring form put B near half the link: the fit would miss the truth by ~50%
+    ring = pj.fit_params("reduce_scatter", [(x["p"], x["size"], x["time_s"]) for x in c["cells"]], "ring")
+    assert 1 / ring[1] < 0.6 * BW
+    # the latency floor counts the all_reduce's 2(p-1) steps and 2(p-1)/p bytes: a 1 KiB call of
+    # 16.0853 ms at 2 ranks is 2 steps of (16.0853 - 1024 / 12e6 x 1) / 2 = 8.0 ms
+    fast = 2 * ALPHA + 1024 / BW
+    r = recs[0][1]
+    r["rows"][0]["stability"] = {"times_us_by_rank": {"0": [fast * 1e6, 2e6], "1": [fast * 1e6, 2e6]}}
+    r["rows"][0]["size"] = 1024
+    floor = pj.latency_floor([recs[0]], "reduce_scatter", 1 / BW, "gloo")["2"]
+    assert floor["alpha_floor_s"] == pytest.approx(ALPHA) and floor["calls"] == 2
+
+
+def test_a_gloo_step_refuses_the_list_form_reduce_scatter():
+    # ProcessGroupGloo::reduce_scatter (a list of tensors) runs p all_reduces of S/p: not priced
+    cal = pj.fit([(Path(f"/r/{p}.json"), _rec(p, ops=("reduce_scatter",))) for p in (2, 4)], boot=20)
+    rec = {"workload": "pretrain", "status": "ok", "fabric": {"name": "emu-100m"}, "world": {"world_size": 2},
+           "fingerprint": {"git": {"commit": "c0ffee", "dirty_hash": None}},
+           "metrics": {"iteration_time(s)": 1.0, "iteration_time_std(s)": 0.0, "comm_share": 0.5, "measured_steps": 4},
+           "samples": {"comm_calls": [[["reduce_scatter_tensor", "float32", 1 << 17, 2, 0.1, 0.2]]] * 2}}
+    sp = pj.project_step(cal, rec, 4)
+    # 512 KiB a rank, S = 1 MiB: its share of the step scales as Gloo's all_reduce of 1 MiB from 2 to 4 ranks
+    ratio = pj.gloo_ring("all_reduce", 4, 1 << 20, ALPHA, 1 / BW) / pj.gloo_ring("all_reduce", 2, 1 << 20, ALPHA, 1 / BW)
+    assert sp.step_s == pytest.approx(0.5 + 0.5 * ratio, rel=1e-3)
+    rec["samples"]["comm_calls"] = [[["reduce_scatter", "float32", 1 << 17, 2, 0.1, 0.2]]]
+    with pytest.raises(pj.UsageError, match="list form of reduce_scatter"):
+        pj.project_step(cal, rec, 4)
 
 
 def test_one_stalled_cell_does_not_move_the_gloo_fit():
