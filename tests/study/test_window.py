@@ -46,14 +46,19 @@ def test_choice_is_the_least_wall_time_of_every_window():
     assert ch.wall_s < k15 * 2 * C.run_s(15)
 
 
-@pytest.mark.parametrize("overhead,between,within,expect", [
-    (10.0, 0.02, 0.20, "longer"),    # start-up dominates and steps are noisy: measure longer
-    (0.5, 0.05, 0.02, "shorter"),    # cheap runs, quiet steps, noisy runs: more, shorter runs
+@pytest.mark.parametrize("overhead,between,within,measured,steps", [
+    (10.0, 0.02, 0.20, 15, 70),   # start-up dominates and steps are noisy: measure longer
+    (0.5, 0.05, 0.02, 5, 5),      # cheap runs, quiet steps, noisy runs: more, shorter runs (earlier runs measured 5)
+    (0.5, 0.05, 0.02, 15, 15),    # the same costs measured at 15 steps: never shorter than the window measured
 ])
-def test_window_moves_the_way_the_costs_say(overhead, between, within, expect):
-    c = Costs(overhead, 0.08, between, within, 15)
+def test_window_moves_the_way_the_costs_say(overhead, between, within, measured, steps):
+    """Longer where start-up is dear, shorter where runs are cheap, and never shorter than the
+    window the earlier runs measured: below it CV(n) is extrapolated, and there it failed
+    (window.floor: 5 steps cut from 15 varied 3x what the model said)."""
+    c = Costs(overhead, 0.08, between, within, measured)
     ch = choose(c, detect=0.10, tests=1, alpha=ALPHA, arms=2)
-    assert (ch.steps > 15) if expect == "longer" else (ch.steps < 15)
+    assert ch.steps == steps
+    assert shortest(c, 200, 0.10, 1, ALPHA) == measured  # pinned blocks to spare: still the window measured
 
 
 def test_shortest_window_for_pinned_blocks():
@@ -223,19 +228,20 @@ CC = Costs(overhead_s=7.55, step_s=0.0275, between=0.02, within=0.10, steps_befo
 @pytest.mark.parametrize("costs,detect,iters,blocks,wall,blocks_at_20", [
     (CC, 0.05, 62, 8, 148.08, 11),                                # n* = sqrt(0.01 x 7.55 / (0.0004 x 0.0275)) = 82.8
     (Costs(7.55, 0.0275, 0.02, 0.30, 20), 0.10, 102, 6, 124.26, 15),  # noisy calls: longer still
-    (Costs(0.5, 0.0275, 0.05, 0.02, 20), 0.10, 5, 9, 11.475, 9),  # cheap runs, quiet calls: the shortest window
+    (Costs(0.5, 0.0275, 0.05, 0.02, 5), 0.10, 5, 9, 11.475, 9),   # cheap runs, quiet calls, measured at 5: the shortest
+    (Costs(0.5, 0.0275, 0.05, 0.02, 20), 0.10, 20, 9, 18.9, 9),   # the same measured at 20: not below it (window.floor)
 ])
 def test_collectives_window_worked_values(costs, detect, iters, blocks, wall, blocks_at_20):
     """(O, t, sigma_b, sigma_w) -> iterations and blocks over a study's 3 primary verdicts (two
-    arms): the least wall time of every window from 5 to 2000 iterations, against the 20 of
+    arms): the least wall time of every window from the one measured to 2000 iterations, against the 20 of
     conf/workload/collectives.yaml."""
     ch = choose(costs, detect=detect, tests=3, alpha=ALPHA, arms=2)
     assert (ch.steps, ch.blocks) == (iters, blocks)
     assert ch.wall_s == pytest.approx(wall) == blocks * 2 * (costs.overhead_s + iters * costs.step_s)
     assert ch.cv == pytest.approx(math.sqrt(costs.between ** 2 + costs.within ** 2 / iters))
     assert stats.blocks_for(detect, 3, costs.cv(20), ALPHA) == blocks_at_20
-    every = min(stats.blocks_for(detect, 3, costs.cv(n), ALPHA) * 2 * costs.run_s(n) for n in range(5, 2001)
-                if stats.blocks_for(detect, 3, costs.cv(n), ALPHA))
+    every = min(stats.blocks_for(detect, 3, costs.cv(n), ALPHA) * 2 * costs.run_s(n)
+                for n in range(max(5, costs.steps_before), 2001) if stats.blocks_for(detect, 3, costs.cv(n), ALPHA))
     assert ch.wall_s <= every * 1.05
 
 

@@ -75,8 +75,11 @@ def choose(costs: Costs, detect: float, tests: int, alpha: float, arms: int, loo
            upper_ratio: float = 1.0, lo: int = MIN_STEPS, hi: int = MAX_STEPS) -> Choice | None:
     """The window (measured steps) and blocks with the least wall time that reach 80% power at
     `detect` over `tests` verdicts; blocks are counted on CV(n)·upper_ratio (the plan's upper
-    limit of a measured CV over its estimate). None: no window up to `hi` can call `detect`."""
+    limit of a measured CV over its estimate). None: no window up to `hi` can call `detect`.
+    Never shorter than the window the noise was measured at (`floor`)."""
     from analysis import stats
+
+    lo = floor(costs, lo)
 
     def reachable(n: int) -> bool:  # within blocks_for's 200 blocks: one MDE, not 200
         return stats.plan_mde(200, tests, costs.cv(n) * upper_ratio, alpha, looks) <= detect
@@ -101,8 +104,11 @@ def choose(costs: Costs, detect: float, tests: int, alpha: float, arms: int, loo
 def shortest(costs: Costs, blocks: int, detect: float, tests: int, alpha: float, looks: int = 1,
              upper_ratio: float = 1.0, lo: int = MIN_STEPS, hi: int = MAX_STEPS) -> int | None:
     """The fewest measured steps that call `detect` in `blocks` blocks (CV(n) falls as n grows, so
-    the blocks needed never rise with n: bisection). None: not even `hi` steps do."""
+    the blocks needed never rise with n: bisection). None: not even `hi` steps do. Never shorter
+    than the window the noise was measured at (`floor`)."""
     from analysis import stats
+
+    lo = floor(costs, lo)
 
     def enough(n: int) -> bool:
         k = stats.blocks_for(detect, tests, costs.cv(n) * upper_ratio, alpha, looks)
@@ -114,6 +120,17 @@ def shortest(costs: Costs, blocks: int, detect: float, tests: int, alpha: float,
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
     return lo
+
+
+def floor(costs: Costs, lo: int = MIN_STEPS) -> int:
+    """The shortest window a plan may choose: the one its earlier runs measured. CV(n)² =
+    σ_b² + σ_w²/n is measured at that window and only extrapolated below it, where a window holds a
+    larger share of the run's least steady steps (those right after the warm-up) and of whatever
+    a window pays once; and there it failed: an emulated study's training, measured at 15 steps
+    and cut to 5 by the plan, varied by a block log-ratio sd of 0.31 and 0.35 where the model
+    gave 0.11 and 0.10 (docs/studies.md). Longer windows only dilute those, so the plan may lengthen a window,
+    not shorten it: to let it choose short windows, measure the earlier runs at one."""
+    return max(lo, costs.steps_before)
 
 
 def _grid(lo: int, hi: int) -> list[int]:
