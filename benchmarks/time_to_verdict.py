@@ -14,9 +14,11 @@ round then runs the study both ways, in ABBA order over rounds, each planned fro
 own root before it. Both plans size their blocks for the same `detect` at 80% power. Prints per
 study: runs, blocks, wall time, the duty cycle (measured / wall, from the study's clock line), how
 many primary verdicts were decided, and the power it reached: the worst primary verdict's MDE
-(what it calls with 80% power at its measured sd, analysis/stats.py). Then the ratio after/before
-of the median wall times, and the same at equal power: each study's wall scaled to the asked
-`detect` by (MDE / detect)^2, since the blocks a difference needs go as its sd squared.
+(what it calls with 80% power at its measured sd, analysis/stats.py). A plan sizes its blocks on
+an estimate, and the two ways' estimates come out unequal (a 4-block pilot's upper limit is wide),
+so a study can end over- or under-powered; the ratio that compares equal power prices each
+study's blocks at the number its own measured sds needed for `detect` (the plan's rule,
+blocks_for): its wall time per block x those blocks. Both ratios are printed, of the medians.
 
 Run it on a quiet machine. A plan that cannot reach the power refuses ("no number of blocks up
 to 200 can call a 10% difference"), as a study should; the benchmark prints the refusal.
@@ -25,6 +27,7 @@ to 200 can call a 10% difference"), as a study should; the benchmark prints the 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -57,18 +60,26 @@ def study(spec: dict, name: str, out: Path, mode: str, window: str) -> dict:
     clock = re.search(r"duty cycle (\d+)%.*?(\d+|none) of (\d+) primary verdict", r.stdout)
     windows = re.findall(r"window: (\d+) measured (?:steps|iterations)", r.stdout)
     return {"wall": wall, "blocks": int(plan.group(1)), "runs": int(plan.group(2)),
-            "duty": int(clock.group(1)) if clock else None, "mde": reached(out / name),
+            "duty": int(clock.group(1)) if clock else None, "reached": reached(out / name, detect_of(spec)),
             "decided": f"{clock.group(2).replace('none', '0')}/{clock.group(3)}" if clock else "?", "windows": windows}
 
 
-def reached(folder: Path) -> float:
-    """The power a study reached: the largest MDE of its primary verdicts (a fraction), each at its
-    own level and measured sd, as compare reports it."""
+def reached(folder: Path, detect: float) -> tuple[float, int]:
+    """The power a study reached, from its primary verdicts as compare reports them: the largest
+    MDE (a fraction, each at its own level and measured sd), and the blocks the study would have
+    needed to call `detect` at 80% power at those sds (the plan's own rule, analysis.stats.blocks_for;
+    the most over its primaries)."""
     from analysis.compare import compare_table
     from analysis.load import load_table
+    from analysis.stats import blocks_for
 
-    table = compare_table(load_table([folder]), baseline_of(folder))
-    return max(c.mde for _, c in table.comparisons if c.primary)
+    primaries = [c for _, c in compare_table(load_table([folder]), baseline_of(folder)).comparisons if c.primary]
+    need = [blocks_for(detect, c.family, c.sd / math.sqrt(2), c.alpha, c.looks, most=5000) for c in primaries]
+    return max(c.mde for c in primaries), max(k or 5000 for k in need)
+
+
+def detect_of(spec: dict) -> float:
+    return float(str(spec["detect"]).rstrip("%")) / 100
 
 
 def baseline_of(folder: Path) -> str:
@@ -86,7 +97,7 @@ def main() -> int:
     spec = yaml.safe_load(Path(args.spec).read_text())
     for word in ("blocks", "trials"):  # trials: is blocks' name before
         spec.pop(word, None)  # both plans choose their blocks for the same detect
-    detect = float(str(spec["detect"]).rstrip("%")) / 100
+    detect = detect_of(spec)
     ways = {"before": ("exec", "fixed"), "after": ("fork", "auto")}
     res: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="fb-ttv-") as tmp:
@@ -105,11 +116,12 @@ def main() -> int:
                 if "refused" in got:
                     print(f"  round {r} {which:6s}: the plan refused: {got['refused']}", flush=True)
                     continue
-                got["equal"] = got["wall"] * (got["mde"] / detect) ** 2
+                mde, need = got["reached"]
+                got["equal"] = need * got["wall"] / got["blocks"]
                 res[which].append(got)
                 print(f"  round {r} {which:6s}: {got['runs']} runs, {got['blocks']} blocks, wall {got['wall']:.0f} s, "
-                      f"duty {got['duty']}%, decided {got['decided']}, reached MDE {100 * got['mde']:.1f}% "
-                      f"(asked {100 * detect:.0f}%: {got['equal']:.0f} s at it), windows {got['windows'] or 'own'}",
+                      f"duty {got['duty']}%, decided {got['decided']}, reached MDE {100 * mde:.1f}% (asked {100 * detect:.0f}%: "
+                      f"{need} blocks at its sds, {got['equal']:.0f} s), windows {got['windows'] or 'own'}",
                       flush=True)
     if not all(res.values()):
         print("no ratio: a plan refused in every round of one side (raise detect: in the study)")
