@@ -60,31 +60,30 @@ def study(spec: dict, name: str, out: Path, mode: str, window: str) -> dict:
     clock = re.search(r"duty cycle (\d+)%.*?(\d+|none) of (\d+) primary verdict", r.stdout)
     windows = re.findall(r"window: (\d+) measured (?:steps|iterations)", r.stdout)
     return {"wall": wall, "blocks": int(plan.group(1)), "runs": int(plan.group(2)),
-            "duty": int(clock.group(1)) if clock else None, "reached": reached(out / name, detect_of(spec)),
+            "duty": int(clock.group(1)) if clock else None, "reached": reached(out / name, spec),
             "decided": f"{clock.group(2).replace('none', '0')}/{clock.group(3)}" if clock else "?", "windows": windows}
 
 
-def reached(folder: Path, detect: float) -> tuple[float, int]:
+def reached(folder: Path, spec: dict) -> tuple[float, int]:
     """The power a study reached, from its primary verdicts as compare reports them: the largest
     MDE (a fraction, each at its own level and measured sd), and the blocks the study would have
-    needed to call `detect` at 80% power at those sds (the plan's own rule, analysis.stats.blocks_for;
+    needed to call its `detect` at 80% power at those sds (the plan's own rule, analysis.stats.blocks_for;
     the most over its primaries)."""
     from analysis.compare import compare_table
     from analysis.load import load_table
     from analysis.stats import blocks_for
 
-    primaries = [c for _, c in compare_table(load_table([folder]), baseline_of(folder)).comparisons if c.primary]
-    need = [blocks_for(detect, c.family, c.sd / math.sqrt(2), c.alpha, c.looks, most=5000) for c in primaries]
+    baseline = next(a["label"] for a in spec["arms"] if a.get("baseline"))
+    primaries = [c for _, c in compare_table(load_table([folder]), baseline).comparisons if c.primary]
+    need = [blocks_for(detect_of(spec), c.family, c.sd / math.sqrt(2), c.alpha, c.looks, most=5000) for c in primaries]
     return max(c.mde for c in primaries), max(k or 5000 for k in need)
 
 
 def detect_of(spec: dict) -> float:
-    return float(str(spec["detect"]).rstrip("%")) / 100
+    """The study's `detect` as its loader reads it (workloads/study/spec.py)."""
+    from workloads.study.spec import fraction
 
-
-def baseline_of(folder: Path) -> str:
-    spec = yaml.safe_load(next(folder.parent.glob(f"{folder.name}.yaml")).read_text())
-    return next(a["label"] for a in spec["arms"] if a.get("baseline"))
+    return fraction(spec["detect"], "detect", 0.0, 10.0)
 
 
 def main() -> int:
