@@ -26,6 +26,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from analysis import nccl_cost as nc
+from analysis.projection.lines import _size
 from workloads.core.errors import UsageError
 
 PRIOR = 1e-3                 # weight of the pull of an unmeasured factor to NCCL's constant
@@ -202,3 +203,97 @@ def check_scale(h: dict[str, Any], nodes: int, gpn: int) -> None:
     if nodes == 1 and not lv["intra"]["measured_at"] and gpn > 1:
         raise UsageError("1 node: this calibration measured multi-node communicators only; "
                          "add one-node records to project inside a node")
+
+
+def is_nccl(records: Iterable[dict[str, Any]]) -> bool:
+    """Records of an NCCL fabric: the backend NCCL (or unnamed, with an NCCL version in the
+    fingerprint); Gloo's records keep Gloo's own form."""
+    recs = list(records)
+    backends = {str((r.get("fabric") or {}).get("backend") or "").lower() for r in recs}
+    return bool(recs) and "gloo" not in backends and (backends <= {"nccl", ""}) and nccl_of(recs) is not None
+
+
+def label(h: dict[str, Any], nodes: int, gpn: int) -> str:
+    at = [tuple(a) for lv in h["levels"].values() for a in lv["measured_at"]]
+    top = max(n for n, _ in at)
+    if (nodes, gpn) in at:
+        return "measured"
+    if nodes <= top:
+        return "interpolated"
+    return "extrapolated" if nodes <= 4 * top else "model-only"
+
+
+def layouts(h: dict[str, Any], nodes: str | None, gpn: int | None, ranks: list[int] | None) -> list[tuple[int, int]]:
+    """The (nodes, GPUs per node) to project: --nodes with --gpus-per-node, or --ranks alone when
+    the calibration has one level (one node: ranks on it; multi-node: its one GPUs per node)."""
+    if nodes:
+        try:
+            ns = [int(x) for x in nodes.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise UsageError(f"--nodes {nodes!r}: give whole numbers separated by commas, e.g. --nodes 8,64") from None
+        if not ns or min(ns) < 1:
+            raise UsageError(f"--nodes {nodes!r}: every count must be 1 or more")
+        g = gpn or (h["gpus_per_node"][0] if len(h["gpus_per_node"]) == 1 else None)
+        if g is None:
+            raise UsageError(f"--nodes {nodes}: add --gpus-per-node (measured: {', '.join(map(str, h['gpus_per_node']))})")
+        out = [(n, g) for n in ns]
+    else:
+        lv = {k for k, v in h["levels"].items() if v["measured_at"]}
+        if lv != {"intra"} and lv != {"inter"}:
+            raise UsageError("this NCCL calibration has two levels (one node and several): give --nodes N "
+                             "--gpus-per-node G, not --ranks")
+        out = []
+        for p in ranks or []:
+            if lv == {"intra"}:
+                out.append((1, p))
+                continue
+            (g,) = h["gpus_per_node"][:1] or [gpn]
+            if p % g:
+                raise UsageError(f"--ranks {p}: {g} GPUs per node do not divide {p} ranks; give --nodes N --gpus-per-node G")
+            out.append((p // g, g))
+    for n, g in out:
+        check_scale(h, n, g)
+    return out
+
+
+def projection(cal: dict[str, Any], op: str, size: int, nodes: int, gpn: int) -> dict[str, Any]:
+    h = cal["nccl"]
+    pr = predict(op, size, nodes, gpn, cal)
+    p = nodes * gpn
+    g = 2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p
+    return pr | {"fabric": cal["fabric"], "op": op, "size": size, "nodes": nodes, "gpus_per_node": gpn, "p": p,
+                 "busbw_GBps": size / pr["time_s"] * g / 1e9, "label": label(h, nodes, gpn), "nccl": h["version"]}
+
+
+def projection_line(pr: dict[str, Any], name: str) -> str:
+    how = "p2p, NVLink and network bytes apart" if pr["algo"] == "p2p" else f"{pr['algo']}/{pr['proto']}"
+    return (f"{name} {pr['op']} {_size(pr['size'])} on {pr['nodes']} x {pr['gpus_per_node']} ({pr['p']} ranks): "
+            f"{pr['time_s'] * 1e3:.3f} ms, busbw {pr['busbw_GBps']:.4g} GB/s; NCCL {pr['nccl']} {how}; {pr['label']} "
+            "(NCCL's model through the fitted levels; no interval for this form yet)")
+
+
+def compare_line(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> str:
+    fast, slow = ((a, names[0]), (b, names[1])) if a["time_s"] <= b["time_s"] else ((b, names[1]), (a, names[0]))
+    return (f"  on {a['nodes']} x {a['gpus_per_node']}, {a['op']} {_size(a['size'])}: {fast[1]} is faster than {slow[1]} "
+            f"by {100 * (slow[0]['time_s'] / fast[0]['time_s'] - 1):.1f}% (NCCL's model, point estimates)")
+
+
+def fit_lines(cal: dict[str, Any]) -> list[str]:
+    h = cal["nccl"]
+    m = h["measured"]
+    out = [f"  NCCL {h['nccl']} (its {h['version']} cost model): fitted through NCCL's algorithm choice, "
+           f"rms log error {100 * h['rms_log_error']:.1f}%"]
+    for name, bw, lat, what in (("intra", "intra_busbw", "intra_lat", "NVLink/PCI"), ("inter", "inter_busbw", "net_lat", "network")):
+        at = h["levels"][name]["measured_at"]
+        where = ", ".join(f"{n} x {g}" for n, g in at) if at else None
+        line = (f"    {name}-node: bus bandwidth {m[bw]:.4g} GB/s, {m[lat]:.3g}x NCCL's {what} step latencies; "
+                + (f"measured on {where}" if where else "not measured (NCCL's constants stand; projecting there is refused)"))
+        if name == "inter" and at and cal.get("payload_GBps") and m[bw] > cal["payload_GBps"]:
+            line += (f"; ABOVE the link's payload ceiling {cal['payload_GBps']:.4g} GB/s: the fit does not describe "
+                     "this link (check the records' fabric)")
+        out.append(line)
+    a = h.get("alltoall")
+    if a:
+        out.append(f"    alltoall: {a['lat_s'] * 1e6:.2f} us per peer, NVLink {a['intra_GBps']:.4g} GB/s, network "
+                   f"{a['inter_GBps']:.4g} GB/s per GPU")
+    return out

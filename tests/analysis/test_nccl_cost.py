@@ -121,3 +121,86 @@ def test_levels_from_the_records_and_refusals():
     one = {"nccl": hi.fit([_record(1, 8), _record(1, 4)])}
     with pytest.raises(UsageError, match="measured one node only"):
         hi.check_scale(one["nccl"], 2, 8)
+
+
+# --- NCCL's own TUNING tables (fixtures written from tuning.cc's format strings) and the CLI ----------
+
+LOGS = {v: FIXTURES / "nccl_logs" / f"nccl_{v}_tuning_2x8" / "nccl.gpu-a.7100.log" for v in ("2.23", "2.30")}
+
+
+@pytest.mark.parametrize("version", ["2.23", "2.30"])
+def test_the_tables_parse_with_their_layout_and_version(version):
+    t = nm.read(LOGS[version])
+    assert (t["nranks"], t["nodes"], t["local_ranks"]) == (16, 2, 8) and t["version"].startswith(version)
+    ar = t["cells"]["AllReduce"]
+    # 8.4 + 28 x 3.4 + 2 x 14.0 us; 45 GB/s x 16 / 30
+    assert ar["Ring/Simple"] == (131.6, 24.0) and len(ar) == 21
+    assert not t["per_call_lines"]
+
+
+@pytest.mark.parametrize("version", ["2.23", "2.30"])
+def test_a_calibration_of_a_fabric_nccl_describes_agrees_with_its_table(version):
+    full = {"2.23": "2.23.4", "2.30": "2.30.7"}[version]
+    cal = {"nccl": hi.fit([_record(2, 8, full), _record(4, 8, full)]), "fabric": "h100"}
+    chk = nm.check_nccl(cal, nm.read(LOGS[version]))
+    assert chk["ops"] and all(o["agree"] and o["same_algo"] == len(o["rows"]) for o in chk["ops"].values())
+    assert all(abs(r["ratio"] - 1) < 0.01 for o in chk["ops"].values() for r in o["rows"])
+    assert "agrees within 10% at all 10 sizes" in nm.check_nccl_lines(chk)[1]
+    # a fabric 30% slower across nodes than NCCL's model is told, with the size where
+    slow = nc.Measured(intra_busbw=360.0, inter_busbw=45.0 / 1.3, net_lat=1.3)
+    cal = {"nccl": hi.fit([_record(2, 8, full, slow), _record(4, 8, full, slow)]), "fabric": "h100"}
+    lines = nm.check_nccl_lines(nm.check_nccl(cal, nm.read(LOGS[version])))
+    assert "differs: at" in lines[1]
+    other = {"2.23": "2.30", "2.30": "2.23"}[version]
+    with pytest.raises(UsageError, match="give a log of the same NCCL install"):
+        nm.check_nccl(cal, nm.read(LOGS[other]))
+
+
+def _run_record(nodes, gpn, block):
+    r = _record(nodes, gpn)
+    return r | {"workload": "collectives", "status": "ok", "run_id": f"n{nodes}-{block}", "record_id": f"{nodes}-{block}",
+                "created": "2026-12-01T10:00:00+0000", "config": {"trial": block, "fabric": {"name": "h100-ib"}},
+                "fabric": {"name": "h100-ib", "backend": "nccl"}, "study": {"id": "s", "block": block},
+                "fingerprint": {"nccl": "2.30.7", "git": {"commit": "c0ffee", "dirty_hash": None}},
+                "line_rate": {"payload_per_comm(GB/s)": 48.0, "per_comm(GB/s)": 50.0}}
+
+
+def test_cli_fits_levels_and_projects_nodes_naming_nccls_algorithm(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from helpers import REPO, child_env
+
+    res = tmp_path / "res"
+    for i, (n, b) in enumerate((n, b) for n in (2, 4) for b in range(2)):
+        d = res / f"run{i}" / "records"
+        d.mkdir(parents=True)
+        (d / "c.json").write_text(json.dumps(_run_record(n, 8, b)))
+
+    def cli(*a):
+        return subprocess.run([sys.executable, "-m", "workloads.commands.cli", "model", *map(str, a)], cwd=REPO,
+                              env=child_env(), capture_output=True, text=True, timeout=120)
+
+    cal = tmp_path / "cal.json"
+    r = cli("fit", res, "--out", cal, "--bootstrap", 50, "--nccl-log", LOGS["2.30"])
+    assert r.returncode == 0, r.stderr
+    assert "inter-node: bus bandwidth 45 GB/s" in r.stdout and "intra-node" in r.stdout and "not measured" in r.stdout
+    assert "all_reduce: agrees within 10%" in r.stdout
+    r = cli("project", cal, "--nodes", "64", "--gpus-per-node", 8, "--sizes", "64K,256M", "--ops", "all_reduce")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("on 64 x 8 (512 ranks)" in x and "NCCL 2.30" in x for x in lines)
+    truth = nc.choose(hi.base_topology(64, 8), "all_reduce", 1 << 16, "2.30", TRUE)
+    assert f"{truth.time_s * 1e3:.3f} ms" in lines[0] and f"{truth.algo}/{truth.proto}" in lines[0]
+    # --ranks alone: one level (multi-node at 8 per node) -> 64 nodes
+    r2 = cli("project", cal, "--ranks", 512, "--sizes", "64K", "--ops", "all_reduce")
+    assert r2.returncode == 0 and r2.stdout.splitlines()[0] == lines[0]
+    for args, words in ((("--ranks", 500), "8 GPUs per node do not divide 500 ranks"),
+                        (("--nodes", 1, "--gpus-per-node", 8), "measured multi-node communicators only"),
+                        (("--nodes", "x"), "--nodes 'x': give whole numbers")):
+        r = cli("project", cal, *args)
+        assert r.returncode != 0 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    r = cli("fit", res, "--out", tmp_path / "c2.json", "--bootstrap", 50, "--nccl-log", LOGS["2.23"])
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "same NCCL install" in r.stderr
+    assert not (tmp_path / "c2.json").exists()
