@@ -1,10 +1,10 @@
-"""A calibration (analysis/projection.py) written in the formats of the simulators users already
+"""A calibration (analysis/projection/) written in the formats of the simulators users already
 have, so that fabricbench's measured alpha and bandwidth feed them (docs/projection.md).
 
 Both ASTRA-sim and Calculon price a collective as one latency plus its bytes over one bandwidth:
 one line in S. That is the calibration's own form on an NCCL fabric (the textbook ring: each step
 pays its latency and its bytes), and the export is then exact at every size. Gloo's ring (form
-"gloo", analysis/projection.py gloo_ring) keeps two segments in flight, and its time is two lines:
+"gloo", analysis/projection/forms.py gloo_ring) keeps two segments in flight, and its time is two lines:
 while a segment's bytes take less than a round trip, a phase pays half of both per segment (its
 latency is the ring's, 2(p-1) x alpha for an all_reduce, and its bytes go at up to twice the
 rate); above that it pays one round trip and its bytes (2 x alpha, at the bus bandwidth B). One
