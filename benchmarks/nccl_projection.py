@@ -30,13 +30,7 @@ CHECK = (1 << 16, 1 << 20, 16 << 20, 256 << 20)
 
 
 def record(nodes: int, gpn: int, block: int, nccl: str) -> dict:
-    t = hi.base_topology(nodes, gpn)
-    rows = []
-    for op in ("all_reduce", "all_gather", "reduce_scatter"):
-        for s in SIZES:
-            us = nc.choose(t, op, s, nc.version_of(nccl), TRUE).time_s * 1e6
-            rows.append({"op": op, "size": s, "group_size": nodes * gpn, "in_place": {"time_us": us},
-                         "out_of_place": {"time_us": us}})
+    rows = hi.nccl_rows(nodes, gpn, nccl, TRUE, SIZES)
     return {"workload": "collectives", "status": "ok", "run_id": f"n{nodes}-{block}", "record_id": f"{nodes}-{block}",
             "created": "2026-12-01T10:00:00+0000", "config": {"trial": block, "fabric": {"name": "h100-ib"}},
             "fabric": {"name": "h100-ib", "backend": "nccl"}, "study": {"id": "bench", "block": block},

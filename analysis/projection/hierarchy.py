@@ -297,3 +297,17 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
         out.append(f"    alltoall: {a['lat_s'] * 1e6:.2f} us per peer, NVLink {a['intra_GBps']:.4g} GB/s, network "
                    f"{a['inter_GBps']:.4g} GB/s per GPU")
     return out
+
+
+def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int]) -> list[dict[str, Any]]:
+    """A collectives record's rows whose times are NCCL's own model's on nodes x gpn (the
+    default topology, `m` in NCCL's hardware's place): what a fabric NCCL describes exactly would
+    measure, for checking a fit against NCCL's model."""
+    t = base_topology(nodes, gpn)
+    rows = []
+    for op in NCCL_OPS:
+        for s in sizes:
+            us = nc.choose(t, op, s, nc.version_of(nccl), m).time_s * 1e6
+            rows.append({"op": op, "size": s, "group_size": nodes * gpn, "in_place": {"time_us": us},
+                         "out_of_place": {"time_us": us}})
+    return rows

@@ -84,13 +84,7 @@ SIZES = [1 << k for k in range(10, 29, 2)]
 
 
 def _record(nodes, gpn, version="2.30.7", truth=TRUE):
-    t = hi.base_topology(nodes, gpn)
-    rows = []
-    for op in ("all_reduce", "all_gather", "reduce_scatter"):
-        for s in SIZES:
-            us = nc.choose(t, op, s, nc.version_of(version), truth).time_s * 1e6
-            rows.append({"op": op, "size": s, "group_size": nodes * gpn, "in_place": {"time_us": us},
-                         "out_of_place": {"time_us": us}})
+    rows = hi.nccl_rows(nodes, gpn, version, truth, SIZES)
     return {"world": {"world_size": nodes * gpn, "nodes": nodes, "local_world_size": gpn},
             "collectives": {"pattern": "all", "ranks_per_node": gpn}, "fingerprint": {"nccl": version}, "rows": rows}
 
