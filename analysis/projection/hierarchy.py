@@ -311,3 +311,50 @@ def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int])
             rows.append({"op": op, "size": s, "group_size": nodes * gpn, "in_place": {"time_us": us},
                          "out_of_place": {"time_us": us}})
     return rows
+
+
+def project_step(cal: dict[str, Any], rec: dict[str, Any], nodes: int, gpn: int) -> dict[str, Any]:
+    """A training record's step time on nodes x gpn from an NCCL calibration: the time with no
+    collective in flight stays; the time with one in flight scales as the step's own traced calls
+    priced by NCCL's model there over the same calls at the record's layout. A call on the whole
+    world (data parallel all_reduce, ZeRO's all_gather/reduce_scatter, MoE's alltoall) moves to
+    the new layout; a call on a group inside a node (tensor parallel) stays inside a node of its
+    own size, priced at the intra level both times. No interval yet (this form has none)."""
+    from analysis.projection.step import _TRACE_OPS, _call_size, training_inputs
+
+    calls, m, p0, step, comm = training_inputs(cal, rec)
+    n0, g0 = level_of(rec, p0)
+    at = base = 0.0
+    kinds: dict[str, float] = {}
+    for one in calls:
+        for name, dtype, numel, group, _start, _end in one:
+            op = _TRACE_OPS.get(name)
+            if op is None or not numel:
+                continue
+            g = int(group or p0)
+            size = _call_size(op, numel, dtype, g)
+            if g == p0:
+                before, after = (predict(op, size, n0, g0, cal)["time_s"], predict(op, size, nodes, gpn, cal)["time_s"])
+                kind = f"{op} on the world"
+            elif g <= min(g0, gpn):
+                before = after = predict(op, size, 1, g, cal)["time_s"]
+                kind = f"{op} inside a node ({g} GPUs)"
+            else:
+                raise UsageError(f"the record's steps run {op} on groups of {g} ranks that span nodes of {g0}: "
+                                 "price whole-world or inside-node groups only")
+            at, base = at + after, base + before
+            kinds[kind] = kinds.get(kind, 0.0) + after
+    if base <= 0:
+        raise UsageError("the record's trace holds no collective the model prices")
+    comm_at = comm * at / base
+    return {"nodes": nodes, "gpus_per_node": gpn, "p": nodes * gpn, "step_s": max(0.0, step - comm) + comm_at,
+            "comm_s": comm_at, "measured_step_s": step, "measured_at": [n0, g0], "calls": kinds,
+            "label": label(cal["nccl"], nodes, gpn)}
+
+
+def step_line(sp: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sp["calls"].items())
+    return (f"training step on {sp['nodes']} x {sp['gpus_per_node']} ({sp['p']} ranks): {sp['step_s'] * 1e3:.1f} ms "
+            f"(communication {sp['comm_s'] * 1e3:.1f} ms of it; one step's calls by NCCL's model: {parts}) from "
+            f"{sp['measured_step_s'] * 1e3:.1f} ms measured on {sp['measured_at'][0]} x {sp['measured_at'][1]}; "
+            f"{sp['label']} (no interval for this form yet)")

@@ -198,3 +198,26 @@ def test_cli_fits_levels_and_projects_nodes_naming_nccls_algorithm(tmp_path):
     r = cli("fit", res, "--out", tmp_path / "c2.json", "--bootstrap", 50, "--nccl-log", LOGS["2.23"])
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "same NCCL install" in r.stderr
     assert not (tmp_path / "c2.json").exists()
+
+
+def test_a_training_step_through_the_levels_worked():
+    cal = {"nccl": hi.fit([_record(1, 8), _record(2, 8), _record(4, 8)]), "fabric": "h100-ib",
+           "code": {"commit": "c0ffee", "dirty_hash": None}}
+    assert cal["nccl"]["measured"]["intra_busbw"] == pytest.approx(360.0, rel=1e-3)
+    # 2 x 8 ranks: 1 s steps, 0.8 s with a collective in flight; per step one data-parallel
+    # all_reduce of 231168 floats on all 16 ranks and one tensor-parallel all_reduce of 1 MiB on 8
+    rec = {"workload": "pretrain", "status": "ok", "fabric": {"name": "h100-ib"},
+           "world": {"world_size": 16, "nodes": 2, "local_world_size": 8},
+           "fingerprint": {"git": {"commit": "c0ffee", "dirty_hash": None}, "nccl": "2.30.7"},
+           "metrics": {"iteration_time(s)": 1.0, "comm_share": 0.8, "measured_steps": 10},
+           "samples": {"comm_calls": [[["all_reduce", "float32", 231168, 16, 0.0, 0.1],
+                                       ["all_reduce", "bfloat16", 1 << 19, 8, 0.1, 0.2]]]}}
+    sp = hi.project_step(cal, rec, 64, 8)
+    t = lambda n, g, s: nc.choose(hi.base_topology(n, g), "all_reduce", s, "2.30", TRUE).time_s  # noqa: E731
+    dp0, dp, tp = t(2, 8, 924672), t(64, 8, 924672), t(1, 8, 1 << 20)
+    assert sp["step_s"] == pytest.approx(0.2 + 0.8 * (dp + tp) / (dp0 + tp), rel=1e-3)
+    assert sp["calls"]["all_reduce inside a node (8 GPUs)"] == pytest.approx(tp, rel=1e-3)
+    assert sp["label"] == "model-only" and "training step on 64 x 8 (512 ranks)" in hi.step_line(sp)
+    bad = rec | {"samples": {"comm_calls": [[["all_reduce", "float32", 10, 12, 0.0, 0.1]]]}}
+    with pytest.raises(UsageError, match="groups of 12 ranks that span nodes of 8"):
+        hi.project_step(cal, bad, 64, 8)

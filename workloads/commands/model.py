@@ -185,8 +185,6 @@ def _project_nccl(args, cals: list[dict], names: list[str]) -> int:
 
     if not all("nccl" in c for c in cals):
         raise UsageError("compare an NCCL calibration with another NCCL one (the other was fitted on Gloo records)")
-    if args.training:
-        raise UsageError("--training on an NCCL calibration is not priced per level yet; project its collectives instead")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node {args.gpus_per_node}: give 1 or more")
     if not args.nodes and not args.ranks:
@@ -196,8 +194,9 @@ def _project_nccl(args, cals: list[dict], names: list[str]) -> int:
     sizes = _sizes(args.sizes) or sorted(cals[0]["ops"].get("all_reduce", {}).get("sizes", [])) or [1 << 20]
     ops = [o.strip() for o in args.ops.split(",")] if args.ops else [
         o for o in hi.NCCL_OPS + ("alltoall",) if all(o in c["ops"] and (o != "alltoall" or c["nccl"]["alltoall"]) for c in cals)]
+    rec = _record(args.training) if args.training else None
     rows = []
-    for op in ops:
+    for op in ops if not rec or args.sizes else ():  # --training alone: the steps only
         for n, g in lays[0]:
             for s in sizes:
                 prs = [hi.projection(c, op, s, n, g) for c in cals]
@@ -206,6 +205,10 @@ def _project_nccl(args, cals: list[dict], names: list[str]) -> int:
                 if len(prs) == 2:
                     print(hi.compare_line(*prs, tuple(names)))
                 rows += prs
+    for n, g in lays[0] if rec else ():
+        sp = hi.project_step(cals[0], rec, n, g)
+        print(hi.step_line(sp))
+        rows.append(sp | {"kind": "training_step"})
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
