@@ -195,6 +195,8 @@ def test_cli_fits_levels_and_projects_nodes_naming_nccls_algorithm(tmp_path):
                         (("--nodes", "x"), "--nodes 'x': give whole numbers")):
         r = cli("project", cal, *args)
         assert r.returncode != 0 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    r = cli("export", cal, "--nodes", 64, "--out", tmp_path / "sim")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "needs both levels" in r.stderr
     r = cli("fit", res, "--out", tmp_path / "c2.json", "--bootstrap", 50, "--nccl-log", LOGS["2.23"])
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "same NCCL install" in r.stderr
     assert not (tmp_path / "c2.json").exists()
@@ -221,3 +223,27 @@ def test_a_training_step_through_the_levels_worked():
     bad = rec | {"samples": {"comm_calls": [[["all_reduce", "float32", 10, 12, 0.0, 0.1]]]}}
     with pytest.raises(UsageError, match="groups of 12 ranks that span nodes of 8"):
         hi.project_step(cal, bad, 64, 8)
+
+
+def test_exports_of_an_nccl_calibration_worked():
+    import yaml
+
+    from analysis import simexport
+
+    cal = {"nccl": hi.fit([_record(1, 8), _record(2, 8), _record(4, 8)]), "fabric": "h100-ib",
+           "code": {"commit": "c0ffee", "dirty_hash": None}, "created": "2026-12-01T10:00:00+0000"}
+    net = yaml.safe_load(simexport.astra_sim_nccl(cal, 64, 8))
+    assert net["topology"] == ["Switch", "Switch"] and net["npus_count"] == [8, 64]
+    assert net["bandwidth"] == pytest.approx([360.0, 45.0], rel=1e-4)
+    # NCCL 2.30.7's ring Simple step: NVLink 3.4 us, NET 14.0 us, x 1.0, halved, in ns
+    assert net["latency"] == pytest.approx([1700.0, 7000.0], rel=1e-4)
+    rows = simexport.vidur_nccl(cal, [2, 4, 8], [1 << 20]).splitlines()
+    assert len(rows) == 4 and rows[0].split(",")[4] == "time_stats.all_reduce.median"
+    tp8 = nc.choose(hi.base_topology(1, 8), "all_reduce", 1 << 20, "2.30", TRUE).time_s * 1e3
+    assert float(rows[3].split(",")[4]) == pytest.approx(tp8, rel=1e-3)
+    intra, inter = simexport.calculon_nccl(cal, 64, 8)
+    assert (intra["size"], inter["size"]) == (8, 512)
+    # the line through 16 and 32 MiB of NCCL's model on 64 x 8
+    t1, t2 = (nc.choose(hi.base_topology(64, 8), "all_reduce", s, "2.30", TRUE).time_s for s in (16 << 20, 32 << 20))
+    slope = (t2 - t1) / (16 << 20)
+    assert inter["bandwidth"] == pytest.approx(2 * 511 / 512 / slope / 1e9, rel=1e-3)

@@ -40,7 +40,9 @@ def add_arguments(ap) -> None:
                    "calibration; its collectives trace and comm share)")
     e = sub.add_parser("export", help="the calibration as ASTRA-sim, Calculon and Vidur inputs")
     e.add_argument("calibration")
-    e.add_argument("--ranks", required=True, help="the simulated network's ranks, e.g. 512")
+    e.add_argument("--ranks", help="the simulated network's ranks, e.g. 512 (an NCCL calibration: --nodes instead)")
+    e.add_argument("--nodes", help="an NCCL calibration's simulated nodes, e.g. 64")
+    e.add_argument("--gpus-per-node", type=int, help="GPUs per node with --nodes [the one the records measured]")
     e.add_argument("--out", required=True, help="folder for astra-sim-network.yml, calculon-network.json, "
                    "vidur-all_reduce.csv")
     e.add_argument("--bytes", help="the job's typical collective size, e.g. 25M: ASTRA-sim and Calculon get the "
@@ -219,6 +221,10 @@ def _export(args, pj) -> int:
     from analysis import simexport
 
     cal = pj.load(args.calibration)
+    if "nccl" in cal:
+        return _export_nccl(args, cal)
+    if not args.ranks:
+        raise UsageError("give --ranks, e.g. --ranks 512 (--nodes is for a calibration of NCCL records)")
     (n,) = pj.parse_ranks(args.ranks) if "," not in args.ranks else (None,)
     if n is None:
         raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
@@ -247,6 +253,40 @@ def _export(args, pj) -> int:
                  "the line through S instead"))
     if n > pj.MODEL_ONLY * max(cal["ops"]["all_reduce"]["scales"]):
         print(f"note: {n} ranks is beyond {pj.MODEL_ONLY}x the largest measured scale: these inputs are model-only")
+    return 0
+
+
+def _export_nccl(args, cal: dict) -> int:
+    """`model export` of an NCCL calibration: two levels, ASTRA-sim's NVLink dimension and the
+    nodes', Calculon's network per level, Vidur's tensor-parallel rows from the intra level."""
+    from analysis import simexport
+    from analysis.projection import hierarchy as hi
+    from analysis.projection import parse_ranks
+
+    if not args.nodes and not args.ranks:
+        raise UsageError("give --nodes N --gpus-per-node G (or --ranks for a one-level calibration)")
+    if args.nodes and "," in args.nodes or args.ranks and "," in args.ranks:
+        raise UsageError("export one network size, e.g. --nodes 64")
+    lay = hi.layouts(cal["nccl"], args.nodes, args.gpus_per_node, parse_ranks(args.ranks) if args.ranks and not args.nodes else None)
+    (nodes, gpn), = lay
+    if not cal["nccl"]["levels"]["intra"]["measured_at"] or not cal["nccl"]["levels"]["inter"]["measured_at"]:
+        raise UsageError("the export needs both levels: fit with records from one node and from 2 or more nodes")
+    message = None
+    if args.bytes:
+        from workloads.collectives.settings import parse_size
+
+        message = parse_size(args.bytes.strip(), "--bytes")
+        if message <= 0:
+            raise UsageError(f"--bytes {args.bytes}: give the job's typical collective size, e.g. --bytes 25M")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    degrees = sorted({d for d in (2, 4, 8, gpn) if d <= gpn})
+    files = {"astra-sim-network.yml": simexport.astra_sim_nccl(cal, nodes, gpn),
+             "calculon-network.json": json.dumps(simexport.calculon_nccl(cal, nodes, gpn, message), indent=1) + "\n",
+             "vidur-all_reduce.csv": simexport.vidur_nccl(cal, degrees, [1 << k for k in range(10, 29)])}
+    for name, text in files.items():
+        (out / name).write_text(text)
+        print(f"{out / name}")
     return 0
 
 
