@@ -1,4 +1,4 @@
-"""The alpha-beta calibration and its projections (analysis/projection.py, `fabricbench model`),
+"""The alpha-beta calibration and its projections (analysis/projection/, `fabricbench model`),
 pinned with worked values on records built from known parameters."""
 
 from __future__ import annotations
@@ -286,7 +286,7 @@ def test_emulated_nodes_share_the_hosts_cores():
 
 
 def test_the_reports_projection_section(tmp_path):
-    from analysis import projection_report
+    from analysis.projection import report as projection_report
     from analysis.report import Section, to_html, to_markdown
 
     assert projection_report.blocks(tmp_path, tmp_path / "plots") == []          # no calibration: no section
