@@ -25,24 +25,26 @@ from analysis.projection.forms import (
     terms,
     wire_op,
 )
-from analysis.projection.intervals import _blocks, _draws, _ends, _noise, _quantile
+from analysis.projection.intervals import _blocks, _ends, _noise, form_units, noise_model, parametric_draws
 from analysis.projection.records import Point, code_of, fabric_of, points, select
 from workloads.core.errors import UsageError
 
 
 def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, form: str = "ring") -> dict[str, Any]:
-    """The calibration of one op: parameters with block-bootstrap intervals, the held-out check,
-    the noise, and the parameter draws a projection needs."""
+    """The calibration of one op: parameters with parametric-bootstrap intervals, the noise model,
+    the held-out check and the model-form allowance's units, and the draws a projection needs."""
     cells = _cells(pts)
     params = fit_params(op, [(p, s, t) for (p, s), t in cells.items()], form)
     a, b, kap, ser = params
     scales = sorted({p for p, _ in cells})
     blocks = _blocks(pts)
-    by_block = all(len(v) >= 2 for v in blocks.values())
+    nblocks = {(p, s): len({pt.block for pt in pts if pt.p == p and pt.size == s}) for p, s in cells}
     resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap, form, ser)) for k, t in cells.items()}
-    draws = _draws(op, blocks, resid, params, boot, seed, form)
+    serial_free = form == "gloo" and forms.serial_segments(op, 2) and 2 in scales
+    noise = noise_model(blocks, resid, 3 + bool(serial_free))
+    draws = parametric_draws(op, cells, nblocks, params, noise, boot, seed, form)
     held = holdout(op, cells, form)
-    mf = [abs(h["log_error"]) / h["doublings"] for h in held]
+    mf = form_units(held, resid)
     be = _ends([d[1] for d in draws])
     out = {
         "algorithm": GLOO_ALGORITHMS[op] if form == "gloo" else ALGORITHMS[op][0],
@@ -52,17 +54,17 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, f
         "bandwidth_GBps": (1 / b / 1e9) if b > 0 else None,
         "alpha_90": _ends([d[0] for d in draws]),
         "bandwidth_GBps_90": [1 / x / 1e9 if x > 0 else None for x in (be[1], be[0])],
-        "uncertainty": "blocks" if by_block else "residuals (one block at some scale: run 2 or more trials per scale "
-                                                 "for block-based intervals)",
+        "uncertainty": "blocks" if noise["source"] == "blocks" else
+                       "residuals (one block at some scale: run 2 or more trials per scale for the noise between blocks)",
         "blocks": {str(p): len(blocks[p]) for p in scales},
         "sizes": sorted({s for _, s in cells}),
         "scales": scales,
         "cells": [{"p": p, "size": s, "time_s": t} for (p, s), t in sorted(cells.items())],
-        "residual_q90": _quantile([abs(v) for v in resid.values()], PI_LEVEL),
-        "noise_log_sd": {str(p): v for p, v in _noise(blocks).items()},
+        "noise_log_sd": {str(p): v for p, (v, _) in _noise(blocks).items()},
+        "noise_model": noise,
         "holdout": held,
-        "model_form_q90_per_doubling": _quantile(mf, PI_LEVEL) if mf else None,
-        "draws": [list(d) for d in draws],
+        "model_form": mf,
+        "draws": draws,
     }
     if form == "gloo" and forms.serial_segments(op, 2):
         out |= {"serial": ser, "serial_90": _ends([d[3] for d in draws])}

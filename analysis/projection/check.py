@@ -37,6 +37,7 @@ def check_against(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]
             pr = project(cal, op, p, s)
             out.append({"op": op, "p": p, "size": s, "measured_s": t, "predicted_s": pr.time_s, "low_s": pr.low_s,
                         "high_s": pr.high_s, "inside": pr.low_s <= t <= pr.high_s, "label": pr.label,
+                        "inside_with_form": pr.with_form[0] <= t <= pr.with_form[1],
                         "abs_error": abs(t / pr.time_s - 1)})
     return out
 

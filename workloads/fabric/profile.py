@@ -45,6 +45,20 @@ def check_env_name(name: str) -> None:
                              "workloads/fabric/envnames.py)")
 
 
+def check_nccl_values(env: Mapping[str, str | None], where: str, ctx=None) -> None:
+    """NCCL variables the NCCL that will run ignores (a name it no longer or not yet reads, an
+    integer it reads as another) or fails on (NCCL_ALGO/NCCL_PROTO), refused in one line.
+    Without a context (a profile alone) only what fails whatever the workload is checked."""
+    from workloads.fabric import ncclvalues
+
+    if not any(k.startswith("NCCL_") and v is not None for k, v in env.items()):
+        return
+    got = ncclvalues.problems(dict(env), ctx or ncclvalues.Context(functions=frozenset()),
+                              ncclvalues.runtime_version())
+    if got:
+        raise UsageError(f"{where}.{got[0]}")
+
+
 @dataclass(frozen=True)
 class FabricProfile:
     name: str
@@ -69,6 +83,7 @@ class FabricProfile:
         for key, value in env.items():
             if value is not None and key not in unchecked:  # unsetting a name exports nothing
                 check_env_name(key)
+        check_nccl_values({k: v for k, v in env.items() if k not in unchecked}, "fabric.env")
         return cls(
             name=str(cfg["name"]),
             backend=backend,
