@@ -133,6 +133,7 @@ class Plan:
                if self.tests else
                f"  an A/A study: its control's {self.control_tests} primary verdict(s) bound the bias between two runs "
                f"of one configuration, Holm at alpha {s.alpha:g}"]
+        out += [f"  arm {a.label}: {a.tune_note}" for a in s.arms if a.tune_note and not a.control]
         for w in s.workloads:
             cv, src = self.cv[w.name]
             out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or w.kind.primary_text}"
