@@ -102,6 +102,9 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
                 f"{', '.join(f'{k}: {v}' for k, v in c['blocks'].items())}")
         if cal.get("payload_GBps") and c["bandwidth_GBps"]:
             line += f"; {100 * c['bandwidth_GBps'] / cal['payload_GBps']:.1f}% of the link's TCP payload ceiling"
+            if c["bandwidth_GBps"] > cal["payload_GBps"]:
+                # no bus bandwidth exceeds what the link can carry: the form, or the records' fabric, is wrong
+                line += " - ABOVE it: no fabric reaches that; the model's form does not describe these records"
         out.append(line)
         if "serial" in c:
             slo, shi = c["serial_90"]

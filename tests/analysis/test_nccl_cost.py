@@ -247,3 +247,53 @@ def test_exports_of_an_nccl_calibration_worked():
     t1, t2 = (nc.choose(hi.base_topology(64, 8), "all_reduce", s, "2.30", TRUE).time_s for s in (16 << 20, 32 << 20))
     slope = (t2 - t1) / (16 << 20)
     assert inter["bandwidth"] == pytest.approx(2 * 511 / 512 / slope / 1e9, rel=1e-3)
+
+
+def test_a_bandwidth_above_the_payload_ceiling_is_flagged():
+    from pathlib import Path
+
+    from analysis import projection as pj
+    from analysis.projection import lines
+
+    # the records' link carries 30 GB/s of payload per communicator; they show 45 GB/s of bus bandwidth
+    recs = [(Path(f"/r/{n}-{b}.json"), _run_record(n, 8, b) | {"line_rate": {"payload_per_comm(GB/s)": 30.0}})
+            for n in (2, 4) for b in range(2)]
+    cal = pj.fit(recs, boot=50)
+    cal["nccl"] = hi.fit([r for _, r in recs])
+    ring = [x for x in lines.fit_lines(cal) if x.startswith("  all_reduce")]
+    assert ring and "ABOVE it" in ring[0]
+    inter = next(x for x in hi.fit_lines(cal) if "inter-node" in x)
+    assert "ABOVE the link's payload ceiling 30 GB/s" in inter
+    cal["payload_GBps"] = 60.0
+    assert "ABOVE" not in " ".join(hi.fit_lines(cal)) and "ABOVE" not in " ".join(lines.fit_lines(cal))
+
+
+def test_alltoall_splits_nvlink_and_network_bytes_worked():
+    # 16 MiB on 2 x 8: each rank sends 1 MiB to each of 15 peers, 7 over NVLink (7 MiB at 300 GB/s)
+    # and 8 over the network (8 MiB at 40 GB/s): 15 x 5 us + 8 MiB / 40 GB/s (the slower side)
+    assert hi._a2a_time(16 << 20, 2, 8, 5e-6, 300.0, 40.0) == pytest.approx(15 * 5e-6 + (8 << 20) / 40e9)
+    # one node: NVLink only
+    assert hi._a2a_time(16 << 20, 1, 8, 5e-6, 300.0, 40.0) == pytest.approx(7 * 5e-6 + (14 << 20) / 300e9)
+    recs = []
+    for n in (1, 2, 4):
+        r = _record(n, 8)
+        r["rows"] += [{"op": "alltoall", "size": s, "group_size": n * 8, "out_of_place":
+                       {"time_us": hi._a2a_time(s, n, 8, 5e-6, 300.0, 40.0) * 1e6}} for s in SIZES]
+        recs.append(r)
+    cal = {"nccl": hi.fit(recs), "fabric": "h100-ib"}
+    a = cal["nccl"]["alltoall"]
+    assert (a["lat_s"], a["intra_GBps"], a["inter_GBps"]) == pytest.approx((5e-6, 300.0, 40.0), rel=1e-3)
+    pr = hi.projection(cal, "alltoall", 1 << 28, 64, 8)
+    assert pr["algo"] == "p2p" and pr["time_s"] == pytest.approx(511 * 5e-6 + (1 << 28) * 504 / 512 / 40e9, rel=1e-3)
+    assert "p2p, NVLink and network bytes apart" in hi.projection_line(pr, "h100-ib")
+
+
+def test_one_short_label_per_fabric(capsys):
+    from workloads.commands.model import _names
+
+    long = "emu-100m (delay=1ms, rate=30mbit)"
+    assert _names([{"fabric": long}]) == ["emu-100m"]
+    assert capsys.readouterr().out == f"emu-100m = {long}\n"
+    assert _names([{"fabric": long}, {"fabric": "emu-100m (rate=50mbit)"}]) == ["A", "B"]
+    assert capsys.readouterr().out == f"A = {long}\nB = emu-100m (rate=50mbit)\n"
+    assert _names([{"fabric": "roce"}, {"fabric": "ib"}]) == ["roce", "ib"] and capsys.readouterr().out == ""
