@@ -294,6 +294,13 @@ def _check(args, pj) -> int:
     """`model check`: a calibration's projections against records it was not fitted on."""
     cal = pj.load(args.calibration)
     rows = pj.check_against(cal, _records(args.dirs))
+    if "nccl" in cal:
+        from analysis.projection import hierarchy
+
+        for r in rows:
+            print(hierarchy.check_line(r))
+        print(hierarchy.check_summary(rows))
+        return 0
     for r in rows:
         print(f"{r['op']} {r['size']} B at {r['p']} ranks: measured {r['measured_s'] * 1e3:.3f} ms, projected "
               f"{r['predicted_s'] * 1e3:.3f} ms [{r['low_s'] * 1e3:.3f}, {r['high_s'] * 1e3:.3f}] "
