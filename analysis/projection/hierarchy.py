@@ -36,14 +36,17 @@ NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 def level_of(rec: dict[str, Any], p: int) -> tuple[int, int]:
     """(nodes, GPUs per node) of a p-rank communicator of the record: the whole world's layout
-    when it spans the world; one rank per node for `pattern: one_per_node`; else packed on
-    nodes of ranks_per_node."""
+    when it spans the world; one rank per node for `pattern: one_per_node`; a pair across two
+    nodes for `pattern: pairs` (inside the one node of a one-node job); else packed on nodes of
+    ranks_per_node."""
     world = rec.get("world") or {}
     coll = rec.get("collectives") or {}
     rpn = int(coll.get("ranks_per_node") or world.get("local_world_size") or p)
     nodes = int(world.get("nodes") or max(1, int(world.get("world_size") or p) // max(1, rpn)))
     if coll.get("pattern") == "one_per_node":
         return p, 1
+    if coll.get("pattern") == "pairs":            # rank r with r + world/2: across two nodes when there are two
+        return (2, 1) if nodes >= 2 else (1, 2)
     if p == int(world.get("world_size") or p):
         return (nodes, p // nodes) if p % nodes == 0 else (1, p)
     return (1, p) if p <= rpn else (p // rpn, rpn)
