@@ -195,6 +195,14 @@ def test_cli_fits_levels_and_projects_nodes_naming_nccls_algorithm(tmp_path):
                         (("--nodes", "x"), "--nodes 'x': give whole numbers")):
         r = cli("project", cal, *args)
         assert r.returncode != 0 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    # model check against 8 nodes it did not see: NCCL's model there, per cell
+    held = tmp_path / "held" / "run8" / "records"
+    held.mkdir(parents=True)
+    (held / "c.json").write_text(json.dumps(_run_record(8, 8, 0)))
+    r = cli("check", cal, tmp_path / "held")
+    assert r.returncode == 0, r.stderr
+    assert "all_reduce 65536 B on 8 x 8: measured" in r.stdout and "(Tree/LL; extrapolated), error 0.0%" in r.stdout
+    assert "30 measured cells against NCCL's model through the fitted levels: median |error| 0.0%" in r.stdout
     r = cli("export", cal, "--nodes", 64, "--out", tmp_path / "sim")
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "needs both levels" in r.stderr
     r = cli("fit", res, "--out", tmp_path / "c2.json", "--bootstrap", 50, "--nccl-log", LOGS["2.23"])
