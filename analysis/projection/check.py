@@ -59,6 +59,10 @@ def check_against(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]
             raise UsageError(f"the calibration{older} was fitted on other code (commit {str(cal['code']['commit'])[:12]}) "
                              f"than {path.name} (commit {str(commit)[:12]}{', with edits' if dirty else ''}); refit "
                              "with `fabricbench model fit` on records of the same code")
+    if "nccl" in cal:
+        from analysis.projection import hierarchy
+
+        return hierarchy.check_rows(cal, [r for _, r in recs])
     out = []
     for op, ps in _group_op([pt for _, r in recs for pt in points(r, cal["ops"])]).items():
         for (p, s), t in sorted(_cells(ps).items()):

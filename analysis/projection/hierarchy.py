@@ -36,14 +36,17 @@ NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 def level_of(rec: dict[str, Any], p: int) -> tuple[int, int]:
     """(nodes, GPUs per node) of a p-rank communicator of the record: the whole world's layout
-    when it spans the world; one rank per node for `pattern: one_per_node`; else packed on
-    nodes of ranks_per_node."""
+    when it spans the world; one rank per node for `pattern: one_per_node`; a pair across two
+    nodes for `pattern: pairs` (inside the one node of a one-node job); else packed on nodes of
+    ranks_per_node."""
     world = rec.get("world") or {}
     coll = rec.get("collectives") or {}
     rpn = int(coll.get("ranks_per_node") or world.get("local_world_size") or p)
     nodes = int(world.get("nodes") or max(1, int(world.get("world_size") or p) // max(1, rpn)))
     if coll.get("pattern") == "one_per_node":
         return p, 1
+    if coll.get("pattern") == "pairs":            # rank r with r + world/2: across two nodes when there are two
+        return (2, 1) if nodes >= 2 else (1, 2)
     if p == int(world.get("world_size") or p):
         return (nodes, p // nodes) if p % nodes == 0 else (1, p)
     return (1, p) if p <= rpn else (p // rpn, rpn)
@@ -358,3 +361,31 @@ def step_line(sp: dict[str, Any]) -> str:
             f"(communication {sp['comm_s'] * 1e3:.1f} ms of it; one step's calls by NCCL's model: {parts}) from "
             f"{sp['measured_step_s'] * 1e3:.1f} ms measured on {sp['measured_at'][0]} x {sp['measured_at'][1]}; "
             f"{sp['label']} (no interval for this form yet)")
+
+
+def check_rows(cal: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`model check` on an NCCL calibration: per measured cell (op, nodes x GPUs per node, size)
+    NCCL's model through the fitted levels beside the measurement (no interval for this form
+    yet, so no inside/outside); a layout whose level was not measured is refused."""
+    out = []
+    for c in cells(records, [o for o in cal["ops"] if o in NCCL_OPS or (o == "alltoall" and cal["nccl"]["alltoall"])]):
+        n, g = c["nodes"], c["gpus_per_node"]
+        check_scale(cal["nccl"], n, g)
+        pr = predict(c["op"], c["size"], n, g, cal)
+        out.append({"op": c["op"], "p": n * g, "nodes": n, "gpus_per_node": g, "size": c["size"],
+                    "measured_s": c["time_s"], "predicted_s": pr["time_s"], "algo": f"{pr['algo']}/{pr['proto']}",
+                    "label": label(cal["nccl"], n, g), "abs_error": abs(c["time_s"] / pr["time_s"] - 1)})
+    return out
+
+
+def check_line(r: dict[str, Any]) -> str:
+    return (f"{r['op']} {r['size']} B on {r['nodes']} x {r['gpus_per_node']}: measured {r['measured_s'] * 1e3:.3f} ms, "
+            f"NCCL's model {r['predicted_s'] * 1e3:.3f} ms ({r['algo']}; {r['label']}), error {100 * r['abs_error']:.1f}%")
+
+
+def check_summary(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no cell of these records is a collective the calibration has"
+    return (f"{len(rows)} measured cells against NCCL's model through the fitted levels: median |error| "
+            f"{100 * median(r['abs_error'] for r in rows):.1f}%, worst {100 * max(r['abs_error'] for r in rows):.1f}% "
+            "(no interval for this form yet)")

@@ -306,6 +306,13 @@ def _check(args, pj) -> int:
     rows = pj.check_against(cal, records)
     for path, why in pj.left_out(cal, records):
         print(f"left out: {path} ({why})")
+    if "nccl" in cal:
+        from analysis.projection import hierarchy
+
+        for r in rows:
+            print(hierarchy.check_line(r))
+        print(hierarchy.check_summary(rows))
+        return 0
     for r in rows:
         print(f"{r['op']} {r['size']} B at {r['p']} ranks: measured {r['measured_s'] * 1e3:.3f} ms, projected "
               f"{r['predicted_s'] * 1e3:.3f} ms [{r['low_s'] * 1e3:.3f}, {r['high_s'] * 1e3:.3f}] "
