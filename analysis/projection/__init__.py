@@ -29,21 +29,10 @@ its form "gloo" is Gloo's all_reduce schedule of S (twice the ring reduce-scatte
 Gloo's 2-rank all_gather adds a fourth, serial: the share of calls whose late rank's announcements
 queued behind its own data on the pair's one connection, each one half chunk longer (serial_segments).
 
-The 90% prediction interval is on log T, with three parts added in quadrature:
-  - parameters: the spread of the prediction over refits of resampled *blocks* (a study's blocks;
-    loose runs: each run a block), resampled within each scale; a scale measured in one block
-    only has no block spread, and then the fit's own residuals are resampled and the
-    calibration says so;
-  - noise: the block-to-block spread measured at the largest scale, grown with scale as
-    sqrt(ln p / ln p_max) (a collective waits for its slowest rank: the expected maximum of p
-    alike delays grows as sqrt(2 ln p)); a production fabric's tail at scale is not in it;
-  - model form: the held-out error. Each measured scale above the smallest is predicted from the
-    scales below it (4 from 2; 8 from 2 and 4); the 90% quantile of |log(measured/predicted)|
-    per doubling of the extrapolation distance is the margin, applied x log2(p / largest
-    measured) doublings (at least one) beyond the data, and the fit's own residual quantile
-    within it. With two scales the held-out fit has one scale, so no kappa: the margin then
-    also holds what kappa explains, and is wider than the full model's own error.
-A projection beyond MODEL_ONLY x the largest measured scale is labelled model-only.
+The 90% prediction interval (parameters and noise) is a parametric bootstrap of the whole
+procedure; the model-form allowance, from held-out scales, is a separate term with the level its
+few units attain; beyond MODEL_ONLY x the largest measured scale a projection is model-only and
+its interval held above the schedule's floor (intervals.py, project.py, docs/projection.md).
 
 Everything here reads records or a calibration file; nothing runs. The parts: forms (the model's
 cost per collective), records (what a fit may use), fit (parameters and the held-out check),
@@ -54,8 +43,8 @@ fit did not see), step (a training step at other scales), lines (what the comman
 
 from __future__ import annotations
 
-from analysis.projection.calibration import fit, fit_op, latency_floor, load
-from analysis.projection.check import _group_op, check_against
+from analysis.projection.calibration import fit, fit_op, latency_floor, load, problem
+from analysis.projection.check import _group_op, check_against, left_out
 from analysis.projection.fit import ROBUST_SCALE, SERIAL_UNSEEN, _cells, fit_params, holdout
 from analysis.projection.forms import (
                                        ALGORITHMS,
@@ -77,18 +66,40 @@ from analysis.projection.forms import (
                                        terms,
                                        wire_op,
 )
-from analysis.projection.intervals import _blocks, _by_size, _draws, _ends, _noise, _quantile, noise_at
-from analysis.projection.lines import _size, check_summary, compare, fit_lines, projection_line, step_line
-from analysis.projection.project import Projection, label, parse_ranks, project
-from analysis.projection.records import Point, _parse_time, block_of, code_of, fabric_of, points, select
+from analysis.projection.intervals import (
+                                       _blocks,
+                                       _by_size,
+                                       _ends,
+                                       _noise,
+                                       _quantile,
+                                       attainable,
+                                       form_units,
+                                       noise_at,
+                                       noise_model,
+                                       parametric_draws,
+                                       prediction_errors,
+)
+from analysis.projection.lines import (
+                                       _size,
+                                       check_summary,
+                                       compare,
+                                       fit_lines,
+                                       form_words,
+                                       noise_lines,
+                                       projection_line,
+                                       step_line,
+)
+from analysis.projection.project import Projection, label, parse_ranks, project, schedule_floor
+from analysis.projection.records import Point, _parse_time, block_of, check_times, code_of, fabric_of, points, select
 from analysis.projection.step import StepProjection, _call_size, _price_calls, host_share, measured_at, project_step
 from workloads.core.errors import UsageError
 
 __all__ = [
     "ALGORITHMS", "BOOTSTRAP", "GLOO_ALGORITHMS", "GLOO_FORM_OPS", "GLOO_MAX_SEGMENT", "MODEL_ONLY", "PI_LEVEL",
     "ROBUST_SCALE", "SCHEMA", "SEED", "SERIAL_UNSEEN", "WIRE_OP", "Point", "Projection", "StepProjection", "UsageError",
-    "_blocks", "_by_size", "_call_size", "_cells", "_draws", "_ends", "_group_op", "_noise", "_parse_time",
-    "_price_calls", "_quantile", "_size", "block_of", "check_against", "check_summary", "code_of", "compare", "fabric_of",
+    "_blocks", "_by_size", "_call_size", "_cells", "attainable", "form_units", "form_words", "noise_lines",
+    "noise_model", "parametric_draws", "prediction_errors", "schedule_floor", "_ends", "_group_op", "_noise", "_parse_time",
+    "_price_calls", "_quantile", "_size", "block_of", "check_against", "left_out", "check_times", "problem", "check_summary", "code_of", "compare", "fabric_of",
     "fit", "fit_lines", "fit_op", "fit_params", "form_of", "gloo_ring", "gloo_segments", "holdout", "host_share",
     "label", "latency_floor", "load", "measured_at", "model_time", "noise_at", "op_time", "parse_ranks", "points",
     "project", "project_step", "projection_line", "select", "serial_segments", "step_line", "terms", "wire_op",

@@ -25,24 +25,26 @@ from analysis.projection.forms import (
     terms,
     wire_op,
 )
-from analysis.projection.intervals import _blocks, _draws, _ends, _noise, _quantile
+from analysis.projection.intervals import _blocks, _ends, _noise, form_units, noise_model, parametric_draws
 from analysis.projection.records import Point, code_of, fabric_of, points, select
 from workloads.core.errors import UsageError
 
 
 def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, form: str = "ring") -> dict[str, Any]:
-    """The calibration of one op: parameters with block-bootstrap intervals, the held-out check,
-    the noise, and the parameter draws a projection needs."""
+    """The calibration of one op: parameters with parametric-bootstrap intervals, the noise model,
+    the held-out check and the model-form allowance's units, and the draws a projection needs."""
     cells = _cells(pts)
     params = fit_params(op, [(p, s, t) for (p, s), t in cells.items()], form)
     a, b, kap, ser = params
     scales = sorted({p for p, _ in cells})
     blocks = _blocks(pts)
-    by_block = all(len(v) >= 2 for v in blocks.values())
+    nblocks = {(p, s): len({pt.block for pt in pts if pt.p == p and pt.size == s}) for p, s in cells}
     resid = {k: math.log(t / model_time(op, k[0], k[1], a, b, kap, form, ser)) for k, t in cells.items()}
-    draws = _draws(op, blocks, resid, params, boot, seed, form)
+    serial_free = form == "gloo" and forms.serial_segments(op, 2) and 2 in scales
+    noise = noise_model(blocks, resid, 3 + bool(serial_free))
+    draws = parametric_draws(op, cells, nblocks, params, noise, boot, seed, form)
     held = holdout(op, cells, form)
-    mf = [abs(h["log_error"]) / h["doublings"] for h in held]
+    mf = form_units(held, resid)
     be = _ends([d[1] for d in draws])
     out = {
         "algorithm": GLOO_ALGORITHMS[op] if form == "gloo" else ALGORITHMS[op][0],
@@ -52,17 +54,17 @@ def fit_op(op: str, pts: list[Point], boot: int = BOOTSTRAP, seed: int = SEED, f
         "bandwidth_GBps": (1 / b / 1e9) if b > 0 else None,
         "alpha_90": _ends([d[0] for d in draws]),
         "bandwidth_GBps_90": [1 / x / 1e9 if x > 0 else None for x in (be[1], be[0])],
-        "uncertainty": "blocks" if by_block else "residuals (one block at some scale: run 2 or more trials per scale "
-                                                 "for block-based intervals)",
+        "uncertainty": "blocks" if noise["source"] == "blocks" else
+                       "residuals (one block at some scale: run 2 or more trials per scale for the noise between blocks)",
         "blocks": {str(p): len(blocks[p]) for p in scales},
         "sizes": sorted({s for _, s in cells}),
         "scales": scales,
         "cells": [{"p": p, "size": s, "time_s": t} for (p, s), t in sorted(cells.items())],
-        "residual_q90": _quantile([abs(v) for v in resid.values()], PI_LEVEL),
-        "noise_log_sd": {str(p): v for p, v in _noise(blocks).items()},
+        "noise_log_sd": {str(p): v for p, (v, _) in _noise(blocks).items()},
+        "noise_model": noise,
         "holdout": held,
-        "model_form_q90_per_doubling": _quantile(mf, PI_LEVEL) if mf else None,
-        "draws": [list(d) for d in draws],
+        "model_form": mf,
+        "draws": draws,
     }
     if form == "gloo" and forms.serial_segments(op, 2):
         out |= {"serial": ser, "serial_90": _ends([d[3] for d in draws])}
@@ -133,6 +135,7 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
         "emulate": ((first.get("config") or {}).get("fabric") or {}).get("emulate"),
         "code": {"commit": commit, "dirty_hash": dirty},
         "records": sorted({str(p) for p, _ in recs}),
+        "record_ids": sorted({str(r.get("record_id")) for _, r in recs if r.get("record_id")}),
         "records_digest": hashlib.sha256("\n".join(sorted(str(r.get("record_id")) for _, r in recs)).encode()).hexdigest()[:16],
         "newest_record": max((r.get("created") or "" for _, r in recs), default=None),
         "payload_GBps": min(payload) if payload and all(payload) else None,
@@ -153,4 +156,107 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(cal, dict) or cal.get("schema") != SCHEMA:
         raise UsageError(f"{path} is not a {SCHEMA} calibration (schema {cal.get('schema') if isinstance(cal, dict) else None!r}); "
                          "refit with `fabricbench model fit`")
+    bad = problem(cal)
+    if bad:
+        raise UsageError(f"{path}: field {bad}; the file was edited or is damaged: refit with `fabricbench model fit`")
     return cal
+
+
+# What a check of one field says is wrong with its value (None: fine).
+def _num(lo: float = 0.0, hi: float = math.inf, *, above: bool = False, null: bool = False):
+    def check(v):
+        if v is None and null:
+            return None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return "not a finite number"
+        if v < lo or v > hi or (above and v == lo):
+            return f"outside {'(' if above else '['}{lo}, {hi}]"
+        return None
+    return check
+
+
+def _kind(*types, null: bool = False):
+    def check(v):
+        if v is None and null:
+            return None
+        return None if isinstance(v, types) and not isinstance(v, bool) else f"not {' or '.join(t.__name__ for t in types)}"
+    return check
+
+
+def _ints(v):
+    if not isinstance(v, list) or not v:
+        return "not a non-empty list"
+    return next((f"holds {x!r}, not a whole number above 0" for x in v
+                 if not isinstance(x, int) or isinstance(x, bool) or x < 1), None)
+
+
+def _draws(v):
+    if not isinstance(v, list) or not v:
+        return "not a non-empty list"
+    for d in v:
+        if not isinstance(d, list) or len(d) < 3 or any(_num()(x) for x in d):
+            return f"holds {d!r}, not a list of 3 or more finite numbers >= 0"
+    return None
+
+
+def _margin(v):
+    if not isinstance(v, dict):
+        return "not a mapping"
+    for side in ("beyond", "within"):
+        m = v.get(side)
+        if not isinstance(m, dict) or not isinstance(m.get("units"), dict):
+            return f"{side} is not a mapping with units"
+        why = _num(0, 1)(m.get("level")) or _num(null=True)(m.get("margin_log"))
+        if why:
+            return f"{side}: {why}"
+    return None
+
+
+def _noise_model(v):
+    if not isinstance(v, dict) or not isinstance(v.get("sd"), dict):
+        return "not a mapping with sd"
+    return (next((f"sd at {k} is {x!r}, not a finite number >= 0" for k, x in v["sd"].items() if _num()(x)), None)
+            or (None if isinstance(v.get("dof"), int) and v["dof"] >= 0 else f"dof is {v.get('dof')!r}, not a count"))
+
+
+TOP = {"fabric": _kind(str), "code": _kind(dict), "pi_level": _num(0, 1, above=True), "ops": _kind(dict),
+       "records": _kind(list), "payload_GBps": _num(above=True, null=True), "line_rate_GBps": _num(above=True, null=True),
+       "latency_floor": _kind(dict, null=True), "nccl": _kind(dict)}
+OPTIONAL = {"payload_GBps", "line_rate_GBps", "latency_floor", "nccl"}
+PER_OP = {"alpha_s": _num(), "beta_s_per_byte": _num(), "kappa_s": _num(), "form": _kind(str), "scales": _ints,
+          "sizes": _ints, "draws": _draws, "noise_model": _noise_model, "model_form": _margin,
+          "holdout": _kind(list), "cells": _kind(list), "latency_floor": _kind(dict), "blocks": _kind(dict)}
+
+
+def problem(cal: dict[str, Any]) -> str | None:
+    """The first field of a calibration a projection cannot use, in words (`ops.all_reduce.alpha_s
+    is 'fast', not a finite number`), or None."""
+    for key, check in TOP.items():
+        if key not in cal:
+            if key in OPTIONAL:
+                continue
+            return f"{key} is missing"
+        why = check(cal[key])
+        if why:
+            return f"{key} is {cal[key]!r:.60}, {why}"
+    for key in ("commit", "dirty_hash"):
+        if key not in cal["code"] or _kind(str, null=True)(cal["code"][key]):
+            return f"code.{key} is missing or not a string"
+    if not cal["ops"]:
+        return "ops is empty"
+    for op, c in cal["ops"].items():
+        if op not in ALGORITHMS:
+            return f"ops.{op} is not a collective the model knows ({', '.join(ALGORITHMS)})"
+        if not isinstance(c, dict):
+            return f"ops.{op} is not a mapping"
+        for key, check in PER_OP.items():
+            if key not in c:
+                return f"ops.{op}.{key} is missing"
+            why = check(c[key])
+            if why:
+                return f"ops.{op}.{key} is {c[key]!r:.60}, {why}"
+        if c["form"] not in ("ring", "gloo"):
+            return f"ops.{op}.form is {c['form']!r}, not ring or gloo"
+        if "serial" in c and _num(0, 1)(c["serial"]):
+            return f"ops.{op}.serial is {c['serial']!r:.60}, not a share in [0, 1]"
+    return None

@@ -133,3 +133,27 @@ def holdout(op: str, cells: dict[tuple[int, int], float], form: str = "ring") ->
                 out.append({"p": p, "from": scales[:k], "size": s, "measured_s": t, "predicted_s": pred,
                             "log_error": math.log(t / pred), "doublings": dist})
     return out
+
+
+def fit_params_many(op: str, keys: list[tuple[int, int]], times, form: str = "ring") -> list[tuple[float, float, float, float]]:
+    """fit_params of many sets of times at the same cells (times: draws x cells), as fit_params
+    would give each. The ring form solves them all at once: where the unconstrained least squares
+    of a set is non-negative it is the non-negative one (the problem is convex), and the sets it is
+    not for go through fit_params. The gloo form's robust fit goes one set at a time."""
+    import numpy as np
+
+    if form == "gloo" or len({p for p, _ in keys}) < 2:
+        return [fit_params(op, [(p, s, t) for (p, s), t in zip(keys, row)], form) for row in times]
+    x = np.array([[L, s * G, L * math.log2(p / 2)] for p, s in keys for L, G in [terms(op, p)]])
+    scale = np.linalg.norm(x, axis=0)
+    x = x / scale                                   # columns of one size: the normal equations stay well conditioned
+    inv = 1.0 / np.asarray(times, dtype=float)      # relative error: each row of a set weighted by 1/T
+    m = np.einsum("bn,ni,nj->bij", inv * inv, x, x)
+    theta = np.linalg.solve(m, np.einsum("bn,ni->bi", inv, x)[..., None])[..., 0] / scale
+    out = []
+    for row, th in zip(times, theta):
+        if (th >= 0).all():
+            out.append((float(th[0]), float(th[1]), float(th[2]), 0.0))
+        else:
+            out.append(fit_params(op, [(p, s, t) for (p, s), t in zip(keys, row)], form))
+    return out

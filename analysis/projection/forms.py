@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "fabricbench.calibration/1"
+SCHEMA = "fabricbench.calibration/2"     # 2: parametric-bootstrap PIs, the model-form allowance apart
 PI_LEVEL = 0.90
-MODEL_ONLY = 4          # beyond this many times the largest measured scale a projection is model-only
+MODEL_ONLY = 2          # beyond this many times the largest measured scale a projection is model-only
 BOOTSTRAP = 400
 SEED = 20261128
 

@@ -26,6 +26,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from analysis import nccl_cost as nc
+from analysis.projection.lines import _size
 from workloads.core.errors import UsageError
 
 PRIOR = 1e-3                 # weight of the pull of an unmeasured factor to NCCL's constant
@@ -35,14 +36,17 @@ NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 def level_of(rec: dict[str, Any], p: int) -> tuple[int, int]:
     """(nodes, GPUs per node) of a p-rank communicator of the record: the whole world's layout
-    when it spans the world; one rank per node for `pattern: one_per_node`; else packed on
-    nodes of ranks_per_node."""
+    when it spans the world; one rank per node for `pattern: one_per_node`; a pair across two
+    nodes for `pattern: pairs` (inside the one node of a one-node job); else packed on nodes of
+    ranks_per_node."""
     world = rec.get("world") or {}
     coll = rec.get("collectives") or {}
     rpn = int(coll.get("ranks_per_node") or world.get("local_world_size") or p)
     nodes = int(world.get("nodes") or max(1, int(world.get("world_size") or p) // max(1, rpn)))
     if coll.get("pattern") == "one_per_node":
         return p, 1
+    if coll.get("pattern") == "pairs":            # rank r with r + world/2: across two nodes when there are two
+        return (2, 1) if nodes >= 2 else (1, 2)
     if p == int(world.get("world_size") or p):
         return (nodes, p // nodes) if p % nodes == 0 else (1, p)
     return (1, p) if p <= rpn else (p // rpn, rpn)
@@ -202,3 +206,186 @@ def check_scale(h: dict[str, Any], nodes: int, gpn: int) -> None:
     if nodes == 1 and not lv["intra"]["measured_at"] and gpn > 1:
         raise UsageError("1 node: this calibration measured multi-node communicators only; "
                          "add one-node records to project inside a node")
+
+
+def is_nccl(records: Iterable[dict[str, Any]]) -> bool:
+    """Records of an NCCL fabric: the backend NCCL (or unnamed, with an NCCL version in the
+    fingerprint); Gloo's records keep Gloo's own form."""
+    recs = list(records)
+    backends = {str((r.get("fabric") or {}).get("backend") or "").lower() for r in recs}
+    return bool(recs) and "gloo" not in backends and (backends <= {"nccl", ""}) and nccl_of(recs) is not None
+
+
+def label(h: dict[str, Any], nodes: int, gpn: int) -> str:
+    at = [tuple(a) for lv in h["levels"].values() for a in lv["measured_at"]]
+    top = max(n for n, _ in at)
+    if (nodes, gpn) in at:
+        return "measured"
+    if nodes <= top:
+        return "interpolated"
+    return "extrapolated" if nodes <= 4 * top else "model-only"
+
+
+def layouts(h: dict[str, Any], nodes: str | None, gpn: int | None, ranks: list[int] | None) -> list[tuple[int, int]]:
+    """The (nodes, GPUs per node) to project: --nodes with --gpus-per-node, or --ranks alone when
+    the calibration has one level (one node: ranks on it; multi-node: its one GPUs per node)."""
+    if nodes:
+        try:
+            ns = [int(x) for x in nodes.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise UsageError(f"--nodes {nodes!r}: give whole numbers separated by commas, e.g. --nodes 8,64") from None
+        if not ns or min(ns) < 1:
+            raise UsageError(f"--nodes {nodes!r}: every count must be 1 or more")
+        g = gpn or (h["gpus_per_node"][0] if len(h["gpus_per_node"]) == 1 else None)
+        if g is None:
+            raise UsageError(f"--nodes {nodes}: add --gpus-per-node (measured: {', '.join(map(str, h['gpus_per_node']))})")
+        out = [(n, g) for n in ns]
+    else:
+        lv = {k for k, v in h["levels"].items() if v["measured_at"]}
+        if lv != {"intra"} and lv != {"inter"}:
+            raise UsageError("this NCCL calibration has two levels (one node and several): give --nodes N "
+                             "--gpus-per-node G, not --ranks")
+        out = []
+        for p in ranks or []:
+            if lv == {"intra"}:
+                out.append((1, p))
+                continue
+            (g,) = h["gpus_per_node"][:1] or [gpn]
+            if p % g:
+                raise UsageError(f"--ranks {p}: {g} GPUs per node do not divide {p} ranks; give --nodes N --gpus-per-node G")
+            out.append((p // g, g))
+    for n, g in out:
+        check_scale(h, n, g)
+    return out
+
+
+def projection(cal: dict[str, Any], op: str, size: int, nodes: int, gpn: int) -> dict[str, Any]:
+    h = cal["nccl"]
+    pr = predict(op, size, nodes, gpn, cal)
+    p = nodes * gpn
+    g = 2 * (p - 1) / p if op == "all_reduce" else (p - 1) / p
+    return pr | {"fabric": cal["fabric"], "op": op, "size": size, "nodes": nodes, "gpus_per_node": gpn, "p": p,
+                 "busbw_GBps": size / pr["time_s"] * g / 1e9, "label": label(h, nodes, gpn), "nccl": h["version"]}
+
+
+def projection_line(pr: dict[str, Any], name: str) -> str:
+    how = "p2p, NVLink and network bytes apart" if pr["algo"] == "p2p" else f"{pr['algo']}/{pr['proto']}"
+    return (f"{name} {pr['op']} {_size(pr['size'])} on {pr['nodes']} x {pr['gpus_per_node']} ({pr['p']} ranks): "
+            f"{pr['time_s'] * 1e3:.3f} ms, busbw {pr['busbw_GBps']:.4g} GB/s; NCCL {pr['nccl']} {how}; {pr['label']} "
+            "(NCCL's model through the fitted levels; no interval for this form yet)")
+
+
+def compare_line(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> str:
+    fast, slow = ((a, names[0]), (b, names[1])) if a["time_s"] <= b["time_s"] else ((b, names[1]), (a, names[0]))
+    return (f"  on {a['nodes']} x {a['gpus_per_node']}, {a['op']} {_size(a['size'])}: {fast[1]} is faster than {slow[1]} "
+            f"by {100 * (slow[0]['time_s'] / fast[0]['time_s'] - 1):.1f}% (NCCL's model, point estimates)")
+
+
+def fit_lines(cal: dict[str, Any]) -> list[str]:
+    h = cal["nccl"]
+    m = h["measured"]
+    out = [f"  NCCL {h['nccl']} (its {h['version']} cost model): fitted through NCCL's algorithm choice, "
+           f"rms log error {100 * h['rms_log_error']:.1f}%"]
+    for name, bw, lat, what in (("intra", "intra_busbw", "intra_lat", "NVLink/PCI"), ("inter", "inter_busbw", "net_lat", "network")):
+        at = h["levels"][name]["measured_at"]
+        where = ", ".join(f"{n} x {g}" for n, g in at) if at else None
+        line = (f"    {name}-node: bus bandwidth {m[bw]:.4g} GB/s, {m[lat]:.3g}x NCCL's {what} step latencies; "
+                + (f"measured on {where}" if where else "not measured (NCCL's constants stand; projecting there is refused)"))
+        if name == "inter" and at and cal.get("payload_GBps") and m[bw] > cal["payload_GBps"]:
+            line += (f"; ABOVE the link's payload ceiling {cal['payload_GBps']:.4g} GB/s: the fit does not describe "
+                     "this link (check the records' fabric)")
+        out.append(line)
+    a = h.get("alltoall")
+    if a:
+        out.append(f"    alltoall: {a['lat_s'] * 1e6:.2f} us per peer, NVLink {a['intra_GBps']:.4g} GB/s, network "
+                   f"{a['inter_GBps']:.4g} GB/s per GPU")
+    return out
+
+
+def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int]) -> list[dict[str, Any]]:
+    """A collectives record's rows whose times are NCCL's own model's on nodes x gpn (the
+    default topology, `m` in NCCL's hardware's place): what a fabric NCCL describes exactly would
+    measure, for checking a fit against NCCL's model."""
+    t = base_topology(nodes, gpn)
+    rows = []
+    for op in NCCL_OPS:
+        for s in sizes:
+            us = nc.choose(t, op, s, nc.version_of(nccl), m).time_s * 1e6
+            rows.append({"op": op, "size": s, "group_size": nodes * gpn, "in_place": {"time_us": us},
+                         "out_of_place": {"time_us": us}})
+    return rows
+
+
+def project_step(cal: dict[str, Any], rec: dict[str, Any], nodes: int, gpn: int) -> dict[str, Any]:
+    """A training record's step time on nodes x gpn from an NCCL calibration: the time with no
+    collective in flight stays; the time with one in flight scales as the step's own traced calls
+    priced by NCCL's model there over the same calls at the record's layout. A call on the whole
+    world (data parallel all_reduce, ZeRO's all_gather/reduce_scatter, MoE's alltoall) moves to
+    the new layout; a call on a group inside a node (tensor parallel) stays inside a node of its
+    own size, priced at the intra level both times. No interval yet (this form has none)."""
+    from analysis.projection.step import _TRACE_OPS, _call_size, training_inputs
+
+    calls, m, p0, step, comm = training_inputs(cal, rec)
+    n0, g0 = level_of(rec, p0)
+    at = base = 0.0
+    kinds: dict[str, float] = {}
+    for one in calls:
+        for name, dtype, numel, group, _start, _end in one:
+            op = _TRACE_OPS.get(name)
+            if op is None or not numel:
+                continue
+            g = int(group or p0)
+            size = _call_size(op, numel, dtype, g)
+            if g == p0:
+                before, after = (predict(op, size, n0, g0, cal)["time_s"], predict(op, size, nodes, gpn, cal)["time_s"])
+                kind = f"{op} on the world"
+            elif g <= min(g0, gpn):
+                before = after = predict(op, size, 1, g, cal)["time_s"]
+                kind = f"{op} inside a node ({g} GPUs)"
+            else:
+                raise UsageError(f"the record's steps run {op} on groups of {g} ranks that span nodes of {g0}: "
+                                 "price whole-world or inside-node groups only")
+            at, base = at + after, base + before
+            kinds[kind] = kinds.get(kind, 0.0) + after
+    if base <= 0:
+        raise UsageError("the record's trace holds no collective the model prices")
+    comm_at = comm * at / base
+    return {"nodes": nodes, "gpus_per_node": gpn, "p": nodes * gpn, "step_s": max(0.0, step - comm) + comm_at,
+            "comm_s": comm_at, "measured_step_s": step, "measured_at": [n0, g0], "calls": kinds,
+            "label": label(cal["nccl"], nodes, gpn)}
+
+
+def step_line(sp: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sp["calls"].items())
+    return (f"training step on {sp['nodes']} x {sp['gpus_per_node']} ({sp['p']} ranks): {sp['step_s'] * 1e3:.1f} ms "
+            f"(communication {sp['comm_s'] * 1e3:.1f} ms of it; one step's calls by NCCL's model: {parts}) from "
+            f"{sp['measured_step_s'] * 1e3:.1f} ms measured on {sp['measured_at'][0]} x {sp['measured_at'][1]}; "
+            f"{sp['label']} (no interval for this form yet)")
+
+
+def check_rows(cal: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`model check` on an NCCL calibration: per measured cell (op, nodes x GPUs per node, size)
+    NCCL's model through the fitted levels beside the measurement (no interval for this form
+    yet, so no inside/outside); a layout whose level was not measured is refused."""
+    out = []
+    for c in cells(records, [o for o in cal["ops"] if o in NCCL_OPS or (o == "alltoall" and cal["nccl"]["alltoall"])]):
+        n, g = c["nodes"], c["gpus_per_node"]
+        check_scale(cal["nccl"], n, g)
+        pr = predict(c["op"], c["size"], n, g, cal)
+        out.append({"op": c["op"], "p": n * g, "nodes": n, "gpus_per_node": g, "size": c["size"],
+                    "measured_s": c["time_s"], "predicted_s": pr["time_s"], "algo": f"{pr['algo']}/{pr['proto']}",
+                    "label": label(cal["nccl"], n, g), "abs_error": abs(c["time_s"] / pr["time_s"] - 1)})
+    return out
+
+
+def check_line(r: dict[str, Any]) -> str:
+    return (f"{r['op']} {r['size']} B on {r['nodes']} x {r['gpus_per_node']}: measured {r['measured_s'] * 1e3:.3f} ms, "
+            f"NCCL's model {r['predicted_s'] * 1e3:.3f} ms ({r['algo']}; {r['label']}), error {100 * r['abs_error']:.1f}%")
+
+
+def check_summary(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no cell of these records is a collective the calibration has"
+    return (f"{len(rows)} measured cells against NCCL's model through the fitted levels: median |error| "
+            f"{100 * median(r['abs_error'] for r in rows):.1f}%, worst {100 * max(r['abs_error'] for r in rows):.1f}% "
+            "(no interval for this form yet)")

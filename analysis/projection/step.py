@@ -39,16 +39,9 @@ class StepProjection:
     ranks: int              # the record's own scale
 
 
-def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjection:
-    """A training record's step time at p ranks: the time with no collective in flight stays
-    (compute the communication did not overlap), and the time with one in flight (CommTimer's,
-    overlap included) scales as the calibrated model's time of the step's own collectives (the
-    record's trace) at p over its time at the record's scale (as the calibration's sweep measured
-    it there, when it did: measured_at). The interval: each call's 90% PI at p, and the record's
-    step-to-step spread (z x sd / sqrt(steps)); its low end also drops what the record's calls
-    spent beyond the sweep's time for them (waiting for a peer or the host)."""
-    from scipy import stats
-
+def training_inputs(cal: dict[str, Any], rec: dict[str, Any]) -> tuple[list, dict[str, Any], int, float, float]:
+    """A training record's traced calls, metrics, ranks, step time and time with a collective in
+    flight, once it is checked to be an ok training record of the calibration's fabric and code."""
     from workloads import catalog
 
     if not catalog.field(rec.get("workload"), "training", False) or rec.get("status") != "ok":
@@ -65,7 +58,21 @@ def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjec
         raise UsageError("the training record holds no collectives trace (samples.comm_calls) or comm share; rerun it "
                          "on this version")
     p0 = int((rec.get("world") or {}).get("world_size"))
-    step, comm = float(m["iteration_time(s)"]), float(m["comm_share"]) * float(m["iteration_time(s)"])
+    step = float(m["iteration_time(s)"])
+    return calls, m, p0, step, float(m["comm_share"]) * step
+
+
+def project_step(cal: dict[str, Any], rec: dict[str, Any], p: int) -> StepProjection:
+    """A training record's step time at p ranks: the time with no collective in flight stays
+    (compute the communication did not overlap), and the time with one in flight (CommTimer's,
+    overlap included) scales as the calibrated model's time of the step's own collectives (the
+    record's trace) at p over its time at the record's scale (as the calibration's sweep measured
+    it there, when it did: measured_at). The interval: each call's 90% PI at p, and the record's
+    step-to-step spread (z x sd / sqrt(steps)); its low end also drops what the record's calls
+    spent beyond the sweep's time for them (waiting for a peer or the host)."""
+    from scipy import stats
+
+    calls, m, p0, step, comm = training_inputs(cal, rec)
     at, lows, highs, base, took, labels = _price_calls(cal, calls, p, p0)
     other = max(0.0, step - comm) * host_share(rec, p)
     z = stats.norm.ppf(0.5 + cal["pi_level"] / 2)
