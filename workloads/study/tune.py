@@ -12,7 +12,8 @@ on fresh blocks, ABBA (`<tune folder>/confirm/`), judged by compare's verdicts. 
 `tune.txt`, what it said. A rerun resumes: every phase's finished runs are kept (the study's
 own resume), the rounds are decided again from their records, and only missing runs run.
 
-Exit status: 0 every run ok, 1 a run failed (rerun to retry it), 2 bad input, 130/143 interrupted.
+Exit status: 0 every run ok and judged, 1 a run failed (rerun to retry it) or the confirmation's runs gave
+no verdict (the line says why), 2 bad input, 130/143 interrupted.
 """
 
 from __future__ import annotations
@@ -131,15 +132,27 @@ def round_scores(spec: StudySpec, jobs: list[Job]) -> dict[str, float]:
     return total
 
 
-def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> list:
-    """The confirmation's primary verdicts of the winner against the default (compare's own code);
-    the keys the candidates' settings change are allowed to differ (they are the arm)."""
+def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> tuple[list, str]:
+    """The confirmation's primary verdicts of the winner against the default (compare's own code),
+    and, when there is none, why. The keys the candidates' settings change are allowed to differ
+    (they are the arm)."""
     from analysis.compare import compare_table
     from analysis.load import load_table
 
     allow = sorted({*tuned.varied_keys(tune.candidate(winner).settings), "config.tuned"})
     res = compare_table(load_table([str(spec.dir)]), DEFAULT, allow=allow, alpha=tune.alpha)
-    return [c for _, c in res.comparisons if c.primary and not c.control and c.arm == winner]
+    got = [c for _, c in res.comparisons if c.primary and not c.control and c.arm == winner]
+    if got:
+        return got, ""
+    if res.refusals:
+        why = "compare refuses the pair: " + res.refusals[0].message()
+    elif res.excluded_summary():
+        why = res.excluded_summary()
+    elif res.unmatched:
+        why = res.unmatched_summary() or "no point has runs of both arms"
+    else:
+        why = "no block holds an ok run with the primary metric of both arms"
+    return [], why
 
 
 def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], list[Job]]:
@@ -205,7 +218,15 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
         _, failed, failures, _ = _phase(spec, launcher, say)
         if failed:
             return _failed(failures, say)
-        result = halving.outcome(winner, DEFAULT, k, confirmation(spec, tune, winner))
+        verdicts, why = confirmation(spec, tune, winner)
+        if not verdicts:
+            # every run is recorded and ok, so a rerun would measure nothing and say the same: the
+            # tune is not done, and tuned.yaml is left as it was (a study naming it is not handed a
+            # "nothing was confirmed" that no measurement said)
+            say(f"error: tune {tune.id}: the confirmation of {winner} reached no verdict: {why} "
+                f"(its runs are kept under {spec.dir})")
+            return 1
+        result = halving.outcome(winner, DEFAULT, k, verdicts)
     return _finish(tune, result, say)
 
 
