@@ -91,8 +91,8 @@ def delay_us(value: Any, key: str = "emulate.latency") -> float:
                          "or 2ms (one way per link), or 0 for none")
     m = _TIME.match(text)
     if not m:
-        raise UsageError(f"{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0 (one way per link), "
-                         "or null for no delay line")
+        raise UsageError(f"{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0 (one way per link)"
+                         + (", or null for no delay line" if key.startswith("emulate.") else ""))
     us = float(m.group(1)) * _TIME_US[m.group(2)]
     if us > MAX_DELAY_US:
         raise UsageError(f"{key}={value} is over the delay line's 1 s; use at most 1s")
