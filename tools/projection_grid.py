@@ -48,7 +48,7 @@ CHECKED_FROM = 64 << 10
 # Linux restarts an idle connection's congestion window (RFC 2861): a call after a pause longer
 # than the retransmission timeout would pay slow start's extra round trips; every node is told not to.
 SYSCTLS = "{net.ipv4.tcp_slow_start_after_idle:0}"
-# The latency floor (the fastest of many calls, analysis/projection.py latency_floor): the small
+# The latency floor (the fastest of many calls, analysis/projection/calibration.py latency_floor): the small
 # sizes' calls are timed one by one too; a 16 KiB call is a few ms, so 30 of them cost little.
 SAMPLES, SAMPLED_TO = 30, "16K"
 OPS = "all_reduce,all_gather"

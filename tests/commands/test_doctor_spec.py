@@ -27,10 +27,13 @@ def test_docker_and_podman_run_lines(capsys):
     for f in fails:
         n = int(re.match(r".*docker_runs\.sh:(\d+): ", f).group(1))
         by_line.setdefault(n, []).append(f)
-    assert rc == 1 and sorted(by_line) == [6, 14], fails
+    assert rc == 1 and sorted(by_line) == [6, 14, 21, 22], fails
     defaults = " | ".join(by_line[6])
     assert len(by_line[6]) == 3
-    assert "fix: add --device=/dev/infiniband" in defaults and "--cap-add=IPC_LOCK --ulimit memlock=-1" in defaults
+    assert "fix: add --device=/dev/infiniband" in defaults and "fix: add --ulimit memlock=-1" in defaults
+    # CAP_IPC_LOCK lifts memlock only for root in the initial user namespace (capable(), ib_umem_get)
+    assert len(by_line[21]) == 1 and "--user 1000 with --cap-add=IPC_LOCK: a non-root user's capability" in by_line[21][0]
+    assert len(by_line[22]) == 1 and "--userns=keep-id: in a user namespace CAP_IPC_LOCK lifts no limit" in by_line[22][0]
     assert "fix: add --ipc=host or --shm-size=16g" in defaults
     # memlock=-1 without IPC_LOCK is enough to pin; the 512m /dev/shm is the one problem
     assert len(by_line[14]) == 1 and by_line[14][0].split(": ", 1)[1].startswith("--shm-size=512m: /dev/shm is below 1 GiB")
@@ -94,6 +97,19 @@ def test_oci_bundle_configs(capsys):
     assert rc == 1 and len(fails) == 1 and "size=512m" in fails[0], fails
     assert cli.main(["doctor", "--spec", str(oci / "runc_spec_default.json"), "fabric=loopback"]) == 0
     capsys.readouterr()
+
+
+def test_rootless_and_non_root_bundles_say_what_ibv_reg_mr_will_do(capsys):
+    """`runc spec --rootless` with CAP_IPC_LOCK added: the capability is the bundle's user
+    namespace's and lifts nothing; a non-root process.user loses a non-ambient capability at exec
+    (tests/fixtures/runspec/oci/README.md)."""
+    oci = SPECS / "oci"
+    rc, fails = lint(capsys, "--spec", str(oci / "rootless_ipc_lock.json"), "fabric=ib")
+    assert rc == 1 and len(fails) == 1 and "runs in a user namespace" in fails[0], fails
+    assert "ibv_reg_mr fails with ENOMEM" in fails[0] and "LimitMEMLOCK=infinity" in fails[0]
+    rc, fails = lint(capsys, "--spec", str(oci / "nonroot_ipc_lock.json"), "fabric=ib")
+    assert rc == 1 and len(fails) == 1 and "process.user.uid 1000 with CAP_IPC_LOCK in effective but not in ambient" \
+        in fails[0], fails
 
 
 def test_a_json_file_that_is_no_oci_config(capsys, tmp_path):

@@ -103,6 +103,15 @@ def test_every_shipped_tune_loads(path):
      "tuned through env: and sysctls:"),
     (lambda s: s.replace("NCCL_ALGO:", "MY_VAR:"), "fabricbench checks only NCCL_*, GLOO_* names"),
     (lambda s: s + "space_typo: 1\n", "unknown field(s) space_typo"),
+    # NCCL's grammar (workloads/fabric/ncclvalues.py): the broadcast behind average=rank0 has Ring only
+    (lambda s: s.replace("ops=[all_reduce]\"]", "ops=[all_reduce]\", collectives.average=rank0]"),
+     "candidate NCCL_ALGO-Tree.warmup_iters-1: NCCL_ALGO=Tree leaves Broadcast no algorithm"),
+    (lambda s: s.replace("NCCL_ALGO: [Ring, Tree]", "NCCL_ALGO: [Ring, nvls_tree]"), "Unrecognized element token"),
+    (lambda s: s.replace("NCCL_ALGO: [Ring, Tree]", "NCCL_LL_THRESHOLD: [0, 16384]"),
+     "space.env.NCCL_LL_THRESHOLD: NCCL 2.30.7 does not read it"),
+    (lambda s: s.replace("entry: collectives, overrides: [\"collectives.ops=[all_reduce]\"]", "entry: link")
+     .replace("overrides: {collectives.warmup_iters: [1, 2]}", "overrides: {link.streams: [1, 2]}"),
+     "no workload of this tune calls an NCCL collective (link): a no-op axis"),
 ])
 def test_bad_specs_are_one_line_before_anything_runs(tmp_path, edit, needle):
     with pytest.raises(UsageError, match=None) as e:
@@ -215,6 +224,11 @@ def test_nccl_tuner_lines_follow_the_example_plugins_csv():
     assert tuned.nccl_tuner_lines({"NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple"}) == []
     assert tuned.nccl_tuner_lines({"NCCL_ALGO": "Ring"}) == []
     assert tuned.nccl_tuner_lines({"NCCL_BUFFSIZE": "4194304"}) == []
+    # NCCL's own names (src/init.cc ncclAlgoStr) in the plugin's spellings (plugin.c parseAlgorithm),
+    # and a function prefix pins that function only
+    nvls = tuned.nccl_tuner_lines({"NCCL_ALGO": "AllReduce:NVLSTree", "NCCL_PROTO": "Simple"}, ["all_reduce", "all_gather"])
+    assert [x for x in nvls if not x.startswith("#")] == ["allreduce,0,4294967295,nvls_tree,simple,-1,-1,-1,-1,-1"]
+    assert tuned.nccl_tuner_lines({"NCCL_ALGO": "collnet_direct", "NCCL_PROTO": "Simple"}) == []  # NCCL rejects it
 
 
 def test_the_tuned_arm_file_round_trips_into_a_study_arm(tmp_path):

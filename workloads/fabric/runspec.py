@@ -104,10 +104,25 @@ def lint_run(flags: dict[str, list[str]], needs: Needs) -> list[str]:
     caps = {c.upper().removeprefix("CAP_") for v in flags.get("--cap-add", []) for c in v.split(",")}
     memlock = [v.split("=", 1)[1] for v in flags.get("--ulimit", []) if v.startswith("memlock=")]
     unlimited = any(v.split(":")[0] in ("-1", "unlimited") for v in memlock)
-    if needs.ib and not (privileged or caps & {"IPC_LOCK", "ALL"} or unlimited):
-        problems.append("neither --cap-add=IPC_LOCK nor --ulimit memlock=-1: the runtime's memlock limit (a few "
-                        "MiB) bounds registered memory, ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to "
-                        "tcp); fix: add --cap-add=IPC_LOCK --ulimit memlock=-1")
+    user = (flags.get("--user") or flags.get("-u") or ["0"])[-1].split(":")[0]
+    userns = (flags.get("--userns") or [""])[-1]
+    # CAP_IPC_LOCK lifts memlock only for root in the initial user namespace (readiness.py)
+    cap_counts = (privileged or caps & {"IPC_LOCK", "ALL"}) and user in ("0", "root") and userns in ("", "host")
+    if needs.ib and not (cap_counts or unlimited):
+        if caps & {"IPC_LOCK", "ALL"} and user not in ("0", "root"):
+            why = (f"--user {user} with --cap-add=IPC_LOCK: a non-root user's capability is not effective after "
+                   "exec (docker and podman set no ambient capabilities), so the runtime's memlock limit (a few "
+                   "MiB) bounds registered memory")
+        elif caps & {"IPC_LOCK", "ALL"} or privileged:
+            why = (f"--userns={userns}: in a user namespace CAP_IPC_LOCK lifts no limit (the kernel asks "
+                   "capable() of the initial one), so the runtime's memlock limit (a few MiB) bounds registered "
+                   "memory")
+        else:
+            why = ("neither --cap-add=IPC_LOCK nor --ulimit memlock=-1: the runtime's memlock limit (a few MiB) "
+                   "bounds registered memory")
+        problems.append(f"{why}; ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to tcp); fix: add --ulimit "
+                        "memlock=-1 (within the host's hard limit, ulimit -Hl; for root in a rootful container "
+                        "--cap-add=IPC_LOCK is enough)")
     shm = [_docker_size(v) for v in flags.get("--shm-size", [])]
     if needs.shm and "host" not in flags.get("--ipc", []) and not any(s and s >= SHM_MIN for s in shm):
         problems.append(f"{'--shm-size=' + flags['--shm-size'][-1] if shm else 'no --ipc=host or --shm-size'}: "
@@ -238,7 +253,23 @@ def lint_oci(cfg: dict, needs: Needs) -> list[str]:
     caps = {str(c).upper().removeprefix("CAP_") for c in ((proc.get("capabilities") or {}).get("effective") or [])}
     memlock = [r for r in proc.get("rlimits") or [] if isinstance(r, dict) and r.get("type") == "RLIMIT_MEMLOCK"]
     unlimited = any(r.get("soft") == _RLIM_INFINITY and r.get("hard") == _RLIM_INFINITY for r in memlock)
-    if needs.ib and "IPC_LOCK" not in caps and not unlimited:
+    userns = any(isinstance(n, dict) and n.get("type") == "user" for n in lin.get("namespaces") or []) \
+        or bool(lin.get("uidMappings"))
+    uid = (proc.get("user") or {}).get("uid", 0)
+    ambient = {str(c).upper().removeprefix("CAP_") for c in ((proc.get("capabilities") or {}).get("ambient") or [])}
+    if needs.ib and "IPC_LOCK" in caps and not unlimited and userns:
+        problems.append("the bundle runs in a user namespace (linux.namespaces has user; runc spec --rootless, or "
+                        "Slurm's rootless runc), where CAP_IPC_LOCK lifts no limit (the kernel asks capable() of "
+                        "the initial namespace): ibv_reg_mr fails with ENOMEM past the memlock limit the job "
+                        "inherited; fix: an unlimited RLIMIT_MEMLOCK in process.rlimits, which an unprivileged "
+                        "runc can set only when the job's hard limit is unlimited (Slurm: "
+                        "PropagateResourceLimitsExcept=MEMLOCK, slurmd with LimitMEMLOCK=infinity)")
+    elif needs.ib and "IPC_LOCK" in caps and not unlimited and uid != 0 and "IPC_LOCK" not in ambient:
+        problems.append(f"process.user.uid {uid} with CAP_IPC_LOCK in effective but not in ambient: execve drops a "
+                        "non-root user's capabilities unless they are ambient, so the memlock limit bounds "
+                        "registered memory and ibv_reg_mr fails with ENOMEM; fix: add CAP_IPC_LOCK to "
+                        "process.capabilities.ambient and inheritable, or an unlimited RLIMIT_MEMLOCK")
+    elif needs.ib and "IPC_LOCK" not in caps and not unlimited:
         problems.append("neither CAP_IPC_LOCK in process.capabilities nor an unlimited RLIMIT_MEMLOCK in "
                         "process.rlimits: the inherited memlock limit bounds registered memory, ibv_reg_mr fails "
                         "with ENOMEM (NCCL aborts, UCX drops to tcp); fix: add CAP_IPC_LOCK to process.capabilities"
