@@ -172,11 +172,15 @@ def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], li
 def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool = False) -> int:
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before
+    # the plan is printed: a refused tune says only why, not a plan it will never run
+    first = phase_spec(tune, "search-1", [c.name for c in tune.candidates], 1, tune.seed)
+    try:
+        study_plan(first)
+    except UsageError as e:
+        raise _unknown_key(tune, str(e)) or e from None
     for line in plan_lines(tune):
         say(line)
-    # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before any run
-    first = phase_spec(tune, "search-1", [c.name for c in tune.candidates], 1, tune.seed)
-    study_plan(first)
     if plan_only:
         return 0
     if tune.arm.emulated and os.geteuid() != 0:
@@ -228,6 +232,22 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
             return 1
         result = halving.outcome(winner, DEFAULT, k, verdicts)
     return _finish(tune, result, say)
+
+
+def _unknown_key(tune: TuneSpec, message: str) -> UsageError | None:
+    """Hydra's "Could not override 'k'" for a key the tune's settings name, said as the tune's
+    field: the key is misspelt, and Hydra's hint to add it with `+` would only hide that."""
+    import re
+
+    m = re.search(r"Could not override '([^']+)'", message)
+    if not m:
+        return None
+    key = m.group(1)
+    for c in tune.candidates:
+        if key in {k.lstrip("+~") for k in c.settings.get("overrides") or {}}:
+            return UsageError(f"overrides: {key} (candidate {c.name}): the workloads' config has no such key; correct "
+                              f"its spelling (the config groups are in conf/), or write +{key} to add a new one")
+    return None
 
 
 class _Failed(Exception):
