@@ -29,7 +29,8 @@ def test_docker_and_podman_run_lines(capsys):
         by_line.setdefault(n, []).append(f)
     assert rc == 1 and sorted(by_line) == [6, 14, 21, 22], fails
     defaults = " | ".join(by_line[6])
-    assert len(by_line[6]) == 3
+    assert len(by_line[6]) == 4
+    assert "fix: add --network=host" in defaults and "no socket interface found" in defaults
     assert "fix: add --device=/dev/infiniband" in defaults and "fix: add --ulimit memlock=-1" in defaults
     # CAP_IPC_LOCK lifts memlock only for root in the initial user namespace (capable(), ib_umem_get)
     assert len(by_line[21]) == 1 and "--user 1000 with --cap-add=IPC_LOCK: a non-root user's capability" in by_line[21][0]
@@ -37,6 +38,20 @@ def test_docker_and_podman_run_lines(capsys):
     assert "fix: add --ipc=host or --shm-size=16g" in defaults
     # memlock=-1 without IPC_LOCK is enough to pin; the 512m /dev/shm is the one problem
     assert len(by_line[14]) == 1 and by_line[14][0].split(": ", 1)[1].startswith("--shm-size=512m: /dev/shm is below 1 GiB")
+
+
+def test_pyxis_mounts_and_the_host_network(capsys, tmp_path):
+    """An explicit /dev/infiniband in pyxis's --container-mounts needs no enroot hook (enroot's
+    99-mellanox reads MELLANOX_VISIBLE_DEVICES only to mount the devices itself); a bridge
+    network is not the host's."""
+    job = tmp_path / "job.sbatch"
+    job.write_text("#!/bin/sh\nsrun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 "
+                   "--container-mounts=/dev/infiniband:/dev/infiniband python train.py\n"
+                   "srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 python train.py\n"
+                   "docker run --network=bridge --ipc=host --device=/dev/infiniband --ulimit memlock=-1 x true\n")
+    rc, fails = lint(capsys, "--spec", str(job), "fabric=roce")
+    assert rc == 1 and [f.split(": ", 1)[0] for f in fails] == [f"{job}:3", f"{job}:4"], fails
+    assert "--container-mounts=/dev/infiniband" in fails[0] and fails[1].split(": ", 1)[1].startswith("--network=bridge")
 
 
 def test_kubernetes_pod_specs(capsys):

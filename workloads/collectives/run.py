@@ -229,7 +229,9 @@ def _flag_above_line_rate(record: dict, per_comm: float | None, nodes: int, run_
 
     if "line_rate" not in record:
         return
-    flags = linerate.above_line_rate(record["rows"], per_comm, nodes, linerate.algorithms_in(run_dir / "nccl"))
+    logs = run_dir / "nccl"
+    flags = linerate.above_line_rate(record["rows"], per_comm, nodes, linerate.algorithms_in(logs),
+                                     linerate.version_in(logs))
     record["line_rate"]["above_line_rate"] = flags
     for f in flags:
         if say:

@@ -123,6 +123,13 @@ def lint_run(flags: dict[str, list[str]], needs: Needs) -> list[str]:
         problems.append(f"{why}; ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to tcp); fix: add --ulimit "
                         "memlock=-1 (within the host's hard limit, ulimit -Hl; for root in a rootful container "
                         "--cap-add=IPC_LOCK is enough)")
+    net = [*flags.get("--network", []), *flags.get("--net", [])]
+    if needs.ib and (not net or net[-1] in ("bridge", "default", "none", "slirp4netns", "pasta")):
+        # RoCE's GIDs and NCCL_SOCKET_IFNAME are the host's interfaces; a bridge netns has neither
+        problems.append(f"{'--network=' + net[-1] if net else 'no --network=host'}: on the runtime's own network NCCL_SOCKET_IFNAME's interface does not "
+                        "exist (\"Bootstrap : no socket interface found\") and ranks bootstrap to container "
+                        "addresses the other nodes cannot reach; fix: add --network=host (or a secondary network "
+                        "on the RDMA NIC, e.g. Multus)")
     shm = [_docker_size(v) for v in flags.get("--shm-size", [])]
     if needs.shm and "host" not in flags.get("--ipc", []) and not any(s and s >= SHM_MIN for s in shm):
         problems.append(f"{'--shm-size=' + flags['--shm-size'][-1] if shm else 'no --ipc=host or --shm-size'}: "
@@ -146,11 +153,21 @@ def lint_text(text: str, needs: Needs) -> list[tuple[int, str]]:
         flags = _run_flags(words)
         if flags is not None:
             out += [(n, p) for p in lint_run(flags, needs)]
-        elif needs.ib and "srun" in words and any(w.startswith("--container-image") for w in words) and not pyxis_env:
+        elif needs.ib and "srun" in words and any(w.startswith("--container-image") for w in words) \
+                and not pyxis_env and not _mounts_infiniband(words):
             out.append((n, "srun --container-image (pyxis) without MELLANOX_VISIBLE_DEVICES in this file: enroot's "
                            "99-mellanox hook then mounts no /dev/infiniband and NCCL silently uses NET/Socket; fix: "
-                           "export MELLANOX_VISIBLE_DEVICES=all (or set it in enroot.conf)"))
+                           "export MELLANOX_VISIBLE_DEVICES=all (or set it in enroot.conf), or --container-mounts=/dev/infiniband"))
     return out
+
+
+def _mounts_infiniband(words: list[str]) -> bool:
+    """pyxis `--container-mounts=SRC[:DST[:FLAGS]],...` binding /dev/infiniband: the devices are
+    there without enroot's hook."""
+    vals = [w.split("=", 1)[1] for w in words if w.startswith("--container-mounts=")]
+    vals += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--container-mounts"]
+    return any(m.split(":")[0].rstrip("/").startswith("/dev/infiniband") or m.rstrip("/") == "/dev"
+               for v in vals for m in v.split(","))
 
 
 def _rdma_resource(name: str) -> bool:
