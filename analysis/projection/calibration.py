@@ -132,6 +132,9 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
         "fabric": fabric_of(first),
+        # select() let through one backend (and one NCCL) only: the calibration says which
+        "backend": (first.get("fabric") or {}).get("backend"),
+        "nccl_version": (first.get("fingerprint") or {}).get("nccl"),
         "emulate": ((first.get("config") or {}).get("fabric") or {}).get("emulate"),
         "code": {"commit": commit, "dirty_hash": dirty},
         "records": sorted({str(p) for p, _ in recs}),

@@ -169,9 +169,19 @@ def _fit_a2a(cs: list[dict[str, Any]]) -> dict[str, float] | None:
     return {"lat_s": lat, "intra_GBps": intra, "inter_GBps": inter}
 
 
+def shape_of(table: dict[str, Any] | None) -> dict[str, Any]:
+    """What NCCL's own table (analysis.nccl_model.read) says of the topology the fit assumes:
+    NVLS when its all_reduce has an NVLS or NVLSTree entry with bandwidth (NVLink SHARP found)."""
+    if not table:
+        return {}
+    ar = (table.get("cells") or {}).get("AllReduce") or {}
+    return {"nvls": any(ar.get(k, (0, 0))[1] > 0 for k in ("NVLS/Simple", "NVLSTree/Simple"))}
+
+
 def fit(records: list[dict[str, Any]], nccl: str | None = None, **shape: Any) -> dict[str, Any]:
     """The calibration's `nccl` block from NCCL records: the version, the measured levels and
-    the fitted numbers that replace NCCL's hardware constants."""
+    the fitted numbers that replace NCCL's hardware constants (`shape`: channels, intra, nvls,
+    compcap, cpu of the topology NCCL found, where known)."""
     nccl = nccl or nccl_of(records)
     version = nc.version_of(nccl)
     if version is None:
@@ -285,7 +295,8 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     h = cal["nccl"]
     m = h["measured"]
     out = [f"  NCCL {h['nccl']} (its {h['version']} cost model): fitted through NCCL's algorithm choice, "
-           f"rms log error {100 * h['rms_log_error']:.1f}%"]
+           f"rms log error {100 * h['rms_log_error']:.1f}%; `model project`, `check` and `export` price this fabric "
+           "by it, not by the ring terms above"]
     for name, bw, lat, what in (("intra", "intra_busbw", "intra_lat", "NVLink/PCI"), ("inter", "inter_busbw", "net_lat", "network")):
         at = h["levels"][name]["measured_at"]
         where = ", ".join(f"{n} x {g}" for n, g in at) if at else None
@@ -302,11 +313,11 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     return out
 
 
-def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int]) -> list[dict[str, Any]]:
+def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int], **shape: Any) -> list[dict[str, Any]]:
     """A collectives record's rows whose times are NCCL's own model's on nodes x gpn (the
-    default topology, `m` in NCCL's hardware's place): what a fabric NCCL describes exactly would
-    measure, for checking a fit against NCCL's model."""
-    t = base_topology(nodes, gpn)
+    default topology or `shape`'s, `m` in NCCL's hardware's place): what a fabric NCCL describes
+    exactly would measure, for checking a fit against NCCL's model."""
+    t = base_topology(nodes, gpn, **shape)
     rows = []
     for op in NCCL_OPS:
         for s in sizes:

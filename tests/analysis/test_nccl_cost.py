@@ -325,3 +325,35 @@ def test_the_fit_holds_on_noisy_records():
     for s in (1 << 16, 1 << 20, 16 << 20, 256 << 20):
         truth_s = nc.choose(hi.base_topology(64, 8), "all_reduce", s, "2.30", truth).time_s
         assert hi.predict("all_reduce", s, 64, 8, cal)["time_s"] == pytest.approx(truth_s, rel=0.03)
+
+
+def test_nvls_read_from_nccls_table_shapes_the_fit():
+    nvls = {"nvls": True}
+    recs = []
+    for n in (1, 2, 4):
+        r = _record(n, 8)
+        r["rows"] = hi.nccl_rows(n, 8, "2.30.7", TRUE, SIZES, **nvls)
+        recs.append(r)
+    # the table of a 2 x 8 NVLS system, printed as tuning.cc prints it
+    text = "\n".join("h:1:1 [0] NCCL INFO " + x for x in
+                     ["NCCL version 2.30.7+cuda13.0", "comm 0x1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"]
+                     + nc.tuning_lines(nc.tune(hi.base_topology(2, 8, **nvls), "2.30", TRUE))
+                     + ["x comm 0x1 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 1 commId 0x2 - Init COMPLETE"])
+    (table,) = nm.parse_tuning(text)
+    assert hi.shape_of(table) == nvls and hi.shape_of(nm.read(LOGS["2.30"])) == {"nvls": False}
+    cal = {"nccl": hi.fit(recs, **hi.shape_of(table)), "fabric": "h100"}
+    big = hi.predict("all_reduce", 256 << 20, 64, 8, cal)
+    truth = nc.choose(hi.base_topology(64, 8, **nvls), "all_reduce", 256 << 20, "2.30", TRUE)
+    assert big["algo"] == truth.algo == "NVLSTree" and big["time_s"] == pytest.approx(truth.time_s, rel=0.02)
+    assert all(o["agree"] for o in nm.check_nccl(cal, table)["ops"].values())
+
+
+def test_a_projected_comparison_is_nccls_gap():
+    slow = nc.Measured(intra_busbw=360.0, inter_busbw=25.0, net_lat=1.5)
+    a = {"nccl": hi.fit([_record(2, 8), _record(4, 8)]), "fabric": "ib"}
+    b = {"nccl": hi.fit([_record(2, 8, truth=slow), _record(4, 8, truth=slow)]), "fabric": "roce"}
+    pa, pb = (hi.projection(c, "all_reduce", 16 << 20, 64, 8) for c in (a, b))
+    t = {k: nc.choose(hi.base_topology(64, 8), "all_reduce", 16 << 20, "2.30", m).time_s for k, m in (("a", TRUE), ("b", slow))}
+    gap = 100 * (t["b"] / t["a"] - 1)
+    line = hi.compare_line(pa, pb, ("ib", "roce"))
+    assert f"ib is faster than roce by {gap:.1f}%" in line and "on 64 x 8, all_reduce 16 MiB" in line

@@ -502,3 +502,9 @@ def test_two_backends_or_two_ncclS_under_one_fabric_are_refused():
          for p, r in _recs()]
     with pytest.raises(UsageError, match="ran NCCL 2.23.4, 2.30.7"):
         pj.fit(v)
+
+
+def test_the_calibration_names_its_one_backend():
+    recs = [(p, r | {"fabric": {"name": "emu-100m", "backend": "gloo"}}) for p, r in _recs()]
+    cal = pj.fit(recs, boot=50)
+    assert cal["backend"] == "gloo" and cal["nccl_version"] is None

@@ -105,7 +105,7 @@ def _fit(args, pj) -> int:
     chosen = [r for _, r in pj.select(records, args.fabric)]
     if hierarchy.is_nccl(chosen):
         # an NCCL fabric is priced as NCCL prices it, per level; the ring terms stay for Gloo-style checks
-        cal["nccl"] = hierarchy.fit(chosen)
+        cal["nccl"] = hierarchy.fit(chosen, **hierarchy.shape_of(table))
     if table is not None:
         if "nccl" in cal:
             run = nccl_model.written_by_fitted_run(table, cal["records"])
