@@ -132,3 +132,18 @@ def test_a_json_file_that_is_no_oci_config(capsys, tmp_path):
     (tmp_path / "y.json").write_text('{"a": ')
     rc, fails = lint(capsys, "--spec", str(tmp_path / "x.json"), "--spec", str(tmp_path / "y.json"), "fabric=ib")
     assert rc == 1 and "not an OCI runtime config (no ociVersion)" in fails[0] and "not JSON" in fails[1], fails
+
+
+@pytest.mark.parametrize("process,needle", [
+    ({"env": "NCCL_DEBUG=INFO"}, "process.env is a string, not an array"),
+    ({"env": ["NCCL_DEBUG"]}, 'process.env holds "NCCL_DEBUG", not a NAME=value string'),
+    ({"env": [], "rlimits": {"type": "RLIMIT_MEMLOCK"}}, "process.rlimits is an object, not an array"),
+    ("sh", "process is a string, not an object"),
+])
+def test_a_malformed_oci_field_is_named_not_read_as_absent(capsys, tmp_path, process, needle):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": process}))
+    rc, fails = lint(capsys, "--spec", str(tmp_path / "config.json"), "fabric=ib")
+    # one line for the bundle, not the device and memlock problems of a config read as empty
+    assert rc == 1 and len(fails) == 1 and needle in fails[0] and "fix the bundle's config.json" in fails[0], fails

@@ -303,6 +303,16 @@ CASES = [
     ("doctor-unknown-fabric", _cli("doctor", "fabric=nope"), None, "fabric"),
     ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
     ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
+    ("doctor-spec-not-text", _cli("doctor", "--spec", "{d}/config.json", "fabric=roce"),
+     lambda d: (d / "config.json").write_bytes(b"\xff\xfe\x00bad"),
+     "config.json: not a text file (byte 0xff at offset 0 is not UTF-8); name a script"),
+    ("doctor-spec-directory", _cli("doctor", "--spec", "{d}", "fabric=roce"), None, "a directory, not a file"),
+    ("emulate-delay-nanoseconds", _cli("emulate", "launch/train.py", "fabric=emu-100m", "fabric.emulate.latency=1ns"),
+     None, "emulate.latency=1ns: the delay line counts microseconds, not nanoseconds; use e.g. 1us"),
+    ("sensitivity-delay-unparsable", _cli("sensitivity", "{d}", "--delay", "abc"), None,
+     "error: --delay='abc' is not a delay; use e.g. 500us"),
+    ("sensitivity-no-records", _cli("sensitivity", "{d}/in"), lambda d: (d / "in").mkdir(),
+     "no result records found in"),
     # tune (docs/tune.md): refused before any run, nothing written
     ("tune-misspelt-env", _cli("tune", "{d}/t.yaml"), lambda d: _tune(d, "space: {env: {NCCL_ALOG: [Ring, Tree]}}"),
      "NCCL_ALOG: NCCL reads no such variable (did you mean NCCL_ALGO?)"),
@@ -320,7 +330,8 @@ CASES = [
      lambda d: _tune(d, "space: {sysctls: {net.ipv4.tcp_congestion_control: [reno, vegas9]}}", "emu-100m"),
      "tcp_congestion_control=vegas9: this kernel offers"),
     ("tune-unknown-override", _cli("tune", "{d}/t.yaml"),
-     lambda d: _tune(d, "space: {overrides: {collectives.itres: [5, 10]}}"), "collectives.itres"),
+     lambda d: _tune(d, "space: {overrides: {collectives.itres: [5, 10]}}"),
+     "overrides: collectives.itres (candidate itres-5): the workloads' config has no such key; correct its spelling"),
     ("study-tuned-missing", _cli("study", "{d}/s.yaml"), lambda d: (d / "s.yaml").write_text(
         f"name: s\narms:\n  - {{tuned: {d}/nope}}\n  - {{label: lb, fabric: loopback}}\nworkloads:\n"
         "  - {name: ar, entry: collectives}\n"), "no tune output there"),
@@ -439,6 +450,7 @@ def test_bad_input_is_one_line(outcomes, name, needle):
     errors = _one_line(outcomes[name], 2)
     assert len(errors) == 1 and needle in r["err"], r["err"]
     assert not (d / "rep").exists(), "a refused report left its --out folder"
+    assert "plan of tune" not in r["out"], "a refused tune printed a plan it will never run"
     empty = [p for p in (d / "res").rglob("*") if p.is_dir() and not any(p.iterdir())]
     assert not empty, f"a refused run left empty folders: {empty}"
 

@@ -20,6 +20,7 @@ runc) says the same in the runtime spec's own fields: `linux.devices`, `process.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -227,6 +228,32 @@ def lint_pod(spec: dict, needs: Needs) -> list[tuple[str, str]]:
 _RLIM_INFINITY = (1 << 64) - 1
 
 
+# The fields lint_oci reads, with the JSON type opencontainers/runtime-spec config.md (and
+# config-linux.md) gives them: process.env is "array of strings" in environ's NAME=value form.
+_OCI_SHAPE = (("process", dict), ("process.env", list), ("process.capabilities", dict),
+              ("process.capabilities.effective", list), ("process.rlimits", list), ("mounts", list),
+              ("linux", dict), ("linux.devices", list))
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean"}
+
+
+def oci_shape(cfg: dict) -> str | None:
+    """The first field lint_oci reads whose JSON type is not the runtime spec's, as a problem
+    naming it; None when every present one fits. A malformed field is not read as absent:
+    a bundle whose process.env is one string would otherwise be linted as if it set nothing."""
+    for key, want in _OCI_SHAPE:
+        node: object = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, want):
+            return f"{key} is {_JSON_TYPES.get(type(node), type(node).__name__)}, not {_JSON_TYPES[want]}"
+    env = (cfg.get("process") or {}).get("env") or []
+    bad = next((e for e in env if not isinstance(e, str) or "=" not in e), None)
+    if bad is not None:
+        return f"process.env holds {json.dumps(bad)}, not a NAME=value string"
+    return None
+
+
 def lint_oci(cfg: dict, needs: Needs) -> list[str]:
     """One problem per setting an OCI runtime config (a bundle's config.json) lacks."""
     proc = cfg.get("process") or {}
@@ -281,7 +308,7 @@ def lint_oci(cfg: dict, needs: Needs) -> list[str]:
 def lint_file(path: str | Path, needs: Needs) -> list[str]:
     """One line per problem: `path:line: ...` or `path: pod/x container y: ...`."""
     p = Path(path)
-    text = p.read_text()
+    text = p.read_bytes().decode()  # UnicodeDecodeError: the caller names the file (doctor.check_specs)
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -292,13 +319,13 @@ def lint_file(path: str | Path, needs: Needs) -> list[str]:
         return [f"{p}: {where or 'pod'} container {c}: {why}"
                 for d in docs for where, spec in _pod_specs(d) for c, why in lint_pod(spec, needs)]
     if p.suffix == ".json":
-        import json
-
         try:
             cfg = json.loads(text)
         except json.JSONDecodeError as e:
             return [f"{p}: not JSON ({e}); fix the bundle's config.json"]
         if not isinstance(cfg, dict) or "ociVersion" not in cfg:
             return [f"{p}: not an OCI runtime config (no ociVersion); name a bundle's config.json"]
+        if why := oci_shape(cfg):
+            return [f"{p}: {why} (the OCI runtime spec's config.json); fix the bundle's config.json"]
         return [f"{p}: {why}" for why in lint_oci(cfg, needs)]
     return [f"{p}:{n}: {why}" for n, why in lint_text(text, needs)]

@@ -56,8 +56,16 @@ def stamp(tune: str, candidate: str, settings: Mapping[str, Mapping[str, Any]]) 
 
 def varied_keys(settings: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Record keys (analysis/guard.py identity) the settings change outside the fabric block,
-    which the guard does not ignore by itself: the Hydra overrides, and the stamp."""
-    return ["config.tuned", *(f"config.{k.lstrip('+~')}" for k in sorted(settings.get("overrides") or {}))]
+    which the guard does not ignore by itself: the stamp, and each Hydra override both where the
+    config holds it and where the record repeats it in a section of its own (a run of
+    collectives.op=max records config.collectives.op and collectives.op: allowing only the
+    first left the confirmation of every collectives override without a comparable pair).
+    The environment and sysctls live in the fabric block, which the guard never compares."""
+    from analysis.guard import SECTIONS
+
+    keys = [k.lstrip("+~") for k in sorted(settings.get("overrides") or {})]
+    return ["config.tuned", *(f"config.{k}" for k in keys),
+            *(k for k in keys if k.split(".", 1)[0] in SECTIONS and k.split(".", 1)[0] != "config")]
 
 
 @dataclass(frozen=True)
