@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sensitivity": ("workloads.commands.sensitivity", "per workload, time per ms of delay and per 1/bandwidth, with intervals"),
     "model": ("workloads.commands.model", "calibrate a latency-bandwidth model from collectives; project it to scale with 90% PIs"),
     "study": ("workloads.commands.study", "arms x workloads x blocks, interleaved; then compare and report"),
+    "mlperf": ("workloads.commands.mlperf", "MLPerf Training/Inference result logs of two systems: MLPerf's scores, ratio, verdict"),
     "tune": ("workloads.commands.tune", "an arm's settings searched, then the winner confirmed against the default"),
     "gpu-check": ("workloads.commands.gpu_check", "the GPU acceptance check: real workloads on NCCL, one table (make gpu-check)"),
 }
