@@ -73,10 +73,6 @@ def counted(metric: str) -> bool:
     return declared is not None and declared.counted
 
 
-def higher_is_better(metric: str) -> bool:
-    return direction(metric)[0]
-
-
 def headline(workload: str, names: Iterable[str]) -> list[str]:
     """The workload's headline metrics (workloads/catalog.py) present in `names`, patterns
     expanded, in catalog order."""

@@ -43,6 +43,9 @@ PLATEAU = 1.4                                   # ring/Simple all_reduce latency
 _INFO = re.compile(r"NCCL INFO (?P<body>.*)$")
 _CELL = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*/\s*(-?\d+(?:\.\d+)?)\s*$")
 _NRANKS = re.compile(r"\bnranks (?P<n>\d+)\b.*Init COMPLETE")
+_NNODES = re.compile(r"\bnRanks (?P<r>\d+) nNodes (?P<n>\d+) localRanks (?P<l>\d+)")    # init.cc, 2.23.4 and 2.30.7
+_VERSION = re.compile(r"NCCL version (?P<v>\S+)")
+_PER_CALL = re.compile(r"^\w+: \d+ Bytes -> Algo ")    # enqueue.cc: one line per collective call
 
 
 def _cols(body: str) -> list[str]:
@@ -56,6 +59,7 @@ def parse_tuning(text: str) -> list[dict[str, Any]]:
     cur: dict[str, Any] | None = None
     columns: list[str] = []
     algos: list[str] = []
+    version, layout, per_call = None, None, False
     for line in text.splitlines():
         m = _INFO.search(line)
         if not m:
@@ -81,13 +85,23 @@ def parse_tuning(text: str) -> list[dict[str, Any]]:
                 row = cur["cells"].setdefault(head, {})
                 for name, v in zip(columns, vals):
                     row[name] = (float(v.group(1)), float(v.group(2)))
+        v = _VERSION.search(body)
+        if v:
+            version = v.group("v")
+        per_call = per_call or bool(_PER_CALL.search(body))
+        nn = _NNODES.search(body)
+        if nn:
+            layout = (int(nn.group("n")), int(nn.group("l")))
         n = _NRANKS.search(body)
         if n:
             for t in tables:
                 if t["nranks"] is None:
                     t["nranks"] = int(n.group("n"))
+                    t["nodes"], t["local_ranks"] = layout if layout and layout[0] * layout[1] == t["nranks"] else (None, None)
+                    t["version"] = version
     for t in tables:
         t.pop("_seen", None)
+        t["per_call_lines"] = per_call
     return tables
 
 
@@ -181,3 +195,72 @@ def check_lines(chk: dict[str, Any]) -> list[str]:
                      f"(median over {o['cells']} measured sizes)")
         out.append(line)
     return out
+
+
+AGREE = 0.10        # within 10% at every size the two models agree; beyond it the line says where
+
+
+def check_nccl(cal: dict[str, Any], table: dict[str, Any], sizes: list[int] | None = None) -> dict[str, Any]:
+    """An NCCL calibration's projection beside NCCL's own table at the table's communicator: per
+    op and size both models' times and algorithms (NCCL's priced from its table as
+    ncclTopoGetAlgoTime does, tree correction and ring plateau included). A calibration of a
+    fabric NCCL describes exactly agrees at every size. A table of another NCCL release, or
+    without its node layout, is refused."""
+    from analysis import nccl_cost as nc
+    from analysis.projection import hierarchy as hi
+
+    h = cal["nccl"]
+    if nc.version_of(table.get("version")) != h["version"]:
+        raise UsageError(f"--nccl-log {table.get('file')}: NCCL {table.get('version')} wrote it, the records ran NCCL "
+                         f"{h['nccl']}: give a log of the same NCCL install")
+    nodes, gpn = table.get("nodes"), table.get("local_ranks")
+    if not nodes or not gpn:
+        raise UsageError(f"--nccl-log {table.get('file')}: no 'nRanks N nNodes N localRanks N' line for its table; "
+                         "rerun with NCCL_DEBUG_SUBSYS=INIT,TUNING")
+    topo = hi.base_topology(nodes, gpn, h["channels"], h["intra"], h["nvls"], h["compcap"], h["cpu"])
+    out: dict[str, Any] = {"file": table.get("file"), "nranks": table.get("nranks"), "nodes": nodes, "gpus_per_node": gpn,
+                           "version": table.get("version"), "ops": {}}
+    for op in hi.NCCL_OPS:
+        func = FUNC_OF[op]
+        if func not in table["cells"]:
+            continue
+        rows = []
+        for s in sizes or [1 << k for k in range(10, 29, 2)]:
+            theirs = {k: v for k in table["cells"][func] if (v := nc.algo_time(table["cells"], topo, func, k, s, h["version"]))}
+            if not theirs:
+                continue
+            best = min(theirs, key=theirs.__getitem__)
+            ours = hi.predict(op, s, nodes, gpn, cal)
+            rows.append({"size": s, "nccl_s": theirs[best] * 1e-6, "nccl_algo": best, "ours_s": ours["time_s"],
+                         "ours_algo": f"{ours['algo']}/{ours['proto']}", "ratio": ours["time_s"] / (theirs[best] * 1e-6)})
+        if rows:
+            worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
+            out["ops"][op] = {"rows": rows, "worst": worst, "agree": abs(worst["ratio"] - 1) <= AGREE,
+                              "same_algo": sum(r["nccl_algo"] == r["ours_algo"] for r in rows)}
+    return out
+
+
+def check_nccl_lines(chk: dict[str, Any]) -> list[str]:
+    out = [f"  NCCL's own table ({chk['file']}, NCCL {chk['version']}, {chk['nodes']} x {chk['gpus_per_node']}) beside "
+           "this calibration:"]
+    for op, o in chk["ops"].items():
+        w, n = o["worst"], len(o["rows"])
+        verdict = (f"agrees within {100 * AGREE:.0f}% at all {n} sizes" if o["agree"] else
+                   f"differs: at {w['size']} B NCCL's table gives {w['nccl_s'] * 1e6:.1f} us ({w['nccl_algo']}), "
+                   f"the calibration {w['ours_s'] * 1e6:.1f} us ({w['ours_algo']})")
+        out.append(f"    {op}: {verdict} (worst {100 * (w['ratio'] - 1):+.1f}%); the same algorithm at {o['same_algo']} "
+                   f"of {n} sizes")
+    return out
+
+
+def written_by_fitted_run(table: dict[str, Any], records: list[str]) -> str | None:
+    """The fitted run folder the log lies in, when it also holds NCCL's per-call TUNING lines:
+    those were written inside that run's timed loop, so the run is not a clean measurement."""
+    if not table.get("per_call_lines") or not table.get("file"):
+        return None
+    log = Path(table["file"]).resolve()
+    for r in records:
+        run = Path(r).resolve().parent.parent            # <run>/records/<id>.json
+        if run in log.parents:
+            return str(run)
+    return None

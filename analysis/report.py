@@ -15,9 +15,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import capacity, clock, export, external, looks, plots, projection_report, results_csv, summary, topology
+from analysis import capacity, clock, export, external, looks, plots, results_csv, summary, topology
 from analysis.compare import Result
 from analysis.load import Table, records_root
+from analysis.projection import report as projection_report
 
 
 @dataclass

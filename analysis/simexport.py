@@ -1,10 +1,10 @@
-"""A calibration (analysis/projection.py) written in the formats of the simulators users already
+"""A calibration (analysis/projection/) written in the formats of the simulators users already
 have, so that fabricbench's measured alpha and bandwidth feed them (docs/projection.md).
 
 Both ASTRA-sim and Calculon price a collective as one latency plus its bytes over one bandwidth:
 one line in S. That is the calibration's own form on an NCCL fabric (the textbook ring: each step
 pays its latency and its bytes), and the export is then exact at every size. Gloo's ring (form
-"gloo", analysis/projection.py gloo_ring) keeps two segments in flight, and its time is two lines:
+"gloo", analysis/projection/forms.py gloo_ring) keeps two segments in flight, and its time is two lines:
 while a segment's bytes take less than a round trip, a phase pays half of both per segment (its
 latency is the ring's, 2(p-1) x alpha for an all_reduce, and its bytes go at up to twice the
 rate); above that it pays one round trip and its bytes (2 x alpha, at the bus bandwidth B). One
@@ -137,15 +137,86 @@ def calculon(cal: dict[str, Any], size: int, message: int | None = None) -> dict
 def vidur(cal: dict[str, Any], workers: list[int], sizes: list[int]) -> str:
     """Vidur's all_reduce.csv: a row per (degree, size), times in ms."""
     z = 1.6448536269514722  # the 90% interval's half-width in standard deviations
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(VIDUR_COLUMNS)
-    i = 0
+    rows = []
     for n in workers:
         for s in sizes:
             pr = pj.project(cal, "all_reduce", n, s)
-            ms = pr.time_s * 1e3
-            w.writerow([i, pr.low_s * 1e3, pr.high_s * 1e3, ms, ms, (pr.high_s - pr.low_s) / 2 / z * 1e3, 0, n, s,
-                        "all_reduce", n, n])
-            i += 1
+            rows.append((n, s, pr.time_s * 1e3, pr.low_s * 1e3, pr.high_s * 1e3, (pr.high_s - pr.low_s) / 2 / z * 1e3))
+    return _vidur_csv(rows)
+
+
+def _vidur_csv(rows: list[tuple[int, int, float, float, float, float]]) -> str:
+    """(degree, size, median, min, max, std) per row, times in ms, as Vidur's all_reduce.csv."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(VIDUR_COLUMNS)
+    for i, (n, s, ms, lo, hi, sd) in enumerate(rows):
+        w.writerow([i, lo, hi, ms, ms, sd, 0, n, s, "all_reduce", n, n])
     return out.getvalue()
+
+
+# --- an NCCL calibration (its `nccl` block: two levels, NCCL's cost model) -----------------------
+#
+# ASTRA-sim gets two dimensions, the node's GPUs and the nodes, each a Switch (NVSwitch inside a
+# node, NIC to leaf across): the first dimension's bandwidth is the intra level's bus bandwidth and
+# its latency NCCL's NVLink/PCI ring step (Simple) x the fitted factor, the second's the inter
+# level's per-GPU bus bandwidth and NCCL's network ring step x its factor, each halved for the two
+# links of a switched step. Calculon gets one network per level (the node's GPUs; all ranks), each
+# the line of NCCL's model through `message` and twice it. Vidur's tensor-parallel rows sit inside
+# one node: priced at the intra level, one node of that many GPUs.
+
+NCCL_MESSAGE = 16 << 20          # the size whose line Calculon carries when --bytes is not given
+
+
+def nccl_line(cal: dict[str, Any], nodes: int, gpn: int, size: int) -> tuple[float, float]:
+    """(latency s, bus bandwidth bytes/s) of the line through NCCL's model's all_reduce time at
+    size and 2 x size on nodes x gpn."""
+    from analysis.projection import hierarchy as hi
+
+    p = nodes * gpn
+    t1 = hi.predict("all_reduce", size, nodes, gpn, cal)["time_s"]
+    t2 = hi.predict("all_reduce", 2 * size, nodes, gpn, cal)["time_s"]
+    slope = (t2 - t1) / size
+    return max(0.0, t1 - slope * size), 2 * (p - 1) / p / slope
+
+
+def astra_sim_nccl(cal: dict[str, Any], nodes: int, gpn: int) -> str:
+    from analysis import nccl_cost as nc
+
+    h = cal["nccl"]
+    m = h["measured"]
+    hw = nc._HW[h["version"]]
+    intra_ns = hw["nvlink" if h["intra"] == "nvlink" else "pci"]["Ring"]["Simple"] * m["intra_lat"] * 1e3 / 2
+    net_ns = hw["net"]["Ring"]["Simple"] * m["net_lat"] * 1e3 / 2
+    return (f"# fabricbench calibration of {cal['fabric']} (commit {str(cal['code']['commit'])[:12]}, made "
+            f"{cal['created']}, NCCL {h['nccl']}); ASTRA-sim analytical network config: the node's GPUs, then the nodes\n"
+            "topology: [ Switch, Switch ]\n"
+            f"npus_count: [ {gpn}, {nodes} ]\n"
+            f"bandwidth: [ {_plain(m['intra_busbw'])}, {_plain(m['inter_busbw'])} ]  # GB/s: the fitted intra- and "
+            "inter-node bus bandwidths per GPU\n"
+            f"latency: [ {_plain(intra_ns)}, {_plain(net_ns)} ]  # ns: NCCL's ring step (Simple) inside a node and across, "
+            "x the fitted factors, halved (two links per step)\n")
+
+
+def calculon_nccl(cal: dict[str, Any], nodes: int, gpn: int, message: int | None = None) -> list[dict[str, Any]]:
+    out = []
+    for n, g in ((1, gpn), (nodes, gpn)):
+        lat, bus = nccl_line(cal, n, g, message or NCCL_MESSAGE)
+        out.append({"bandwidth": bus / 1e9, "efficiency": 1.0, "size": n * g, "latency": lat,
+                    "ops": {"p2p": [1.0, None], "reduce_scatter": [1.0, -1], "all_gather": [1.0, -1],
+                            "all_reduce": [2.0, -1]},
+                    "must_be_filled": False, "processor_usage": 0.0})
+    return out
+
+
+def vidur_nccl(cal: dict[str, Any], degrees: list[int], sizes: list[int]) -> str:
+    """Vidur's all_reduce.csv from the intra level: a row per tensor-parallel degree (GPUs of one
+    node) and size, NCCL's model's time in ms (no interval for this form yet: min = max = median)."""
+    from analysis.projection import hierarchy as hi
+
+    rows = []
+    for n in degrees:
+        for s in sizes:
+            ms = hi.predict("all_reduce", s, 1, n, cal)["time_s"] * 1e3
+            rows.append((n, s, ms, ms, ms, 0.0))
+    return _vidur_csv(rows)

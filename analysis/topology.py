@@ -31,7 +31,7 @@ def _emulate(r: Run) -> dict | None:
 
 def _key(block: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in block.items() if k in (
-        "nodes", "topology", "leaves", "spines", "rate", "uplink_rate", "hash")))
+        "nodes", "topology", "leaves", "spines", "rate", "uplink_rate", "hash", "spine_rates")))
 
 
 def describe(block: dict) -> str:
@@ -39,6 +39,8 @@ def describe(block: dict) -> str:
     if block.get("topology") == "leaf-spine":
         leaves, spines, nodes = int(block.get("leaves", 2)), int(block.get("spines", 2)), int(block.get("nodes", 2))
         up = block.get("uplink_rate") or rate
+        slow = block.get("spine_rates") or {}
+        up = f"{up}" + (" (" + ", ".join(f"{k}'s {v}" for k, v in sorted(dict(slow).items())) + ")" if slow else "")
         return (f"leaf-spine: {nodes} hosts on {leaves} leaves, {spines} spines; host links {rate}, uplinks {up}, "
                 f"ECMP {block.get('hash', 'l4')}")
     nodes = int(block.get("nodes", 2))

@@ -17,7 +17,8 @@
 #   FABRICBENCH_RUN_ID run directory name shared by all nodes  [slurm-$SLURM_JOB_ID]
 # Fabric variables (NCCL_*, GLOO_*, UCX_*, ...) set before sbatch reach every rank: srun,
 # pyxis and Apptainer (without --cleanenv) pass the whole environment through, and the
-# fabric profile chosen with fabric=... exports its own on top.
+# fabric profile chosen with fabric=... exports its own on top (one warning line per exported
+# variable it overwrites; a site's values go in conf/local/<fabric>.yaml).
 
 fb_die() { echo "error: $*" >&2; exit 2; }
 

@@ -1,4 +1,4 @@
-"""The alpha-beta calibration and its projections (analysis/projection.py, `fabricbench model`),
+"""The alpha-beta calibration and its projections (analysis/projection/, `fabricbench model`),
 pinned with worked values on records built from known parameters."""
 
 from __future__ import annotations
@@ -116,16 +116,41 @@ def test_model_form_margin_grows_with_the_distance_beyond_the_data():
             (Path("/r/4.json"), _rec(4, 0, noise=lambda s, op: 0.10))]
     cal = pj.fit(recs, boot=50)
     c = cal["ops"]["all_gather"]
-    assert c["model_form_q90_per_doubling"] == pytest.approx(math.log(1.1), rel=1e-6)
-    at8, at64 = pj.project(cal, "all_gather", 8, 1 << 20), pj.project(cal, "all_gather", 64, 1 << 20)
-    assert at8.label == "extrapolated" and at64.label == "model-only"   # 64 > 4 x 4
-    assert pj.project(cal, "all_gather", 16, 1 << 20).label == "extrapolated"
+    mf = c["model_form"]["beyond"]
+    # one held-out scale is one unit, whatever its sizes: its largest error, at the level 1/2 it attains
+    assert mf["units"] == {"4": pytest.approx(math.log(1.1), rel=1e-6)} and mf["level"] == 0.5
+    assert mf["margin_log"] == pytest.approx(math.log(1.1), rel=1e-6)
+    at8, at16 = pj.project(cal, "all_gather", 8, 1 << 20), pj.project(cal, "all_gather", 16, 1 << 20)
+    assert at8.label == "extrapolated" and at16.label == "model-only"   # 16 > 2 x 4
     assert pj.project(cal, "all_gather", 3, 1 << 20).label == "interpolated"
     assert pj.project(cal, "all_gather", 4, 1 << 20).label == "measured"
-    # 8 is 1 doubling past 4, 64 is 4: the model-form margin scales with it (parameters add to both)
-    margin = c["model_form_q90_per_doubling"]
-    assert margin <= at8.half_log < 2 * margin and 4 * margin <= at64.half_log
-    assert "model-only" in pj.projection_line(at64)
+    # 8 is 1 doubling past 4, 16 is 2: the allowance scales with it, a named term apart from the PI
+    assert at8.form_log == pytest.approx(mf["margin_log"]) and at16.form_log == pytest.approx(2 * mf["margin_log"])
+    assert (at8.form_level, at8.form_units) == (0.5, 1)
+    lo, hi = at8.with_form
+    assert lo == pytest.approx(at8.low_s / 1.1) and hi == pytest.approx(at8.high_s * 1.1)
+    line = pj.projection_line(at8)
+    assert "(90% PI, parameters and noise); model form +-10.0% from 1 held-out scale (level 50%)" in line
+    assert "model-only" in pj.projection_line(at16)
+
+
+def test_a_model_only_interval_is_held_above_the_schedules_floor_or_not_printed():
+    cal = pj.fit(_recs(blocks=3), boot=100)
+    c = cal["ops"]["all_reduce"]
+    # what the records measured: no latency floor (no sampled calls), the TCP payload ceiling 0.011955 GB/s
+    assert c["latency_floor"] == {} and cal["payload_GBps"] == 0.011955
+    pr = pj.project(cal, "all_reduce", 512, 16 << 20)
+    # worked: the bytes alone at the ceiling, 2 x 511/512 x 16 MiB / 11.955 MB/s = 2.8011 s
+    floor = 2 * 511 / 512 * (16 << 20) / 11.955e6
+    assert pr.label == "model-only" and pr.floor_s == pytest.approx(floor, rel=1e-9)
+    assert pr.low_s >= floor and pr.with_form[0] >= floor
+    assert pr.size / pr.low_s * pj.terms("all_reduce", 512)[1] <= 0.011955e9 * (1 + 1e-9)   # busbw capped by the line
+    # nothing measured to hold it up: no interval, and said so
+    bare = cal | {"payload_GBps": None, "line_rate_GBps": None, "latency_floor": None}
+    none = pj.project(bare, "all_reduce", 512, 16 << 20)
+    assert math.isnan(none.low_s) and "no interval" in pj.projection_line(none)
+    assert "cannot tell" in pj.compare(none, none)
+    assert not math.isnan(pj.project(bare, "all_reduce", 8, 16 << 20).low_s)      # 2x: extrapolated, printed
 
 
 def test_projected_comparison_in_verdict_words_and_an_aa_control():
@@ -203,7 +228,7 @@ def test_cli_fit_project_check_and_one_line_errors(tmp_path):
     for args, words in [(("fit", one), "one scale only"),
                         (("fit", tmp_path / "nowhere"), "is not a folder"),
                         (("project", tmp_path / "res" / "run0" / "records" / "collectives-0.json", "--ranks", "8"),
-                         "is not a fabricbench.calibration/1"),
+                         "is not a fabricbench.calibration/2"),
                         (("project", cal, "--ranks", "eight"), "whole numbers")]:
         r = _cli(*args)
         assert r.returncode != 0 and r.stderr.count("\n") == 1 and words in r.stderr, (args, r.stderr)
@@ -286,7 +311,7 @@ def test_emulated_nodes_share_the_hosts_cores():
 
 
 def test_the_reports_projection_section(tmp_path):
-    from analysis import projection_report
+    from analysis.projection import report as projection_report
     from analysis.report import Section, to_html, to_markdown
 
     assert projection_report.blocks(tmp_path, tmp_path / "plots") == []          # no calibration: no section
@@ -295,7 +320,7 @@ def test_the_reports_projection_section(tmp_path):
     blocks = projection_report.blocks(tmp_path, tmp_path / "plots")
     table = next(b for b in blocks if b[0] == "table")
     assert table[1] == projection_report.HEAD and [r[0] for r in table[2]] == ["all_gather", "all_reduce"]
-    assert "4 from 2: median" in table[2][1][5] and "at 16 ranks" in table[2][1][6]
+    assert "4 from 2: median" in table[2][1][5] and "at 8 ranks" in table[2][1][6]
     figures = [b for b in blocks if b[0] == "figure"]
     assert len(figures) == 2 and all(f[1].stat().st_size > 1000 for f in figures)
     md = to_markdown("t", [Section("Projection to scale", blocks)], tmp_path)
@@ -412,3 +437,74 @@ def test_the_latency_floor_is_the_fastest_sampled_call_less_its_bytes_worked():
     assert cal["latency_floor"] == {"p": 2, "op": "all_gather", "alpha_floor_s": f["alpha_floor_s"]}
     assert "latency: " in pj.fit_lines(cal)[1] and cal["ops"]["all_gather"]["latency_floor"].keys() == {"2"}
     assert pj.fit(_recs(blocks=2), boot=50)["latency_floor"] is None                     # nothing sampled
+
+
+def test_check_leaves_out_the_fitted_records_and_says_why():
+    recs = _recs(blocks=3)
+    cal = pj.fit(recs, boot=50)
+    assert cal["record_ids"] == sorted(r["record_id"] for _, r in recs)
+    with pytest.raises(UsageError, match="every record given \\(6\\) is one the calibration was fitted on"):
+        pj.check_against(cal, recs)
+    new = (Path("/r/8.json"), _rec(8, 0, noise=_wobble(0, 8)))
+    other = (Path("/r/t.json"), {"workload": "pretrain", "status": "ok"})
+    failed = (Path("/r/f.json"), _rec(8, 1) | {"status": "failed"})
+    rows = pj.check_against(cal, [*recs[:2], new, other, failed])
+    assert {r["p"] for r in rows} == {8}                            # the fitted 2-rank cells are not checked
+    assert pj.left_out(cal, [*recs[:2], new, other, failed]) == [
+        (recs[0][0], "the calibration was fitted on it"), (recs[1][0], "the calibration was fitted on it"),
+        (Path("/r/t.json"), "a pretrain record, not collectives"), (Path("/r/f.json"), "status failed")]
+
+
+def test_a_fit_from_few_blocks_says_how_few():
+    few = pj.fit_lines(pj.fit(_recs(blocks=2), boot=50))
+    assert any("note: few blocks (2 at 2 ranks, 2 at 4 ranks): the noise is known to 8 degrees of freedom" in x
+               for x in few), few
+    many = pj.fit_lines(pj.fit(_recs(blocks=4), boot=50))
+    assert not any("few blocks" in x for x in many) and any("between blocks (24 degrees of freedom)" in x for x in many)
+    one = pj.fit_lines(pj.fit([(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)], boot=50))
+    assert any("noise: from the fit's residuals" in x and "1 at 2 ranks" in x for x in one), one
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda c: c["ops"]["all_reduce"].update(alpha_s="fast"), "ops.all_reduce.alpha_s is 'fast', not a finite number"),
+    (lambda c: c["ops"]["all_reduce"].update(kappa_s=-1.0), "ops.all_reduce.kappa_s is -1.0, outside [0.0, inf]"),
+    (lambda c: c.pop("fabric"), "fabric is missing"),
+    (lambda c: c.update(pi_level=90), "pi_level is 90, outside (0, 1]"),
+    (lambda c: c["ops"]["all_gather"].pop("draws"), "ops.all_gather.draws is missing"),
+    (lambda c: c["ops"]["all_gather"].update(scales=[2, "4"]), "ops.all_gather.scales is [2, '4'], holds '4'"),
+    (lambda c: c["code"].pop("commit"), "code.commit is missing"),
+    (lambda c: c["ops"].update(broadcast={}), "ops.broadcast is not a collective the model knows"),
+])
+def test_every_calibration_field_is_checked_on_load(tmp_path, edit, field):
+    cal = pj.fit(_recs(blocks=2), boot=50)
+    assert pj.problem(cal) is None
+    edit(cal)
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    with pytest.raises(UsageError, match="field " + field.replace("[", "\\[").replace("(", "\\(").replace(")", "\\)")
+                       .replace("]", "\\]").replace(".", "\\.")):
+        pj.load(tmp_path / "cal.json")
+
+
+@pytest.mark.parametrize("value,said", [(float("nan"), "is nan"), (-1.0, "is -1.0"), (0, "is 0:"), ("x", "is 'x'"),
+                                        (float("inf"), "is inf")])
+def test_a_time_a_fit_cannot_use_is_refused_naming_the_record(value, said):
+    bad = _rec(4, 9)
+    bad["rows"][1]["in_place"]["time_us"] = value
+    with pytest.raises(UsageError, match=f"/r/bad.json: rows\\[1\\] \\(all_reduce 262144 B\\) in_place.time_us {said}"):
+        pj.fit(_recs() + [(Path("/r/bad.json"), bad)], boot=50)
+
+
+def test_two_backends_or_two_ncclS_under_one_fabric_are_refused():
+    gloo = [(p, r | {"fabric": {"name": "emu-100m", "backend": "gloo"}}) for p, r in _recs(scales=(2,))]
+    with pytest.raises(UsageError, match="ran on 2 backends \\(gloo, unnamed\\)"):
+        pj.fit(gloo + _recs(scales=(4,)))
+    v = [(p, r | {"fingerprint": r["fingerprint"] | {"nccl": "2.30.7" if r["world"]["world_size"] == 2 else "2.23.4"}})
+         for p, r in _recs()]
+    with pytest.raises(UsageError, match="ran NCCL 2.23.4, 2.30.7"):
+        pj.fit(v)
+
+
+def test_the_calibration_names_its_one_backend():
+    recs = [(p, r | {"fabric": {"name": "emu-100m", "backend": "gloo"}}) for p, r in _recs()]
+    cal = pj.fit(recs, boot=50)
+    assert cal["backend"] == "gloo" and cal["nccl_version"] is None

@@ -1,4 +1,4 @@
-"""Gloo's own ring as the projection's model form (analysis/projection.py gloo_ring): the segment
+"""Gloo's own ring as the projection's model form (analysis/projection/forms.py gloo_ring): the segment
 schedule of gloo/allreduce.cc and gloo/allgather.cc pinned with worked values, reduce_scatter as
 ProcessGroupGloo runs it (an all_reduce of the whole buffer), the robust fit recovering known
 parameters past an outlier cell, and the form chosen by the records' backend."""
@@ -96,7 +96,7 @@ def test_the_serialized_share_is_fitted_beside_another_scale(monkeypatch):
     t8 = pj.gloo_ring("all_gather", 8, 1 << 22, ALPHA, 1 / BW)
     assert pj.project(cal, "all_gather", 8, 1 << 22).time_s == pytest.approx(t8, rel=1e-3)
     # without the term, the 2-rank calls (slower than their bytes) pull B down for every scale
-    monkeypatch.setattr(pj, "serial_segments", lambda op, p: 0)
+    monkeypatch.setattr(pj.forms, "serial_segments", lambda op, p: 0)
     old = pj.fit(recs, boot=20)["ops"]["all_gather"]
     assert pj.project({**cal, "ops": {"all_gather": old}}, "all_gather", 8, 1 << 22).time_s > 1.02 * t8
     monkeypatch.undo()

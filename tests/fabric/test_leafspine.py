@@ -183,3 +183,16 @@ def test_two_concurrent_jobs_sharing_a_spine_report_jct_and_fairness(tmp_path):
         (rec,) = records_in(out / j["run_id"])
         assert rec["world"]["world_size"] == 2 and rec["paths"]["share"] == {"s0": 1.0}
     assert "Jain's fairness over the jobs' all_reduce/avg_busbw(GB/s)" in p.stdout
+
+
+def test_a_degraded_spine_is_one_key_and_a_wrong_name_is_refused():
+    from workloads.core.errors import UsageError
+    from workloads.fabric.netns import EmuSpec
+
+    base = {"nodes": 4, "topology": "leaf-spine", "rate": "100mbit", "uplink_rate": "100mbit"}
+    spec = EmuSpec.from_config(base | {"spine_rates": {"s1": "25mbit"}})
+    assert spec.spine_uplink(0) == "100mbit" and spec.spine_uplink(1) == "25mbit"
+    with pytest.raises(UsageError, match="names 's2', which is not a spine of this leaf-spine; use s0..s1"):
+        EmuSpec.from_config(base | {"spine_rates": {"s2": "25mbit"}})
+    with pytest.raises(UsageError, match="applies to topology=leaf-spine only"):
+        EmuSpec.from_config({"nodes": 2, "rate": "100mbit", "spine_rates": {"s0": "1mbit"}})

@@ -103,6 +103,15 @@ def test_every_shipped_tune_loads(path):
      "tuned through env: and sysctls:"),
     (lambda s: s.replace("NCCL_ALGO:", "MY_VAR:"), "fabricbench checks only NCCL_*, GLOO_* names"),
     (lambda s: s + "space_typo: 1\n", "unknown field(s) space_typo"),
+    # NCCL's grammar (workloads/fabric/ncclvalues.py): the broadcast behind average=rank0 has Ring only
+    (lambda s: s.replace("ops=[all_reduce]\"]", "ops=[all_reduce]\", collectives.average=rank0]"),
+     "candidate NCCL_ALGO-Tree.warmup_iters-1: NCCL_ALGO=Tree leaves Broadcast no algorithm"),
+    (lambda s: s.replace("NCCL_ALGO: [Ring, Tree]", "NCCL_ALGO: [Ring, nvls_tree]"), "Unrecognized element token"),
+    (lambda s: s.replace("NCCL_ALGO: [Ring, Tree]", "NCCL_LL_THRESHOLD: [0, 16384]"),
+     "space.env.NCCL_LL_THRESHOLD: NCCL 2.30.7 does not read it"),
+    (lambda s: s.replace("entry: collectives, overrides: [\"collectives.ops=[all_reduce]\"]", "entry: link")
+     .replace("overrides: {collectives.warmup_iters: [1, 2]}", "overrides: {link.streams: [1, 2]}"),
+     "no workload of this tune calls an NCCL collective (link): a no-op axis"),
 ])
 def test_bad_specs_are_one_line_before_anything_runs(tmp_path, edit, needle):
     with pytest.raises(UsageError, match=None) as e:
@@ -215,6 +224,11 @@ def test_nccl_tuner_lines_follow_the_example_plugins_csv():
     assert tuned.nccl_tuner_lines({"NCCL_ALGO": "Ring,Tree", "NCCL_PROTO": "Simple"}) == []
     assert tuned.nccl_tuner_lines({"NCCL_ALGO": "Ring"}) == []
     assert tuned.nccl_tuner_lines({"NCCL_BUFFSIZE": "4194304"}) == []
+    # NCCL's own names (src/init.cc ncclAlgoStr) in the plugin's spellings (plugin.c parseAlgorithm),
+    # and a function prefix pins that function only
+    nvls = tuned.nccl_tuner_lines({"NCCL_ALGO": "AllReduce:NVLSTree", "NCCL_PROTO": "Simple"}, ["all_reduce", "all_gather"])
+    assert [x for x in nvls if not x.startswith("#")] == ["allreduce,0,4294967295,nvls_tree,simple,-1,-1,-1,-1,-1"]
+    assert tuned.nccl_tuner_lines({"NCCL_ALGO": "collnet_direct", "NCCL_PROTO": "Simple"}) == []  # NCCL rejects it
 
 
 def test_the_tuned_arm_file_round_trips_into_a_study_arm(tmp_path):
@@ -233,7 +247,8 @@ def test_the_tuned_arm_file_round_trips_into_a_study_arm(tmp_path):
                   "  - {name: ar, entry: collectives}\nblocks: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
     spec = load_spec(study, output_root=str(tmp_path / "o"))
     assert [a.label for a in spec.arms] == ["ta", "b-tuned"] and spec.baseline.label == "b-tuned"
-    assert spec.allow == ["config.collectives.warmup_iters", "config.tuned"]
+    # the override where the config holds it and where the record's collectives section repeats it
+    assert spec.allow == ["collectives.warmup_iters", "config.collectives.warmup_iters", "config.tuned"]
     job = next(j for j in plan(spec) if j.arm.label == "ta")
     argv = cell_argv(spec, job, "local", python="py", env={})
     cfg = compose(CONF_DIR, argv[2:])
@@ -294,3 +309,31 @@ def test_a_tune_already_running_is_refused_before_any_run(tmp_path):
     assert r.stderr.strip() == (f"error: tune t is already running in {folder} (pid {os.getpid()}); wait for it to finish, "
                                 "or pass --id <new id> for a separate tune")
     assert "] block " not in r.stdout and not list(folder.glob("search-*"))
+
+
+def test_every_kind_of_setting_is_let_through_the_guard_and_nothing_else(tmp_path):
+    """The confirmation's allowed keys (tuned.varied_keys) against the guard's own identity, on
+    two runs that differ as a candidate and the default do: a Hydra override lands both in the
+    config and in the record's collectives section; env and sysctls in the fabric block. Any
+    other difference is still refused."""
+    from analysis import guard
+
+    spec = load_tune(write(tmp_path, TUNE.replace("warmup_iters: [1, 2]", "op: [max]")),
+                     output_root=str(tmp_path / "o"))
+    cand = next(c for c in spec.candidates if c.settings.get("overrides"))
+    assert cand.settings["overrides"] == {"collectives.op": "max"}  # the space builds what a named one holds
+    default = {"workload": "collectives", "config": {"collectives": {"op": "sum", "iters": 5}, "tuned": {},
+                                                     "fabric": {"env": {}, "emulate": {"sysctls": {}}}},
+               "collectives": {"op": "sum", "iters": 5}}
+    mine = {"workload": "collectives", "config": {"collectives": {"op": "max", "iters": 5},
+                                                  "tuned": {"candidate": cand.name, "settings": cand.settings},
+                                                  "fabric": {"env": {"NCCL_ALGO": "Ring"},
+                                                             "emulate": {"sysctls": {"net.ipv4.tcp_rmem": "1 2 3"}}}},
+            "collectives": {"op": "max", "iters": 5}}
+    allow = tuned.varied_keys({**cand.settings, "env": {"NCCL_ALGO": "Ring"}})
+    assert guard.differences(default, mine, allow) == {}
+    keys = set(guard.differences(default, mine))  # without them: the override twice, and the stamp
+    assert {"collectives.op", "config.collectives.op"} <= keys
+    assert all(k.startswith("config.tuned") for k in keys - {"collectives.op", "config.collectives.op"}), keys
+    other = {**mine, "collectives": {"op": "max", "iters": 6}}
+    assert guard.differences(default, other, allow) == {"collectives.iters": (5, 6)}

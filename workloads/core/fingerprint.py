@@ -39,6 +39,23 @@ def git_commit() -> dict[str, Any]:
             "dirty_hash": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None}
 
 
+def site_settings(fabric: str | None, local: Path | None = None) -> dict[str, str] | None:
+    """The site settings a run of `fabric` composed (conf/local/default.yaml, over every profile,
+    and conf/local/<fabric>.yaml, over that profile only): path -> a hash of its text. They are
+    git-ignored, so not in `git`'s dirty hash: a site's HCA names are where the code runs, not
+    other code; the values themselves are in the record's config. None when there are none."""
+    local = REPO_ROOT / "conf" / "local" if local is None else local
+    out = {}
+    for name in ("default", fabric):
+        p = local / f"{name}.yaml"
+        if name and "/" not in name and p.is_file():
+            try:
+                out[f"conf/local/{p.name}"] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            except OSError:
+                continue
+    return out or None
+
+
 def _version(mod: str) -> str | None:
     try:
         from importlib.metadata import version

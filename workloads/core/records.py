@@ -106,8 +106,17 @@ def new_record(workload: str, **fields: Any) -> dict[str, Any]:
     }
     rec.update(fields)
     if isinstance(rec.get("fingerprint"), dict):
-        rec["fingerprint"] = with_tuned(rec["fingerprint"], fields.get("config"))
+        rec["fingerprint"] = with_site(with_tuned(rec["fingerprint"], fields.get("config")), fields.get("config"))
     return rec
+
+
+def with_site(fp: dict[str, Any], config: Any) -> dict[str, Any]:
+    """The fingerprint with `site` (core/fingerprint.py site_settings) for the run's fabric."""
+    from workloads.core.fingerprint import site_settings
+
+    fabric = (config.get("fabric") or {}).get("name") if isinstance(config, dict) else None
+    site = site_settings(str(fabric) if fabric else None)
+    return {**fp, "site": site} if site else fp
 
 
 def with_tuned(fp: dict[str, Any], config: Any) -> dict[str, Any]:

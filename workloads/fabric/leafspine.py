@@ -87,8 +87,8 @@ def build(run: Callable, shape: Callable, veth: Callable, spec, hosts: list[str]
             run(["ip", "-n", spine, "addr", "add", f"{theirs}/30", "dev", down])
             run(["ip", "-n", leaf, "link", "set", up, "up"])
             run(["ip", "-n", spine, "link", "set", down, "up"])
-            shape(leaf, up, spec.uplink)
-            shape(spine, down, spec.uplink)
+            shape(leaf, up, spec.spine_uplink(k))
+            shape(spine, down, spec.spine_uplink(k))
             # the spine reaches leaf j's hosts down this link, one path
             run(["ip", "-n", spine, "route", "add", f"10.77.{j}.0/24", "via", mine, "dev", down])
     for j, leaf in enumerate(leaves):

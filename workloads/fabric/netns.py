@@ -79,15 +79,23 @@ def rate_bits_per_s(rate: str) -> float:
     return bits
 
 
-def delay_us(value: Any, key: str = "latency") -> float:
-    """'2ms' -> 2000.0 (one-way, µs). UsageError for anything else, negative or over 1 s included."""
-    m = _TIME.match(str(value).strip())
+def delay_us(value: Any, key: str = "emulate.latency") -> float:
+    """'2ms' -> 2000.0 (one-way, µs); a bare 0 is no delay in any unit. UsageError, naming `key`
+    (the override or the option the value came from), for anything else, negative or over 1 s
+    included."""
+    text = str(value).strip()
+    if text in ("0", "0.0"):
+        return 0.0
+    if re.fullmatch(r"\d+(?:\.\d+)?ns", text):
+        raise UsageError(f"{key}={value}: the delay line counts microseconds, not nanoseconds; use e.g. 1us, 500us "
+                         "or 2ms (one way per link), or 0 for none")
+    m = _TIME.match(text)
     if not m:
-        raise UsageError(f"emulate.{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0ms (one way per link), "
-                         "or null for no delay line")
+        raise UsageError(f"{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0 (one way per link)"
+                         + (", or null for no delay line" if key.startswith("emulate.") else ""))
     us = float(m.group(1)) * _TIME_US[m.group(2)]
     if us > MAX_DELAY_US:
-        raise UsageError(f"emulate.{key}={value} is over the delay line's 1 s; use at most 1s")
+        raise UsageError(f"{key}={value} is over the delay line's 1 s; use at most 1s")
     return us
 
 
@@ -114,6 +122,9 @@ class EmuSpec:
     uplink_rate: str | None = None   # leaf-spine: tc rate of each leaf-spine link; None = `rate`
     hash: str = "l4"                 # leaf-spine ECMP: l3 (addresses) | l4 (addresses and ports)
     uplink_latency: str | None = None  # leaf-spine: one-way delay of each leaf-spine link (pods far apart)
+    # leaf-spine: a spine whose every uplink runs at another rate, as (spine, rate) pairs, e.g.
+    # (("s1", "25mbit"),): one degraded spine that ECMP still hashes half the flows onto
+    spine_rates: tuple[tuple[str, str], ...] = ()
     queue: int | None = None         # frames a delay line holds per direction; None: enough for 2x the BDP
     # per-namespace TCP settings of every node, as (name, value) pairs: what `fabricbench tune` varies
     # (congestion control, socket buffers); written with `sysctl -w` inside each node after it is built
@@ -139,7 +150,7 @@ class EmuSpec:
                    hash=str(b.get("hash", "l4")).lower(),
                    uplink_latency=None if b.get("uplink_latency") in (None, "none", "null", "") else str(b["uplink_latency"]),
                    queue=None if b.get("queue") is None else int(b["queue"]),
-                   sysctls=_sysctls(b.get("sysctls")))
+                   sysctls=_sysctls(b.get("sysctls")), spine_rates=_spine_rates(b.get("spine_rates")))
         spec.check()
         return spec
 
@@ -150,6 +161,10 @@ class EmuSpec:
     @property
     def uplink(self) -> str | None:
         return self.uplink_rate or self.rate
+
+    def spine_uplink(self, spine: int) -> str | None:
+        """The tc rate of every leaf's uplink to spine `spine`: its `spine_rates` entry, else `uplink`."""
+        return dict(self.spine_rates).get(f"s{spine}", self.uplink)
 
     def check(self) -> None:
         if not 2 <= self.nodes <= 64:
@@ -181,13 +196,20 @@ class EmuSpec:
                 raise UsageError(f"emulate.hash={self.hash!r}; use l3 (addresses) or l4 (addresses and ports)")
             if self.uplink_rate is not None:
                 rate_bits_per_s(self.uplink_rate)
+            for name, rate in self.spine_rates:
+                if not (name[:1] == "s" and name[1:].isdigit() and int(name[1:]) < self.spines):
+                    raise UsageError(f"emulate.spine_rates names {name!r}, which is not a spine of this leaf-spine; "
+                                     f"use s0..s{self.spines - 1}")
+                rate_bits_per_s(rate)
+        elif self.spine_rates:
+            raise UsageError("emulate.spine_rates applies to topology=leaf-spine only; remove it or set topology=leaf-spine")
         elif self.uplink_rate is not None:
             raise UsageError("emulate.uplink_rate applies to topology=leaf-spine only; remove it or set topology=leaf-spine")
         elif self.uplink_latency is not None:
             raise UsageError("emulate.uplink_latency applies to topology=leaf-spine only; use emulate.latency for the "
                              "links of a pair or a star, or set topology=leaf-spine")
         if self.leaf_spine and self.uplink_latency is not None:
-            delay_us(self.uplink_latency, "uplink_latency")
+            delay_us(self.uplink_latency, "emulate.uplink_latency")
 
     def delays(self) -> list[tuple[str | None, float]]:
         """(tc rate, one-way delay µs) of every kind of link that has a delay line."""
@@ -195,7 +217,7 @@ class EmuSpec:
         if self.latency is not None:
             out.append((self.rate, delay_us(self.latency)))
         if self.leaf_spine and self.uplink_latency is not None:
-            out.append((self.uplink, delay_us(self.uplink_latency, "uplink_latency")))
+            out.append((self.uplink, delay_us(self.uplink_latency, "emulate.uplink_latency")))
         return out
 
     def queue_frames(self) -> int:
@@ -248,6 +270,14 @@ NODE_SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_rmem", "net.ipv
                 "net.ipv4.tcp_slow_start_after_idle", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_notsent_lowat",
                 "net.ipv4.tcp_window_scaling", "net.ipv4.tcp_sack", "net.ipv4.tcp_timestamps", "net.ipv4.tcp_ecn")
 CC_AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+
+def _spine_rates(raw: Any) -> tuple[tuple[str, str], ...]:
+    if raw in (None, {}):
+        return ()
+    if not isinstance(raw, Mapping):
+        raise UsageError(f"emulate.spine_rates={raw!r}: give a mapping of spine to rate, e.g. {{s1: 25mbit}}")
+    return tuple(sorted((str(k), str(v)) for k, v in raw.items()))
 
 
 def _sysctls(raw: Any) -> tuple[tuple[str, str], ...]:
@@ -544,6 +574,8 @@ class Topology:
         via = "one veth pair" if self.bridge_ns is None else f"a bridge in {self.bridge_ns}"
         if s.leaf_spine:
             up = "unshaped" if s.uplink is None else f"{s.qdisc} rate {s.uplink}"
+            if s.spine_rates:
+                up += " (" + ", ".join(f"{k}'s at {v}" for k, v in s.spine_rates) + ")"
             over = s.oversubscription()
             if s.uplink_latency:
                 up += f", delay {s.uplink_latency} one way (delay line)"

@@ -92,7 +92,10 @@ def read_counters(root=None) -> Counters:
     return out
 
 
-CONGESTION = ("np_cnp_sent", "rp_cnp_handled", "out_of_buffer")  # ports/<p>/hw_counters/<name>
+# ports/<p>/hw_counters/<name>, as the mlx5 driver names them (prometheus/procfs class_infiniband.go
+# lists the same files): ECN-marked RoCE packets seen and CNPs sent as a notification point,
+# CNPs handled or ignored as a reaction point, receive-buffer drops
+CONGESTION = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored", "out_of_buffer")
 
 
 def read_congestion(root=None) -> dict[str, dict[str, int]]:

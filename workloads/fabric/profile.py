@@ -7,6 +7,7 @@ must be applied before the process group exists, because NCCL reads it at init.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -45,6 +46,20 @@ def check_env_name(name: str) -> None:
                              "workloads/fabric/envnames.py)")
 
 
+def check_nccl_values(env: Mapping[str, str | None], where: str, ctx=None) -> None:
+    """NCCL variables the NCCL that will run ignores (a name it no longer or not yet reads, an
+    integer it reads as another) or fails on (NCCL_ALGO/NCCL_PROTO), refused in one line.
+    Without a context (a profile alone) only what fails whatever the workload is checked."""
+    from workloads.fabric import ncclvalues
+
+    if not any(k.startswith("NCCL_") and v is not None for k, v in env.items()):
+        return
+    got = ncclvalues.problems(dict(env), ctx or ncclvalues.Context(functions=frozenset()),
+                              ncclvalues.runtime_version())
+    if got:
+        raise UsageError(f"{where}.{got[0]}")
+
+
 @dataclass(frozen=True)
 class FabricProfile:
     name: str
@@ -69,6 +84,7 @@ class FabricProfile:
         for key, value in env.items():
             if value is not None and key not in unchecked:  # unsetting a name exports nothing
                 check_env_name(key)
+        check_nccl_values({k: v for k, v in env.items() if k not in unchecked}, "fabric.env")
         return cls(
             name=str(cfg["name"]),
             backend=backend,
@@ -92,10 +108,31 @@ class FabricProfile:
                     "has none (torch.cuda.is_available() is False); use fabric=loopback on CPU"
                 )
 
-    def apply(self, run_dir: str | os.PathLike | None, environ: dict | None = None) -> dict[str, str]:
+    def overwritten(self, environ: Mapping[str, str]) -> list[str]:
+        """One line per variable exported in `environ` that the profile sets to another value
+        (or unsets). The profile wins: a study's arms share one environment, so an exported
+        NCCL_IB_HCA would otherwise reach the other fabric's arm too, and the record's config
+        would name values the run did not use (docs/fabrics.md, "Exported variables")."""
+        lines = []
+        for key, value in self.env.items():
+            if key in environ and environ[key] != value:
+                now = "unsets it" if value is None else f"sets {value}"
+                lines.append(f"fabric={self.name}: exported {key}={environ[key]} is overwritten: the profile {now} "
+                             f"(the profile wins; put it in conf/local/{self.name}.yaml or pass fabric.env.{key}=...)")
+        return lines
+
+    def apply(self, run_dir: str | os.PathLike | None, environ: dict | None = None, say=None) -> dict[str, str]:
         """Export the profile's variables (a None value unsets one) and, for NCCL, turn on
-        its INFO log into one file per process. Returns exactly what was applied."""
+        its INFO log into one file per process. Returns exactly what was applied. An exported
+        variable the profile overwrites is said, one line each, by `say` (default: stderr on
+        each node's first local rank)."""
         environ = os.environ if environ is None else environ
+        if say is None and environ.get("LOCAL_RANK", "0") == "0":
+            def say(line):
+                print(f"warning: {line}", file=sys.stderr, flush=True)
+        for line in self.overwritten(environ):
+            if say is not None:
+                say(line)
         applied: dict[str, str] = {}
         for key, value in self.env.items():
             if value is None:
@@ -145,7 +182,9 @@ def node_env(overrides: list[str], cfg=None) -> tuple[FabricProfile, dict[str, s
     cfg = compose_node(overrides) if cfg is None else cfg
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     env: dict = {}
-    fabric.apply(Path(rundir.run_dir(cfg.output_root, cfg.get("run_id"))).resolve(), env)
+    for line in fabric.overwritten(os.environ):  # this node's exported values lose, as node 0's do
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+    fabric.apply(Path(rundir.run_dir(cfg.output_root, cfg.get("run_id"))).resolve(), env, say=lambda line: None)
     unset = {k: None for k, v in fabric.env.items() if v is None}
     return fabric, {**env, **unset}
 
@@ -153,7 +192,6 @@ def node_env(overrides: list[str], cfg=None) -> tuple[FabricProfile, dict[str, s
 def exec_with(env: dict[str, str | None], command: list[str]) -> int:
     """Replace this process with `command` under `env` (None unsets); 2 and one line if it
     cannot start."""
-    import sys
 
     for k, v in env.items():
         if v is None:
@@ -172,7 +210,6 @@ def main(argv: list[str] | None = None) -> int:
 
     Runs `command` with the fabric profile applied, exactly as node 0's workload applies it
     (launch/slurm/serve_node.sh starts the engine workers of nodes > 0 this way)."""
-    import sys
 
     from workloads.core.errors import UsageError
 

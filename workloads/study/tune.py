@@ -12,7 +12,8 @@ on fresh blocks, ABBA (`<tune folder>/confirm/`), judged by compare's verdicts. 
 `tune.txt`, what it said. A rerun resumes: every phase's finished runs are kept (the study's
 own resume), the rounds are decided again from their records, and only missing runs run.
 
-Exit status: 0 every run ok, 1 a run failed (rerun to retry it), 2 bad input, 130/143 interrupted.
+Exit status: 0 every run ok and judged, 1 a run failed (rerun to retry it) or the confirmation's runs gave
+no verdict (the line says why), 2 bad input, 130/143 interrupted.
 """
 
 from __future__ import annotations
@@ -131,15 +132,27 @@ def round_scores(spec: StudySpec, jobs: list[Job]) -> dict[str, float]:
     return total
 
 
-def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> list:
-    """The confirmation's primary verdicts of the winner against the default (compare's own code);
-    the keys the candidates' settings change are allowed to differ (they are the arm)."""
+def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> tuple[list, str]:
+    """The confirmation's primary verdicts of the winner against the default (compare's own code),
+    and, when there is none, why. The keys the candidates' settings change are allowed to differ
+    (they are the arm)."""
     from analysis.compare import compare_table
     from analysis.load import load_table
 
     allow = sorted({*tuned.varied_keys(tune.candidate(winner).settings), "config.tuned"})
     res = compare_table(load_table([str(spec.dir)]), DEFAULT, allow=allow, alpha=tune.alpha)
-    return [c for _, c in res.comparisons if c.primary and not c.control and c.arm == winner]
+    got = [c for _, c in res.comparisons if c.primary and not c.control and c.arm == winner]
+    if got:
+        return got, ""
+    if res.refusals:
+        why = "compare refuses the pair: " + res.refusals[0].message()
+    elif res.excluded_summary():
+        why = res.excluded_summary()
+    elif res.unmatched:
+        why = res.unmatched_summary() or "no point has runs of both arms"
+    else:
+        why = "no block holds an ok run with the primary metric of both arms"
+    return [], why
 
 
 def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], list[Job]]:
@@ -159,11 +172,15 @@ def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], li
 def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool = False) -> int:
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before
+    # the plan is printed: a refused tune says only why, not a plan it will never run
+    first = phase_spec(tune, "search-1", [c.name for c in tune.candidates], 1, tune.seed)
+    try:
+        study_plan(first)
+    except UsageError as e:
+        raise _unknown_key(tune, str(e)) or e from None
     for line in plan_lines(tune):
         say(line)
-    # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before any run
-    first = phase_spec(tune, "search-1", [c.name for c in tune.candidates], 1, tune.seed)
-    study_plan(first)
     if plan_only:
         return 0
     if tune.arm.emulated and os.geteuid() != 0:
@@ -205,8 +222,32 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
         _, failed, failures, _ = _phase(spec, launcher, say)
         if failed:
             return _failed(failures, say)
-        result = halving.outcome(winner, DEFAULT, k, confirmation(spec, tune, winner))
+        verdicts, why = confirmation(spec, tune, winner)
+        if not verdicts:
+            # every run is recorded and ok, so a rerun would measure nothing and say the same: the
+            # tune is not done, and tuned.yaml is left as it was (a study naming it is not handed a
+            # "nothing was confirmed" that no measurement said)
+            say(f"error: tune {tune.id}: the confirmation of {winner} reached no verdict: {why} "
+                f"(its runs are kept under {spec.dir})")
+            return 1
+        result = halving.outcome(winner, DEFAULT, k, verdicts)
     return _finish(tune, result, say)
+
+
+def _unknown_key(tune: TuneSpec, message: str) -> UsageError | None:
+    """Hydra's "Could not override 'k'" for a key the tune's settings name, said as the tune's
+    field: the key is misspelt, and Hydra's hint to add it with `+` would only hide that."""
+    import re
+
+    m = re.search(r"Could not override '([^']+)'", message)
+    if not m:
+        return None
+    key = m.group(1)
+    for c in tune.candidates:
+        if key in {k.lstrip("+~") for k in c.settings.get("overrides") or {}}:
+            return UsageError(f"overrides: {key} (candidate {c.name}): the workloads' config has no such key; correct "
+                              f"its spelling (the config groups are in conf/), or write +{key} to add a new one")
+    return None
 
 
 class _Failed(Exception):

@@ -15,7 +15,7 @@ the arm carries `tuned={tune, candidate, settings}` in its config, which the rec
 its fingerprint (workloads/core/records.py, with_tuned).
 
 Beside it, when the settings pin NCCL's algorithm or protocol, `nccl-tuner.conf`: the CSV read by
-NCCL's example tuner plugin (NVIDIA/nccl ext-tuner/example/nccl_tuner.conf and plugin.c, read
+NCCL's example tuner plugin (NVIDIA/nccl plugins/tuner/example/nccl_tuner.conf and plugin.c, read
 from NCCL_TUNER_CONFIG_FILE): `colltype,minbytes,maxbytes,algorithm,protocol,channels,nNodes,
 nRanks,numPipeOps,regBuff`, -1 meaning "any" (or NCCL's default channels).
 """
@@ -56,8 +56,16 @@ def stamp(tune: str, candidate: str, settings: Mapping[str, Mapping[str, Any]]) 
 
 def varied_keys(settings: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Record keys (analysis/guard.py identity) the settings change outside the fabric block,
-    which the guard does not ignore by itself: the Hydra overrides, and the stamp."""
-    return ["config.tuned", *(f"config.{k.lstrip('+~')}" for k in sorted(settings.get("overrides") or {}))]
+    which the guard does not ignore by itself: the stamp, and each Hydra override both where the
+    config holds it and where the record repeats it in a section of its own (a run of
+    collectives.op=max records config.collectives.op and collectives.op: allowing only the
+    first left the confirmation of every collectives override without a comparable pair).
+    The environment and sysctls live in the fabric block, which the guard never compares."""
+    from analysis.guard import SECTIONS
+
+    keys = [k.lstrip("+~") for k in sorted(settings.get("overrides") or {})]
+    return ["config.tuned", *(f"config.{k}" for k in keys),
+            *(k for k in keys if k.split(".", 1)[0] in SECTIONS and k.split(".", 1)[0] != "config")]
 
 
 @dataclass(frozen=True)
@@ -94,32 +102,46 @@ def write(folder: Path, tune: Mapping[str, Any], label: str, fabric: str, arm_ov
     return out
 
 
-# NCCL_ALGO / NCCL_PROTO values -> the tuner CSV's lower-case names (ext-tuner/example/nccl_tuner.conf)
-_ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
-_PROTOS = ("ll", "ll128", "simple")
-# fabricbench's collective names -> the CSV's collective types (the plugin knows these five)
-_COLLS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-          "broadcast": "broadcast", "reduce": "reduce"}
+# NCCL's names (ncclAlgoStr / ncclProtoStr, src/init.cc, what NCCL_ALGO accepts) -> the tuner
+# CSV's (parseAlgorithm / parseProtocol in NVIDIA/nccl plugins/tuner/example/plugin.c, v2.30.7-1;
+# ext-tuner/example up to 2.28). The CSV spellings collnet_direct, nvls_tree are not NCCL_ALGO's.
+_ALGOS = {"Tree": "tree", "Ring": "ring", "CollNetDirect": "collnet_direct", "CollNetChain": "collnet_chain",
+          "NVLS": "nvls", "NVLSTree": "nvls_tree", "PAT": "pat"}
+_PROTOS = {"LL": "ll", "LL128": "ll128", "Simple": "simple"}
+# fabricbench's collective names -> NCCL's functions; the CSV's collective type is the lower-cased function
+_COLLS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+          "broadcast": "Broadcast", "reduce": "Reduce"}
 MAX_BYTES = 4294967295  # the example's upper bound: every size
 
 
 def nccl_tuner_lines(env: Mapping[str, Any], collectives: list[str] | None = None) -> list[str]:
-    """The tuner-plugin CSV for settings that pin one algorithm and one protocol (NCCL_ALGO and
-    NCCL_PROTO, each a single value; channels too when NCCL_MIN_NCHANNELS equals
-    NCCL_MAX_NCHANNELS), one line per collective type measured (all five when none is known),
-    every size, node count and rank count. [] otherwise: the example plugin needs both an
-    algorithm and a protocol on every line (an unknown name becomes ring or simple there), and a
-    list such as NCCL_ALGO=ring,tree or a `^` exclusion is a choice NCCL makes per call."""
-    algo = str(env.get("NCCL_ALGO", "")).strip().lower()
-    proto = str(env.get("NCCL_PROTO", "")).strip().lower()
-    if algo not in _ALGOS or proto not in _PROTOS:
+    """The tuner-plugin CSV for settings that pin, per collective, one algorithm and one protocol
+    (NCCL_ALGO and NCCL_PROTO as NCCL parses them, function prefixes included; channels too when
+    NCCL_MIN_NCHANNELS equals NCCL_MAX_NCHANNELS), one line per collective type measured (all
+    five when none is known) that is pinned, every size, node count and rank count. [] when none
+    is: the example plugin needs both an algorithm and a protocol on every line (an unknown name
+    becomes ring or simple there), and a list such as Ring,Tree or a `^` exclusion is a choice
+    NCCL makes per call."""
+    from workloads.fabric import ncclvalues
+
+    v = ncclvalues.runtime_version() or ncclvalues.table().versions[-1]
+    a, p = str(env.get("NCCL_ALGO") or ""), str(env.get("NCCL_PROTO") or "")
+    if not a or not p:
+        return []
+    try:
+        algos = ncclvalues.parse_list(a, ncclvalues.algos(v), v, "NCCL_ALGO")
+        protos = ncclvalues.parse_list(p, ncclvalues.PROTOS, v, "NCCL_PROTO")
+    except ValueError:
         return []
     lo, hi = env.get("NCCL_MIN_NCHANNELS"), env.get("NCCL_MAX_NCHANNELS")
     channels = str(lo) if lo is not None and str(lo) == str(hi) else "-1"
-    colls = [_COLLS[c] for c in collectives or [] if c in _COLLS] or list(dict.fromkeys(_COLLS.values()))
-    return ["# NCCL tuner plugin config (NVIDIA/nccl ext-tuner/example format), written by fabricbench tune",
-            "# colltype,minbytes,maxbytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff",
-            *(f"{c},0,{MAX_BYTES},{algo},{proto},{channels},-1,-1,-1,-1" for c in dict.fromkeys(colls))]
+    funcs = [_COLLS[c] for c in collectives or [] if c in _COLLS] or list(_COLLS.values())
+    lines = [f"{f.lower()},0,{MAX_BYTES},{_ALGOS[next(iter(algos[f]))]},{_PROTOS[next(iter(protos[f]))]},"
+             f"{channels},-1,-1,-1,-1" for f in dict.fromkeys(funcs) if len(algos[f]) == 1 and len(protos[f]) == 1]
+    if not lines:
+        return []
+    return ["# NCCL tuner plugin config (NVIDIA/nccl plugins/tuner/example format), written by fabricbench tune",
+            "# colltype,minbytes,maxbytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff", *lines]
 
 
 def read(path: str | Path, what: str) -> TunedArm:

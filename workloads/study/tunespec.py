@@ -7,8 +7,8 @@ tuned on, and the settings searched.
       - {name: iperf, entry: link, overrides: [link.duration_s=2]}
     space:                           # every combination of these values is a candidate
       sysctls: {net.ipv4.tcp_congestion_control: [reno, cubic, bbr]}   # emulated fabrics: per-namespace TCP
-      env: {NCCL_ALGO: [Ring, Tree]}                                   # checked names (workloads/fabric/envnames.py)
-      overrides: {parallel.bucket_cap_mb: [1, 100]}                    # Hydra overrides
+      overrides: {link.streams: [1, 4]}                                # Hydra overrides
+      # env: {NCCL_ALGO: ["AllReduce:Ring", "AllReduce:Tree"]}         # NCCL workloads: names and values checked
     candidates:                      # and/or named ones (settings in the same three kinds)
       - {name: small-buffers, sysctls: {net.ipv4.tcp_rmem: "4096 8192 8192"}}
     search: {runs: 12}               # successive halving's budget (default: one block per candidate per round)
@@ -19,7 +19,8 @@ tuned on, and the settings searched.
     seed: 0
 
 Every problem is one line naming the field and the fix: an environment name no checker knows
-or a misspelt one, a sysctl on a fabric that is not emulated, an empty space, a search budget
+or a misspelt one, an NCCL variable the NCCL that will run does not read or a value it would
+fail on (a prefixless `NCCL_ALGO: Tree` leaves DDP's broadcast no algorithm), a sysctl on a fabric that is not emulated, an empty space, a search budget
 that cannot give every candidate one run, a confirmation that cannot call `detect`.
 """
 
@@ -148,6 +149,11 @@ def _check_setting(kind: str, name: str, what: str, arm: Arm, unchecked: set[str
             check_env_name(name)
         except UsageError as e:
             raise UsageError(f"{what}.{name}: {str(e).split(': ', 1)[1]}") from None
+        if name.startswith("NCCL_"):
+            from workloads.fabric import ncclvalues
+
+            if why := ncclvalues.name_problem(name, ncclvalues.runtime_version()):
+                raise UsageError(f"{what}.{name}: {why} (a no-op axis)")
     elif kind == "sysctls":
         from workloads.fabric.netns import NODE_SYSCTLS
 
@@ -253,6 +259,7 @@ def load_tune(path: str | Path, tune_id: str | None = None, output_root: str | N
     name = _label(raw.get("name", p.stem), "name")
     arm, candidates = _arm_and_candidates(raw)
     workloads = _workloads(raw.get("workloads"))
+    _check_nccl(arm, candidates, workloads)
     runs = _search_runs(raw, len(candidates), len(workloads))
     detect = fraction(raw.get("detect", "10%"), "detect", 0.0, 10.0)
     alpha = fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5)
@@ -290,6 +297,44 @@ def _arm_and_candidates(raw: Mapping[str, Any]) -> tuple[Arm, tuple[Candidate, .
     if len({n.replace("~", "-") for n in names}) < len(names):
         raise UsageError(f"candidates: names must be unique and not {DEFAULT!r}, got {names}")
     return arm, (Candidate(DEFAULT, {}), *cands)
+
+
+def _arm_env(arm: Arm) -> tuple[dict, int | None]:
+    """The arm's fabric environment (its profile, then its fabric.env overrides) and node count."""
+    from workloads.study.spec import _fabric_profile
+
+    prof = _fabric_profile(arm.fabric)
+    env = {str(k): None if v is None else str(v) for k, v in (prof.get("env") or {}).items()}
+    for o in arm.overrides:
+        m = re.fullmatch(r"[+~]*fabric\.env\.([A-Za-z0-9_]+)=(.*)", o)
+        if m:
+            env[m[1]] = None if o.startswith("~") or m[2] == "null" else m[2]
+    nodes = (prof.get("emulate") or {}).get("nodes")
+    return env, nodes if isinstance(nodes, int) else None
+
+
+def _check_nccl(arm: Arm, candidates: tuple[Candidate, ...], workloads: tuple[StudyWorkload, ...]) -> None:
+    """A candidate NCCL would fail on or ignore, refused before any run: NCCL_ALGO/NCCL_PROTO
+    checked against the collectives these workloads call (workloads/fabric/ncclvalues.py)."""
+    from workloads.fabric import ncclvalues
+
+    base, nodes = _arm_env(arm)
+    funcs = frozenset().union(*(ncclvalues.workload_functions(w.entry, w.argv) for w in workloads))
+    ctx = ncclvalues.Context(functions=funcs, nodes=nodes)
+    version = ncclvalues.runtime_version()
+    for c in candidates[1:]:
+        env = c.settings.get("env") or {}
+        if not any(k.startswith("NCCL_") for k in env):
+            continue
+        if not funcs:
+            raise UsageError(f"candidate {c.name}: sets {', '.join(sorted(env))}, and no workload of this tune "
+                             f"calls an NCCL collective ({', '.join(w.entry for w in workloads)}): a no-op axis; "
+                             "tune it on collectives or training workloads")
+        merged = {**base, **{k: str(v) for k, v in env.items()}}
+        got = ncclvalues.problems({k: v for k, v in merged.items() if k in env or k == "NCCL_COLLNET_ENABLE"
+                                   or k in ("NCCL_ALGO", "NCCL_PROTO")}, ctx, version)
+        if got:
+            raise UsageError(f"candidate {c.name}: {got[0]}")
 
 
 def _search_runs(raw: Mapping[str, Any], candidates: int, w: int) -> int:

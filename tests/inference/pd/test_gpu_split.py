@@ -9,7 +9,7 @@ import json
 import pytest
 
 from workloads.core.errors import UsageError
-from workloads.inference.adapters import vllm_pd
+from workloads.inference.adapters import placement, vllm_pd
 from workloads.inference.adapters.base import ServerSpec
 
 MODEL = {"name": "llama-3.1-8b", "path": "/models/llama"}
@@ -24,7 +24,8 @@ def _plan(spec: ServerSpec) -> dict:
 def gpu_host(monkeypatch, tmp_path):
     """A GPU host whose vLLM is not a venv here (a container's `vllm serve`): the host decides
     the engine's platform. (`make engines` puts the CPU build in .engines/vllm.)"""
-    monkeypatch.setattr(vllm_pd, "host_has_gpu", lambda: True)
+    for where in (vllm_pd, placement):  # the engine's platform, and the split
+        monkeypatch.setattr(where, "host_has_gpu", lambda: True)
     monkeypatch.setattr(vllm_pd.vllm, "ENGINE_ENV", tmp_path / "no-engine")
     return monkeypatch
 
@@ -53,12 +54,13 @@ def test_too_few_gpus_is_one_line_naming_the_fix(gpu_host, tmp_path):
 @pytest.mark.parametrize("case", ["cpu", "user placement", "unlisted"])
 def test_left_alone(monkeypatch, tmp_path, case):
     env = {}
-    monkeypatch.setattr(vllm_pd, "host_has_gpu", lambda: case != "cpu")
+    for where in (vllm_pd, placement):  # the engine's platform, and the split
+        monkeypatch.setattr(where, "host_has_gpu", lambda: case != "cpu")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     if case == "user placement":  # both on GPU 3, as the user asked
         env = {"CUDA_VISIBLE_DEVICES": "3"}
     if case == "unlisted":  # a GPU host whose GPUs this module cannot list (no /dev/nvidia<N> here)
-        monkeypatch.setattr(vllm_pd, "visible_gpus", lambda: [])
+        monkeypatch.setattr(placement, "visible_gpus", lambda: [])
     plan = _plan(ServerSpec("vllm_pd", tp=1, run_dir=str(tmp_path), env=env))
     got = {r: plan[r]["env"].get("CUDA_VISIBLE_DEVICES") for r in ("prefill", "decode")}
     assert got == {"prefill": env.get("CUDA_VISIBLE_DEVICES"), "decode": env.get("CUDA_VISIBLE_DEVICES")}
@@ -70,9 +72,9 @@ def test_device_node_minors_are_not_cuda_indices(monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     for name in ("nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
         (tmp_path / name).touch()
-    assert vllm_pd.visible_gpus(tmp_path) == ["0", "1"]
+    assert placement.visible_gpus(tmp_path) == ["0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # set by the runtime or the user: taken as it is
-    assert vllm_pd.visible_gpus(tmp_path) == ["2", "3"]
+    assert placement.visible_gpus(tmp_path) == ["2", "3"]
 
 
 def _engine(tmp_path, name: str, version: str) -> str:

@@ -31,7 +31,7 @@ from workloads.core.errors import UsageError
 from workloads.inference.adapters.base import Launch, ServerSpec
 
 # The machinery beside the adapters: what they build on, and what starts and watches them.
-_NOT_ADAPTERS = {"base", "orchestrator", "watchdog", "forkstart"}
+_NOT_ADAPTERS = {"base", "orchestrator", "watchdog", "forkstart", "placement"}
 
 
 def _nothing(*_args) -> None:

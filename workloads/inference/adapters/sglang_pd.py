@@ -26,7 +26,7 @@ from pathlib import Path
 
 from workloads.core.errors import UsageError
 from workloads.core.ports import quiet_ports
-from workloads.inference.adapters import sglang, vllm_pd
+from workloads.inference.adapters import placement, sglang, vllm_pd
 from workloads.inference.adapters.base import Launch, ServerSpec, engine_options, engine_source, model_path
 
 LOADS_WEIGHTS = True  # server.model_path: checked before the engine starts (base.check_weights)
@@ -65,7 +65,7 @@ def check_available(spec: ServerSpec, server: dict) -> None:
                          "as GPU memory (NIXL over a UCX without CUDA refuses it: \"VRAM memory is detected as host "
                          "by UCX\", NIXL_ERR_BACKEND) and its decode instance pins host memory through CUDA; on a "
                          "CPU use server=vllm-pd (docs/engines.md)")
-    vllm_pd.gpu_split(spec)
+    placement.gpu_split(spec)
 
 
 def instance_logs(spec: ServerSpec) -> dict[str, Path]:
@@ -89,7 +89,7 @@ def command(spec: ServerSpec, model: dict, fabric: str | None = None, overrides:
     host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "localhost") else spec.host
     logs = instance_logs(spec)
     *http, boot = quiet_ports(len(ROLES) + 1, who="server=sglang-pd")  # one call: distinct ports
-    devices = {} if cpu else vllm_pd.gpu_split(spec)
+    devices = {} if cpu else placement.gpu_split(spec)
     plan: dict = {"name": "sglang-pd", "host": spec.host, "port": spec.port, "model_name": name,
                   "ready_timeout_s": spec.ready_timeout_s * 0.95, "warmup_timeout_s": float(o["warmup_timeout_s"]),
                   "warmup_path": str(logs["prefill"].parent / "sglang-pd-warmup.json"),
