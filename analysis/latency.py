@@ -13,6 +13,14 @@ added time between the arms, the median over trials), and multiplies:
 
 The delay is the one the line achieved (the records' `fabric.delay`, median of each direction's
 p50), not the one asked. Everything here reads records; nothing runs.
+
+These counts are Gloo's over TCP (announce, then data, two segments in flight), the protocol the
+delay-line arms run. They do not carry over to NCCL: a small NCCL all_reduce crosses the network
+2(nNodes-1) times one way on a ring and 2*log2(nNodes) on a tree (NVIDIA/nccl v2.30.7-1
+src/graph/tuning.cc:411,416), one RTT on 2 nodes, plus a fixed per-call cost no wire delay scales
+(base 6.6-14 us and 0.6-4.0 us per NVLink step, :151,158); over RDMA it keeps NCCL_STEPS slots of
+NCCL_BUFFSIZE/8 in flight per channel and peer (4 MiB), not a TCP window. And SGLang sends its
+scheduler's request broadcast on its CPU (Gloo) group, not NCCL.
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ run() {
   fi
 }
 
+if [ -n "${IMAGE_TOOL:-}" ] && ! command -v "$IMAGE_TOOL" >/dev/null; then
+  die "IMAGE_TOOL=$IMAGE_TOOL: no such program; set IMAGE_TOOL to podman, docker or the path of one, or unset it"
+fi
 [ -n "$tool" ] && command -v "$tool" >/dev/null \
   || die "make image needs podman or docker: apt-get install -y podman buildah runc (or set IMAGE_TOOL)"
 mkdir -p "$cache"

@@ -43,8 +43,8 @@ fit did not see), step (a training step at other scales), lines (what the comman
 
 from __future__ import annotations
 
-from analysis.projection.calibration import fit, fit_op, latency_floor, load
-from analysis.projection.check import _group_op, check_against
+from analysis.projection.calibration import fit, fit_op, latency_floor, load, problem
+from analysis.projection.check import _group_op, check_against, left_out
 from analysis.projection.fit import ROBUST_SCALE, SERIAL_UNSEEN, _cells, fit_params, holdout
 from analysis.projection.forms import (
                                        ALGORITHMS,
@@ -90,7 +90,7 @@ from analysis.projection.lines import (
                                        step_line,
 )
 from analysis.projection.project import Projection, label, parse_ranks, project, schedule_floor
-from analysis.projection.records import Point, _parse_time, block_of, code_of, fabric_of, points, select
+from analysis.projection.records import Point, _parse_time, block_of, check_times, code_of, fabric_of, points, select
 from analysis.projection.step import StepProjection, _call_size, _price_calls, host_share, measured_at, project_step
 from workloads.core.errors import UsageError
 
@@ -99,7 +99,7 @@ __all__ = [
     "ROBUST_SCALE", "SCHEMA", "SEED", "SERIAL_UNSEEN", "WIRE_OP", "Point", "Projection", "StepProjection", "UsageError",
     "_blocks", "_by_size", "_call_size", "_cells", "attainable", "form_units", "form_words", "noise_lines",
     "noise_model", "parametric_draws", "prediction_errors", "schedule_floor", "_ends", "_group_op", "_noise", "_parse_time",
-    "_price_calls", "_quantile", "_size", "block_of", "check_against", "check_summary", "code_of", "compare", "fabric_of",
+    "_price_calls", "_quantile", "_size", "block_of", "check_against", "left_out", "check_times", "problem", "check_summary", "code_of", "compare", "fabric_of",
     "fit", "fit_lines", "fit_op", "fit_params", "form_of", "gloo_ring", "gloo_segments", "holdout", "host_share",
     "label", "latency_floor", "load", "measured_at", "model_time", "noise_at", "op_time", "parse_ranks", "points",
     "project", "project_step", "projection_line", "select", "serial_segments", "step_line", "terms", "wire_op",

@@ -132,9 +132,13 @@ def fit(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None, o
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z"),
         "fabric": fabric_of(first),
+        # select() let through one backend (and one NCCL) only: the calibration says which
+        "backend": (first.get("fabric") or {}).get("backend"),
+        "nccl_version": (first.get("fingerprint") or {}).get("nccl"),
         "emulate": ((first.get("config") or {}).get("fabric") or {}).get("emulate"),
         "code": {"commit": commit, "dirty_hash": dirty},
         "records": sorted({str(p) for p, _ in recs}),
+        "record_ids": sorted({str(r.get("record_id")) for _, r in recs if r.get("record_id")}),
         "records_digest": hashlib.sha256("\n".join(sorted(str(r.get("record_id")) for _, r in recs)).encode()).hexdigest()[:16],
         "newest_record": max((r.get("created") or "" for _, r in recs), default=None),
         "payload_GBps": min(payload) if payload and all(payload) else None,
@@ -155,4 +159,107 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(cal, dict) or cal.get("schema") != SCHEMA:
         raise UsageError(f"{path} is not a {SCHEMA} calibration (schema {cal.get('schema') if isinstance(cal, dict) else None!r}); "
                          "refit with `fabricbench model fit`")
+    bad = problem(cal)
+    if bad:
+        raise UsageError(f"{path}: field {bad}; the file was edited or is damaged: refit with `fabricbench model fit`")
     return cal
+
+
+# What a check of one field says is wrong with its value (None: fine).
+def _num(lo: float = 0.0, hi: float = math.inf, *, above: bool = False, null: bool = False):
+    def check(v):
+        if v is None and null:
+            return None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return "not a finite number"
+        if v < lo or v > hi or (above and v == lo):
+            return f"outside {'(' if above else '['}{lo}, {hi}]"
+        return None
+    return check
+
+
+def _kind(*types, null: bool = False):
+    def check(v):
+        if v is None and null:
+            return None
+        return None if isinstance(v, types) and not isinstance(v, bool) else f"not {' or '.join(t.__name__ for t in types)}"
+    return check
+
+
+def _ints(v):
+    if not isinstance(v, list) or not v:
+        return "not a non-empty list"
+    return next((f"holds {x!r}, not a whole number above 0" for x in v
+                 if not isinstance(x, int) or isinstance(x, bool) or x < 1), None)
+
+
+def _draws(v):
+    if not isinstance(v, list) or not v:
+        return "not a non-empty list"
+    for d in v:
+        if not isinstance(d, list) or len(d) < 3 or any(_num()(x) for x in d):
+            return f"holds {d!r}, not a list of 3 or more finite numbers >= 0"
+    return None
+
+
+def _margin(v):
+    if not isinstance(v, dict):
+        return "not a mapping"
+    for side in ("beyond", "within"):
+        m = v.get(side)
+        if not isinstance(m, dict) or not isinstance(m.get("units"), dict):
+            return f"{side} is not a mapping with units"
+        why = _num(0, 1)(m.get("level")) or _num(null=True)(m.get("margin_log"))
+        if why:
+            return f"{side}: {why}"
+    return None
+
+
+def _noise_model(v):
+    if not isinstance(v, dict) or not isinstance(v.get("sd"), dict):
+        return "not a mapping with sd"
+    return (next((f"sd at {k} is {x!r}, not a finite number >= 0" for k, x in v["sd"].items() if _num()(x)), None)
+            or (None if isinstance(v.get("dof"), int) and v["dof"] >= 0 else f"dof is {v.get('dof')!r}, not a count"))
+
+
+TOP = {"fabric": _kind(str), "code": _kind(dict), "pi_level": _num(0, 1, above=True), "ops": _kind(dict),
+       "records": _kind(list), "payload_GBps": _num(above=True, null=True), "line_rate_GBps": _num(above=True, null=True),
+       "latency_floor": _kind(dict, null=True), "nccl": _kind(dict)}
+OPTIONAL = {"payload_GBps", "line_rate_GBps", "latency_floor", "nccl"}
+PER_OP = {"alpha_s": _num(), "beta_s_per_byte": _num(), "kappa_s": _num(), "form": _kind(str), "scales": _ints,
+          "sizes": _ints, "draws": _draws, "noise_model": _noise_model, "model_form": _margin,
+          "holdout": _kind(list), "cells": _kind(list), "latency_floor": _kind(dict), "blocks": _kind(dict)}
+
+
+def problem(cal: dict[str, Any]) -> str | None:
+    """The first field of a calibration a projection cannot use, in words (`ops.all_reduce.alpha_s
+    is 'fast', not a finite number`), or None."""
+    for key, check in TOP.items():
+        if key not in cal:
+            if key in OPTIONAL:
+                continue
+            return f"{key} is missing"
+        why = check(cal[key])
+        if why:
+            return f"{key} is {cal[key]!r:.60}, {why}"
+    for key in ("commit", "dirty_hash"):
+        if key not in cal["code"] or _kind(str, null=True)(cal["code"][key]):
+            return f"code.{key} is missing or not a string"
+    if not cal["ops"]:
+        return "ops is empty"
+    for op, c in cal["ops"].items():
+        if op not in ALGORITHMS:
+            return f"ops.{op} is not a collective the model knows ({', '.join(ALGORITHMS)})"
+        if not isinstance(c, dict):
+            return f"ops.{op} is not a mapping"
+        for key, check in PER_OP.items():
+            if key not in c:
+                return f"ops.{op}.{key} is missing"
+            why = check(c[key])
+            if why:
+                return f"ops.{op}.{key} is {c[key]!r:.60}, {why}"
+        if c["form"] not in ("ring", "gloo"):
+            return f"ops.{op}.form is {c['form']!r}, not ring or gloo"
+        if "serial" in c and _num(0, 1)(c["serial"]):
+            return f"ops.{op}.serial is {c['serial']!r:.60}, not a share in [0, 1]"
+    return None

@@ -7,15 +7,43 @@ from typing import Any
 
 from analysis.projection.fit import _cells
 from analysis.projection.project import project
-from analysis.projection.records import Point, _parse_time, code_of, fabric_of, points
+from analysis.projection.records import Point, _parse_time, check_times, code_of, fabric_of, points
 from workloads.core.errors import UsageError
 
 
+def left_out(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, str]]:
+    """The records a check does not use, each with why: not a collectives record, not ok, one the
+    calibration was fitted on (by record id; by path for a calibration that kept none), or with
+    no timed cell of a collective the calibration has."""
+    ids = set(cal.get("record_ids") or ())
+    fitted = set(cal.get("records") or ())
+    out = []
+    for path, r in records:
+        if r.get("workload") != "collectives":
+            out.append((path, f"a {r.get('workload')} record, not collectives"))
+        elif r.get("status") != "ok":
+            out.append((path, f"status {r.get('status')}"))
+        elif (r.get("record_id") in ids) if ids else (str(path) in fitted):
+            out.append((path, "the calibration was fitted on it"))
+        elif not points(r, cal["ops"]):
+            out.append((path, f"no timed cell of {', '.join(cal['ops'])}"))
+    return out
+
+
 def check_against(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per measured cell of `records` (same fabric, same code): the projection and whether the
-    measurement fell inside its interval. Refused with one line when the records are of another
-    fabric or other code than the calibration, or newer code than it."""
-    recs = [(p, r) for p, r in records if r.get("workload") == "collectives" and r.get("status") == "ok"]
+    """Per measured cell of `records` (same fabric, same code, not fitted on): the projection and
+    whether the measurement fell inside its interval. Refused with one line when the records are
+    of another fabric or other code than the calibration, or newer code than it, or are all ones
+    it was fitted on (left_out names every record set aside and why)."""
+    left = left_out(cal, records)
+    skip = {p for p, _ in left}
+    if any(why == "the calibration was fitted on it" for _, why in left) and not [p for p, _ in records if p not in skip]:
+        raise UsageError(f"every record given ({len(records)}) is one the calibration was fitted on: a check on them "
+                         "says nothing about other scales; check against records it did not see (another run, e.g. at "
+                         "twice the largest fitted scale)")
+    recs = [(p, r) for p, r in records if p not in skip]
+    for path, r in recs:
+        check_times(path, r)
     if not recs:
         raise UsageError("no ok collectives records to check the calibration against")
     other = sorted({fabric_of(r) for _, r in recs} - {cal["fabric"]})
@@ -31,6 +59,10 @@ def check_against(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]
             raise UsageError(f"the calibration{older} was fitted on other code (commit {str(cal['code']['commit'])[:12]}) "
                              f"than {path.name} (commit {str(commit)[:12]}{', with edits' if dirty else ''}); refit "
                              "with `fabricbench model fit` on records of the same code")
+    if "nccl" in cal:
+        from analysis.projection import hierarchy
+
+        return hierarchy.check_rows(cal, [r for _, r in recs])
     out = []
     for op, ps in _group_op([pt for _, r in recs for pt in points(r, cal["ops"])]).items():
         for (p, s), t in sorted(_cells(ps).items()):

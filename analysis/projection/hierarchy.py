@@ -36,14 +36,17 @@ NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 def level_of(rec: dict[str, Any], p: int) -> tuple[int, int]:
     """(nodes, GPUs per node) of a p-rank communicator of the record: the whole world's layout
-    when it spans the world; one rank per node for `pattern: one_per_node`; else packed on
-    nodes of ranks_per_node."""
+    when it spans the world; one rank per node for `pattern: one_per_node`; a pair across two
+    nodes for `pattern: pairs` (inside the one node of a one-node job); else packed on nodes of
+    ranks_per_node."""
     world = rec.get("world") or {}
     coll = rec.get("collectives") or {}
     rpn = int(coll.get("ranks_per_node") or world.get("local_world_size") or p)
     nodes = int(world.get("nodes") or max(1, int(world.get("world_size") or p) // max(1, rpn)))
     if coll.get("pattern") == "one_per_node":
         return p, 1
+    if coll.get("pattern") == "pairs":            # rank r with r + world/2: across two nodes when there are two
+        return (2, 1) if nodes >= 2 else (1, 2)
     if p == int(world.get("world_size") or p):
         return (nodes, p // nodes) if p % nodes == 0 else (1, p)
     return (1, p) if p <= rpn else (p // rpn, rpn)
@@ -166,9 +169,19 @@ def _fit_a2a(cs: list[dict[str, Any]]) -> dict[str, float] | None:
     return {"lat_s": lat, "intra_GBps": intra, "inter_GBps": inter}
 
 
+def shape_of(table: dict[str, Any] | None) -> dict[str, Any]:
+    """What NCCL's own table (analysis.nccl_model.read) says of the topology the fit assumes:
+    NVLS when its all_reduce has an NVLS or NVLSTree entry with bandwidth (NVLink SHARP found)."""
+    if not table:
+        return {}
+    ar = (table.get("cells") or {}).get("AllReduce") or {}
+    return {"nvls": any(ar.get(k, (0, 0))[1] > 0 for k in ("NVLS/Simple", "NVLSTree/Simple"))}
+
+
 def fit(records: list[dict[str, Any]], nccl: str | None = None, **shape: Any) -> dict[str, Any]:
     """The calibration's `nccl` block from NCCL records: the version, the measured levels and
-    the fitted numbers that replace NCCL's hardware constants."""
+    the fitted numbers that replace NCCL's hardware constants (`shape`: channels, intra, nvls,
+    compcap, cpu of the topology NCCL found, where known)."""
     nccl = nccl or nccl_of(records)
     version = nc.version_of(nccl)
     if version is None:
@@ -282,7 +295,8 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     h = cal["nccl"]
     m = h["measured"]
     out = [f"  NCCL {h['nccl']} (its {h['version']} cost model): fitted through NCCL's algorithm choice, "
-           f"rms log error {100 * h['rms_log_error']:.1f}%"]
+           f"rms log error {100 * h['rms_log_error']:.1f}%; `model project`, `check` and `export` price this fabric "
+           "by it, not by the ring terms above"]
     for name, bw, lat, what in (("intra", "intra_busbw", "intra_lat", "NVLink/PCI"), ("inter", "inter_busbw", "net_lat", "network")):
         at = h["levels"][name]["measured_at"]
         where = ", ".join(f"{n} x {g}" for n, g in at) if at else None
@@ -299,11 +313,11 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     return out
 
 
-def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int]) -> list[dict[str, Any]]:
+def nccl_rows(nodes: int, gpn: int, nccl: str, m: nc.Measured, sizes: list[int], **shape: Any) -> list[dict[str, Any]]:
     """A collectives record's rows whose times are NCCL's own model's on nodes x gpn (the
-    default topology, `m` in NCCL's hardware's place): what a fabric NCCL describes exactly would
-    measure, for checking a fit against NCCL's model."""
-    t = base_topology(nodes, gpn)
+    default topology or `shape`'s, `m` in NCCL's hardware's place): what a fabric NCCL describes
+    exactly would measure, for checking a fit against NCCL's model."""
+    t = base_topology(nodes, gpn, **shape)
     rows = []
     for op in NCCL_OPS:
         for s in sizes:
@@ -358,3 +372,31 @@ def step_line(sp: dict[str, Any]) -> str:
             f"(communication {sp['comm_s'] * 1e3:.1f} ms of it; one step's calls by NCCL's model: {parts}) from "
             f"{sp['measured_step_s'] * 1e3:.1f} ms measured on {sp['measured_at'][0]} x {sp['measured_at'][1]}; "
             f"{sp['label']} (no interval for this form yet)")
+
+
+def check_rows(cal: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`model check` on an NCCL calibration: per measured cell (op, nodes x GPUs per node, size)
+    NCCL's model through the fitted levels beside the measurement (no interval for this form
+    yet, so no inside/outside); a layout whose level was not measured is refused."""
+    out = []
+    for c in cells(records, [o for o in cal["ops"] if o in NCCL_OPS or (o == "alltoall" and cal["nccl"]["alltoall"])]):
+        n, g = c["nodes"], c["gpus_per_node"]
+        check_scale(cal["nccl"], n, g)
+        pr = predict(c["op"], c["size"], n, g, cal)
+        out.append({"op": c["op"], "p": n * g, "nodes": n, "gpus_per_node": g, "size": c["size"],
+                    "measured_s": c["time_s"], "predicted_s": pr["time_s"], "algo": f"{pr['algo']}/{pr['proto']}",
+                    "label": label(cal["nccl"], n, g), "abs_error": abs(c["time_s"] / pr["time_s"] - 1)})
+    return out
+
+
+def check_line(r: dict[str, Any]) -> str:
+    return (f"{r['op']} {r['size']} B on {r['nodes']} x {r['gpus_per_node']}: measured {r['measured_s'] * 1e3:.3f} ms, "
+            f"NCCL's model {r['predicted_s'] * 1e3:.3f} ms ({r['algo']}; {r['label']}), error {100 * r['abs_error']:.1f}%")
+
+
+def check_summary(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no cell of these records is a collective the calibration has"
+    return (f"{len(rows)} measured cells against NCCL's model through the fitted levels: median |error| "
+            f"{100 * median(r['abs_error'] for r in rows):.1f}%, worst {100 * max(r['abs_error'] for r in rows):.1f}% "
+            "(no interval for this form yet)")

@@ -3,6 +3,7 @@ and which records one fit may use."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -62,6 +63,35 @@ def points(rec: dict[str, Any], ops: Iterable[str] | None = None) -> list[Point]
     return out
 
 
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def check_times(path: Path, rec: dict[str, Any]) -> None:
+    """A UsageError naming the record file, the row and the value of the first time, size or rank
+    count a fit cannot use: not a number, not finite, zero or negative. A cell that was not
+    measured is null (or absent), never 0."""
+    rows = rec.get("rows")
+    if rows is not None and not isinstance(rows, list):
+        raise UsageError(f"{path}: rows is {type(rows).__name__}, not a list of cells; rerun the sweep or remove the file")
+    for i, row in enumerate(rows or []):
+        if not isinstance(row, dict) or row.get("op") not in ALGORITHMS:
+            continue
+        where = f"{path}: rows[{i}] ({row.get('op')}"
+        for key in ("size", "group_size"):
+            if row.get(key) is not None and not (_positive(row[key]) and float(row[key]).is_integer()):
+                raise UsageError(f"{where}) {key} is {row[key]!r}, not a whole number above 0; rerun the sweep or "
+                                 "remove the file")
+        for side in ("out_of_place", "in_place"):
+            cell = row.get(side)
+            if cell is None:
+                continue
+            t = cell.get("time_us") if isinstance(cell, dict) else cell
+            if t is not None and not _positive(t):
+                raise UsageError(f"{where} {row.get('size')} B) {side}.time_us is {t!r}: a time must be a finite "
+                                 "number above 0 (an unmeasured cell is null); rerun the sweep or remove the file")
+
+
 def _parse_time(s: str | None) -> datetime | None:
     if not s:
         return None
@@ -93,6 +123,17 @@ def select(records: list[tuple[Path, dict[str, Any]]], fabric: str | None = None
         raise UsageError(f"these records are of {len(fabrics)} fabrics ({'; '.join(fabrics)}); one calibration is one "
                          "fabric: pass --fabric NAME (and fit each fabric on its own; an emulated fabric's rate and "
                          "delay are part of it: fit each setting's folder apart)")
+    for path, r in recs:
+        check_times(path, r)
+    backends = sorted({str((r.get("fabric") or {}).get("backend") or "unnamed").lower() for _, r in recs})
+    if len(backends) > 1:
+        raise UsageError(f"these records of {fabrics[0]} ran on {len(backends)} backends ({', '.join(backends)}); a "
+                         "calibration is of one: fit each backend's records apart (one results folder each)")
+    nccls = sorted({str((r.get("fingerprint") or {}).get("nccl")) for _, r in recs
+                    if (r.get("fingerprint") or {}).get("nccl")})
+    if len(nccls) > 1:
+        raise UsageError(f"these records of {fabrics[0]} ran NCCL {', '.join(nccls)}; a calibration is of one NCCL: "
+                         "fit each version's records apart")
     codes = sorted({code_of(r) for _, r in recs}, key=str)
     if len(codes) > 1:
         shown = "; ".join(f"commit {c[0] and c[0][:12]}{' + edits ' + c[1][:8] if c[1] else ''}" for c in codes[:4])

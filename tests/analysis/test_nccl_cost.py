@@ -108,6 +108,9 @@ def test_levels_from_the_records_and_refusals():
     assert hi.level_of({"world": {"world_size": 16, "nodes": 2, "local_world_size": 8},
                         "collectives": {"pattern": "one_per_node"}}, 2) == (2, 1)
     assert hi.level_of({"world": {"world_size": 16, "nodes": 2}, "collectives": {"ranks_per_node": 8}}, 8) == (1, 8)
+    pairs = {"world": {"world_size": 16, "nodes": 2, "local_world_size": 8}, "collectives": {"pattern": "pairs"}}
+    assert hi.level_of(pairs, 2) == (2, 1)
+    assert hi.level_of(pairs | {"world": {"world_size": 8, "nodes": 1, "local_world_size": 8}}, 2) == (1, 2)
     with pytest.raises(UsageError, match="ran NCCL 2.23.4, 2.30.7: fit one version"):
         hi.fit([_record(2, 8, "2.23.4"), _record(4, 8, "2.30.7")])
     with pytest.raises(UsageError, match="NCCL 2.18.3: its cost model is not ported"):
@@ -195,6 +198,14 @@ def test_cli_fits_levels_and_projects_nodes_naming_nccls_algorithm(tmp_path):
                         (("--nodes", "x"), "--nodes 'x': give whole numbers")):
         r = cli("project", cal, *args)
         assert r.returncode != 0 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    # model check against 8 nodes it did not see: NCCL's model there, per cell
+    held = tmp_path / "held" / "run8" / "records"
+    held.mkdir(parents=True)
+    (held / "c.json").write_text(json.dumps(_run_record(8, 8, 0)))
+    r = cli("check", cal, tmp_path / "held")
+    assert r.returncode == 0, r.stderr
+    assert "all_reduce 65536 B on 8 x 8: measured" in r.stdout and "(Tree/LL; extrapolated), error 0.0%" in r.stdout
+    assert "30 measured cells against NCCL's model through the fitted levels: median |error| 0.0%" in r.stdout
     r = cli("export", cal, "--nodes", 64, "--out", tmp_path / "sim")
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "needs both levels" in r.stderr
     r = cli("fit", res, "--out", tmp_path / "c2.json", "--bootstrap", 50, "--nccl-log", LOGS["2.23"])
@@ -297,3 +308,52 @@ def test_one_short_label_per_fabric(capsys):
     assert _names([{"fabric": long}, {"fabric": "emu-100m (rate=50mbit)"}]) == ["A", "B"]
     assert capsys.readouterr().out == f"A = {long}\nB = emu-100m (rate=50mbit)\n"
     assert _names([{"fabric": "roce"}, {"fabric": "ib"}]) == ["roce", "ib"] and capsys.readouterr().out == ""
+
+
+def test_the_fit_holds_on_noisy_records():
+    import random
+
+    rng = random.Random(5601)
+    truth = nc.Measured(intra_busbw=200.0, inter_busbw=12.0, intra_lat=0.8, net_lat=2.5)
+    recs = []
+    for n in (1, 2, 4):
+        r = _record(n, 8, truth=truth)
+        for row in r["rows"]:            # +-3% on every cell, independently
+            row["in_place"] = row["out_of_place"] = {"time_us": row["in_place"]["time_us"] * (1 + rng.uniform(-.03, .03))}
+        recs.append(r)
+    cal = {"nccl": hi.fit(recs)}
+    for s in (1 << 16, 1 << 20, 16 << 20, 256 << 20):
+        truth_s = nc.choose(hi.base_topology(64, 8), "all_reduce", s, "2.30", truth).time_s
+        assert hi.predict("all_reduce", s, 64, 8, cal)["time_s"] == pytest.approx(truth_s, rel=0.03)
+
+
+def test_nvls_read_from_nccls_table_shapes_the_fit():
+    nvls = {"nvls": True}
+    recs = []
+    for n in (1, 2, 4):
+        r = _record(n, 8)
+        r["rows"] = hi.nccl_rows(n, 8, "2.30.7", TRUE, SIZES, **nvls)
+        recs.append(r)
+    # the table of a 2 x 8 NVLS system, printed as tuning.cc prints it
+    text = "\n".join("h:1:1 [0] NCCL INFO " + x for x in
+                     ["NCCL version 2.30.7+cuda13.0", "comm 0x1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"]
+                     + nc.tuning_lines(nc.tune(hi.base_topology(2, 8, **nvls), "2.30", TRUE))
+                     + ["x comm 0x1 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 1 commId 0x2 - Init COMPLETE"])
+    (table,) = nm.parse_tuning(text)
+    assert hi.shape_of(table) == nvls and hi.shape_of(nm.read(LOGS["2.30"])) == {"nvls": False}
+    cal = {"nccl": hi.fit(recs, **hi.shape_of(table)), "fabric": "h100"}
+    big = hi.predict("all_reduce", 256 << 20, 64, 8, cal)
+    truth = nc.choose(hi.base_topology(64, 8, **nvls), "all_reduce", 256 << 20, "2.30", TRUE)
+    assert big["algo"] == truth.algo == "NVLSTree" and big["time_s"] == pytest.approx(truth.time_s, rel=0.02)
+    assert all(o["agree"] for o in nm.check_nccl(cal, table)["ops"].values())
+
+
+def test_a_projected_comparison_is_nccls_gap():
+    slow = nc.Measured(intra_busbw=360.0, inter_busbw=25.0, net_lat=1.5)
+    a = {"nccl": hi.fit([_record(2, 8), _record(4, 8)]), "fabric": "ib"}
+    b = {"nccl": hi.fit([_record(2, 8, truth=slow), _record(4, 8, truth=slow)]), "fabric": "roce"}
+    pa, pb = (hi.projection(c, "all_reduce", 16 << 20, 64, 8) for c in (a, b))
+    t = {k: nc.choose(hi.base_topology(64, 8), "all_reduce", 16 << 20, "2.30", m).time_s for k, m in (("a", TRUE), ("b", slow))}
+    gap = 100 * (t["b"] / t["a"] - 1)
+    line = hi.compare_line(pa, pb, ("ib", "roce"))
+    assert f"ib is faster than roce by {gap:.1f}%" in line and "on 64 x 8, all_reduce 16 MiB" in line

@@ -437,3 +437,74 @@ def test_the_latency_floor_is_the_fastest_sampled_call_less_its_bytes_worked():
     assert cal["latency_floor"] == {"p": 2, "op": "all_gather", "alpha_floor_s": f["alpha_floor_s"]}
     assert "latency: " in pj.fit_lines(cal)[1] and cal["ops"]["all_gather"]["latency_floor"].keys() == {"2"}
     assert pj.fit(_recs(blocks=2), boot=50)["latency_floor"] is None                     # nothing sampled
+
+
+def test_check_leaves_out_the_fitted_records_and_says_why():
+    recs = _recs(blocks=3)
+    cal = pj.fit(recs, boot=50)
+    assert cal["record_ids"] == sorted(r["record_id"] for _, r in recs)
+    with pytest.raises(UsageError, match="every record given \\(6\\) is one the calibration was fitted on"):
+        pj.check_against(cal, recs)
+    new = (Path("/r/8.json"), _rec(8, 0, noise=_wobble(0, 8)))
+    other = (Path("/r/t.json"), {"workload": "pretrain", "status": "ok"})
+    failed = (Path("/r/f.json"), _rec(8, 1) | {"status": "failed"})
+    rows = pj.check_against(cal, [*recs[:2], new, other, failed])
+    assert {r["p"] for r in rows} == {8}                            # the fitted 2-rank cells are not checked
+    assert pj.left_out(cal, [*recs[:2], new, other, failed]) == [
+        (recs[0][0], "the calibration was fitted on it"), (recs[1][0], "the calibration was fitted on it"),
+        (Path("/r/t.json"), "a pretrain record, not collectives"), (Path("/r/f.json"), "status failed")]
+
+
+def test_a_fit_from_few_blocks_says_how_few():
+    few = pj.fit_lines(pj.fit(_recs(blocks=2), boot=50))
+    assert any("note: few blocks (2 at 2 ranks, 2 at 4 ranks): the noise is known to 8 degrees of freedom" in x
+               for x in few), few
+    many = pj.fit_lines(pj.fit(_recs(blocks=4), boot=50))
+    assert not any("few blocks" in x for x in many) and any("between blocks (24 degrees of freedom)" in x for x in many)
+    one = pj.fit_lines(pj.fit([(Path(f"/r/{p}.json"), _rec(p, 0)) for p in (2, 4)], boot=50))
+    assert any("noise: from the fit's residuals" in x and "1 at 2 ranks" in x for x in one), one
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda c: c["ops"]["all_reduce"].update(alpha_s="fast"), "ops.all_reduce.alpha_s is 'fast', not a finite number"),
+    (lambda c: c["ops"]["all_reduce"].update(kappa_s=-1.0), "ops.all_reduce.kappa_s is -1.0, outside [0.0, inf]"),
+    (lambda c: c.pop("fabric"), "fabric is missing"),
+    (lambda c: c.update(pi_level=90), "pi_level is 90, outside (0, 1]"),
+    (lambda c: c["ops"]["all_gather"].pop("draws"), "ops.all_gather.draws is missing"),
+    (lambda c: c["ops"]["all_gather"].update(scales=[2, "4"]), "ops.all_gather.scales is [2, '4'], holds '4'"),
+    (lambda c: c["code"].pop("commit"), "code.commit is missing"),
+    (lambda c: c["ops"].update(broadcast={}), "ops.broadcast is not a collective the model knows"),
+])
+def test_every_calibration_field_is_checked_on_load(tmp_path, edit, field):
+    cal = pj.fit(_recs(blocks=2), boot=50)
+    assert pj.problem(cal) is None
+    edit(cal)
+    (tmp_path / "cal.json").write_text(json.dumps(cal))
+    with pytest.raises(UsageError, match="field " + field.replace("[", "\\[").replace("(", "\\(").replace(")", "\\)")
+                       .replace("]", "\\]").replace(".", "\\.")):
+        pj.load(tmp_path / "cal.json")
+
+
+@pytest.mark.parametrize("value,said", [(float("nan"), "is nan"), (-1.0, "is -1.0"), (0, "is 0:"), ("x", "is 'x'"),
+                                        (float("inf"), "is inf")])
+def test_a_time_a_fit_cannot_use_is_refused_naming_the_record(value, said):
+    bad = _rec(4, 9)
+    bad["rows"][1]["in_place"]["time_us"] = value
+    with pytest.raises(UsageError, match=f"/r/bad.json: rows\\[1\\] \\(all_reduce 262144 B\\) in_place.time_us {said}"):
+        pj.fit(_recs() + [(Path("/r/bad.json"), bad)], boot=50)
+
+
+def test_two_backends_or_two_ncclS_under_one_fabric_are_refused():
+    gloo = [(p, r | {"fabric": {"name": "emu-100m", "backend": "gloo"}}) for p, r in _recs(scales=(2,))]
+    with pytest.raises(UsageError, match="ran on 2 backends \\(gloo, unnamed\\)"):
+        pj.fit(gloo + _recs(scales=(4,)))
+    v = [(p, r | {"fingerprint": r["fingerprint"] | {"nccl": "2.30.7" if r["world"]["world_size"] == 2 else "2.23.4"}})
+         for p, r in _recs()]
+    with pytest.raises(UsageError, match="ran NCCL 2.23.4, 2.30.7"):
+        pj.fit(v)
+
+
+def test_the_calibration_names_its_one_backend():
+    recs = [(p, r | {"fabric": {"name": "emu-100m", "backend": "gloo"}}) for p, r in _recs()]
+    cal = pj.fit(recs, boot=50)
+    assert cal["backend"] == "gloo" and cal["nccl_version"] is None

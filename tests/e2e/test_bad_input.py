@@ -79,6 +79,31 @@ def _nccl_tests(d, **result):
     (d / "nt.json").write_text(json.dumps(doc))
 
 
+def _coll_rec(p: int, block: int, time_us=None, **fabric) -> dict:
+    """A collectives record at p ranks whose all_reduce times follow a ring (or are `time_us`)."""
+    rows = [{"op": "all_reduce", "size": s, "group_size": p, "out_of_place": None,
+             "in_place": {"time_us": 2 * (p - 1) * (100 + s / 1e4) if time_us is None else time_us}}
+            for s in (1 << 16, 1 << 20)]
+    return {"schema": "fabricbench.record/1", "workload": "collectives", "status": "ok", "run_id": f"n{p}-{block}",
+            "record_id": f"c{p}-{block}", "config": {"trial": block, "fabric": {"name": "emu-100m"}},
+            "fabric": {"name": "emu-100m", **fabric}, "world": {"world_size": p}, "rows": rows,
+            "fingerprint": {"git": {"commit": "c0ffee", "dirty_hash": None}}}
+
+
+def _sweep(d, *extra):
+    _records(d, *[_coll_rec(p, b) for p in (2, 4) for b in range(2)], *extra)
+
+
+def _cal(d, edit=None):
+    """A calibration fitted on _sweep's records as cal.json, `edit` applied to it."""
+    from analysis import projection as pj
+
+    cal = pj.fit([(Path(f"/r/{p}-{b}.json"), _coll_rec(p, b)) for p in (2, 4) for b in range(2)], boot=50)
+    if edit:
+        edit(cal)
+    (d / "cal.json").write_text(json.dumps(cal))
+
+
 def _study(d, timeout: str):
     (d / "s.yaml").write_text(f"name: s\narms:\n  - {{label: loopback, fabric: loopback}}\ncontrol: true\nworkloads:\n"
                               f"  - {{name: ar, entry: collectives}}\nblocks: 2\ntimeout_s: {timeout}\n"
@@ -278,6 +303,16 @@ CASES = [
     ("doctor-unknown-fabric", _cli("doctor", "fabric=nope"), None, "fabric"),
     ("doctor-unknown-backend", _cli("doctor", "fabric.backend=nope"), None, "backend"),
     ("doctor-sysfs-root", _cli("doctor", "--sysfs-root", "{d}/nope"), None, "--sysfs-root"),
+    ("doctor-spec-not-text", _cli("doctor", "--spec", "{d}/config.json", "fabric=roce"),
+     lambda d: (d / "config.json").write_bytes(b"\xff\xfe\x00bad"),
+     "config.json: not a text file (byte 0xff at offset 0 is not UTF-8); name a script"),
+    ("doctor-spec-directory", _cli("doctor", "--spec", "{d}", "fabric=roce"), None, "a directory, not a file"),
+    ("emulate-delay-nanoseconds", _cli("emulate", "launch/train.py", "fabric=emu-100m", "fabric.emulate.latency=1ns"),
+     None, "emulate.latency=1ns: the delay line counts microseconds, not nanoseconds; use e.g. 1us"),
+    ("sensitivity-delay-unparsable", _cli("sensitivity", "{d}", "--delay", "abc"), None,
+     "error: --delay='abc' is not a delay; use e.g. 500us"),
+    ("sensitivity-no-records", _cli("sensitivity", "{d}/in"), lambda d: (d / "in").mkdir(),
+     "no result records found in"),
     # tune (docs/tune.md): refused before any run, nothing written
     ("tune-misspelt-env", _cli("tune", "{d}/t.yaml"), lambda d: _tune(d, "space: {env: {NCCL_ALOG: [Ring, Tree]}}"),
      "NCCL_ALOG: NCCL reads no such variable (did you mean NCCL_ALGO?)"),
@@ -295,10 +330,42 @@ CASES = [
      lambda d: _tune(d, "space: {sysctls: {net.ipv4.tcp_congestion_control: [reno, vegas9]}}", "emu-100m"),
      "tcp_congestion_control=vegas9: this kernel offers"),
     ("tune-unknown-override", _cli("tune", "{d}/t.yaml"),
-     lambda d: _tune(d, "space: {overrides: {collectives.itres: [5, 10]}}"), "collectives.itres"),
+     lambda d: _tune(d, "space: {overrides: {collectives.itres: [5, 10]}}"),
+     "overrides: collectives.itres (candidate itres-5): the workloads' config has no such key; correct its spelling"),
     ("study-tuned-missing", _cli("study", "{d}/s.yaml"), lambda d: (d / "s.yaml").write_text(
         f"name: s\narms:\n  - {{tuned: {d}/nope}}\n  - {{label: lb, fabric: loopback}}\nworkloads:\n"
         "  - {name: ar, entry: collectives}\n"), "no tune output there"),
+    # model: bad times or a foreign backend refused before the calibration is written (--out under rep/)
+    ("model-fit-nan-time", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _sweep(d, _coll_rec(4, 9, float("nan"))), "r4.json: rows[0] (all_reduce 65536 B) in_place.time_us is nan"),
+    ("model-fit-infinite-time", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _sweep(d, _coll_rec(4, 9, float("inf"))), "in_place.time_us is inf"),
+    ("model-fit-negative-time", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _sweep(d, _coll_rec(2, 9, -5.0)), "in_place.time_us is -5.0"),
+    ("model-fit-zero-time", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _sweep(d, _coll_rec(2, 9, 0)), "in_place.time_us is 0: a time must be a finite number above 0"),
+    ("model-fit-string-time", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _sweep(d, _coll_rec(2, 9, "fast")), "in_place.time_us is 'fast'"),
+    ("model-fit-two-backends", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _records(d, *[_coll_rec(p, b, backend="gloo" if b else "nccl") for p in (2, 4) for b in range(2)]),
+     "ran on 2 backends (gloo, nccl)"),
+    ("model-fit-two-nccl-versions", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json"),
+     lambda d: _records(d, *[_coll_rec(p, b) | {"fingerprint": {"git": {"commit": "c0ffee", "dirty_hash": None},
+                                                               "nccl": f"2.{21 + b}.5"}} for p in (2, 4) for b in range(2)]),
+     "ran NCCL 2.21.5, 2.22.5"),
+    # model: a calibration a user edited, checked field by field on load
+    ("model-project-alpha-string", _cli("model", "project", "{d}/cal.json", "--ranks", "8"),
+     lambda d: _cal(d, lambda c: c["ops"]["all_reduce"].update(alpha_s="fast")),
+     "field ops.all_reduce.alpha_s is 'fast', not a finite number"),
+    ("model-project-no-fabric", _cli("model", "project", "{d}/cal.json", "--ranks", "8"),
+     lambda d: _cal(d, lambda c: c.pop("fabric")), "field fabric is missing"),
+    ("model-export-out-unwritable", _cli("model", "export", "{d}/cal.json", "--ranks", "8", "--out",
+                                         "/proc/fabricbench-export"), _cal, "--out /proc/fabricbench-export: cannot write"),
+    ("model-export-bytes-lots", _cli("model", "export", "{d}/cal.json", "--ranks", "8", "--bytes", "lots", "--out",
+                                     "{d}/rep"), _cal, "--bytes"),
+    ("model-check-on-its-own-records", _cli("model", "check", "{d}/cal.json", "{d}/in"),
+     lambda d: (_sweep(d), _cal(d, lambda c: c.update(record_ids=[f"c{p}-{b}" for p in (2, 4) for b in range(2)]))),
+     "every record given (4) is one the calibration was fitted on"),
 ]
 
 
@@ -383,6 +450,7 @@ def test_bad_input_is_one_line(outcomes, name, needle):
     errors = _one_line(outcomes[name], 2)
     assert len(errors) == 1 and needle in r["err"], r["err"]
     assert not (d / "rep").exists(), "a refused report left its --out folder"
+    assert "plan of tune" not in r["out"], "a refused tune printed a plan it will never run"
     empty = [p for p in (d / "res").rglob("*") if p.is_dir() and not any(p.iterdir())]
     assert not empty, f"a refused run left empty folders: {empty}"
 

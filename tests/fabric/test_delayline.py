@@ -33,10 +33,14 @@ EMULATE = [sys.executable, str(REPO / "launch" / "emulate.py")]
 def test_delay_values_and_their_errors():
     assert delay_us("2ms") == 2000.0 and delay_us("500us") == 500.0 and delay_us("0ms") == 0.0
     assert delay_us("0.25s") == 250_000.0
+    assert delay_us("0") == delay_us(0) == 0.0  # no delay in any unit: the bare zero the message suggests
     for bad, msg in [("-2ms", "not a delay"), ("soon", "not a delay"), ("2", "not a delay"),
                      ("2 ms", "not a delay"), ("1.5s", "over the delay line's 1 s")]:
         with pytest.raises(UsageError, match=msg):
             delay_us(bad)
+    with pytest.raises(UsageError, match="emulate.latency=1ns: the delay line counts microseconds, not nanoseconds; "
+                                         "use e.g. 1us"):
+        delay_us("1ns")
     with pytest.raises(UsageError, match="emulate.latency='fast' is not a delay"):
         EmuSpec.from_config({"rate": "100mbit", "latency": "fast"})
     with pytest.raises(UsageError, match="uplink_latency applies to topology=leaf-spine only"):

@@ -152,3 +152,21 @@ def test_ceiling_across_nodes_is_the_line_rate_of_the_rails_used():
            "fabric": {"transport": {"summary": {"backend": "gloo"}}}}
     c = all_reduce_ceiling(rec)
     assert c.line_gbps == 0.0125 and "rails the channels used" in c.source
+
+
+def test_nccl_2_23_calls_are_parsed_and_2_19_says_it_logs_none():
+    """2.23 names the function and numbers the algorithm and protocol (v2.23.4-1 src/enqueue.cc:1855,
+    "%s: %ld Bytes -> Algo %d proto %d time %f"; NCCL_ALGO_* and NCCL_PROTO_* of its
+    src/include/nccl_common.h: 4 NVLS, 0 TREE, 1 RING; 1 LL128, 2 SIMPLE). 2.19 comments the
+    INFO line out (v2.19.4-1 enqueue.cc:1217), so its log has none and the cause says so."""
+    calls = linerate.algorithms_in(LOGS / "nccl_2.23_tuning_calls")
+    assert calls == [{"func": "AllReduce", "bytes": 1048576, "algo": "TREE", "proto": "LL128"},
+                     {"func": "AllReduce", "bytes": 268435456, "algo": "NVLS", "proto": "SIMPLE"},
+                     {"func": "AllGather", "bytes": 16777216, "algo": "RING", "proto": "SIMPLE"}]
+    rows = [_row("all_reduce", 268435456, 60.0)]
+    (flag,) = linerate.above_line_rate(rows, 50.0, 2, calls, linerate.version_in(LOGS / "nccl_2.23_tuning_calls"))
+    assert flag["algorithms"] == ["NVLS"] and "NVLink switch" in flag["cause"]
+    old = LOGS / "nccl_2.19_no_calls"
+    assert linerate.algorithms_in(old) == [] and linerate.version_in(old) == (2, 19, 3)
+    (none,) = linerate.above_line_rate(rows, 50.0, 2, [], linerate.version_in(old))
+    assert none["cause"].startswith("NCCL 2.19.3 logs no per-call algorithm"), none["cause"]

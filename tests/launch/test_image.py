@@ -33,8 +33,17 @@ def one_line(p, code: int = 2) -> str:
 
 
 def test_no_container_tool(tmp_path):
+    # IMAGE_TOOL set to a path that is not there: that path is the problem, not a missing podman
     line = one_line(image(tmp_path, IMAGE_TOOL=str(tmp_path / "podman")))
-    assert "make image needs podman or docker: apt-get install -y podman buildah runc" in line
+    assert line == (f"error: IMAGE_TOOL={tmp_path / 'podman'}: no such program; set IMAGE_TOOL to podman, docker or "
+                    "the path of one, or unset it"), line
+    # neither podman nor docker on PATH (a PATH holding only what the script needs before it looks)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "dirname").symlink_to(shutil.which("dirname"))
+    e = {k: v for k, v in os.environ.items() if k != "IMAGE_TOOL"} | {"IMAGE_CACHE": str(tmp_path / "cache"),
+                                                                     "PATH": str(tmp_path / "bin"), "IMAGE_UV_CACHE": ""}
+    p = subprocess.run(["/bin/bash", str(SCRIPT)], capture_output=True, text=True, timeout=60, env=e, cwd=tmp_path)
+    assert "make image needs podman or docker: apt-get install -y podman buildah runc" in one_line(p)
 
 
 def test_missing_base_without_mmdebstrap(tmp_path):

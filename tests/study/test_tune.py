@@ -161,7 +161,8 @@ def _cmp(d, effect_word=True):
 def test_the_outcome_says_the_confirmations_interval_and_among_how_many():
     win = halving.outcome("w", DEFAULT, 4, [_cmp(np.log([1.20, 1.22, 1.19, 1.21]))])
     assert win.kind == halving.WINNER and win.adopted
-    assert win.sentence.startswith("winner w +20.5% [") and win.sentence.endswith("chosen among 4")
+    assert win.sentence.startswith("winner w: samples_per_sec at least +18.5% (estimate +20.5% [+18.5%, +22.6%])")
+    assert win.sentence.endswith("chosen among 4") and "near this test's MDE" not in win.sentence
     behind = halving.outcome("w", DEFAULT, 4, [_cmp(np.log([0.80, 0.82, 0.79, 0.81]))])
     assert behind.kind == halving.DEFAULT_AHEAD and not behind.adopted
     same = halving.outcome("w", DEFAULT, 3, [_cmp(np.log([1.001, 0.999, 1.0005, 0.9995, 1.0, 1.001, 0.999, 1.0]))])
@@ -247,7 +248,8 @@ def test_the_tuned_arm_file_round_trips_into_a_study_arm(tmp_path):
                   "  - {name: ar, entry: collectives}\nblocks: 3\ndetect: 50%\ncv: 5%\n", "s.yaml")
     spec = load_spec(study, output_root=str(tmp_path / "o"))
     assert [a.label for a in spec.arms] == ["ta", "b-tuned"] and spec.baseline.label == "b-tuned"
-    assert spec.allow == ["config.collectives.warmup_iters", "config.tuned"]
+    # the override where the config holds it and where the record's collectives section repeats it
+    assert spec.allow == ["collectives.warmup_iters", "config.collectives.warmup_iters", "config.tuned"]
     job = next(j for j in plan(spec) if j.arm.label == "ta")
     argv = cell_argv(spec, job, "local", python="py", env={})
     cfg = compose(CONF_DIR, argv[2:])
@@ -308,3 +310,31 @@ def test_a_tune_already_running_is_refused_before_any_run(tmp_path):
     assert r.stderr.strip() == (f"error: tune t is already running in {folder} (pid {os.getpid()}); wait for it to finish, "
                                 "or pass --id <new id> for a separate tune")
     assert "] block " not in r.stdout and not list(folder.glob("search-*"))
+
+
+def test_every_kind_of_setting_is_let_through_the_guard_and_nothing_else(tmp_path):
+    """The confirmation's allowed keys (tuned.varied_keys) against the guard's own identity, on
+    two runs that differ as a candidate and the default do: a Hydra override lands both in the
+    config and in the record's collectives section; env and sysctls in the fabric block. Any
+    other difference is still refused."""
+    from analysis import guard
+
+    spec = load_tune(write(tmp_path, TUNE.replace("warmup_iters: [1, 2]", "op: [max]")),
+                     output_root=str(tmp_path / "o"))
+    cand = next(c for c in spec.candidates if c.settings.get("overrides"))
+    assert cand.settings["overrides"] == {"collectives.op": "max"}  # the space builds what a named one holds
+    default = {"workload": "collectives", "config": {"collectives": {"op": "sum", "iters": 5}, "tuned": {},
+                                                     "fabric": {"env": {}, "emulate": {"sysctls": {}}}},
+               "collectives": {"op": "sum", "iters": 5}}
+    mine = {"workload": "collectives", "config": {"collectives": {"op": "max", "iters": 5},
+                                                  "tuned": {"candidate": cand.name, "settings": cand.settings},
+                                                  "fabric": {"env": {"NCCL_ALGO": "Ring"},
+                                                             "emulate": {"sysctls": {"net.ipv4.tcp_rmem": "1 2 3"}}}},
+            "collectives": {"op": "max", "iters": 5}}
+    allow = tuned.varied_keys({**cand.settings, "env": {"NCCL_ALGO": "Ring"}})
+    assert guard.differences(default, mine, allow) == {}
+    keys = set(guard.differences(default, mine))  # without them: the override twice, and the stamp
+    assert {"collectives.op", "config.collectives.op"} <= keys
+    assert all(k.startswith("config.tuned") for k in keys - {"collectives.op", "config.collectives.op"}), keys
+    other = {**mine, "collectives": {"op": "max", "iters": 6}}
+    assert guard.differences(default, other, allow) == {"collectives.iters": (5, 6)}

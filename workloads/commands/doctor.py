@@ -121,9 +121,16 @@ def check_specs(overrides: list[str], paths: list[str]) -> tuple[str, list[str]]
     needs = runspec.Needs(ib=preflight.uses_ib(profile, env), shm=profile.backend == "nccl")
     problems = []
     for path in paths:
+        what = "a script, batch file, Markdown or YAML file, or an OCI bundle's config.json"
+        if os.path.isdir(path):
+            raise UsageError(f"--spec {path}: a directory, not a file; name {what} in it")
         if not os.path.isfile(path):
-            raise UsageError(f"--spec {path}: no such file; name a script, batch file, Markdown or YAML file, or an OCI bundle's config.json")
-        problems += runspec.lint_file(path, needs)
+            raise UsageError(f"--spec {path}: no such file; name {what}")
+        try:
+            problems += runspec.lint_file(path, needs)
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--spec {path}: not a text file (byte {e.object[e.start]:#04x} at offset {e.start} is not "
+                             f"UTF-8); name {what}") from None
     return profile.name, problems
 
 

@@ -105,7 +105,7 @@ def _fit(args, pj) -> int:
     chosen = [r for _, r in pj.select(records, args.fabric)]
     if hierarchy.is_nccl(chosen):
         # an NCCL fabric is priced as NCCL prices it, per level; the ring terms stay for Gloo-style checks
-        cal["nccl"] = hierarchy.fit(chosen)
+        cal["nccl"] = hierarchy.fit(chosen, **hierarchy.shape_of(table))
     if table is not None:
         if "nccl" in cal:
             run = nccl_model.written_by_fitted_run(table, cal["records"])
@@ -116,8 +116,12 @@ def _fit(args, pj) -> int:
         else:
             cal["nccl_model"] = nccl_model.check(cal, table)
     out = Path(args.out or Path(args.dirs[0]) / f"calibration-{cal['fabric'].split(' (')[0]}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(cal, indent=1) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(cal, indent=1) + "\n")
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write the calibration there ({e.strerror or e.__class__.__name__}); "
+                         "give a path you can write, e.g. --out cal.json") from None
     for line in pj.fit_lines(cal):
         print(line)
     if "nccl" in cal:
@@ -228,21 +232,11 @@ def _export(args, pj) -> int:
     (n,) = pj.parse_ranks(args.ranks) if "," not in args.ranks else (None,)
     if n is None:
         raise UsageError(f"--ranks {args.ranks}: export one network size, e.g. --ranks 512")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    message = None
-    if args.bytes:
-        from workloads.collectives.settings import parse_size
-
-        message = parse_size(args.bytes.strip(), "--bytes")
-        if message <= 0:
-            raise UsageError(f"--bytes {args.bytes}: give the job's typical collective size, e.g. --bytes 25M")
+    message = _bytes(args.bytes)
     files = {"astra-sim-network.yml": simexport.astra_sim(cal, n, message),
              "calculon-network.json": json.dumps(simexport.calculon(cal, n, message), indent=1) + "\n",
              "vidur-all_reduce.csv": simexport.vidur(cal, sorted({2, 4, 8, n}), [1 << k for k in range(10, 29)])}
-    for name, text in files.items():
-        (out / name).write_text(text)
-        print(f"{out / name}")
+    _write(Path(args.out), files)
     cross = simexport.crossover(cal, n)
     if cross:
         size, err = cross
@@ -271,29 +265,54 @@ def _export_nccl(args, cal: dict) -> int:
     (nodes, gpn), = lay
     if not cal["nccl"]["levels"]["intra"]["measured_at"] or not cal["nccl"]["levels"]["inter"]["measured_at"]:
         raise UsageError("the export needs both levels: fit with records from one node and from 2 or more nodes")
-    message = None
-    if args.bytes:
-        from workloads.collectives.settings import parse_size
-
-        message = parse_size(args.bytes.strip(), "--bytes")
-        if message <= 0:
-            raise UsageError(f"--bytes {args.bytes}: give the job's typical collective size, e.g. --bytes 25M")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    message = _bytes(args.bytes)
     degrees = sorted({d for d in (2, 4, 8, gpn) if d <= gpn})
     files = {"astra-sim-network.yml": simexport.astra_sim_nccl(cal, nodes, gpn),
              "calculon-network.json": json.dumps(simexport.calculon_nccl(cal, nodes, gpn, message), indent=1) + "\n",
              "vidur-all_reduce.csv": simexport.vidur_nccl(cal, degrees, [1 << k for k in range(10, 29)])}
-    for name, text in files.items():
-        (out / name).write_text(text)
-        print(f"{out / name}")
+    _write(Path(args.out), files)
     return 0
+
+
+def _bytes(text: str | None) -> int | None:
+    """--bytes as a size, refused before anything is written."""
+    if not text:
+        return None
+    from workloads.collectives.settings import parse_size
+
+    message = parse_size(text.strip(), "--bytes")
+    if message <= 0:
+        raise UsageError(f"--bytes {text}: give the job's typical collective size, e.g. --bytes 25M")
+    return message
+
+
+def _write(out: Path, files: dict[str, str]) -> None:
+    """The export's files into `out` (made if missing), each path printed; a folder that cannot be
+    made or written is one line naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text)
+            print(f"{out / name}")
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write there ({e.strerror or e.__class__.__name__}); give a folder you "
+                         "can write, e.g. --out sim/") from None
 
 
 def _check(args, pj) -> int:
     """`model check`: a calibration's projections against records it was not fitted on."""
     cal = pj.load(args.calibration)
-    rows = pj.check_against(cal, _records(args.dirs))
+    records = _records(args.dirs)
+    rows = pj.check_against(cal, records)
+    for path, why in pj.left_out(cal, records):
+        print(f"left out: {path} ({why})")
+    if "nccl" in cal:
+        from analysis.projection import hierarchy
+
+        for r in rows:
+            print(hierarchy.check_line(r))
+        print(hierarchy.check_summary(rows))
+        return 0
     for r in rows:
         print(f"{r['op']} {r['size']} B at {r['p']} ranks: measured {r['measured_s'] * 1e3:.3f} ms, projected "
               f"{r['predicted_s'] * 1e3:.3f} ms [{r['low_s'] * 1e3:.3f}, {r['high_s'] * 1e3:.3f}] "

@@ -38,6 +38,9 @@ def run(args) -> int:
     add_ms = delay_us(args.delay, "--delay") / 1e3 if args.delay else 0.0
     add_inv = (1e9 / rate_bits_per_s(args.rate) - 1e9 / rate_bits_per_s(args.from_rate)) if args.rate else 0.0
     recs = [rec for d in args.dirs for _, rec in iter_records(d, "**/records/*.json")]
+    if not recs:
+        raise UsageError(f"no result records found in {', '.join(args.dirs)}; give the results folder(s) of emulated "
+                         "runs (a study's folder or an output_root holding <run>/records/*.json)")
     found = slopes(recs)
     if not found:
         raise UsageError(f"no workload point in {', '.join(args.dirs)} has 3 or more ok runs that differ in their "

@@ -30,8 +30,12 @@ reduced part of the data elsewhere (NVLS in the NVLink switch, CollNet/SHARP in 
 network switch) or Tree's traffic pattern moved less over the NICs. The cause is read from
 NCCL's tuning lines (NCCL_DEBUG_SUBSYS=TUNING, printed by rank 0 for each collective):
 
-    NCCL INFO AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}   (recent NCCL)
-    NCCL INFO 4194304 Bytes -> Algo 1 proto 2 time 512.000000                              (older NCCL)
+    NCCL INFO AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}   (2.24 .. 2.30, enqueue.cc:822)
+    NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 512.000000                   (2.23, v2.23.4-1 enqueue.cc:1855)
+    NCCL INFO 4194304 Bytes -> Algo 1 proto 2 time 512.000000                              (2.20 .. 2.22, v2.20.3-1 :1498)
+
+and NCCL 2.19 and older log none (the INFO line is commented out, v2.19.4-1 enqueue.cc:1217),
+which the cause then says.
 
 (src/enqueue.cc; algorithm names from ncclAlgoToString in src/collectives.cc, numbers
 from NCCL_ALGO_* in src/include/devcomm.h: 0 TREE, 1 RING, 2 COLLNET_DIRECT,
@@ -46,7 +50,7 @@ from pathlib import Path
 from workloads.fabric.preflight import sysfs_root
 
 _IB_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
-_ALGO_NEW = re.compile(r"\b(?P<func>[A-Za-z]+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>[A-Z_]+) "
+_ALGO_NEW = re.compile(r"\b(?P<func>[A-Za-z]+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>[A-Z_]+|\d+) "
                        r"proto (?P<proto>[A-Z0-9_]+)")
 _ALGO_OLD = re.compile(r"NCCL INFO (?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+) time")
 ALGO_NUMBERS = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS", 5: "NVLS_TREE", 6: "PAT"}
@@ -165,7 +169,10 @@ def parse_algorithms(text: str) -> list[dict]:
     out = []
     for line in text.splitlines():
         if (m := _ALGO_NEW.search(line)) is not None:
-            out.append({"func": m["func"], "bytes": int(m["bytes"]), "algo": m["algo"], "proto": m["proto"]})
+            algo, proto = m["algo"], m["proto"]   # 2.23 names the function but numbers the rest
+            out.append({"func": m["func"], "bytes": int(m["bytes"]),
+                        "algo": ALGO_NUMBERS.get(int(algo), algo) if algo.isdigit() else algo,
+                        "proto": PROTO_NUMBERS.get(int(proto), proto) if proto.isdigit() else proto})
         elif (m := _ALGO_OLD.search(line)) is not None:
             out.append({"func": None, "bytes": int(m["bytes"]), "algo": ALGO_NUMBERS.get(int(m["algo"]), m["algo"]),
                         "proto": PROTO_NUMBERS.get(int(m["proto"]), m["proto"])})
@@ -180,6 +187,20 @@ def algorithms_in(log_dir: Path) -> list[dict]:
     return [a for p in sorted(d.glob("*.log")) for a in parse_algorithms(p.read_text(errors="replace"))]
 
 
+def version_in(log_dir: Path) -> tuple[int, ...] | None:
+    """The NCCL version the logs in `log_dir` name ("NCCL version 2.19.3+cuda12.2"), or None."""
+    from workloads.fabric.nccl_log import _VERSION
+
+    d = Path(log_dir)
+    for p in sorted(d.glob("*.log")) if d.is_dir() else []:
+        for line in p.read_text(errors="replace").splitlines():
+            if (m := _VERSION.search(line)) and m["lib"] == "NCCL":
+                nums = re.match(r"(\d+)\.(\d+)\.(\d+)", m["ver"])
+                if nums:
+                    return tuple(int(x) for x in nums.groups())
+    return None
+
+
 def algorithms_for(op: str, size: int, group_size: int, algos: list[dict]) -> list[str]:
     """The algorithms NCCL chose for `op` at a row of `size` bytes: NCCL logs count × type
     size, the per-rank count for AllGather/ReduceScatter (size / n here), the buffer otherwise."""
@@ -190,7 +211,8 @@ def algorithms_for(op: str, size: int, group_size: int, algos: list[dict]) -> li
     return exact or sorted({a["algo"] for a in mine if a["func"] == func})
 
 
-def above_line_rate(rows: list[dict], per_comm: float | None, nodes: int, algos: list[dict]) -> list[dict]:
+def above_line_rate(rows: list[dict], per_comm: float | None, nodes: int, algos: list[dict],
+                    version: tuple[int, ...] | None = None) -> list[dict]:
     """One flag per op whose busbw exceeded one communicator's line rate (job_line_rate) on a
     multi-node run, with the likely cause from NCCL's algorithm choice and the way to measure
     the ring."""
@@ -215,6 +237,10 @@ def above_line_rate(rows: list[dict], per_comm: float | None, nodes: int, algos:
         elif algs:
             cause = (f"NCCL chose {', '.join(algs)}, which cannot beat the line rate: check the rails counted "
                      "(a NIC missing from them) and the rate sysfs reports")
+        elif version is not None and version < (2, 20, 0):
+            cause = (f"NCCL {'.'.join(map(str, version))} logs no per-call algorithm (2.20 and later do, with "
+                     "NCCL_DEBUG_SUBSYS=TUNING), so which one ran is unknown; NVLS, Tree or CollNet are the usual "
+                     "reasons")
         else:
             cause = ("no NCCL tuning lines in the log (NCCL_DEBUG_SUBSYS needs TUNING) to tell which algorithm ran; "
                      "NVLS, Tree or CollNet are the usual reasons")

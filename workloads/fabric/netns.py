@@ -79,15 +79,23 @@ def rate_bits_per_s(rate: str) -> float:
     return bits
 
 
-def delay_us(value: Any, key: str = "latency") -> float:
-    """'2ms' -> 2000.0 (one-way, µs). UsageError for anything else, negative or over 1 s included."""
-    m = _TIME.match(str(value).strip())
+def delay_us(value: Any, key: str = "emulate.latency") -> float:
+    """'2ms' -> 2000.0 (one-way, µs); a bare 0 is no delay in any unit. UsageError, naming `key`
+    (the override or the option the value came from), for anything else, negative or over 1 s
+    included."""
+    text = str(value).strip()
+    if text in ("0", "0.0"):
+        return 0.0
+    if re.fullmatch(r"\d+(?:\.\d+)?ns", text):
+        raise UsageError(f"{key}={value}: the delay line counts microseconds, not nanoseconds; use e.g. 1us, 500us "
+                         "or 2ms (one way per link), or 0 for none")
+    m = _TIME.match(text)
     if not m:
-        raise UsageError(f"emulate.{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0ms (one way per link), "
-                         "or null for no delay line")
+        raise UsageError(f"{key}={value!r} is not a delay; use e.g. 500us, 2ms or 0 (one way per link)"
+                         + (", or null for no delay line" if key.startswith("emulate.") else ""))
     us = float(m.group(1)) * _TIME_US[m.group(2)]
     if us > MAX_DELAY_US:
-        raise UsageError(f"emulate.{key}={value} is over the delay line's 1 s; use at most 1s")
+        raise UsageError(f"{key}={value} is over the delay line's 1 s; use at most 1s")
     return us
 
 
@@ -201,7 +209,7 @@ class EmuSpec:
             raise UsageError("emulate.uplink_latency applies to topology=leaf-spine only; use emulate.latency for the "
                              "links of a pair or a star, or set topology=leaf-spine")
         if self.leaf_spine and self.uplink_latency is not None:
-            delay_us(self.uplink_latency, "uplink_latency")
+            delay_us(self.uplink_latency, "emulate.uplink_latency")
 
     def delays(self) -> list[tuple[str | None, float]]:
         """(tc rate, one-way delay µs) of every kind of link that has a delay line."""
@@ -209,7 +217,7 @@ class EmuSpec:
         if self.latency is not None:
             out.append((self.rate, delay_us(self.latency)))
         if self.leaf_spine and self.uplink_latency is not None:
-            out.append((self.uplink, delay_us(self.uplink_latency, "uplink_latency")))
+            out.append((self.uplink, delay_us(self.uplink_latency, "emulate.uplink_latency")))
         return out
 
     def queue_frames(self) -> int:

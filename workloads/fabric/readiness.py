@@ -7,9 +7,16 @@ at all; what a container changes is the process itself:
 - the verbs device nodes (`/dev/infiniband/uverbsN`) of the HCAs `NCCL_IB_HCA` selects: without
   `--device=/dev/infiniband` NCCL finds no IB device and uses NET/Socket, silently;
 - pinning: registered (pinned) memory is bounded by RLIMIT_MEMLOCK unless the process holds
-  CAP_IPC_LOCK (the kernel skips the limit for it: ib_umem_get, mlock(2)); a container runtime's
-  default is a few MiB and no capability, so `ibv_reg_mr` fails with ENOMEM (UCX then drops its
-  RDMA transports for tcp);
+  CAP_IPC_LOCK *in the initial user namespace*: ib_umem_get (torvalds/linux
+  drivers/infiniband/core/umem.c) refuses with -ENOMEM when `new_pinned > lock_limit &&
+  !capable(CAP_IPC_LOCK)`, mm/mlock.c's can_do_mlock and mlock(2) ask the same, and capable()
+  is `ns_capable(&init_user_ns, cap)` (kernel/capability.c). So in a user namespace (rootless
+  podman/docker, enroot/pyxis, Slurm's rootless OCI runtime, docker's userns-remap: any
+  /proc/self/uid_map other than the identity `0 0 4294967295`) a CAP_IPC_LOCK in CapEff is the
+  namespace's and lifts nothing; only the limit counts. A non-root user holds no effective
+  capability after exec unless it is ambient (docker and Kubernetes set none), which CapEff
+  shows. A runtime's default limit is a few MiB, so `ibv_reg_mr` fails with ENOMEM (UCX then
+  drops its RDMA transports for tcp);
 - `/dev/shm` size: NCCL's SHM transport between a node's ranks puts its buffers there, and a
   runtime's default is 64 MiB;
 - the libraries NCCL dlopens for the network: `libibverbs.so.1`, and the net plugin
@@ -32,6 +39,7 @@ from typing import Callable, Mapping
 from workloads.fabric import preflight
 
 CAP_IPC_LOCK = 14  # <linux/capability.h>
+IDENTITY_MAP = "0 0 4294967295"  # the initial user namespace's uid_map (user_namespaces(7))
 # Pinning below this without CAP_IPC_LOCK is a problem (preflight's memlock warning threshold:
 # NCCL registers a few hundred MiB of buffers per rank on a multi-NIC node).
 PIN_MIN = preflight.MEMLOCK_MIN
@@ -48,14 +56,27 @@ class Effective:
     cap_eff: int                # CapEff from /proc/self/status (a bit mask)
     memlock: int                # RLIMIT_MEMLOCK soft limit, bytes, or resource.RLIM_INFINITY
     shm_bytes: int | None       # size of the filesystem at /dev/shm; None when there is none
+    uid_map: str = IDENTITY_MAP  # /proc/self/uid_map: the user namespace's mapping
+    euid: int = 0
+    memlock_hard: int = resource.RLIM_INFINITY
 
     @property
     def ipc_lock(self) -> bool:
         return bool(self.cap_eff >> CAP_IPC_LOCK & 1)
 
+    @property
+    def initial_userns(self) -> bool:
+        """The initial user namespace maps every id to itself, in one line."""
+        return [line.split() for line in self.uid_map.strip().splitlines()] == [IDENTITY_MAP.split()]
+
+    @property
+    def pins_past_limit(self) -> bool:
+        """Whether the kernel lets this process pin past RLIMIT_MEMLOCK (capable(CAP_IPC_LOCK))."""
+        return self.ipc_lock and self.initial_userns
+
 
 def read_effective(proc_status: str | os.PathLike = "/proc/self/status",
-                   shm: str | os.PathLike = "/dev/shm") -> Effective:
+                   shm: str | os.PathLike = "/dev/shm", uid_map: str | os.PathLike = "/proc/self/uid_map") -> Effective:
     cap = 0
     for line in Path(proc_status).read_text().splitlines():
         if line.startswith("CapEff:"):
@@ -65,7 +86,12 @@ def read_effective(proc_status: str | os.PathLike = "/proc/self/status",
         shm_bytes = st.f_blocks * st.f_frsize
     except OSError:
         shm_bytes = None
-    return Effective(cap, resource.getrlimit(resource.RLIMIT_MEMLOCK)[0], shm_bytes)
+    try:
+        mapping = Path(uid_map).read_text()
+    except OSError:
+        mapping = IDENTITY_MAP  # a kernel without user namespaces has only the initial one
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return Effective(cap, soft, shm_bytes, mapping, os.geteuid(), hard)
 
 
 def _size(n: int) -> str:
@@ -118,13 +144,34 @@ def _is_char_device(p: Path) -> bool:
         return False
 
 
+_SLURM_MEMLOCK = "Slurm: PropagateResourceLimitsExcept=MEMLOCK in slurm.conf and slurmd with LimitMEMLOCK=infinity"
+
+
 def check_pinning(eff: Effective, what: str) -> list[str]:
-    if eff.ipc_lock or eff.memlock == resource.RLIM_INFINITY or eff.memlock >= PIN_MIN:
+    if eff.pins_past_limit or eff.memlock == resource.RLIM_INFINITY or eff.memlock >= PIN_MIN:
         return []
-    return [f"{what} registers (pins) its buffers, and this process may pin only {_size(eff.memlock)}: "
-            "RLIMIT_MEMLOCK is that and CAP_IPC_LOCK, which lifts it, is not held; beyond it ibv_reg_mr fails "
-            "with ENOMEM (NCCL aborts, UCX drops to tcp); fix: --ulimit memlock=-1 and --cap-add=IPC_LOCK "
-            "(Slurm: PropagateResourceLimitsExcept=MEMLOCK, slurmd with LimitMEMLOCK=infinity)"]
+    head = f"{what} registers (pins) its buffers, and this process may pin only {_size(eff.memlock)}"
+    tail = "beyond it ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to tcp)"
+    hard = ("" if eff.memlock_hard == resource.RLIM_INFINITY or eff.memlock_hard >= PIN_MIN else
+            f" (its hard limit is {_size(eff.memlock_hard)} too, so it cannot raise it itself)")
+    if not eff.initial_userns:
+        mapping = " / ".join(" ".join(line.split()) for line in eff.uid_map.strip().splitlines())
+        held = "held here, " if eff.ipc_lock else ""
+        return [f"{head}{hard}: it runs in a user namespace (uid_map {mapping}), where CAP_IPC_LOCK ({held}the "
+                "namespace's) does not lift RLIMIT_MEMLOCK, since the kernel asks capable(CAP_IPC_LOCK) of the "
+                f"initial namespace; {tail}; fix: raise the limit the container starts with: rootless "
+                "podman/docker --ulimit memlock=-1 (at most the starting user's hard limit, ulimit -Hl; raise it "
+                "in /etc/security/limits.conf), enroot/pyxis and srun --container inherit the job's: "
+                f"{_SLURM_MEMLOCK}"]
+    if eff.euid != 0:
+        return [f"{head}{hard}: it runs as uid {eff.euid} without CAP_IPC_LOCK (a capability added for a "
+                f"non-root user is not effective after exec unless it is ambient); {tail}; fix: --ulimit "
+                "memlock=-1 where the host's hard limit allows it (ulimit -Hl), or run as root with "
+                f"--cap-add=IPC_LOCK ({_SLURM_MEMLOCK})"]
+    return [f"{head}{hard}: RLIMIT_MEMLOCK is that and CAP_IPC_LOCK, which lifts it, is not held; {tail}; "
+            "fix: --cap-add=IPC_LOCK, or --ulimit memlock=-1 where the host's hard limit allows it (ulimit -Hl; "
+            "above it runc fails with \"error setting rlimit type 8\") "
+            f"({_SLURM_MEMLOCK})"]
 
 
 def check_shm(eff: Effective) -> list[str]:

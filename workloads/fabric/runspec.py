@@ -20,6 +20,7 @@ runc) says the same in the runtime spec's own fields: `linux.devices`, `process.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -103,10 +104,32 @@ def lint_run(flags: dict[str, list[str]], needs: Needs) -> list[str]:
     caps = {c.upper().removeprefix("CAP_") for v in flags.get("--cap-add", []) for c in v.split(",")}
     memlock = [v.split("=", 1)[1] for v in flags.get("--ulimit", []) if v.startswith("memlock=")]
     unlimited = any(v.split(":")[0] in ("-1", "unlimited") for v in memlock)
-    if needs.ib and not (privileged or caps & {"IPC_LOCK", "ALL"} or unlimited):
-        problems.append("neither --cap-add=IPC_LOCK nor --ulimit memlock=-1: the runtime's memlock limit (a few "
-                        "MiB) bounds registered memory, ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to "
-                        "tcp); fix: add --cap-add=IPC_LOCK --ulimit memlock=-1")
+    user = (flags.get("--user") or flags.get("-u") or ["0"])[-1].split(":")[0]
+    userns = (flags.get("--userns") or [""])[-1]
+    # CAP_IPC_LOCK lifts memlock only for root in the initial user namespace (readiness.py)
+    cap_counts = (privileged or caps & {"IPC_LOCK", "ALL"}) and user in ("0", "root") and userns in ("", "host")
+    if needs.ib and not (cap_counts or unlimited):
+        if caps & {"IPC_LOCK", "ALL"} and user not in ("0", "root"):
+            why = (f"--user {user} with --cap-add=IPC_LOCK: a non-root user's capability is not effective after "
+                   "exec (docker and podman set no ambient capabilities), so the runtime's memlock limit (a few "
+                   "MiB) bounds registered memory")
+        elif caps & {"IPC_LOCK", "ALL"} or privileged:
+            why = (f"--userns={userns}: in a user namespace CAP_IPC_LOCK lifts no limit (the kernel asks "
+                   "capable() of the initial one), so the runtime's memlock limit (a few MiB) bounds registered "
+                   "memory")
+        else:
+            why = ("neither --cap-add=IPC_LOCK nor --ulimit memlock=-1: the runtime's memlock limit (a few MiB) "
+                   "bounds registered memory")
+        problems.append(f"{why}; ibv_reg_mr fails with ENOMEM (NCCL aborts, UCX drops to tcp); fix: add --ulimit "
+                        "memlock=-1 (within the host's hard limit, ulimit -Hl; for root in a rootful container "
+                        "--cap-add=IPC_LOCK is enough)")
+    net = [*flags.get("--network", []), *flags.get("--net", [])]
+    if needs.ib and (not net or net[-1] in ("bridge", "default", "none", "slirp4netns", "pasta")):
+        # RoCE's GIDs and NCCL_SOCKET_IFNAME are the host's interfaces; a bridge netns has neither
+        problems.append(f"{'--network=' + net[-1] if net else 'no --network=host'}: on the runtime's own network NCCL_SOCKET_IFNAME's interface does not "
+                        "exist (\"Bootstrap : no socket interface found\") and ranks bootstrap to container "
+                        "addresses the other nodes cannot reach; fix: add --network=host (or a secondary network "
+                        "on the RDMA NIC, e.g. Multus)")
     shm = [_docker_size(v) for v in flags.get("--shm-size", [])]
     if needs.shm and "host" not in flags.get("--ipc", []) and not any(s and s >= SHM_MIN for s in shm):
         problems.append(f"{'--shm-size=' + flags['--shm-size'][-1] if shm else 'no --ipc=host or --shm-size'}: "
@@ -130,11 +153,21 @@ def lint_text(text: str, needs: Needs) -> list[tuple[int, str]]:
         flags = _run_flags(words)
         if flags is not None:
             out += [(n, p) for p in lint_run(flags, needs)]
-        elif needs.ib and "srun" in words and any(w.startswith("--container-image") for w in words) and not pyxis_env:
+        elif needs.ib and "srun" in words and any(w.startswith("--container-image") for w in words) \
+                and not pyxis_env and not _mounts_infiniband(words):
             out.append((n, "srun --container-image (pyxis) without MELLANOX_VISIBLE_DEVICES in this file: enroot's "
                            "99-mellanox hook then mounts no /dev/infiniband and NCCL silently uses NET/Socket; fix: "
-                           "export MELLANOX_VISIBLE_DEVICES=all (or set it in enroot.conf)"))
+                           "export MELLANOX_VISIBLE_DEVICES=all (or set it in enroot.conf), or --container-mounts=/dev/infiniband"))
     return out
+
+
+def _mounts_infiniband(words: list[str]) -> bool:
+    """pyxis `--container-mounts=SRC[:DST[:FLAGS]],...` binding /dev/infiniband: the devices are
+    there without enroot's hook."""
+    vals = [w.split("=", 1)[1] for w in words if w.startswith("--container-mounts=")]
+    vals += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--container-mounts"]
+    return any(m.split(":")[0].rstrip("/").startswith("/dev/infiniband") or m.rstrip("/") == "/dev"
+               for v in vals for m in v.split(","))
 
 
 def _rdma_resource(name: str) -> bool:
@@ -195,6 +228,32 @@ def lint_pod(spec: dict, needs: Needs) -> list[tuple[str, str]]:
 _RLIM_INFINITY = (1 << 64) - 1
 
 
+# The fields lint_oci reads, with the JSON type opencontainers/runtime-spec config.md (and
+# config-linux.md) gives them: process.env is "array of strings" in environ's NAME=value form.
+_OCI_SHAPE = (("process", dict), ("process.env", list), ("process.capabilities", dict),
+              ("process.capabilities.effective", list), ("process.rlimits", list), ("mounts", list),
+              ("linux", dict), ("linux.devices", list))
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean"}
+
+
+def oci_shape(cfg: dict) -> str | None:
+    """The first field lint_oci reads whose JSON type is not the runtime spec's, as a problem
+    naming it; None when every present one fits. A malformed field is not read as absent:
+    a bundle whose process.env is one string would otherwise be linted as if it set nothing."""
+    for key, want in _OCI_SHAPE:
+        node: object = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, want):
+            return f"{key} is {_JSON_TYPES.get(type(node), type(node).__name__)}, not {_JSON_TYPES[want]}"
+    env = (cfg.get("process") or {}).get("env") or []
+    bad = next((e for e in env if not isinstance(e, str) or "=" not in e), None)
+    if bad is not None:
+        return f"process.env holds {json.dumps(bad)}, not a NAME=value string"
+    return None
+
+
 def lint_oci(cfg: dict, needs: Needs) -> list[str]:
     """One problem per setting an OCI runtime config (a bundle's config.json) lacks."""
     proc = cfg.get("process") or {}
@@ -211,7 +270,23 @@ def lint_oci(cfg: dict, needs: Needs) -> list[str]:
     caps = {str(c).upper().removeprefix("CAP_") for c in ((proc.get("capabilities") or {}).get("effective") or [])}
     memlock = [r for r in proc.get("rlimits") or [] if isinstance(r, dict) and r.get("type") == "RLIMIT_MEMLOCK"]
     unlimited = any(r.get("soft") == _RLIM_INFINITY and r.get("hard") == _RLIM_INFINITY for r in memlock)
-    if needs.ib and "IPC_LOCK" not in caps and not unlimited:
+    userns = any(isinstance(n, dict) and n.get("type") == "user" for n in lin.get("namespaces") or []) \
+        or bool(lin.get("uidMappings"))
+    uid = (proc.get("user") or {}).get("uid", 0)
+    ambient = {str(c).upper().removeprefix("CAP_") for c in ((proc.get("capabilities") or {}).get("ambient") or [])}
+    if needs.ib and "IPC_LOCK" in caps and not unlimited and userns:
+        problems.append("the bundle runs in a user namespace (linux.namespaces has user; runc spec --rootless, or "
+                        "Slurm's rootless runc), where CAP_IPC_LOCK lifts no limit (the kernel asks capable() of "
+                        "the initial namespace): ibv_reg_mr fails with ENOMEM past the memlock limit the job "
+                        "inherited; fix: an unlimited RLIMIT_MEMLOCK in process.rlimits, which an unprivileged "
+                        "runc can set only when the job's hard limit is unlimited (Slurm: "
+                        "PropagateResourceLimitsExcept=MEMLOCK, slurmd with LimitMEMLOCK=infinity)")
+    elif needs.ib and "IPC_LOCK" in caps and not unlimited and uid != 0 and "IPC_LOCK" not in ambient:
+        problems.append(f"process.user.uid {uid} with CAP_IPC_LOCK in effective but not in ambient: execve drops a "
+                        "non-root user's capabilities unless they are ambient, so the memlock limit bounds "
+                        "registered memory and ibv_reg_mr fails with ENOMEM; fix: add CAP_IPC_LOCK to "
+                        "process.capabilities.ambient and inheritable, or an unlimited RLIMIT_MEMLOCK")
+    elif needs.ib and "IPC_LOCK" not in caps and not unlimited:
         problems.append("neither CAP_IPC_LOCK in process.capabilities nor an unlimited RLIMIT_MEMLOCK in "
                         "process.rlimits: the inherited memlock limit bounds registered memory, ibv_reg_mr fails "
                         "with ENOMEM (NCCL aborts, UCX drops to tcp); fix: add CAP_IPC_LOCK to process.capabilities"
@@ -233,7 +308,7 @@ def lint_oci(cfg: dict, needs: Needs) -> list[str]:
 def lint_file(path: str | Path, needs: Needs) -> list[str]:
     """One line per problem: `path:line: ...` or `path: pod/x container y: ...`."""
     p = Path(path)
-    text = p.read_text()
+    text = p.read_bytes().decode()  # UnicodeDecodeError: the caller names the file (doctor.check_specs)
     if p.suffix in (".yaml", ".yml"):
         import yaml
 
@@ -244,13 +319,13 @@ def lint_file(path: str | Path, needs: Needs) -> list[str]:
         return [f"{p}: {where or 'pod'} container {c}: {why}"
                 for d in docs for where, spec in _pod_specs(d) for c, why in lint_pod(spec, needs)]
     if p.suffix == ".json":
-        import json
-
         try:
             cfg = json.loads(text)
         except json.JSONDecodeError as e:
             return [f"{p}: not JSON ({e}); fix the bundle's config.json"]
         if not isinstance(cfg, dict) or "ociVersion" not in cfg:
             return [f"{p}: not an OCI runtime config (no ociVersion); name a bundle's config.json"]
+        if why := oci_shape(cfg):
+            return [f"{p}: {why} (the OCI runtime spec's config.json); fix the bundle's config.json"]
         return [f"{p}: {why}" for why in lint_oci(cfg, needs)]
     return [f"{p}:{n}: {why}" for n, why in lint_text(text, needs)]

@@ -56,8 +56,16 @@ def stamp(tune: str, candidate: str, settings: Mapping[str, Mapping[str, Any]]) 
 
 def varied_keys(settings: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Record keys (analysis/guard.py identity) the settings change outside the fabric block,
-    which the guard does not ignore by itself: the Hydra overrides, and the stamp."""
-    return ["config.tuned", *(f"config.{k.lstrip('+~')}" for k in sorted(settings.get("overrides") or {}))]
+    which the guard does not ignore by itself: the stamp, and each Hydra override both where the
+    config holds it and where the record repeats it in a section of its own (a run of
+    collectives.op=max records config.collectives.op and collectives.op: allowing only the
+    first left the confirmation of every collectives override without a comparable pair).
+    The environment and sysctls live in the fabric block, which the guard never compares."""
+    from analysis.guard import SECTIONS
+
+    keys = [k.lstrip("+~") for k in sorted(settings.get("overrides") or {})]
+    return ["config.tuned", *(f"config.{k}" for k in keys),
+            *(k for k in keys if k.split(".", 1)[0] in SECTIONS and k.split(".", 1)[0] != "config")]
 
 
 @dataclass(frozen=True)
@@ -68,10 +76,18 @@ class TunedArm:
     overrides: tuple[str, ...]       # the arm's overrides with the settings applied, and the stamp
     settings: dict
     tune: dict
+    base: tuple[str, ...] = ()       # the arm's own overrides, before the settings
 
     @property
     def keys(self) -> list[str]:
         return varied_keys(self.settings)
+
+
+def at_default(t: TunedArm) -> TunedArm:
+    """The arm as it is, without its tune's settings (a winner a study's correction across its
+    tunes does not keep): stamped as the tune's default, so its records say so."""
+    return TunedArm(t.path, t.label, t.fabric, (*t.base, stamp(str(t.tune.get("id")), "default", {})), {}, t.tune,
+                    t.base)
 
 
 def write(folder: Path, tune: Mapping[str, Any], label: str, fabric: str, arm_overrides: list[str],
@@ -158,4 +174,5 @@ def read(path: str | Path, what: str) -> TunedArm:
     tune = dict(doc["tune"])
     overrides = [*map(str, doc.get("overrides") or []), *settings_overrides(settings),
                  stamp(str(tune.get("id")), str(tune.get("candidate") or "default"), settings)]
-    return TunedArm(str(p), str(doc.get("label") or doc["fabric"]), str(doc["fabric"]), tuple(overrides), settings, tune)
+    return TunedArm(str(p), str(doc.get("label") or doc["fabric"]), str(doc["fabric"]), tuple(overrides), settings, tune,
+                    tuple(map(str, doc.get("overrides") or [])))

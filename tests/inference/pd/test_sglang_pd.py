@@ -10,7 +10,7 @@ import json
 import pytest
 
 from workloads.core.errors import UsageError
-from workloads.inference.adapters import sglang, sglang_pd, vllm_pd
+from workloads.inference.adapters import placement, sglang, sglang_pd
 from workloads.inference.adapters.base import ServerSpec
 
 MODEL = {"name": "llama-tiny", "path": "/models/llama"}
@@ -44,7 +44,7 @@ def test_each_instance_has_its_mode_and_the_proxy_the_prefills_bootstrap(tmp_pat
 
 
 def test_on_a_gpu_node_each_instance_gets_its_own_gpus(monkeypatch, tmp_path):
-    monkeypatch.setattr(vllm_pd, "host_has_gpu", lambda: True)
+    monkeypatch.setattr(placement, "host_has_gpu", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     plan = _plan(run_dir=str(tmp_path), tp=2, device="cuda")
     assert [plan[r]["env"]["CUDA_VISIBLE_DEVICES"] for r in ("prefill", "decode")] == ["0,1", "2,3"]
