@@ -103,8 +103,12 @@ KPIS = {k.key: k for k in (
         "99.9th percentile of per-call times T, per trial (needs >= 1000 calls a trial)", "us", False, None,
         "minimize"),
     Kpi("failover", "Failover impact", "§4.3, §11.2, §11.3",
-        "the faulted run's stall and time to recover; zero-impact when the step or call that saw the fault "
-        "lies within the steady state's p99", "", False, None, "zero-impact"),
+        "stall seconds of a run under a fault schedule: Σ over the steps from the fault to recovery of "
+        "(step - the median step before it); zero-impact (§11.3) when the step that saw it lies within the "
+        "steady state's p99", "s", False, None, "zero-impact"),
+    Kpi("recovery", "Time to recover", "§11.2",
+        "seconds from the link's return to the end of the first step within 5% of the median step before the "
+        "fault", "s", False, None, "minimize"),
 )}
 
 # KPIs that need counters a kernel-emulated or socket fabric does not have. Each names the
@@ -157,6 +161,8 @@ class Row:
 def _fmt(unit: str) -> Callable[[float], str]:
     if unit == "%":
         return lambda x: f"{x:.1f}%"
+    if unit == "s":
+        return lambda x: f"{x:.2f} s"
     if unit in ("us", "ms"):
         return lambda x: f"{x:,.0f} {unit}" if abs(x) >= 100 else f"{x:.2f} {unit}"
     return lambda x: f"{x:.3f}"
@@ -289,6 +295,8 @@ def trial_values(r: Run) -> dict[tuple[str, str], float]:
     fault = rec.get("fault")
     if isinstance(fault, dict) and fault.get("stall_s") is not None:
         out[("failover", _label(r))] = float(fault["stall_s"])
+        if fault.get("recovery_s") is not None:
+            out[("recovery", _label(r))] = float(fault["recovery_s"])
     return out
 
 
@@ -313,6 +321,7 @@ def _why_absent(r_list: list[Run], kpi: str) -> str:
         "p99": "no collectives record with >= 100 sampled calls at a size (collectives.sample_iters)",
         "p99.9": "no collectives record with >= 1000 sampled calls at a size (collectives.sample_iters=1000)",
         "failover": "no run with a fault schedule (fabric.emulate.faults)",
+        "recovery": "no run under a fault schedule that recovered (fabric.emulate.faults)",
     }[kpi]
 
 

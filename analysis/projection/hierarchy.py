@@ -295,7 +295,8 @@ def fit_lines(cal: dict[str, Any]) -> list[str]:
     h = cal["nccl"]
     m = h["measured"]
     out = [f"  NCCL {h['nccl']} (its {h['version']} cost model): fitted through NCCL's algorithm choice, "
-           f"rms log error {100 * h['rms_log_error']:.1f}%"]
+           f"rms log error {100 * h['rms_log_error']:.1f}%; `model project`, `check` and `export` price this fabric "
+           "by it, not by the ring terms above"]
     for name, bw, lat, what in (("intra", "intra_busbw", "intra_lat", "NVLink/PCI"), ("inter", "inter_busbw", "net_lat", "network")):
         at = h["levels"][name]["measured_at"]
         where = ", ".join(f"{n} x {g}" for n, g in at) if at else None

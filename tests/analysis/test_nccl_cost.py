@@ -346,3 +346,14 @@ def test_nvls_read_from_nccls_table_shapes_the_fit():
     truth = nc.choose(hi.base_topology(64, 8, **nvls), "all_reduce", 256 << 20, "2.30", TRUE)
     assert big["algo"] == truth.algo == "NVLSTree" and big["time_s"] == pytest.approx(truth.time_s, rel=0.02)
     assert all(o["agree"] for o in nm.check_nccl(cal, table)["ops"].values())
+
+
+def test_a_projected_comparison_is_nccls_gap():
+    slow = nc.Measured(intra_busbw=360.0, inter_busbw=25.0, net_lat=1.5)
+    a = {"nccl": hi.fit([_record(2, 8), _record(4, 8)]), "fabric": "ib"}
+    b = {"nccl": hi.fit([_record(2, 8, truth=slow), _record(4, 8, truth=slow)]), "fabric": "roce"}
+    pa, pb = (hi.projection(c, "all_reduce", 16 << 20, 64, 8) for c in (a, b))
+    t = {k: nc.choose(hi.base_topology(64, 8), "all_reduce", 16 << 20, "2.30", m).time_s for k, m in (("a", TRUE), ("b", slow))}
+    gap = 100 * (t["b"] / t["a"] - 1)
+    line = hi.compare_line(pa, pb, ("ib", "roce"))
+    assert f"ib is faster than roce by {gap:.1f}%" in line and "on 64 x 8, all_reduce 16 MiB" in line

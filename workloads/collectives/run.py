@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from workloads.core import dist as fdist
 from workloads.core import hostmem
 from workloads.core.errors import Fault, UsageError
 from workloads.core.fingerprint import fingerprint
+from workloads.fabric import faults
 from workloads.fabric.profile import FabricProfile
 
 
@@ -140,6 +142,8 @@ def _measure(s: Settings, fabric: FabricProfile, info: fdist.DistInfo, run_dir: 
     sampler = nic.NicSampler(enabled=info.local_rank == 0)  # the whole sweep is one window
     spines = leafspine.read_paths() if info.is_main else None  # an emulated leaf-spine's ECMP paths
     sampler.begin_step()
+    if info.rank == 0:
+        faults.window_started(time.time())  # a fault schedule counts from the timed sweep
     rows: list[Row] = []
     op_names = s.sweep.ops
     for name in op_names:

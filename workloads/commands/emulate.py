@@ -37,8 +37,8 @@ from workloads import CONF_DIR, catalog
 from workloads.commands.entry import refuse_other_workloads
 from workloads.core import forkrank
 from workloads.core.errors import UsageError, say
-from workloads.fabric import noise
-from workloads.fabric.emuplan import spec_from_overrides
+from workloads.fabric import faults, noise
+from workloads.fabric.emuplan import faults_of, spec_from_overrides
 from workloads.fabric.kept import attach
 from workloads.fabric.netns import (
     IFNAME,
@@ -307,6 +307,7 @@ class _Plan:
     loud: noise.NoiseSpec | None
     noise_dir: Path
     run_id: str
+    faults: tuple = ()  # workloads/fabric/faults.py: applied mid-run, restored on the way out
 
 
 def _plan(args, conf_dir: str) -> _Plan:
@@ -334,7 +335,13 @@ def _plan(args, conf_dir: str) -> _Plan:
         if args.jobs != 1:
             raise UsageError("fabric.emulate.noise runs beside one job; with --jobs each job is the others' "
                              "noise: drop the noise block or --jobs")
-    return _Plan(spec, fabric, serving, output_root, loud, noise_dir, run_id)
+    schedule = faults_of(conf_dir, args.overrides)
+    if schedule:
+        if serving or args.jobs != 1:
+            raise UsageError("emulate.faults applies to one training, collectives or link job; drop it for served "
+                             "inference and --jobs")
+        faults.check(schedule, spec, args.timeout)
+    return _Plan(spec, fabric, serving, output_root, loud, noise_dir, run_id, schedule)
 
 
 def _as_built(args, spec: EmuSpec) -> list[str]:
@@ -364,14 +371,32 @@ def _run_planned(args, plan: _Plan, died: list[str]) -> int:
     with attach(spec, plan.serving) or Topology(spec, host_link=plan.serving) as topo, _watch_delay_line(topo, died):
         print(f"emulate: {topo.describe()}", flush=True)
         addrs = [spec.addr(i) for i in range(spec.nodes)]
-        with noise.running(plan.loud, topo.nodes, addrs, plan.noise_dir, args.timeout) as noise_env:
-            env = {**os.environ, **noise_env, "FABRICBENCH_RUN_ID": plan.run_id} if noise_env else None
+        schedule = faults.Injector(spec, plan.faults, topo.tag, plan.noise_dir.parent / "faults")
+        with noise.running(plan.loud, topo.nodes, addrs, plan.noise_dir, args.timeout) as noise_env, schedule:
+            extra = {**noise_env, **schedule.env()}
+            env = {**os.environ, **extra, "FABRICBENCH_RUN_ID": plan.run_id} if extra else None
+            if plan.faults:
+                print("emulate: faults " + "; ".join(f.describe() for f in plan.faults), flush=True)
+                code = run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
+                return _after_faults(schedule, code)
             if plan.serving:
                 return run_load_generator(topo, args.entry, args.overrides, args.timeout, env=env)
             if args.jobs != 1:
                 return run_jobs(topo, args.jobs, args.nproc_per_node, args.entry, args.overrides, args.timeout,
                                 plan.output_root, plan.fabric)
             return run_agents(topo, args.nproc_per_node, args.entry, args.overrides, args.timeout, env=env)
+
+
+def _after_faults(schedule, code: int) -> int:
+    """A fault the run did not see whole (it ended first) is bad input: one line, exit 2, the
+    records kept; else the agents' own code."""
+    schedule.__exit__(None, None, None)  # restored (and events written) before the verdict is read
+    short = schedule.outlasted()
+    if short and code == 0:
+        print(f"error: the fault schedule outlasted the run ({short[0]}); give an earlier or shorter fault, or a "
+              "longer run (train.steps, collectives.iters); its records are kept", file=sys.stderr, flush=True)
+        return 2
+    return code
 
 
 @contextlib.contextmanager

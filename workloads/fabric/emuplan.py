@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from workloads import catalog
 from workloads.core.errors import UsageError
-from workloads.fabric import delaymeter, noise
+from workloads.fabric import delaymeter, faults, noise
 from workloads.fabric.netns import IFNAME, EmuSpec
 
 LOOPBACK = "lo"
@@ -46,12 +46,25 @@ def spec_from_overrides(conf_dir: str, overrides: Sequence[str], nproc_per_node:
     return found.pop()
 
 
+def faults_of(conf_dir: str, overrides: Sequence[str]) -> tuple:
+    """The fault schedule of the run's config (its first point: one topology, one schedule)."""
+    from omegaconf import OmegaConf
+
+    from workloads.core.config import compose, expand_sweep
+
+    plain = [o for o in overrides if o not in ("-m", "--multirun")]
+    point = expand_sweep(plain)[0] if len(plain) < len(overrides) else plain
+    block = OmegaConf.to_container(compose(conf_dir, point).fabric, resolve=True).get("emulate") or {}
+    return faults.parse(block.get("faults"))
+
+
 def _spec_of(cfg, cli: Mapping[str, Any]) -> tuple[EmuSpec, str]:
     from omegaconf import OmegaConf
 
     block = OmegaConf.to_container(cfg.fabric, resolve=True).get("emulate")
     if isinstance(block, dict):  # background traffic is the noise module's (checked there, not a link setting)
         noise.NoiseSpec.from_config(block.pop("noise", None))
+        faults.parse(block.pop("faults", None))  # the fault schedule is faults.py's, checked against the topology there
     if block is None:
         raise UsageError(f"fabric={cfg.fabric.name} has no emulate: block; use fabric=emu-100m or fabric=emu-1g "
                          "(or add an emulate: block to your fabric profile)")

@@ -20,6 +20,7 @@ from workloads.core import dist as fdist
 from workloads.core.errors import UsageError
 from workloads.core.fingerprint import fingerprint
 from workloads.core.loggers import build_loggers
+from workloads.fabric import faults
 from workloads.fabric.linerate import node_line_rate
 from workloads.fabric.nic import NicSampler, gather_summaries, rails_for, summary_rows
 from workloads.fabric.profile import FabricProfile
@@ -302,12 +303,18 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
     flops = shape.flops()
     nic = NicSampler(enabled=info.local_rank == 0)  # one reader per host; rank 0 gathers every node's
     step_times, comm_times, losses, comm_bytes, moe_steps, calls = [], [], [], [], [], []
+    # each step's start on the run's clock (seconds since FB_T0, else since the first step): what a
+    # fault schedule's events are timed on (workloads/fabric/faults.py)
+    starts, t_launch = [], float(os.environ.get("FB_T0") or time.time())
     with timer.active():
         for step in range(plan.steps):
             micro = [pool[(step * accum + i) % len(pool)] for i in range(accum)]
             fdist.synchronize(info.device)
             if step >= warmup:
                 nic.begin_step()  # counter reads stay outside the timed window
+            if step == warmup and info.rank == 0:
+                faults.window_started(time.time())  # a fault schedule counts from the first timed step
+            starts.append(time.time() - t_launch)
             timer.begin_step()
             t0 = time.perf_counter()
             loss = engine.step(micro)
@@ -346,6 +353,7 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
     if plan.experts:  # and the MoE token all-to-alls (the autocast dtype: moe.wire_dtype)
         record["comm"]["alltoall_dtype"] = next((st["dtype"] for st in moe_steps if st.get("dtype")), None)
     record["samples"] = record.get("samples", {}) | {"step_time_s": step_times, "comm_time_s": comm_times,
+                                                     "step_start_s": [round(s, 4) for s in starts],
                                                      "loss": losses, "warmup_steps": warmup,
                                                      # what `launch/replay.py replay.trace=<this record>` replays
                                                      "comm_calls": calls[warmup:][:MAX_TRACED_STEPS]}
