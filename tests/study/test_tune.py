@@ -161,7 +161,8 @@ def _cmp(d, effect_word=True):
 def test_the_outcome_says_the_confirmations_interval_and_among_how_many():
     win = halving.outcome("w", DEFAULT, 4, [_cmp(np.log([1.20, 1.22, 1.19, 1.21]))])
     assert win.kind == halving.WINNER and win.adopted
-    assert win.sentence.startswith("winner w +20.5% [") and win.sentence.endswith("chosen among 4")
+    assert win.sentence.startswith("winner w: samples_per_sec at least +18.5% (estimate +20.5% [+18.5%, +22.6%])")
+    assert win.sentence.endswith("chosen among 4") and "near this test's MDE" not in win.sentence
     behind = halving.outcome("w", DEFAULT, 4, [_cmp(np.log([0.80, 0.82, 0.79, 0.81]))])
     assert behind.kind == halving.DEFAULT_AHEAD and not behind.adopted
     same = halving.outcome("w", DEFAULT, 3, [_cmp(np.log([1.001, 0.999, 1.0005, 0.9995, 1.0, 1.001, 0.999, 1.0]))])

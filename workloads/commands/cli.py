@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("workloads.commands.model", "calibrate a latency-bandwidth model from collectives; project it to scale with 90% PIs"),
     "certify": ("workloads.commands.certify", "a fabric certificate: the IETF BMWG AI-fabric KPIs with intervals, references, verdicts"),
     "study": ("workloads.commands.study", "arms x workloads x blocks, interleaved; then compare and report"),
+    "mlperf": ("workloads.commands.mlperf", "MLPerf Training/Inference result logs of two systems: MLPerf's scores, ratio, verdict"),
     "tune": ("workloads.commands.tune", "an arm's settings searched, then the winner confirmed against the default"),
     "gpu-check": ("workloads.commands.gpu_check", "the GPU acceptance check: real workloads on NCCL, one table (make gpu-check)"),
 }

@@ -112,7 +112,7 @@ def _tunes_first(e, ran: set[str], args) -> int | None:
         ran.add(tune_file)
         tune = load_tune(tune_file, output_root=root)
         print(f"study {args.study}: arm tuned by {tune_file}: {'its plan' if args.plan else 'tuning it first'}")
-        code = interruptible(lambda: run_tune(tune, args.launcher, plan_only=args.plan))
+        code = interruptible(lambda: run_tune(tune, args.launcher, plan_only=args.plan, family=e.family))
         if code:
             return code
     if args.plan:

@@ -84,9 +84,12 @@ class Outcome:
 
 
 def _gain(c: stats.Comparison) -> str:
-    """'+12.3% [+8.1%, +16.4%] samples_per_sec': the winner's value over the default's, minus 1, with
-    its interval, in the metric's own direction (a latency that fell is negative: '-80.2% ... median_ttft_ms')."""
-    return f"{100 * (c.ratio - 1):+.1f}% [{100 * (c.lo - 1):+.1f}%, {100 * (c.hi - 1):+.1f}%] {c.metric}"
+    """'samples_per_sec at least +8.1% (estimate +12.3% [+8.1%, +16.4%])': the winner's value over the
+    default's, minus 1, in the metric's own direction (a latency that fell is negative), the
+    interval's end nearest no change first (workloads/study/tunepower.py)."""
+    from workloads.study import tunepower
+
+    return tunepower.gain(c)
 
 
 def outcome(winner: str, default: str, among: int, comparisons: Sequence[stats.Comparison]) -> Outcome:
@@ -108,7 +111,7 @@ def outcome(winner: str, default: str, among: int, comparisons: Sequence[stats.C
            + (f", Holm over {cs[0].family}" if cs[0].family > 1 else ""))
     if ahead and not behind:
         gains = ", ".join(_gain(c) for c in ahead)
-        return Outcome(WINNER, winner, f"winner {winner} {gains} against the default ({how}), chosen among {among}",
+        return Outcome(WINNER, winner, f"winner {winner}: {gains} against the default ({how}), chosen among {among}",
                        cs)
     if behind:
         return Outcome(DEFAULT_AHEAD, winner, f"the default is ahead of the search's winner {winner} on fresh blocks "

@@ -133,15 +133,21 @@ class Plan:
                if self.tests else
                f"  an A/A study: its control's {self.control_tests} primary verdict(s) bound the bias between two runs "
                f"of one configuration, Holm at alpha {s.alpha:g}"]
+        out += [f"  arm {a.label}: {a.tune_note}" for a in s.arms if a.tune_note and not a.control]
         for w in s.workloads:
             cv, src = self.cv[w.name]
             out.append(f"  {w.name} ({w.entry}): primary {w.primary_metric or w.kind.primary_text}"
                        f"{' at ' + w.primary_point if w.primary_point else ''}; expected CV {stats.pct(cv)} ({src})")
             if w.name in self.windows:
                 n, c = self.windows[w.name]
+                up = self.cv_upper.get(w.name, cv)
                 out.append(f"    window: {n} measured {_unit(w)}s per {iterations.PER.get(w.kind.window[0], 'run')} "
                            f"({w.window}); a run "
-                           f"about {c.run_s(n):.1f} s, duty cycle {100 * c.duty(n):.0f}% (measured / wall)")
+                           f"about {c.run_s(n):.1f} s, duty cycle {100 * c.duty(n):.0f}% (measured / wall); at this "
+                           f"window CV {stats.pct(cv)}, its 80% upper limit {stats.pct(up)}: can call >= "
+                           f"{stats.pct(stats.plan_mde(s.blocks, max(m, 1), up, s.alpha, self.spread))} in "
+                           f"{s.blocks} blocks with 80% power (at the estimate "
+                           f"{stats.pct(stats.plan_mde(s.blocks, max(m, 1), cv, s.alpha, self.spread))})")
             elif w.name in self.window_notes or w.window:
                 out.append(f"    window: {self.window_notes.get(w.name) or w.window}")
         n = len(s.arms)
@@ -204,8 +210,8 @@ def _unwindowed(w: Workload, overrides) -> list[str]:
     return [str(o) for o in overrides if knob is None or str(o).lstrip("+~").split("=", 1)[0] != knob]
 
 
-def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float | None
-                  ) -> tuple[Costs | None, str, int]:
+def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float | None,
+                  block_upper: float | None = None) -> tuple[Costs | None, str, int]:
     """The costs of `w`'s runs (window.py; a collectives run's iterations, iterations.py) from
     earlier studies' records and timings, or why not; and the warm-up steps those runs took
     (its override, else the records' median)."""
@@ -224,7 +230,7 @@ def _window_costs(earlier: list[tuple[Path, dict]], w: Workload, block_cv: float
         return None, "no measured CV of earlier blocks", warm
     key, metric = w.kind.window[0], (lambda rec: primary_of(rec, w)[0])
     read = served.reader(records, metric, lambda rec: _rank(rec, w)) if key == served.KEY else iterations.reader(key, metric)
-    c = costs_from(records, seconds, block_cv, read)
+    c = costs_from(records, seconds, block_cv, read, block_upper)
     return c, "" if c is not None else f"earlier runs lack per-{_unit(w)} samples{_NEEDS.get(key, '')} or run times", warm
 
 
@@ -272,7 +278,7 @@ def _window_inputs(plan: Plan, earlier: list[tuple[Path, dict]], measured: dict[
             notes[w.name] = f"its own, pinned by its overrides ({pin})"
             continue
         noise = measured.get(w.name)
-        c, why, warm = _window_costs(earlier, w, noise.cv if noise else None)
+        c, why, warm = _window_costs(earlier, w, noise.cv if noise else None, noise.upper if noise else None)
         if c is None:
             notes[w.name] = f"guessing: its own window ({why}); this study's runs measure it"
             continue
@@ -334,7 +340,7 @@ def _windowed(plan: Plan, pinned: dict, costs: dict[str, tuple[Costs, float]], c
             w = replace(w, overrides=(*_unwindowed(w, w.overrides), f"{key}={warmups[w.name] + n}"), window=why)
             windows[w.name] = (n, c)
             cv[w.name] = (c.cv(n), f"at the chosen window: sqrt(between^2 + {unit}^2/{n}) from earlier runs")
-            upper[w.name] = c.cv(n) * ratio
+            upper[w.name] = c.sized(n, ratio)
         elif w.name in notes:
             w = replace(w, window=notes[w.name])  # the records say why, and a rerun keeps it
         workloads.append(w)

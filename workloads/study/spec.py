@@ -53,6 +53,7 @@ class Arm:
     # a tuned arm (`tuned: <tune output>`): the record keys its settings change beside the fabric's,
     # which compare allows to differ between arms (they are the arm: workloads/study/tuned.py)
     tuned_keys: tuple[str, ...] = ()
+    tune_note: str = ""            # a tuned arm: its tune's outcome, level and MDE (the plan prints it)
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,9 @@ class TuneFirst(UsageError):
     """Tuned arms name tune specs whose output is not there yet: `fabricbench study` runs those
     tunes first (workloads/commands/study.py), `--plan` prints their plans."""
 
-    def __init__(self, tunes: list[tuple[str, str]]):
+    def __init__(self, tunes: list[tuple[str, str]], family: int = 1):
         self.tunes = tunes  # (tune file, output root) of each
+        self.family = family  # the tunes the study's arms name, run and then corrected together
         super().__init__(f"arm(s) tuned by {', '.join(t for t, _ in tunes)}: the tune has not run yet under "
                          f"{tunes[0][1]}; `fabricbench study` runs it first (or run `fabricbench tune` yourself)")
 
@@ -192,7 +194,9 @@ def _arms(raw: Any, control: bool, output_root: str = "results") -> tuple[Arm, .
     if not isinstance(raw, list) or len(raw) < 1:
         raise UsageError("arms: give a list of at least one arm, e.g. [{label: ib, fabric: ib, baseline: true}, "
                          "{label: roce, fabric: roce}]")
-    arms, pending = [], []
+    arms, pending, tuned_at = [], [], {}
+    refs = {str(_tune_output(str(a["tuned"]), output_root)[0]) for a in raw
+            if isinstance(a, Mapping) and a.get("tuned") is not None}
     for i, a in enumerate(raw):
         if isinstance(a, Mapping) and a.get("tuned") is not None:
             folder, tune_file = _tune_output(str(a["tuned"]), output_root)
@@ -200,7 +204,8 @@ def _arms(raw: Any, control: bool, output_root: str = "results") -> tuple[Arm, .
                 pending.append((tune_file, output_root))
                 arms.append(Arm(f"pending-{i}", "loopback"))  # a stand-in until the tune has run
                 continue
-            arms.append(_tuned_arm(a, i, folder))
+            tuned_at[len(arms)] = (a, i, folder)
+            arms.append(None)
             continue
         if not isinstance(a, Mapping) or "fabric" not in a:
             raise UsageError(f"arms[{i}] needs at least fabric: <profile> (and label:, overrides:, baseline:), or "
@@ -211,7 +216,9 @@ def _arms(raw: Any, control: bool, output_root: str = "results") -> tuple[Arm, .
                         _overrides(a.get("overrides"), f"arms[{i}].overrides"), bool(a.get("baseline")),
                         emulated=emulated))
     if pending:
-        raise TuneFirst(list(dict.fromkeys(pending)))  # two arms may share one tune
+        raise TuneFirst(list(dict.fromkeys(pending)), len(refs))  # two arms may share one tune
+    for j, arm in _tuned_arms(tuned_at).items():
+        arms[j] = arm
     if sum(a.baseline for a in arms) > 1:
         raise UsageError("arms: more than one has baseline: true; mark exactly one")
     if not any(a.baseline for a in arms):
@@ -246,18 +253,35 @@ def _tune_output(ref: str, output_root: str) -> tuple[Path, str | None]:
     return Path(ref), None
 
 
-def _tuned_arm(a: Mapping[str, Any], i: int, folder: Path) -> Arm:
-    """An arm at its tune's confirmed best: `{tuned: results/<tune id>, label: ..., baseline: ...}`
-    (the fabric and settings come from the tune's tuned.yaml; workloads/study/tuned.py)."""
-    from workloads.study import tuned
+def _tuned_arms(at: Mapping[int, tuple[Mapping[str, Any], int, Path]]) -> dict[int, Arm]:
+    """Arms at their tunes' confirmed best: `{tuned: results/<tune id>, label: ..., baseline: ...}`
+    (the fabric and settings come from the tune's tuned.yaml; workloads/study/tuned.py). Several
+    tunes are one family: their winners stand only where Holm over the tunes' p-values keeps them
+    (workloads/study/tunepower.py); the others run at their default, and the plan says so."""
+    from workloads.study import tuned, tunepower
 
-    if set(a) - {"tuned", "label", "baseline"}:
-        raise UsageError(f"arms[{i}]: a tuned arm has tuned:, label: and baseline: only (its fabric and settings are "
-                         "the tune's); tune again to change them")
-    t = tuned.read(str(folder), f"arms[{i}].tuned")
-    fabric = _label(t.fabric, f"arms[{i}].tuned's fabric")
-    return Arm(_label(a.get("label", t.label), f"arms[{i}].label"), fabric, t.overrides, bool(a.get("baseline")),
-               emulated=_fabric_profile(fabric).get("emulate") is not None, tuned_keys=tuple(t.keys))
+    read = {}
+    for j, (a, i, folder) in at.items():
+        if set(a) - {"tuned", "label", "baseline"}:
+            raise UsageError(f"arms[{i}]: a tuned arm has tuned:, label: and baseline: only (its fabric and settings "
+                             "are the tune's); tune again to change them")
+        read[j] = tuned.read(str(folder), f"arms[{i}].tuned")
+    tunes = list(dict.fromkeys(t.path for t in read.values()))
+    first = {t.path: t for t in read.values()}
+    ps = [float(first[p].tune.get("p", 0.0 if first[p].settings else 1.0)) for p in tunes]
+    alpha = min((float(first[p].tune.get("alpha", 0.05)) for p in tunes), default=0.05)
+    keep = dict(zip(tunes, tunepower.family_keep(ps, alpha)))
+    out = {}
+    for j, t in read.items():
+        a, i, _ = at[j]
+        note = tunepower.note(t.tune, len(tunes), bool(t.settings) and not keep[t.path])
+        if t.settings and not keep[t.path]:
+            t = tuned.at_default(t)
+        fabric = _label(t.fabric, f"arms[{i}].tuned's fabric")
+        out[j] = Arm(_label(a.get("label", t.label), f"arms[{i}].label"), fabric, t.overrides, bool(a.get("baseline")),
+                     emulated=_fabric_profile(fabric).get("emulate") is not None, tuned_keys=tuple(t.keys),
+                     tune_note=note)
+    return out
 
 
 def fraction(value: Any, what: str, low: float = 0.0, high: float = 1.0) -> float:

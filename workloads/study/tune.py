@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from workloads.core import celllock
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
-from workloads.study import halving, tuned
+from workloads.study import halving, tuned, tunepower
 from workloads.study.plan import primary_of
 from workloads.study.run import Job, _belongs, _cells_lock, _lock, _manifest, _same_code, definition, execute
 from workloads.study.run import plan as study_plan
@@ -51,10 +51,11 @@ def search_phases(tune: TuneSpec) -> list[tuple[int, int]]:
     return list(zip(sizes, round_blocks(len(tune.candidates), len(tune.workloads), tune.search_runs)))
 
 
-def plan_lines(tune: TuneSpec) -> list[str]:
+def plan_lines(tune: TuneSpec, family: int = 1) -> list[str]:
     from analysis import stats
 
     w = len(tune.workloads)
+    level = tune.alpha / max(family, 1)
     phases = search_phases(tune)
     search = sum(n * b * w for n, b in phases)
     confirm = 2 * tune.confirm_blocks * w
@@ -68,10 +69,13 @@ def plan_lines(tune: TuneSpec) -> list[str]:
             + "; ".join(f"round {r + 1}: {n} candidates x {b} block(s) x {w} workload(s) = {n * b * w} runs"
                         for r, (n, b) in enumerate(phases))
             + f" (budget {tune.search_runs}); blocks interleaved, the order rotated from block to block",
-            f"  confirm: the winner against the default on {tune.confirm_blocks} fresh blocks, ABBA; can call >= "
-            f"{stats.pct(stats.plan_mde(tune.confirm_blocks, w, tune.cv, tune.alpha))} with 80% power over {w} primary "
+            f"  confirm: the winner against the default on {tune.confirm_blocks} fresh blocks, ABBA; planned to call >= "
+            f"{stats.pct(stats.plan_mde(tune.confirm_blocks, w, tune.cv, level))} with 80% power over {w} primary "
             f"verdict(s) at CV {stats.pct(tune.cv)} ({tune.cv_source}; asked: {stats.pct(tune.detect)}), Holm at alpha "
-            f"{tune.alpha:g}; " + (f"equivalence within ±{stats.pct(tune.margin)} needs about {eq} blocks at that noise"
+            f"{tune.alpha:g}" + (f"/{family} (one of the study's {family} tunes)" if family > 1 else "")
+            + "; re-sized on the noise the search measures before it starts" + ("" if not tune.confirm_given else
+                                                                             " (the blocks declared are kept)")
+            + "; " + (f"equivalence within ±{stats.pct(tune.margin)} needs about {eq} blocks at that noise"
                                    if (eq := _eq_blocks(tune)) else
                                    f"equivalence within ±{stats.pct(tune.margin)}: out of reach at that noise"),
             "  the search's scores choose, they are never the gain: the winner of k noisy candidates is biased "
@@ -110,8 +114,9 @@ def job_value(spec: StudySpec, job: Job, good: set[Path]) -> tuple[float, str] |
     return None if best is None else (best[1], best[2])
 
 
-def round_scores(spec: StudySpec, jobs: list[Job]) -> dict[str, float]:
-    """Each candidate's search score: block_scores per workload, averaged over the workloads."""
+def round_scores(spec: StudySpec, jobs: list[Job], seen: dict[str, list] | None = None) -> dict[str, float]:
+    """Each candidate's search score: block_scores per workload, averaged over the workloads
+    (`seen`: workload -> each round's log values, appended, from which the noise is measured)."""
     from analysis.compare import direction
 
     good = _good_paths(spec)
@@ -127,12 +132,14 @@ def round_scores(spec: StudySpec, jobs: list[Job]) -> dict[str, float]:
             if got is not None:
                 logs[job.arm.label][job.cell.block] = math.log(got[0])
                 hib = direction(got[1])[0]
+        if seen is not None:
+            seen.setdefault(w.name, []).append(logs)
         for n, s in halving.block_scores(logs, hib).items():
             total[n] += s / len(spec.workloads)
     return total
 
 
-def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> tuple[list, str]:
+def confirmation(spec: StudySpec, tune: TuneSpec, winner: str, alpha: float | None = None) -> tuple[list, str]:
     """The confirmation's primary verdicts of the winner against the default (compare's own code),
     and, when there is none, why. The keys the candidates' settings change are allowed to differ
     (they are the arm)."""
@@ -140,7 +147,8 @@ def confirmation(spec: StudySpec, tune: TuneSpec, winner: str) -> tuple[list, st
     from analysis.load import load_table
 
     allow = sorted({*tuned.varied_keys(tune.candidate(winner).settings), "config.tuned"})
-    res = compare_table(load_table([str(spec.dir)]), DEFAULT, allow=allow, alpha=tune.alpha)
+    res = compare_table(load_table([str(spec.dir)]), DEFAULT, allow=allow,
+                        alpha=tune.alpha if alpha is None else alpha)
     got = [c for _, c in res.comparisons if c.primary and not c.control and c.arm == winner]
     if got:
         return got, ""
@@ -169,7 +177,8 @@ def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], li
     return ran, failed, failures, jobs
 
 
-def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool = False) -> int:
+def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool = False, family: int = 1) -> int:
+    """`family`: the tunes a study runs together (each is then judged at alpha / family)."""
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
     # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before
@@ -179,7 +188,7 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
         study_plan(first)
     except UsageError as e:
         raise _unknown_key(tune, str(e)) or e from None
-    for line in plan_lines(tune):
+    for line in plan_lines(tune, family):
         say(line)
     if plan_only:
         return 0
@@ -188,6 +197,7 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
     definition(tune.dir, "tune", tune.as_dict(), tune.output_root)
     lock = _lock(SimpleNamespace(dir=tune.dir, id=tune.id), "tune")  # noqa: F841  (one run of this tune at a time)
     failed_lines: list[str] = []
+    seen: dict[str, list] = {}
 
     def measure(r: int, names: list[str], blocks: int) -> dict[str, float]:
         spec = phase_spec(tune, f"search-{r + 1}", names, blocks, tune.seed + r)
@@ -196,7 +206,7 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
         if failed:
             failed_lines.extend(failures)
             raise _Failed
-        scores = round_scores(spec, jobs)
+        scores = round_scores(spec, jobs, seen)
         kept = halving.keep(scores, names)
         say(f"  round {r + 1} search scores (mean within-block log difference from the block mean; they choose, "
             f"they are not the gain): " + ", ".join(f"{n} {100 * math.expm1(s):+.1f}%" for n, s in scores.items())
@@ -213,16 +223,19 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
             "declare the metric to tune on (workloads[].primary), then rerun: the runs are kept")
         return 1
     k = len(tune.candidates)
+    conf = tunepower.size([tunepower.residual_sd(seen.get(w.name, [])) for w in tune.workloads], tune.confirm_blocks,
+                          tune.confirm_given, tune.cv, tune.detect, len(tune.workloads), tune.alpha, family)
     if winner == DEFAULT:
         result = halving.outcome(winner, DEFAULT, k, [])
     else:
-        spec = phase_spec(tune, "confirm", [DEFAULT, winner], tune.confirm_blocks, tune.seed + 1000)
-        say(f"confirm: {winner} ({tune.candidate(winner).describe()}) against the default on {tune.confirm_blocks} "
+        say(conf.line)
+        spec = phase_spec(tune, "confirm", [DEFAULT, winner], conf.blocks, tune.seed + 1000)
+        say(f"confirm: {winner} ({tune.candidate(winner).describe()}) against the default on {conf.blocks} "
             "fresh blocks")
         _, failed, failures, _ = _phase(spec, launcher, say)
         if failed:
             return _failed(failures, say)
-        verdicts, why = confirmation(spec, tune, winner)
+        verdicts, why = confirmation(spec, tune, winner, conf.alpha)
         if not verdicts:
             # every run is recorded and ok, so a rerun would measure nothing and say the same: the
             # tune is not done, and tuned.yaml is left as it was (a study naming it is not handed a
@@ -231,7 +244,7 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
                 f"(its runs are kept under {spec.dir})")
             return 1
         result = halving.outcome(winner, DEFAULT, k, verdicts)
-    return _finish(tune, result, say)
+    return _finish(tune, result, say, conf, family)
 
 
 def _unknown_key(tune: TuneSpec, message: str) -> UsageError | None:
@@ -273,11 +286,14 @@ def _collectives(tune: TuneSpec) -> list[str]:
     return out
 
 
-def _finish(tune: TuneSpec, result: halving.Outcome, say) -> int:
+def _finish(tune: TuneSpec, result: halving.Outcome, say, conf: tunepower.Confirm, family: int) -> int:
     settings = tune.candidate(result.winner).settings if result.adopted else {}
     chosen = result.winner if result.adopted else DEFAULT
     info = {"name": tune.name, "id": tune.id, "source": tune.source, "outcome": result.kind, "candidate": chosen,
-            "search_winner": result.winner, "chosen_among": len(tune.candidates), "verdict": result.sentence}
+            "search_winner": result.winner, "chosen_among": len(tune.candidates), "verdict": result.sentence,
+            # what a study of several tunes reads to correct across them (workloads/study/tunepower.py)
+            "p": tunepower.tune_p(result.comparisons), "alpha": tune.alpha, "level": conf.alpha, "family": family,
+            "confirm_blocks": conf.blocks, "mde": conf.mde}
     label = f"{tune.name}-tuned"
     written = tuned.write(tune.dir, info, label, tune.arm.fabric, list(tune.arm.overrides), settings, _collectives(tune))
     (tune.dir / "tune.txt").write_text(result.sentence + "\n")

@@ -76,10 +76,18 @@ class TunedArm:
     overrides: tuple[str, ...]       # the arm's overrides with the settings applied, and the stamp
     settings: dict
     tune: dict
+    base: tuple[str, ...] = ()       # the arm's own overrides, before the settings
 
     @property
     def keys(self) -> list[str]:
         return varied_keys(self.settings)
+
+
+def at_default(t: TunedArm) -> TunedArm:
+    """The arm as it is, without its tune's settings (a winner a study's correction across its
+    tunes does not keep): stamped as the tune's default, so its records say so."""
+    return TunedArm(t.path, t.label, t.fabric, (*t.base, stamp(str(t.tune.get("id")), "default", {})), {}, t.tune,
+                    t.base)
 
 
 def write(folder: Path, tune: Mapping[str, Any], label: str, fabric: str, arm_overrides: list[str],
@@ -166,4 +174,5 @@ def read(path: str | Path, what: str) -> TunedArm:
     tune = dict(doc["tune"])
     overrides = [*map(str, doc.get("overrides") or []), *settings_overrides(settings),
                  stamp(str(tune.get("id")), str(tune.get("candidate") or "default"), settings)]
-    return TunedArm(str(p), str(doc.get("label") or doc["fabric"]), str(doc["fabric"]), tuple(overrides), settings, tune)
+    return TunedArm(str(p), str(doc.get("label") or doc["fabric"]), str(doc["fabric"]), tuple(overrides), settings, tune,
+                    tuple(map(str, doc.get("overrides") or [])))

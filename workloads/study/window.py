@@ -45,9 +45,22 @@ class Costs:
     between: float      # σ_b
     within: float       # σ_w
     steps_before: int   # the measured steps of the runs these came from
+    # 80% upper limits of σ_b and σ_w (costs_from, from the block CV's and σ_w's own); NaN: unknown
+    between_up: float = math.nan
+    within_up: float = math.nan
 
     def cv(self, n: int) -> float:
         return math.sqrt(self.between ** 2 + self.within ** 2 / n)
+
+    def cv_up(self, n: int) -> float:
+        """CV(n) at the upper limits: what the blocks are counted on and the MDE printed at."""
+        return math.sqrt(self.between_up ** 2 + self.within_up ** 2 / n)
+
+    def sized(self, n: int, upper_ratio: float = 1.0) -> float:
+        """The CV a window of n is sized on: cv_up(n) where the limits are known, else CV(n) x the
+        ratio of the measured CV's upper limit to its estimate."""
+        up = self.cv_up(n)
+        return up if math.isfinite(up) else self.cv(n) * upper_ratio
 
     def run_s(self, n: int) -> float:
         return self.overhead_s + n * self.step_s
@@ -82,7 +95,7 @@ def choose(costs: Costs, detect: float, tests: int, alpha: float, arms: int, loo
     lo = floor(costs, lo)
 
     def reachable(n: int) -> bool:  # within blocks_for's 200 blocks: one MDE, not 200
-        return stats.plan_mde(200, tests, costs.cv(n) * upper_ratio, alpha, looks) <= detect
+        return stats.plan_mde(200, tests, costs.sized(n, upper_ratio), alpha, looks) <= detect
 
     if not reachable(hi):
         return None
@@ -92,7 +105,7 @@ def choose(costs: Costs, detect: float, tests: int, alpha: float, arms: int, loo
         lo, first = (lo, mid) if reachable(mid) else (mid + 1, first)
     best: Choice | None = None
     for n in _grid(first, hi):
-        k = stats.blocks_for(detect, tests, costs.cv(n) * upper_ratio, alpha, looks)
+        k = stats.blocks_for(detect, tests, costs.sized(n, upper_ratio), alpha, looks)
         if k is None:
             continue
         wall = k * arms * costs.run_s(n)
@@ -111,7 +124,7 @@ def shortest(costs: Costs, blocks: int, detect: float, tests: int, alpha: float,
     lo = floor(costs, lo)
 
     def enough(n: int) -> bool:
-        k = stats.blocks_for(detect, tests, costs.cv(n) * upper_ratio, alpha, looks)
+        k = stats.blocks_for(detect, tests, costs.sized(n, upper_ratio), alpha, looks)
         return k is not None and k <= blocks
 
     if not enough(hi):
@@ -202,16 +215,30 @@ def step_costs(records: list[dict], run_seconds: list[float]) -> tuple[float, fl
 
 
 def costs_from(records: list[dict], run_seconds: list[float], block_cv: float | None,
-               read: Callable[[dict], Measured | None] = steps_of) -> Costs | None:
+               read: Callable[[dict], Measured | None] = steps_of, block_upper: float | None = None) -> Costs | None:
     """Costs of a workload from its earlier runs (`read`: what one record says of its window);
     σ_b from the block CV measured at their window (None: the plan has no measured CV, and then
-    no window is chosen from a guess)."""
-    got = summarize([read(rec) for rec in records], run_seconds)
+    no window is chosen from a guess).
+
+    With the block CV's 80% upper limit (`block_upper`), the limits of CV(n) at every window:
+    σ_w's own (BATCHES - 1 df a run, pooled), and σ_b,up² = block_upper² - σ_w,lo²/n0 (the block
+    CV's upper limit less the least the window could have contributed). σ_b is a difference of two
+    estimates and the plan lengthens the window exactly where it looks small, so a window chosen
+    on the estimates, or on the block CV's ratio at n0, is sized on a CV(n) biased low."""
+    measured = [m for m in (read(rec) for rec in records) if m is not None]
+    got = summarize(measured, run_seconds)
     if got is None or block_cv is None:
         return None
     t, sw, n, overhead = got
     between = math.sqrt(max(block_cv ** 2 - sw ** 2 / n, FLOOR ** 2))
-    return Costs(overhead, t, between, sw, n)
+    if block_upper is None:
+        return Costs(overhead, t, between, sw, n)
+    from scipy import stats as sps
+
+    df = (BATCHES - 1) * len(measured)
+    sw_lo, sw_up = (sw * math.sqrt(df / sps.chi2.ppf(q, df)) for q in (0.8, 0.2))
+    between_up = math.sqrt(max(block_upper ** 2 - sw_lo ** 2 / n, FLOOR ** 2, between ** 2))
+    return Costs(overhead, t, between, sw, n, between_up, sw_up)
 
 
 def run_seconds(folder: Path, names: set[str]) -> list[float]:
