@@ -12,6 +12,8 @@ beside its server rather than a rank of a group (`group=False`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import sys
 import traceback
@@ -27,7 +29,7 @@ from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.fingerprint import cpu_affinity
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, new_record, same_trial, skipped_message, write_record
-from workloads.fabric import faults, kept
+from workloads.fabric import faults, kept, nccl_failover
 from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
 from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.preflight import preflight
@@ -42,6 +44,21 @@ def section(cfg: DictConfig, name: str) -> dict[str, Any]:
     return OmegaConf.to_container(cfg[name], resolve=True)
 
 
+# False while a study's plan checks its cells (`planning`): the host it runs on is not the one
+# the runs start on (a login node has no GPU and other devices); the plan makes those checks its own way.
+_ON_HOST = contextvars.ContextVar("fb_on_host", default=True)
+
+
+@contextlib.contextmanager
+def planning():
+    """prepare() without the checks of the host a run starts on (its backend's GPU, its devices)."""
+    token = _ON_HOST.set(False)
+    try:
+        yield
+    finally:
+        _ON_HOST.reset(token)
+
+
 def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> FabricProfile:
     """The checks every workload makes before a process group exists: every value has its
     type, the fabric profile is valid, what it names is present on this host (`local`: this
@@ -51,6 +68,7 @@ def prepare(cfg: DictConfig, local: bool = True, backend: bool = True) -> Fabric
     schema.check(cfg)
     fabric = FabricProfile.from_config(OmegaConf.to_container(cfg.fabric, resolve=True))
     check_delay_applied(fabric.emulate)
+    local = local and _ON_HOST.get()
     if local and backend:
         fabric.check_backend_usable()
     if local:
@@ -241,6 +259,7 @@ class Recorded:
             if trace is not None:
                 rec["traceback"] = trace
         faults.stamp(rec)  # an emulated fault schedule's events and what the job saw, with its outcome
+        nccl_failover.stamp(rec, self.directory.parent)  # NCCL's own failover lines and RAS reports, if any
         if self.delay is not None:  # after the status: an ok point run at another delay fails
             self.delay.stamp(rec)
         timeline.stamp(rec)

@@ -3,6 +3,7 @@
     fabricbench study conf/study/emu-ab.yaml            # or just: fabricbench study emu-ab
     fabricbench study my-study.yaml --id ab-2024-06-01 --output-root /shared/results
     fabricbench study emu-ab --plan                     # the plan only: tests, noise, MDE, blocks, time
+    fabricbench study emu-ab --plan --pilot             # ... after one block, for the wall time and sbatch --time
     fabricbench study emu-ab --until-decided --max-blocks 16   # add blocks until every verdict is decided
 
 The study itself, its runner and its tables, is workloads/study/run.py (docs/studies.md). Here,
@@ -28,6 +29,9 @@ def add_arguments(parser) -> None:
     common_arguments(parser, "study")
     parser.add_argument("--plan", action="store_true",
                         help="print the plan (tests, expected noise, detectable difference, blocks, wall time) and stop")
+    parser.add_argument("--pilot", action="store_true",
+                        help="run one block of every arm x workload first (a study of its own, <id>-pilot), then "
+                             "print the plan with the wall time and the sbatch --time it measured; implies --plan")
     parser.add_argument("--until-decided", action="store_true",
                         help="add blocks until every primary verdict is settled: faster, slower or equivalent (see "
                              "--stop-on; needs --max-blocks)")
@@ -83,8 +87,9 @@ def _study(spec, args) -> int:
             stop_on = looks.stop_on(args.stop_on)
         except ValueError as e:
             raise UsageError(str(e)) from None
-    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan, max_blocks=max_blocks,
-                                           stop_on=stop_on))
+    pilot = getattr(args, "pilot", False)
+    return interruptible(lambda: run_study(spec, args.launcher, plan_only=args.plan or pilot, max_blocks=max_blocks,
+                                           stop_on=stop_on, pilot=pilot))
 
 
 def _max_blocks(args) -> int | None:

@@ -637,14 +637,18 @@ def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: l
 
 
 def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: bool = False,
-              max_blocks: int | None = None, stop_on: tuple[str, ...] | None = None) -> int:
+              max_blocks: int | None = None, stop_on: tuple[str, ...] | None = None, pilot: bool = False) -> int:
+    from workloads.study import precheck
     from workloads.study.plan import make_plan
 
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    checked = precheck.check(spec)  # every cell's config, before a pilot or any run (UsageError)
+    if pilot and (failed := precheck.run_pilot(spec, launcher, say)):
+        say(f"pilot: {failed} run(s) failed (logs above); the estimate counts the ok ones")
     the_plan = make_plan(spec, max_blocks)
     spec = replace(the_plan.spec, looks=len(the_plan.looks) if max_blocks else 1)
-    for line in the_plan.lines():
+    for line in [*the_plan.lines(), *checked, *precheck.time_lines(the_plan, pilot)]:
         say(line)
     if plan_only:
         return 0

@@ -103,6 +103,9 @@ class StudySpec:
     alpha: float = 0.05
     looks: int = 1                 # a sequential study's planned looks (workloads/study/plan.py)
     window: str = "fixed"          # auto: the plan sizes each run's measured window (workloads/study/window.py)
+    # the ranks each run has where the study runs (nodes x GPUs per node): the plan checks every workload at it
+    # (workloads/study/precheck.py); None: launcher.nproc_per_node, this host's self-launch. Not identity.
+    world: int | None = None
 
     @property
     def trials(self) -> int:
@@ -367,7 +370,7 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
     p, raw = read_yaml(path, "study", "name, arms, workloads, blocks")
     raw = modernise(raw, p, "study")
     fields = ("name", "id", "arms", "workloads", "blocks", "design", "seed", "control", "output_root", "timeout_s",
-              "detect", "margin", "cv", "alpha", "window")
+              "detect", "margin", "cv", "alpha", "window", "world")
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise UsageError(f"{p}: unknown field(s) {', '.join(unknown)}; a study has {', '.join(fields)}")
@@ -394,6 +397,10 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
         raise UsageError(f"window={raw.get('window')!r}: use auto (the plan sizes each run's measured window from "
                          "earlier runs) or fixed (each workload's own steps); pin one workload's window with its "
                          "overrides, e.g. train.steps=60")
+    world = raw.get("world")
+    if world is not None and (not isinstance(world, int) or isinstance(world, bool) or world < 1):
+        raise UsageError(f"world={world!r} must be a positive integer: the ranks each run has (nodes x GPUs per "
+                         "node, e.g. world: 16 for 2 nodes of 8 GPUs)")
     if design == "abba" and len(arms) > 2:
         # ABBA reversal does not balance carry-over over 3+ arms (the middle arm is never first
         # and never follows itself); Williams' square is its generalisation and equals ABBA for 2
@@ -405,4 +412,4 @@ def load_spec(path: str | Path, study_id: str | None = None, output_root: str | 
                      margin=fraction(raw.get("margin", "2%"), "margin", 0.0, 10.0),
                      cv=None if raw.get("cv") is None else fraction(raw["cv"], "cv"),
                      blocks_given=blocks is not None, alpha=fraction(raw.get("alpha", 0.05), "alpha", 0.0, 0.5),
-                     window=window)
+                     window=window, world=world)
