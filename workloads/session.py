@@ -29,7 +29,7 @@ from workloads.core.errors import AlreadyRecorded, RecordNotWritten, UsageError
 from workloads.core.fingerprint import cpu_affinity
 from workloads.core.loggers import Loggers, Tracking, build_loggers
 from workloads.core.records import check_writable, new_record, same_trial, skipped_message, write_record
-from workloads.fabric import faults, kept
+from workloads.fabric import faults, kept, nccl_failover
 from workloads.fabric.delaymeter import DelayMeter, check_delay_applied
 from workloads.fabric.noisemeter import PointMeter
 from workloads.fabric.preflight import preflight
@@ -259,6 +259,7 @@ class Recorded:
             if trace is not None:
                 rec["traceback"] = trace
         faults.stamp(rec)  # an emulated fault schedule's events and what the job saw, with its outcome
+        nccl_failover.stamp(rec, self.directory.parent)  # NCCL's own failover lines and RAS reports, if any
         if self.delay is not None:  # after the status: an ok point run at another delay fails
             self.delay.stamp(rec)
         timeline.stamp(rec)

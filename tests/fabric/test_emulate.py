@@ -290,11 +290,16 @@ def test_training_is_slower_on_100mbit_than_unshaped(emu_ab):
         assert r["status"] == "ok" and r["world"]["nodes"] == 2 and r["world"]["world_size"] == 2
         assert r["fabric"]["env"]["GLOO_SOCKET_IFNAME"] == "emu0"
         assert r["config"]["fabric"]["emulate"]["rate"] == ("100mbit" if r["fabric"]["name"] == "emu-100m" else None)
-    sps = {f: sorted(r["metrics"]["samples_per_sec"] for r in every if r["fabric"]["name"] == f)
-           for f in ("emu-100m", "emu-veth")}
-    # ~1.5 MB of gradients per step cross the link: >= 120 ms at 100 Mbit/s, a few ms unshaped;
-    # every shaped run is slower than every unshaped one.
-    assert sps["emu-100m"][-1] < 0.8 * sps["emu-veth"][0], sps
+    # ~1.5 MB of gradients per step cross the link: >= 120 ms at 100 Mbit/s, a few ms unshaped.
+    # Judged as the study judges it, on the blocks' paired log-ratios (analysis/compare.py): raw
+    # extremes across runs measure the machine's load (an unshaped run on a loaded machine ranged
+    # 78-158 samples/s), which the interleaved blocks cancel.
+    from analysis.compare import compare_table
+    from analysis.load import load_table
+
+    res = compare_table(load_table([str(emu_ab[0] / "emu-ab")]), "emu-veth")
+    (c,) = [c for _, c in res.comparisons if c.metric == "samples_per_sec" and c.arm == "emu-100m"]
+    assert c.blocks == 3 and c.significant and c.hi < 1 and c.ratio < 0.8, c.verdict
 
 
 @pytest.mark.timing  # a measured rate against the line rate

@@ -154,3 +154,32 @@ def test_ctrl_c_inside_a_fault_leaves_nothing_behind(tmp_path):
     assert left == []
     (rec,) = records_in(tmp_path)
     assert rec["status"] == "failed" and rec["fault"]["outcome"].startswith("failed: interrupted")
+
+
+def test_nccl_failover_lines_and_a_ras_report_are_read(tmp_path):
+    """Fixtures written from NCCL 2.30.7's own format strings (their headers cite file and line)."""
+    import shutil
+
+    from helpers import FIXTURES
+    from workloads.fabric import nccl_failover
+
+    src = FIXTURES / "nccl_logs" / "nccl_2.30_port_failover"
+    one = nccl_failover.failover((src / "nccl.h1.7500.log").read_text())
+    assert [e["event"] for e in one["events"]] == ["device_failed", "continued"]
+    assert one["events"][0] == {"event": "device_failed", "device": 1, "recovery": True, "side": "send", "host": "h1",
+                                "pid": 7500}
+    assert one["recovered"] and not one["fatal"]
+    two = nccl_failover.failover((src / "nccl.h2.7501.log").read_text())
+    assert two["fatal"] and not two["recovered"] and two["events"][-1]["reason"] == "No functional devices left"
+    report = nccl_failover.ras((src / "ras-stall.txt").read_text())
+    assert report["groups"] == [{"group": 0, "comms": 1, "nodes": 2, "per_node": "1", "per_comm": 2, "in_group": 2,
+                                 "status": "RUNNING", "errors": "INCOMPLETE"}]
+    assert report["errors"] == ["INCOMPLETE"] and report["ok"] is False
+    shutil.copytree(src, tmp_path / "nccl")
+    rec = {}
+    nccl_failover.stamp(rec, tmp_path)
+    got = rec["nccl_failover"]
+    assert got["devices_failed"] == 2 and got["fatal"] and list(got["ras"]) == ["ras-stall.txt"]
+    nothing = {}
+    nccl_failover.stamp(nothing, tmp_path / "elsewhere")
+    assert nothing == {}

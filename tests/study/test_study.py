@@ -963,3 +963,38 @@ def test_a_full_disk_during_analysis_is_one_line_naming_the_disk_and_the_records
                           f"at {disk}: the records are kept in {spec.dir}/*/records; free space there and rerun the same "
                           "command (it measures nothing again, and writes compare.txt and the report)"], said
         assert not (spec.dir / "compare.txt").exists()
+
+
+def test_a_lost_rendezvous_is_read_from_the_runs_own_part_of_its_log(tmp_path):
+    """The words a study retries a cell on are torch's own: a rendezvous backend whose store
+    server dies under it (tests/helpers/lose_rendezvous.py) ends with RendezvousConnectionError.
+    Only this run's part of the cell's log counts: the log is appended to by every attempt."""
+    from workloads.study.run import rendezvous_lost
+
+    log = tmp_path / "cell.log"
+    log.write_text("# an earlier attempt\nok\n")
+    offset = log.stat().st_size
+    with open(log, "a") as out:
+        p = subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "lose_rendezvous.py")], stdout=out,
+                           stderr=subprocess.STDOUT, timeout=120)
+    assert p.returncode != 0
+    line = rendezvous_lost(log, offset)
+    assert line is not None and "RendezvousConnectionError: The connection to the C10d store has failed" in line, \
+        log.read_text()[-2000:]
+    assert rendezvous_lost(log, log.stat().st_size) is None  # a later attempt's part holds no such line
+    with open(log, "a") as out:
+        out.write("RuntimeError: a rank's own failure\n")
+    assert rendezvous_lost(log, log.stat().st_size - 40) is None
+
+
+def test_a_retried_cell_says_why_in_its_record(tmp_path):
+    from workloads.core.config import compose
+
+    s = load_spec(write(tmp_path, AA), output_root=str(tmp_path / "out"))
+    job = plan(s)[0]
+    why = ("aa-loopback-t0-ar lost its rendezvous (exit 1): torch.distributed.elastic.rendezvous.api."
+           "RendezvousConnectionError: The connection to the C10d store has failed. See inner exception for details.")
+    argv = cell_argv(s, job, "local", python="py", env={}, retry=why)
+    cfg = compose(CONF_DIR, argv[2:], "config")
+    assert cfg.study.retry_of == why and cfg.study.arm == "loopback"
+    assert "retry_of" not in study_field(s, job, env={})

@@ -77,3 +77,14 @@ def run_dir(output_root: str, run_id: str | None = None) -> str:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("fb_run_dir"):
         OmegaConf.register_new_resolver("fb_run_dir", lambda root, rid=None: run_dir(root, rid), use_cache=True)
+
+
+def log_since(path, offset: int = 0) -> str | None:
+    """The text a log got after byte `offset` (a rerun appends to the same log: only its own part
+    says what it did); None when the log cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None

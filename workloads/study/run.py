@@ -37,7 +37,7 @@ from workloads.core import celllock, errors, timeline
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
-from workloads.core.rundir import derive_run_id
+from workloads.core.rundir import derive_run_id, log_since
 from workloads.core.signals import stop_group
 from workloads.study.fabrics import KeptFabrics, fork_run
 from workloads.study.plan import clock, primary_of
@@ -63,8 +63,9 @@ class Job:
         return spec.dir / self.run_id(spec) / "records"
 
 
-def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
-    """The record's `study` block (shared contract with analysis/: keep these names)."""
+def study_field(spec: StudySpec, job: Job, env=os.environ, retry: str | None = None) -> dict:
+    """The record's `study` block (shared contract with analysis/: keep these names). `retry`:
+    why the cell's run before this one was retried (its rendezvous was lost)."""
     f = {"name": spec.name, "id": spec.id, "arm": job.arm.label, "baseline": spec.baseline.label,
          "control": job.arm.control, "block": job.cell.block, "position": job.cell.position,
          "design": spec.design, "seed": spec.seed, "blocks": spec.blocks, "workload": job.workload.name,
@@ -75,6 +76,8 @@ def study_field(spec: StudySpec, job: Job, env=os.environ) -> dict:
         f["primary_point"] = job.workload.primary_point
     if job.workload.window:
         f["window"] = job.workload.window  # the plan chose this run's measured steps (window: auto), and why
+    if retry:
+        f["retry_of"] = retry
     if env.get("SLURM_JOB_ID"):
         f["slurm_job"] = str(env["SLURM_JOB_ID"])
         f["nodes"] = str(env.get("SLURM_JOB_NODELIST", ""))  # both arms' steps run on these nodes
@@ -86,17 +89,18 @@ def study_override(field: dict) -> str:
     return "study={" + ",".join(f"{k}:{hydra_value(v)}" for k, v in field.items()) + "}"
 
 
-def cell_overrides(spec: StudySpec, job: Job, env=os.environ) -> list[str]:
+def cell_overrides(spec: StudySpec, job: Job, env=os.environ, retry: str | None = None) -> list[str]:
     return [*job.workload.argv, *job.arm.overrides, f"fabric={job.arm.fabric}", f"trial={job.cell.trial}",
             f"run_id={job.run_id(spec)}", f"output_root={hydra_value(str(spec.dir))}",
-            study_override(study_field(spec, job, env))]
+            study_override(study_field(spec, job, env, retry))]
 
 
-def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.executable, env=os.environ) -> list[str]:
+def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.executable, env=os.environ,
+              retry: str | None = None) -> list[str]:
     """The command of one job. Emulated arms go through launch/emulate.py (namespaces, root);
     under Slurm a distributed job is one step over the allocation's nodes (lib.sh's srun
     per node + torchrun_node.sh), so every arm runs on the same nodes."""
-    overrides = cell_overrides(spec, job, env)
+    overrides = cell_overrides(spec, job, env, retry)
     script = str(REPO_ROOT / job.workload.script)
     if job.arm.emulated:
         return [python, str(REPO_ROOT / "launch" / "emulate.py"), "--timeout", f"{spec.timeout_s:g}", script,
@@ -301,15 +305,15 @@ def progress_line(k: int, n: int, job: Job, spec: StudySpec, elapsed: float, eta
             f"ETA {'?' if eta is None else clock(eta)}")
 
 
-def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str] | None = None
-            ) -> tuple[int, float, float, Path]:
+def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str] | None = None,
+            retry: str | None = None) -> tuple[int, float, float, Path]:
     """Start the job in its own process group, its output to its log; wait (timeout,
     Ctrl-C and SIGTERM stop the whole group). Returns (exit code, start, end, log), the
     times in time.monotonic() seconds of the process's own span. `fabric_env`: the arm's kept
-    emulated topology (study/fabrics.py)."""
+    emulated topology (study/fabrics.py); `retry`: why the run before was retried (study_field)."""
     log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = cell_argv(spec, job, launcher)
+    argv = cell_argv(spec, job, launcher, retry=retry)
     env = dict(os.environ) | {"FB_HOME": str(REPO_ROOT), celllock.CELL_LOCK_ENV: str(spec.dir / celllock.NAME)}
     env |= fabric_env or {}
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -336,6 +340,22 @@ def run_job(spec: StudySpec, job: Job, launcher: str, fabric_env: dict[str, str]
     return code, t0, time.monotonic(), log
 
 
+# What torch's elastic agent raises when the rendezvous store goes away under a run (torch 2.x,
+# distributed/elastic/rendezvous/api.py RendezvousConnectionError; c10d_rendezvous_backend.py
+# words it "The connection to the C10d store has failed"): a peer or a host too slow to keep
+# the store's connection, not the cell. The study says so and runs the cell again, once.
+RENDEZVOUS_LOST = ("RendezvousConnectionError", "The connection to the C10d store has failed")
+
+
+def rendezvous_lost(log: Path, offset: int = 0) -> str | None:
+    """The last line of the log, from byte `offset` (this run's part), that says the run lost
+    its rendezvous store (a traceback's exception line, below the source lines that raise it);
+    None when none does."""
+    text = log_since(log, offset) or ""
+    line = next((x.strip() for x in reversed(text.splitlines()) if any(w in x for w in RENDEZVOUS_LOST)), None)
+    return line[:200] if line else None
+
+
 def _tail(path: Path, lines: int = 8) -> str:
     with open(path, errors="replace") as f:
         return "".join(deque(f, lines)).rstrip()
@@ -359,7 +379,16 @@ def _execute(spec: StudySpec, todo: list[Job], total: int, done: int, launcher: 
     for k, job in enumerate(todo, 1):
         eta = (median(spent) * (len(todo) - k + 1)) if spent else None
         say(progress_line(done + k, total, job, spec, time.monotonic() - start, eta))
+        log = spec.dir / "logs" / f"{job.run_id(spec)}.log"
+        offset = log.stat().st_size if log.exists() else 0
         code, t0, t1, log = run_job(spec, job, launcher, fabrics.env(job))
+        if code not in (0, 130) and (lost := rendezvous_lost(log, offset)):
+            # one retry, as a new run of the same cell: its record's study.retry_of says why; a
+            # second loss is a failure like any other (the machine, not chance, is then the cause)
+            _timing(spec, job, t1 - t0, False)
+            say(f"  rendezvous lost after {t1 - t0:.1f} s (exit {code}: {lost}); running the cell again, once")
+            code, t0, t1, log = run_job(spec, job, launcher, fabrics.env(job),
+                                        retry=f"{job.run_id(spec)} lost its rendezvous (exit {code}): {lost}")
         seconds = t1 - t0
         spent.append(seconds)
         if timings is not None:
@@ -367,12 +396,7 @@ def _execute(spec: StudySpec, todo: list[Job], total: int, done: int, launcher: 
         if code == 130:
             raise KeyboardInterrupt
         ok = code == 0 and complete(spec, job)
-        try:
-            with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
-                f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
-                                    "ok": ok}) + "\n")
-        except OSError:
-            pass  # a full disk: only a later plan's estimate is lost; the run said where its record went
+        _timing(spec, job, seconds, ok)
         if not ok:
             line = f"{job.run_id(spec)}: exit {code} after {seconds:.1f} s; log {log}"
             failures.append(line)
@@ -380,6 +404,15 @@ def _execute(spec: StudySpec, todo: list[Job], total: int, done: int, launcher: 
         else:
             say(f"  ok in {seconds:.1f} s")
     return len(todo), len(failures), failures
+
+
+def _timing(spec: StudySpec, job: Job, seconds: float, ok: bool) -> None:
+    try:
+        with open(spec.dir / "timings.jsonl", "a") as f:  # the next plan's wall-time estimate
+            f.write(json.dumps({"workload": job.workload.name, "arm": job.arm.label, "seconds": round(seconds, 3),
+                                "ok": ok}) + "\n")
+    except OSError:
+        pass  # a full disk: only a later plan's estimate is lost; the run said where its record went
 
 
 def clock_line(spec: StudySpec, jobs: list[Job], wall_s: float, verdicts: Verdicts | None = None) -> str | None:

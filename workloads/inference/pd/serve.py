@@ -96,11 +96,10 @@ FATAL = ("Address already in use",)
 
 def _fatal_line(log: str, offset: int = 0) -> str | None:
     """The first fatal line the log got after `offset` (a resumed run appends to the same log)."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
+    from workloads.core.rundir import log_since
+
+    text = log_since(log, offset)
+    if text is None:
         return None
     return next((line.strip() for line in text.splitlines() if any(f in line for f in FATAL)), None)
 
