@@ -380,11 +380,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         # not the summary and sample rows built after it, which would dilute its rate.
         noise = PointMeter()
         mark = obs.begin() if obs is not None else None
-        lg_run = None
-        if plan.load.mlperf is not None:
-            res, lg_run = run_mlperf(point, plan.load.mlperf, records / f"{plan.stem(a)}.loadgen")
-        else:
-            res = run_load(point, warn=lambda m: print(m, flush=True))
+        res, lg_run = _drive(plan, point, records / f"{plan.stem(a)}.loadgen")
         done = time.time()
         # the point's measured requests (its warm-up came before them) on the run's clock: the
         # study's duty cycle and a report's time to the verdict count a sweep's points by it
@@ -403,8 +399,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         rec["client"] = {"event_loop": res.event_loop}
         rec["status"], rec["error"] = point_status(m, plan.load.max_failed_fraction)
         if lg_run is not None:
-            rec["mlperf"] = mlperf_section(lg_run, plan.load.mlperf, records / f"{plan.stem(a)}.loadgen", records)
-            rec["metrics"] |= {f"mlperf_{lg_run.metric}": lg_run.value} if lg_run.value is not None else {}
+            _add_mlperf(rec, lg_run, plan.load.mlperf, records / f"{plan.stem(a)}.loadgen", records)
         if res.capped and rec["status"] == "ok":  # it did not run for as long as asked
             rec["status"], rec["error"] = "partial", (
                 f"stopped after {len(res.results)} requests in {res.duration_s:.1f} s of load.duration_s="
@@ -420,6 +415,21 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
     except Exception:  # noqa: BLE001 - recorded (error and traceback); the next point may well run
         pass
     return rec["status"] == "ok"
+
+
+def _drive(plan: SweepPlan, point: LoadPoint, logs: Path):
+    """(the point's requests, LoadGen's run or None): LoadGen drives it under load=mlperf, writing
+    its logs to `logs`; the project's own generator otherwise."""
+    if plan.load.mlperf is None:
+        return run_load(point, warn=lambda m: print(m, flush=True)), None
+    return run_mlperf(point, plan.load.mlperf, logs)
+
+
+def _add_mlperf(rec: dict, lg_run, ms: MlperfSettings, logs: Path, records: Path) -> None:
+    """LoadGen's verdict and figures beside the project's own metrics of the same requests."""
+    rec["mlperf"] = mlperf_section(lg_run, ms, logs, records)
+    if lg_run.value is not None:
+        rec["metrics"][f"mlperf_{lg_run.metric}"] = lg_run.value
 
 
 def _point_failure(exc: BaseException, tb) -> tuple[str, str | None]:
