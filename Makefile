@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 # collectives run went from 8.1 s to 4.8 s).
 export UV_COMPILE_BYTECODE ?= 1
 
-.PHONY: train test check lint sync bench gpu-check engines image
+.PHONY: train test check lint sync bench gpu-check engines image image-run
 
 .tools/bin/uv:
 	$(PYTHON) -m venv .tools
@@ -58,6 +58,11 @@ gpu-check: sync
 # (the machine's, kept across checkouts), so no container registry is needed. tools/image.sh prints each step's time; a failed step is one line.
 image:
 	tools/image.sh
+
+# A command in the cpu image, as a user runs it (results/ made, the flags it needs, the image's
+# id for the records): make image-run ARGS="make train ARGS=output_root=/out"
+image-run:
+	tools/image_run.sh $(ARGS)
 
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see
