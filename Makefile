@@ -1,6 +1,9 @@
 # The two commands (README): `make train` runs the main job, `make test` runs the tests.
 # Both bootstrap uv into .tools/ if it is not on PATH, then use the lock file.
 UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+# The interpreter that bootstraps uv (a login node without python3 on PATH, or an older one:
+# make sync PYTHON=/opt/python3.11/bin/python3). uv then installs the locked Python itself.
+PYTHON ?= python3
 export OMP_NUM_THREADS ?= 1
 # Write every installed module's bytecode at install time: with PYTHONDONTWRITEBYTECODE set (as
 # in many containers and CI sandboxes) Python otherwise recompiles torch's ~1,300 imported
@@ -11,7 +14,7 @@ export UV_COMPILE_BYTECODE ?= 1
 .PHONY: train test check lint sync bench gpu-check engines image image-run
 
 .tools/bin/uv:
-	python3 -m venv .tools
+	$(PYTHON) -m venv .tools
 	.tools/bin/pip install -q uv
 
 sync: $(UV)

@@ -57,7 +57,8 @@ def makefile_recipes() -> dict[str, list[list[str]]]:
             target = m.group(1).strip()
             recipes[target] = []
         elif line.startswith("\t") and target:
-            recipes[target].append(shlex.split(line.strip().replace("$(UV)", UV)))
+            # the image bootstraps with the Makefile's default interpreter
+            recipes[target].append(shlex.split(line.strip().replace("$(UV)", UV).replace("$(PYTHON)", "python3")))
     return recipes
 
 
