@@ -60,7 +60,7 @@ def check_against(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]
                              f"than {path.name} (commit {str(commit)[:12]}{', with edits' if dirty else ''}); refit "
                              "with `fabricbench model fit` on records of the same code")
     if "nccl" in cal:
-        from analysis.projection import hierarchy
+        import analysis.projection.hierarchy as hierarchy
 
         return hierarchy.check_rows(cal, [r for _, r in recs])
     out = []

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 import workloads
 from helpers import FIXTURES, REPO, child_env
@@ -25,15 +26,13 @@ STUDY = [sys.executable, "-m", "workloads.commands.cli", "study"]
 DUAL = FIXTURES / "sysfs" / "dual_host"
 SHIPPED = REPO / "conf" / "study" / "ib-vs-roce.yaml"
 # what `fabricbench doctor fabric=ib` / `fabric=roce` print for the dual_host fixture (tests/commands/test_doctor_fix.py)
-SITE = {"ib": 'env:\n  NCCL_IB_HCA: "=mlx5_0,mlx5_1"\n  NCCL_SOCKET_IFNAME: eno1\n  GLOO_SOCKET_IFNAME: eno1\n',
-        "roce": 'env:\n  NCCL_IB_HCA: "=mlx5_2,mlx5_3"\n  NCCL_IB_GID_INDEX: "3"\n  NCCL_SOCKET_IFNAME: eno1\n'
+SITE = {"ib": 'env:\n  NCCL_IB_HCA: "=mlx5_0,mlx5_1"\n  NCCL_SOCKET_IFNAME: "=eno1"\n  GLOO_SOCKET_IFNAME: eno1\n',
+        "roce": 'env:\n  NCCL_IB_HCA: "=mlx5_2,mlx5_3"\n  NCCL_IB_GID_INDEX: "3"\n  NCCL_SOCKET_IFNAME: "=eno1"\n'
                 '  GLOO_SOCKET_IFNAME: eno1\n'}
 
 
 def trimmed(tmp_path, *keep: str, edit=lambda text: text):
     """The shipped study with only the workloads `keep` (each check composes every arm x workload)."""
-    import yaml
-
     raw = yaml.safe_load(edit(SHIPPED.read_text()))
     raw["workloads"] = [w for w in raw["workloads"] if w["name"] in keep]
     p = tmp_path / "trimmed.yaml"
@@ -69,6 +68,12 @@ def test_shipped_study_passes_on_both_fabrics_once_site_settings_are_filled_in(s
     assert "arm ib (fabric=ib): NCCL_IB_HCA=mlx5 selects mlx5_2:1, whose link layer is Ethernet" in msg
     assert "arm roce (fabric=roce): NCCL_IB_HCA=mlx5 selects mlx5_0:1, whose link layer is InfiniBand" in msg
     assert "ib~aa" not in msg  # the control runs the baseline's profile: said once
+    for fabric, text in SITE.items():  # doctor's suggestion for this node, as it prints it
+        from workloads.commands.doctor import load_profile
+        from workloads.fabric import sitefix
+
+        got = sitefix.suggest(load_profile([f"fabric={fabric}"]), DUAL, FIXTURES / "sysfs" / "dual_host_proc")
+        assert yaml.safe_load(text) == {"env": got.env}
     site(SITE)
     lines = precheck.check(spec)
     assert lines[0] == ("  configs: all 10 arm x workload configs compose and pass their checks (the A/A control's are "

@@ -6,6 +6,12 @@
     fabricbench doctor --container fabric=roce   # ... and this process's container settings too
 
     fabricbench doctor --spec launch/slurm/train.sbatch --spec pod.yaml fabric=roce   # run specs, statically
+    fabricbench doctor --compare node1.json node2.json   # what differs between nodes (each: doctor --json)
+
+With a fabric=..., doctor also prints the site settings this node suggests for it, ready to paste
+into conf/local/<fabric>.yaml: the active ports of the expected link layer, the RoCE v2 GID index
+they share, the default route's interface for the bootstrap, each HCA's NUMA node and the RoCE
+congestion counters (workloads/fabric/sitefix.py).
 
 `--container` (run it inside the container, e.g. as the job's first srun step) adds what a
 container changes and sysfs does not show: the verbs devices of the selected HCAs, pinning
@@ -30,7 +36,7 @@ from dataclasses import asdict
 from typing import Any
 
 from workloads.core.errors import UsageError
-from workloads.fabric import preflight
+from workloads.fabric import preflight, sitefix
 
 
 def add_arguments(p) -> None:
@@ -41,6 +47,10 @@ def add_arguments(p) -> None:
                    help="also check this process's container settings: RDMA device nodes, CAP_IPC_LOCK and "
                         "memlock, /dev/shm size, the libraries NCCL loads (needs a fabric=...)")
     p.add_argument("--dev-root", default="/dev", help="look for /dev/infiniband under this folder instead")
+    p.add_argument("--proc-root", default="/proc", help="read the routing table (net/route) under this folder")
+    p.add_argument("--compare", nargs="+", metavar="JSON",
+                   help="diff the `doctor --json` output of several nodes (firmware, ports and rates, RoCE v2 GIDs, "
+                        "NCCL version); exit 1 when they differ")
     p.add_argument("--spec", action="append", default=[], metavar="FILE",
                    help="check this run spec (a script, batch file, Markdown, Kubernetes YAML or an OCI bundle's "
                         "config.json) for the container settings the profile needs, instead of this host "
@@ -93,6 +103,7 @@ def inventory(root=None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "sysfs": str(preflight.sysfs_root(root)),
         "rdma": [asdict(p) | {"label": p.label, "nccl_link_layer": p.nccl_link_layer} for p in preflight.rdma_ports(root)],
+        "devices": sitefix.device_facts(root),
         "net": [asdict(i) | {"up": i.up, "addresses": sorted(addrs.get(i.name, []))} for i in preflight.net_ifaces(root)],
         "gpus": gpus() if live else {"tool": None, "devices": [], "topology": None, "note": "not the live host"},
         "nccl": nccl_version() if live else {"library": None, "version": None, "source": "not the live host"},
@@ -152,6 +163,43 @@ def check_profile(overrides: list[str], root=None, container: bool = False, dev_
             "container": container, "ready": not problems, "problems": problems}
 
 
+def suggestion(overrides: list[str], root=None, proc="/proc") -> dict | None:
+    """The site settings this node suggests for the profile (workloads/fabric/sitefix.py), as the
+    site file's path and text."""
+    profile = load_profile(overrides)
+    got = sitefix.suggest(profile, root, proc)
+    return None if got is None else {"file": f"conf/local/{got.fabric}.yaml", "env": got.env, "text": got.yaml()}
+
+
+def suggestion_lines(s: dict | None) -> list[str]:
+    if not s or not s["env"]:
+        return [f"  (no site settings to suggest: {s['text'].splitlines()[-1][2:]})"] if s else []
+    return ["", f"Suggested site settings, from this node (paste into {s['file']}):", *s["text"].splitlines()]
+
+
+def compare_nodes(paths: list[str]) -> int:
+    """`--compare a.json b.json ...`: the facts that differ between nodes, one line each."""
+    invs = {}
+    for path in paths:
+        try:
+            data = json.loads(open(path, encoding="utf-8").read())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"--compare {path}: not the output of `fabricbench doctor --json` ({e}); make one per "
+                             "node with srun fabricbench doctor --json > $(hostname).json") from None
+        inv = data.get("inventory") if isinstance(data, dict) else None
+        if not isinstance(inv, dict):
+            raise UsageError(f"--compare {path}: no inventory in it; make it with `fabricbench doctor --json`")
+        invs[f"{inv.get('host')} ({os.path.basename(path)})" if inv.get("host") in {
+            (i or {}).get("host") for i in invs.values()} else str(inv.get("host"))] = inv
+    if len(invs) < 2:
+        raise UsageError("--compare needs the JSON of two or more nodes")
+    diff = sitefix.compare(invs)
+    print(f"Compared {len(invs)} nodes: {', '.join(invs)}")
+    print("\n".join(f"  DIFFERS: {line}" for line in diff) if diff else
+          "  the same firmware, ports, link rates, RoCE v2 GID indexes and NCCL version on every node")
+    return 1 if diff else 0
+
+
 def render(inv: dict, check: dict | None) -> str:
     out = [f"fabricbench doctor: host {inv['host']} (sysfs {inv['sysfs']})", "", "RDMA ports"]
     if not inv["rdma"]:
@@ -187,6 +235,7 @@ def render(inv: dict, check: dict | None) -> str:
                        + (", and this container lets NCCL use it" if check.get("container") else ""))
         else:
             out += [f"  FAIL: {p}" for p in check["problems"]]
+        out += suggestion_lines(check.get("suggest"))
     return "\n".join(out)
 
 
@@ -198,6 +247,8 @@ def run(args) -> int:
         flag = "--container" if args.container else "--spec"
         raise UsageError(f"{flag} checks a profile's needs: name one, e.g. fabricbench doctor {flag}"
                          f"{' FILE' if flag == '--spec' else ''} fabric=roce")
+    if args.compare:
+        return compare_nodes(args.compare)
     if args.spec:
         name, problems = check_specs(args.overrides, args.spec)
         if args.json:
@@ -210,6 +261,8 @@ def run(args) -> int:
         return 1 if problems else 0
     inv = inventory(root)
     check = check_profile(args.overrides, root, args.container, args.dev_root) if args.overrides else None
+    if check is not None:
+        check["suggest"] = suggestion(args.overrides, root, args.proc_root)
     if args.json:
         print(json.dumps({"inventory": inv, "check": check}, indent=1))
     else:
