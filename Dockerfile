@@ -46,6 +46,12 @@ RUN .tools/bin/uv sync --frozen
 # No DeepSpeed op pre-build: training uses torch.optim.AdamW (no fused DeepSpeed op), and a
 # build against a toolkit other than torch's CUDA fails DeepSpeed's CUDA-version check.
 ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1 FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
+# Which code and image this is, for the records made inside (no .git in the image; a label is
+# not visible from inside): tools/image.sh passes them. Last, so a new commit rebuilds nothing else.
+ARG FB_GIT_COMMIT=""
+ARG FB_GIT_DIRTY_HASH=""
+ARG FB_IMAGE=""
+ENV FABRICBENCH_GIT_COMMIT=${FB_GIT_COMMIT} FABRICBENCH_GIT_DIRTY_HASH=${FB_GIT_DIRTY_HASH} FABRICBENCH_IMAGE=${FB_IMAGE}
 CMD ["python", "launch/train.py", "--help"]
 
 # ---------------------------------------------------------------------------------------
@@ -65,6 +71,12 @@ RUN python3 -m venv .tools && .tools/bin/pip install -q uv
 RUN python3 -m venv --system-site-packages .venv \
     && .tools/bin/uv sync --frozen --inexact --no-install-package torch --no-install-package triton
 ENV PATH=/opt/fabricbench/.venv/bin:${PATH} OMP_NUM_THREADS=1 FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
+# Which code and image this is, for the records made inside (no .git in the image; a label is
+# not visible from inside): tools/image.sh passes them. Last, so a new commit rebuilds nothing else.
+ARG FB_GIT_COMMIT=""
+ARG FB_GIT_DIRTY_HASH=""
+ARG FB_IMAGE=""
+ENV FABRICBENCH_GIT_COMMIT=${FB_GIT_COMMIT} FABRICBENCH_GIT_DIRTY_HASH=${FB_GIT_DIRTY_HASH} FABRICBENCH_IMAGE=${FB_IMAGE}
 CMD ["python", "launch/train.py", "--help"]
 
 # ---------------------------------------------------------------------------------------
@@ -86,6 +98,12 @@ RUN .tools/bin/uv sync --frozen
 # and no hydra; the server adapter starts SGLang with that one (conf/server/sglang.yaml
 # reads FB_ENGINE_PYTHON).
 ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python FB_ENGINE_PYTHON=python3
+# Which code and image this is, for the records made inside (no .git in the image; a label is
+# not visible from inside): tools/image.sh passes them. Last, so a new commit rebuilds nothing else.
+ARG FB_GIT_COMMIT=""
+ARG FB_GIT_DIRTY_HASH=""
+ARG FB_IMAGE=""
+ENV FABRICBENCH_GIT_COMMIT=${FB_GIT_COMMIT} FABRICBENCH_GIT_DIRTY_HASH=${FB_GIT_DIRTY_HASH} FABRICBENCH_IMAGE=${FB_IMAGE}
 CMD ["/opt/fabricbench/.venv/bin/python", "launch/infer.py", "--help"]
 
 FROM ${VLLM_BASE} AS vllm
@@ -103,5 +121,11 @@ RUN .tools/bin/uv sync --frozen
 ENV FB_CLIENT_PYTHON=/opt/fabricbench/.venv/bin/python
 # The vLLM image's entrypoint is `vllm serve`; fabricbench's commands must run as given, and
 # the adapter starts `vllm` itself.
+# Which code and image this is, for the records made inside (no .git in the image; a label is
+# not visible from inside): tools/image.sh passes them. Last, so a new commit rebuilds nothing else.
+ARG FB_GIT_COMMIT=""
+ARG FB_GIT_DIRTY_HASH=""
+ARG FB_IMAGE=""
+ENV FABRICBENCH_GIT_COMMIT=${FB_GIT_COMMIT} FABRICBENCH_GIT_DIRTY_HASH=${FB_GIT_DIRTY_HASH} FABRICBENCH_IMAGE=${FB_IMAGE}
 ENTRYPOINT []
 CMD ["/opt/fabricbench/.venv/bin/python", "launch/infer.py", "--help"]

@@ -1,6 +1,9 @@
 # The two commands (README): `make train` runs the main job, `make test` runs the tests.
 # Both bootstrap uv into .tools/ if it is not on PATH, then use the lock file.
 UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+# The interpreter that bootstraps uv (a login node without python3 on PATH, or an older one:
+# make sync PYTHON=/opt/python3.11/bin/python3). uv then installs the locked Python itself.
+PYTHON ?= python3
 export OMP_NUM_THREADS ?= 1
 # Write every installed module's bytecode at install time: with PYTHONDONTWRITEBYTECODE set (as
 # in many containers and CI sandboxes) Python otherwise recompiles torch's ~1,300 imported
@@ -8,10 +11,10 @@ export OMP_NUM_THREADS ?= 1
 # collectives run went from 8.1 s to 4.8 s).
 export UV_COMPILE_BYTECODE ?= 1
 
-.PHONY: train test check lint sync bench gpu-check engines image
+.PHONY: train test check lint sync bench gpu-check engines image image-run
 
 .tools/bin/uv:
-	python3 -m venv .tools
+	$(PYTHON) -m venv .tools
 	.tools/bin/pip install -q uv
 
 sync: $(UV)
@@ -55,6 +58,11 @@ gpu-check: sync
 # (the machine's, kept across checkouts), so no container registry is needed. tools/image.sh prints each step's time; a failed step is one line.
 image:
 	tools/image.sh
+
+# A command in the cpu image, as a user runs it (results/ made, the flags it needs, the image's
+# id for the records): make image-run ARGS="make train ARGS=output_root=/out"
+image-run:
+	tools/image_run.sh $(ARGS)
 
 # The serving engines, each in its own venv under .engines/ (git-ignored; not the project
 # venv: vLLM pins its own torch). Pinned by engines/*.lock.txt (`uv pip compile`, see

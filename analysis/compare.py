@@ -101,7 +101,11 @@ class Point:
         r = self.runs[0]
         c = r.coords
         parts = [r.workload, r.model, r.parallel]
-        for k, short in (("world_size", "gpus"), ("global_batch", "batch"), ("micro_batch", "mb")):
+        # the world counts GPUs only where the runs had some: a CPU run's ranks are processes
+        # (a record without a fingerprint says nothing, and keeps the old word)
+        fps = [x.record.get("fingerprint") for x in self.runs]
+        gpu = not all(isinstance(f, dict) and "gpu_count" in f and not f["gpu_count"] for f in fps)
+        for k, short in (("world_size", "gpus" if gpu else "ranks"), ("global_batch", "batch"), ("micro_batch", "mb")):
             if k in c:
                 parts.append(f"{short}={c[k]:g}")
         parts.append(r.point)  # inference: "c32", "poisson-r8-max64" (None elsewhere)

@@ -119,6 +119,11 @@ old_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
 # The source the image holds, as a label: the container tests refuse an image of other source
 # (a record made by older code in the container differs from the host's in shape, not in fabric).
 source_id="$(tools/source_id.sh)"
+# The commit and uncommitted-edit hash the records inside will carry (fingerprint.git_commit's own)
+read -r commit dirty_hash < <("${PYTHON:-python3}" -c 'from workloads.core.fingerprint import git_commit as g; c = g()
+print(c["commit"] or "", c["dirty_hash"] or "")')
+build+=(--label "org.fabricbench.commit=$commit" --build-arg "FB_GIT_COMMIT=$commit"
+        --build-arg "FB_GIT_DIRTY_HASH=$dirty_hash" --build-arg "FB_IMAGE=$tag")
 run build "${build[@]}" --target cuda --build-arg "CUDA_BASE=$base" --label "org.fabricbench.source=$source_id" -t "$tag" .
 # The image this tag named before (CI rebuilds it on every run) would stay as an untagged one,
 # its source layers too; the layers it shares with the new one stay. In use by a container: kept.
@@ -126,5 +131,7 @@ new_id="$("$tool" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
 if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then "$tool" rmi "$old_id" >/dev/null 2>&1 || true; fi
 run_flags="${flags[*]:+${flags[*]} }run --rm"
 [ "$(basename "$tool")" = podman ] && run_flags="$run_flags --ulimit nofile=4096:4096 --ulimit nproc=4096:4096"
+# the image's id, which no file inside can hold (it is the hash of the image itself)
+run_flags="$run_flags -e FABRICBENCH_IMAGE_ID=$new_id"
 [ -s "$cache/build.times" ] && echo "image: where the time went: $(steps)"
 echo "image: $tag built in $((SECONDS - t1)) s ($tool); run it: $tool $run_flags $tag make train"

@@ -33,14 +33,15 @@ rootfs="$(podman mount "$cid")"
 mount --bind "$rootfs" "$b/rootfs"
 (cd "$b" && runc spec)
 podman image inspect --format '{{json .Config}}' "$image" > "$b/image-config.json"
-python3 - "$b" "$@" <<'PY'
+image_id="$(podman image inspect --format '{{.Id}}' "$image")"
+python3 - "$b" "$image_id" "$@" <<'PY'
 import json, sys
-b, shared = sys.argv[1], sys.argv[2:]
+b, image_id, shared = sys.argv[1], sys.argv[2], sys.argv[3:]
 cfg = json.load(open(f"{b}/config.json"))
 img = json.load(open(f"{b}/image-config.json"))
 p = cfg["process"]
 p["terminal"] = False
-p["env"] = img.get("Env") or p["env"]
+p["env"] = [*(img.get("Env") or p["env"]), f"FABRICBENCH_IMAGE_ID={image_id}"]   # the record's container.image_id
 p["cwd"] = img.get("WorkingDir") or "/"
 p["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}]
 cfg["root"] = {"path": "rootfs", "readonly": True}

@@ -62,6 +62,12 @@ def check_against(cal: dict[str, Any], records: list[tuple[Path, dict[str, Any]]
     if "nccl" in cal:
         import analysis.projection.hierarchy as hierarchy
 
+        for path, r in recs:
+            theirs = (r.get("fingerprint") or {}).get("nccl")
+            if theirs and str(theirs) != str(cal["nccl"]["nccl"]):
+                # NCCL's algorithm choice and constants are per release: another NCCL's cells test another model
+                raise UsageError(f"the calibration was fitted on NCCL {cal['nccl']['nccl']} records, {path.name} ran NCCL "
+                                 f"{theirs}: check against records of the same NCCL install (or fit one on these)")
         return hierarchy.check_rows(cal, [r for _, r in recs])
     out = []
     for op, ps in _group_op([pt for _, r in recs for pt in points(r, cal["ops"])]).items():

@@ -357,3 +357,45 @@ def test_a_projected_comparison_is_nccls_gap():
     gap = 100 * (t["b"] / t["a"] - 1)
     line = hi.compare_line(pa, pb, ("ib", "roce"))
     assert f"ib is faster than roce by {gap:.1f}%" in line and "on 64 x 8, all_reduce 16 MiB" in line
+
+
+def test_no_line_of_an_nccl_projection_prices_a_flat_ring(tmp_path):
+    """`model project` on an NCCL calibration at 512 ranks (64 x 8), every op and size: each line is
+    NCCL's model through the fitted levels (its time, the algorithm and protocol NCCL picks there),
+    none the flat ring the calibration's ring terms would give, and none prints an interval (this
+    form has none yet, so none can fall outside the floor or the line rate)."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from analysis import projection as pj
+    from helpers import REPO, child_env
+
+    res = tmp_path / "res"
+    for i, (n, b) in enumerate((n, b) for n in (2, 4) for b in range(2)):
+        d = res / f"run{i}" / "records"
+        d.mkdir(parents=True)
+        (d / "c.json").write_text(json.dumps(_run_record(n, 8, b)))
+    cal_path = tmp_path / "cal.json"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "workloads.commands.cli", "model", *map(str, a)],  # noqa: E731
+                                    cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert run("fit", res, "--out", cal_path, "--bootstrap", 50).returncode == 0
+    cal = json.loads(cal_path.read_text())
+    sizes = [1 << 12, 1 << 16, 1 << 20, 16 << 20, 256 << 20]
+    r = run("project", cal_path, "--nodes", 64, "--gpus-per-node", 8, "--sizes", "4K,64K,1M,16M,256M")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 3 * len(sizes)
+    algos = set()
+    for x, (op, s) in zip(lines, [(op, s) for op in hi.NCCL_OPS for s in sizes]):
+        m = re.match(rf"h100-ib {op} \S+ \S+ on 64 x 8 \(512 ranks\): ([\d.]+) ms, .*; NCCL 2\.30 (\w+)/(\w+); model-only", x)
+        assert m, x
+        nccl = hi.predict(op, s, 64, 8, cal)
+        assert float(m.group(1)) == pytest.approx(nccl["time_s"] * 1e3, abs=5e-4) and m.groups()[1:] == (nccl["algo"], nccl["proto"])
+        flat = pj.project(cal, op, 512, s).time_s
+        if s <= 1 << 20:   # where latency counts, the flat ring (no per-call constant, one link) says otherwise
+            assert abs(flat / nccl["time_s"] - 1) > 0.15, (x, flat)
+        assert "[" not in x and "no interval for this form yet" in x
+        algos.add(m.group(2))
+    assert algos - {"Ring"}, algos     # NCCL's choice by size and node count, not one ring throughout

@@ -508,3 +508,34 @@ def test_the_calibration_names_its_one_backend():
     recs = [(p, r | {"fabric": {"name": "emu-100m", "backend": "gloo"}}) for p, r in _recs()]
     cal = pj.fit(recs, boot=50)
     assert cal["backend"] == "gloo" and cal["nccl_version"] is None
+
+
+def test_model_project_at_512_ranks_prints_no_interval_below_the_floor_or_above_the_line(tmp_path):
+    """What `model project` prints at 512 ranks (model-only, 128x the 4 measured), read back from
+    its lines: every interval's low end at or above the schedule's floor (each ring step at the
+    measured latency floor, the bytes at the payload ceiling), so no busbw bound above the line."""
+    recs = _recs(blocks=3)
+    for _, r in recs:
+        if r["world"]["world_size"] == 2:     # 30 calls of the smallest size timed one by one, fastest 0.5 ms
+            for row in r["rows"]:
+                if row["size"] == SIZES[0]:
+                    row["stability"] = {"times_us_by_rank": {"0": [500.0 + 10 * k for k in range(30)], "1": [500.0] * 30}}
+    cal = tmp_path / "cal.json"
+    assert _cli("fit", _write(tmp_path / "res", recs), "--out", cal, "--bootstrap", 100).returncode == 0
+    r = _cli("project", cal, "--ranks", "512", "--sizes", "4K,64K,1M,16M,256M")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(cal.read_text())
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 * 5 and all("at 512 ranks" in x and "model-only" in x for x in lines)
+    for x in lines:
+        op = x.split()[1]
+        lo_ms = float(x.split("[")[1].split(",")[0])
+        bus_hi = float(x.split("busbw ")[1].split("[")[1].split("]")[0].split(",")[1])
+        s = {"4 KiB": 4 << 10, "64 KiB": 64 << 10, "1 MiB": 1 << 20, "16 MiB": 16 << 20, "256 MiB": 256 << 20}[" ".join(x.split()[2:4])]
+        floor = pj.schedule_floor(c, op, 512, s)
+        # worked for the all_reduce's floor: 2 x 511 steps x its alpha floor + 2 x 511/512 x S / 11.955 MB/s
+        if op == "all_reduce":
+            a = c["ops"][op]["latency_floor"]["2"]["alpha_floor_s"]
+            assert floor == pytest.approx(2 * 511 * a + 2 * 511 / 512 * s / 11.955e6, rel=1e-9)
+        assert lo_ms >= floor * 1e3 - 5e-4, x                    # printed to 3 decimals of a ms
+        assert bus_hi <= 0.011955 * (1 + 1e-3), x                 # printed to 4 figures

@@ -131,3 +131,15 @@ def test_report_tables(tmp_path):
     assert "3 points had no counterpart" in md
     # the first screen: the headline before the verdict table, both before any chart
     assert md.index("## Headline") < md.index("## Verdicts") < md.index("## Charts")
+
+
+def test_a_cpu_points_label_counts_ranks_not_gpus(tmp_path):
+    """A verdict on CPU runs (fingerprint.gpu_count 0: Gloo ranks are processes) says ranks=N;
+    the same runs on GPUs say gpus=N."""
+    for fabric in ("a", "b"):
+        for t in range(2):
+            rec = train_record(fabric, 100.0 + t, trial=t)
+            rec["fingerprint"].update(gpu=None, gpu_count=0)
+            write_record(tmp_path, rec, f"{fabric}-{t}")
+    res = compare_table(load_table([tmp_path]), baseline="a")
+    assert [p.label for p, _ in res.comparisons] == ["pretrain neox-tiny ddp ranks=2 batch=8 mb=4"]

@@ -104,6 +104,42 @@ def _cal(d, edit=None):
     (d / "cal.json").write_text(json.dumps(cal))
 
 
+def _nccl_rec(nodes: int, gpn: int, block: int, nccl: str = "2.30.7") -> dict:
+    """A collectives record on nodes x gpn GPUs whose times are NCCL's own model's (the cost model
+    in analysis/nccl_cost.py, H100-like levels): an NCCL fabric's sweep."""
+    from analysis import nccl_cost as nc
+    from analysis.projection import hierarchy as hi
+
+    rows = hi.nccl_rows(nodes, gpn, nccl, nc.Measured(intra_busbw=360.0, inter_busbw=45.0), [1 << 16, 1 << 20, 1 << 24])
+    return {"schema": "fabricbench.record/1", "workload": "collectives", "status": "ok", "run_id": f"n{nodes}x{gpn}-{block}",
+            "record_id": f"c{nodes}x{gpn}-{block}", "config": {"trial": block, "fabric": {"name": "h100-ib"}},
+            "fabric": {"name": "h100-ib", "backend": "nccl"}, "rows": rows,
+            "world": {"world_size": nodes * gpn, "nodes": nodes, "local_world_size": gpn},
+            "collectives": {"pattern": "all", "ranks_per_node": gpn},
+            "fingerprint": {"nccl": nccl, "git": {"commit": "c0ffee", "dirty_hash": None}}}
+
+
+def _nccl_sweep(d, layouts=((2, 8), (4, 8))):
+    _records(d, *[_nccl_rec(n, g, b) for n, g in layouts for b in range(2)])
+
+
+def _nccl_cal(layouts):
+    """A calibration of an NCCL fabric fitted (as `model fit` fits one) on records at `layouts`."""
+    def make(d):
+        from analysis import projection as pj
+        from analysis.projection import hierarchy as hi
+
+        recs = [(Path(f"/r/{n}x{g}-{b}.json"), _nccl_rec(n, g, b)) for n, g in layouts for b in range(2)]
+        cal = pj.fit(recs, boot=50)
+        cal["nccl"] = hi.fit([r for _, r in recs])
+        (d / "cal.json").write_text(json.dumps(cal))
+    return make
+
+
+# NCCL's own tuning-table log, written by another NCCL (2.23.4) than _nccl_rec's records ran (2.30.7)
+NCCL_223_LOG = REPO / "tests" / "fixtures" / "nccl_logs" / "nccl_2.23_tuning_2x8" / "nccl.gpu-a.7100.log"
+
+
 def _study(d, timeout: str):
     (d / "s.yaml").write_text(f"name: s\narms:\n  - {{label: loopback, fabric: loopback}}\ncontrol: true\nworkloads:\n"
                               f"  - {{name: ar, entry: collectives}}\nblocks: 2\ntimeout_s: {timeout}\n"
@@ -363,6 +399,18 @@ CASES = [
                                          "/proc/fabricbench-export"), _cal, "--out /proc/fabricbench-export: cannot write"),
     ("model-export-bytes-lots", _cli("model", "export", "{d}/cal.json", "--ranks", "8", "--bytes", "lots", "--out",
                                      "{d}/rep"), _cal, "--bytes"),
+    # model on an NCCL fabric: a level the calibration did not measure, a layout the ranks do not
+    # make, NCCL's table from another NCCL than the records ran
+    ("model-project-one-node-beyond-it", _cli("model", "project", "{d}/cal.json", "--nodes", "4", "--gpus-per-node", "8"),
+     _nccl_cal([(1, 4), (1, 8)]), "4 nodes: this calibration measured one node only (intra-node)"),
+    ("model-project-nodes-do-not-divide-ranks", _cli("model", "project", "{d}/cal.json", "--ranks", "500"),
+     _nccl_cal([(2, 8), (4, 8)]), "--ranks 500: 8 GPUs per node do not divide 500 ranks"),
+    ("model-fit-nccl-log-of-another-nccl", _cli("model", "fit", "{d}/in", "--out", "{d}/rep/cal.json", "--bootstrap", "50",
+                                                "--nccl-log", str(NCCL_223_LOG)),
+     _nccl_sweep, "NCCL 2.23.4+cuda12.6 wrote it, the records ran NCCL 2.30.7: give a log of the same NCCL install"),
+    ("model-check-records-of-another-nccl", _cli("model", "check", "{d}/cal.json", "{d}/in"),
+     lambda d: (_nccl_cal([(2, 8), (4, 8)])(d), _records(d, _nccl_rec(8, 8, 0, nccl="2.23.4"))),
+     "the calibration was fitted on NCCL 2.30.7 records, r0.json ran NCCL 2.23.4"),
     ("model-check-on-its-own-records", _cli("model", "check", "{d}/cal.json", "{d}/in"),
      lambda d: (_sweep(d), _cal(d, lambda c: c.update(record_ids=[f"c{p}-{b}" for p in (2, 4) for b in range(2)]))),
      "every record given (4) is one the calibration was fitted on"),

@@ -97,6 +97,13 @@ def test_injector_applies_on_the_window_and_restores_what_the_run_cut_short(tmp_
     assert ev["applied_s"] is not None and ev["restored_late"] is True
 
 
+def test_a_run_without_faults_leaves_no_folder(tmp_path):
+    # every emulated run enters the injector; one with no schedule makes nothing and writes nothing
+    with faults.Injector(LEAFSPINE, (), "7", tmp_path / "f", run=lambda argv: None) as inj:
+        assert inj.env() == {}
+    assert not (tmp_path / "f").exists()
+
+
 def test_bad_fault_is_one_line_before_any_namespace(tmp_path):
     p = subprocess.run(EMULATE + ["launch/train.py", "fabric=emu-leafspine", f"output_root={tmp_path}",
                                   "+fabric.emulate.faults=[{link: l0-s5, at: 1, down: 2}]"],

@@ -91,3 +91,14 @@ def test_exported_variable_loses_on_a_node_started_by_exec():
     lines = [x for x in p.stderr.splitlines() if "overwritten" in x]
     assert lines == ["warning: fabric=loopback: exported GLOO_SOCKET_IFNAME=eth9 is overwritten: the profile sets lo "
                      "(the profile wins; put it in conf/local/loopback.yaml or pass fabric.env.GLOO_SOCKET_IFNAME=...)"]
+
+
+def test_exported_variable_the_profile_does_not_name_wins_unsaid():
+    """The other side of the rule, in a real process: an export the profile leaves alone (a site's
+    NCCL_IB_SL, a debug subsystem) reaches the job as exported, with no line."""
+    env = child_env(NCCL_IB_SL="1", NCCL_DEBUG_SUBSYS="INIT,NET")
+    p = subprocess.run([sys.executable, "-m", "workloads.fabric.profile", "exec", "fabric=loopback", "--", "env"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert {"NCCL_IB_SL=1", "NCCL_DEBUG_SUBSYS=INIT,NET"} <= set(p.stdout.splitlines())
+    assert "overwritten" not in p.stderr

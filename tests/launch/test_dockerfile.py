@@ -4,6 +4,7 @@ locked environment). hadolint lints it when installed (.ci/run installs hadolint
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -56,7 +57,8 @@ def makefile_recipes() -> dict[str, list[list[str]]]:
             target = m.group(1).strip()
             recipes[target] = []
         elif line.startswith("\t") and target:
-            recipes[target].append(shlex.split(line.strip().replace("$(UV)", UV)))
+            # the image bootstraps with the Makefile's default interpreter
+            recipes[target].append(shlex.split(line.strip().replace("$(UV)", UV).replace("$(PYTHON)", "python3")))
     return recipes
 
 
@@ -129,6 +131,17 @@ def test_vllm_image_runs_fabricbench_commands():
 def test_dockerignore_keeps_local_state_out():
     ignored = set((REPO / ".dockerignore").read_text().split())
     assert {".git", ".venv", ".tools", "results", "conf/local/*.yaml"} <= ignored
+    # every path .gitignore keeps out (less negations), and what git reports as ignored in this
+    # checkout (tool caches with their own .gitignore: .ruff_cache, .pytest_cache), is kept out of
+    # the build context too, so a checkout that ran the lint builds the source layers a clone does
+    plain = {e.strip("/") for e in (REPO / ".gitignore").read_text().split() if not e.startswith("!")}
+    norm = {e.strip("/").removeprefix("**/") for e in ignored}
+    assert plain - norm <= {"__pycache__", "*.pyc"} | norm, sorted(plain - norm)
+    status = subprocess.run(["git", "status", "--ignored", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+    here = {line[3:].strip("/") for line in status.stdout.splitlines() if line.startswith("!! ")}
+    top = {p.split("/")[0] for p in here}
+    assert not {p for p in top if not any(fnmatch.fnmatch(p, e) for e in norm)} - {"__pycache__"}, sorted(top)
+    assert {".ruff_cache", ".pytest_cache"} <= norm
 
 
 @pytest.mark.requires("hadolint")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -114,20 +115,31 @@ def image_tag() -> str:
 @pytest.mark.slow
 @pytest.mark.requires("root", "podman")
 def test_make_train_in_the_cpu_image(image_tag, tmp_path):
-    """`make train` in the container, as docs/cluster.md runs it: the record lands on the
-    mounted folder and says it was made in a podman container."""
-    out = tmp_path / "out"
-    out.mkdir()
-    p = subprocess.run(
-        [*PODMAN_RUN, "--network", "host", "-v", f"{out}:/out", image_tag,
-         "make", "train", "ARGS=output_root=/out"],
-        capture_output=True, text=True, timeout=600)
+    """`make train` in the container through tools/image_run.sh, as docs/cluster.md runs it: the
+    folder it mounts is made, the record lands there and names the container, the image (tag
+    and id) and the commit it was built from (no .git in the image: tools/image.sh bakes it in).
+    A limit above this host's hard one (podman's default nofile here) is runc's "rlimit type 7",
+    which becomes one line naming the flag."""
+    out = tmp_path / "out"            # not made: the script makes it
+    env = os.environ | {"IMAGE_TAG": image_tag, "IMAGE_RESULTS": str(out)}
+    p = subprocess.run([str(REPO / "tools" / "image_run.sh"), "make", "train", "ARGS=output_root=/out"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     records = sorted(out.rglob("records/*.json"))
     assert len(records) == 1, p.stdout[-2000:]
     rec = json.loads(records[0].read_text())
     assert rec["status"] == "ok" and rec["workload"] == "pretrain", (rec["status"], rec["error"])
-    assert rec["fingerprint"]["container"]["runtime"].startswith("podman"), rec["fingerprint"]["container"]
+    box = rec["fingerprint"]["container"]
+    image_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image_tag], capture_output=True,
+                              text=True, timeout=60).stdout.strip()
+    assert box["runtime"].startswith("podman") and box["image"] == image_tag and box["image_id"] == image_id, box
+    assert re.fullmatch(r"[0-9a-f]{40}", rec["fingerprint"]["git"]["commit"] or ""), rec["fingerprint"]["git"]
+    p = subprocess.run([str(REPO / "tools" / "image_run.sh"), "true"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env=env | {"IMAGE_RUN_FLAGS": "--ulimit nofile=1048576:1048576"})
+    last = p.stderr.strip().splitlines()[-1]
+    if int(subprocess.run(["sh", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout) < 1048576:
+        assert p.returncode == 2 and last.startswith("image-run: the runtime could not set RLIMIT_NOFILE"), p.stderr
+        assert "--ulimit nofile=4096:4096" in last
 
 
 COLLECTIVES = ["workload=collectives", "fabric=emu-100m", "collectives.maxbytes=64K", "collectives.iters=5",

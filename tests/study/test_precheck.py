@@ -177,3 +177,26 @@ def test_pilot_of_an_emulated_study_gives_the_wall_time_and_a_later_plan_reuses_
     r = subprocess.run([*STUDY, str(spec), "--plan", "--output-root", str(out)], cwd=REPO, env=child_env(),
                        capture_output=True, text=True, timeout=300)
     assert f"  sbatch --time={precheck.slurm_time(wall)} (the wall time {wall / 3600:.2f} h from earlier runs" in r.stdout
+
+
+@pytest.mark.slow
+def test_doctor_output_pasted_into_the_site_files_makes_the_shipped_plan_pass(site, tmp_path):
+    """End to end, as the quickstart says it: `fabricbench doctor fabric=<f>` on the node (the
+    command, its stdout), its suggestion pasted as it prints it into conf/local/<f>.yaml, then the
+    shipped study's plan checks pass for both arms."""
+    doctor = [sys.executable, "-m", "workloads.commands.cli", "doctor"]
+    spec = load_spec(SHIPPED, output_root=str(tmp_path / "out"))
+    conf = site({})
+    for fabric in ("ib", "roce"):
+        r = subprocess.run([*doctor, f"fabric={fabric}", "--sysfs-root", str(DUAL), "--proc-root",
+                            str(FIXTURES / "sysfs" / "dual_host_proc")],
+                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr  # the profile as shipped does not fit this node
+        lines = r.stdout.splitlines()
+        at = next(i for i, x in enumerate(lines) if x.startswith("Suggested site settings, from this node (paste into "))
+        path = lines[at].split("paste into ")[1].rstrip("):")
+        assert path == f"conf/local/{fabric}.yaml"
+        (conf.parent / path).write_text("\n".join(lines[at + 1:]) + "\n")  # the text itself, comments and all
+    lines = precheck.check(spec)
+    assert lines[0].startswith("  configs: all 10 arm x workload configs compose and pass their checks")
+    assert lines[1].startswith("  host checks: every arm's devices and interfaces are present and up")

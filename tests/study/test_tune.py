@@ -338,3 +338,54 @@ def test_every_kind_of_setting_is_let_through_the_guard_and_nothing_else(tmp_pat
     assert all(k.startswith("config.tuned") for k in keys - {"collectives.op", "config.collectives.op"}), keys
     other = {**mine, "collectives": {"op": "max", "iters": 6}}
     assert guard.differences(default, other, allow) == {"collectives.iters": (5, 6)}
+
+
+CC_TUNE = """\
+name: cc
+arm: {fabric: emu-100m}
+workloads:
+  - {name: iperf, entry: link, overrides: [link.duration_s=2]}
+space:
+  sysctls: {net.ipv4.tcp_rmem: ["4096 8192 8192", "lots"]}
+detect: 30%
+cv: 5%
+"""
+
+
+@pytest.mark.requires("root")
+def test_sysctl_values_are_the_kernels_parse_and_the_plan_names_the_default(tmp_path):
+    """The value is written by the emulator's own `sysctl -qw` in a throwaway network namespace:
+    `lots` for tcp_rmem is the kernel's EINVAL before any run. The default the plan prints is
+    read from a new namespace (the host's congestion control, the kernel's buffer sizes)."""
+    import subprocess as sp
+
+    from workloads.study.tune import plan_lines
+
+    with pytest.raises(UsageError) as e:
+        load_tune(write(tmp_path, CC_TUNE), output_root=str(tmp_path / "o"))
+    assert str(e.value).startswith("space.sysctls.net.ipv4.tcp_rmem=lots: the kernel refuses it (setting key"), e.value
+    t = load_tune(write(tmp_path, CC_TUNE.replace(', "lots"', "").replace("tcp_rmem", "tcp_congestion_control")
+                        .replace('"4096 8192 8192"', "reno")), output_root=str(tmp_path / "o"))
+    cc = sp.run(["unshare", "--net", "cat", "/proc/sys/net/ipv4/tcp_congestion_control"], capture_output=True,
+                text=True).stdout.strip()
+    default = next(line for line in plan_lines(t) if line.strip().startswith("default:"))
+    assert default.endswith(f"(tcp_congestion_control={cc}, read from a new namespace)"), default
+
+
+def test_a_finished_tune_is_reprinted_without_measuring_and_another_definition_is_one_line(tmp_path):
+    from workloads.study.tune import run_tune
+
+    t = load_tune(write(tmp_path), output_root=str(tmp_path / "o"))
+    t.dir.mkdir(parents=True)
+    (t.dir / "tune.json").write_text(__import__("json").dumps(t.as_dict()))
+    (t.dir / "tune.txt").write_text("inconclusive: same faster than default by 0.2% [-1.4, +1.7]\n")
+    (t.dir / tuned.FILE).write_text("label: t-tuned\n")
+    said: list[str] = []
+    assert run_tune(t, say=said.append) == 0
+    assert said[0] == f"tune t: finished earlier, nothing to run ({t.dir}/tune.txt): inconclusive: same faster than " \
+                      "default by 0.2% [-1.4, +1.7]" and len(said) == 2, said
+    other = load_tune(write(tmp_path, TUNE.replace("detect: 30%", "detect: 40%")), output_root=str(tmp_path / "o"))
+    said.clear()
+    with pytest.raises(UsageError, match="holds tune 't' with other detect"):
+        run_tune(other, say=said.append)
+    assert said == []    # refused before the plan

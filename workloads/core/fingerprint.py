@@ -33,6 +33,11 @@ def git_commit() -> dict[str, Any]:
     (analysis/guard.py), as a commit is. Untracked files are not code git knows of: results,
     caches and local configs lie there."""
     commit = _run(["git", "rev-parse", "HEAD"], REPO_ROOT)
+    if commit is None and os.environ.get("FABRICBENCH_GIT_COMMIT"):
+        # an image holds no .git: tools/image.sh baked in the checkout's commit and edit hash
+        dirty_hash = os.environ.get("FABRICBENCH_GIT_DIRTY_HASH") or None
+        return {"commit": os.environ["FABRICBENCH_GIT_COMMIT"], "dirty": dirty_hash is not None,
+                "dirty_hash": dirty_hash}
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], REPO_ROOT)
     diff = _run(["git", "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], REPO_ROOT) if dirty else None
     return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None,
@@ -75,25 +80,31 @@ def cpu_affinity() -> int | None:
 def container_identity(root: str = "/") -> dict[str, Any] | None:
     """The container this process runs in, as its runtime announces it, or None on a host: a
     record made in a container must say so (its devices, limits and /dev/shm are the
-    container's, docs/cluster.md). podman writes /run/.containerenv (engine, name, image when
-    run as root), docker /.dockerenv, Apptainer sets APPTAINER_CONTAINER (the image), and
-    podman, systemd-nspawn and enroot set `container`. Always the same keys (runtime, image, name),
-    unknown ones null, so records from different runtimes have one shape."""
+    container's, docs/cluster.md). podman writes /run/.containerenv (engine, name, image and
+    imageid when run as root; empty under some runtimes), docker /.dockerenv, Apptainer sets
+    APPTAINER_CONTAINER (the image), and podman, systemd-nspawn and enroot set `container`. The
+    project's images also carry their tag (FABRICBENCH_IMAGE, baked in by tools/image.sh) and a
+    run may pass the image's id (FABRICBENCH_IMAGE_ID, which `make image`'s run line sets and
+    tools/oci_bundle.sh writes into a bundle). Always the same keys (runtime, image, image_id,
+    name), unknown ones null, so records from different runtimes have one shape."""
     r = Path(root)
+    baked = {"image": os.environ.get("FABRICBENCH_IMAGE") or None,
+             "image_id": os.environ.get("FABRICBENCH_IMAGE_ID") or None}
     image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
     if image:
-        return {"runtime": "apptainer", "image": image, "name": None}
+        return {"runtime": "apptainer", "image": image, "image_id": baked["image_id"], "name": None}
     try:
         text = (r / "run" / ".containerenv").read_text()
     except OSError:
         text = None
     if text is not None:
         kv = dict(re.findall(r'^(\w+)="([^"]*)"$', text, re.M))
-        return {"runtime": kv.get("engine", "podman"), "image": kv.get("image") or None, "name": kv.get("name") or None}
+        return {"runtime": kv.get("engine", "podman"), "image": kv.get("image") or baked["image"],
+                "image_id": kv.get("imageid") or baked["image_id"], "name": kv.get("name") or None}
     if (r / ".dockerenv").exists():
-        return {"runtime": "docker", "image": None, "name": None}
+        return {"runtime": "docker", **baked, "name": None}
     if os.environ.get("container"):
-        return {"runtime": os.environ["container"], "image": None, "name": None}
+        return {"runtime": os.environ["container"], **baked, "name": None}
     return None
 
 

@@ -225,7 +225,8 @@ class Injector:
             for f, e in zip(self.faults, self.events):
                 if e["applied_s"] is not None and e["restored_s"] is None:
                     self._apply(f, e, apply=False, late=True)
-            self._write()
+            if self.faults:  # no schedule: no folder was made, nothing to record
+                self._write()
 
     def outlasted(self) -> list[str]:
         """Faults the run did not see whole: it ended before one was applied or restored."""

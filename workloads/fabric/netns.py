@@ -297,8 +297,35 @@ def _sysctls(raw: Any) -> tuple[tuple[str, str], ...]:
             if have and value not in have:
                 raise UsageError(f"emulate.sysctls.{name}={value}: this kernel offers {', '.join(have)} "
                                  f"({CC_AVAILABLE}); pick one of them, or load the module (modprobe tcp_{value})")
+        elif (why := kernel_refuses(name, value)):
+            raise UsageError(f"emulate.sysctls.{name}={value}: the kernel refuses it ({why}); give what "
+                             f"`sysctl {name}` prints, e.g. {namespace_default(name) or 'its current value'}")
         out.append((name, value))
     return tuple(out)
+
+
+def _proc(name: str) -> str:
+    return "/proc/sys/" + name.replace(".", "/")
+
+
+def kernel_refuses(name: str, value: str) -> str | None:
+    """The kernel's own parse of a per-namespace sysctl: the value written in a throwaway network
+    namespace (`unshare --net`), which only that namespace sees. None when it takes it, or when
+    no namespace can be made here (not root: the emulator cannot run either, and says so)."""
+    # the emulator's own command (sysctl -qw in each node namespace), in a namespace of its own
+    p = subprocess.run(["unshare", "--net", "sysctl", "-qw", f"{name}={value}"], capture_output=True, text=True,
+                       timeout=30)
+    err = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    if p.returncode == 0 or err.startswith("unshare:"):
+        return None
+    return err.removeprefix("sysctl: ") or f"sysctl exit {p.returncode}"
+
+
+def namespace_default(name: str) -> str | None:
+    """What a new node namespace starts with (a new netns copies some of these from the host,
+    tcp_congestion_control among them, and resets others): read in a throwaway one."""
+    p = subprocess.run(["unshare", "--net", "cat", _proc(name)], capture_output=True, text=True, timeout=30)
+    return " ".join(p.stdout.split()) or None if p.returncode == 0 else None
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:

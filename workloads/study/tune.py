@@ -64,6 +64,14 @@ def plan_lines(tune: TuneSpec, family: int = 1) -> list[str]:
            f"(none of the confirmation's if the search keeps the default); arm {arm}",
            f"  candidates: {len(tune.candidates)}, the default (the arm as it is) included:"]
     out += [f"    {c.name}: {c.describe()}" for c in tune.candidates]
+    swept = sorted({k for c in tune.candidates for k in (c.settings.get("sysctls") or {})})
+    if swept:
+        from workloads.fabric.netns import namespace_default
+
+        # the default is what a new node namespace starts with: the host's congestion control
+        # (bbr on some kernels, cubic on others), the kernel's own buffer sizes
+        out[-len(tune.candidates)] += " (" + ", ".join(f"{k.rsplit('.', 1)[-1]}={namespace_default(k) or '?'}"
+                                                     for k in swept) + ", read from a new namespace)"
     out += [f"  workloads: {', '.join(f'{wl.name} ({wl.entry}, primary {wl.primary_metric or wl.kind.primary_text})' for wl in tune.workloads)}",
             f"  search: successive halving, {len(phases)} round(s): "
             + "; ".join(f"round {r + 1}: {n} candidates x {b} block(s) x {w} workload(s) = {n * b * w} runs"
@@ -181,6 +189,17 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
     """`family`: the tunes a study runs together (each is then judged at alpha / family)."""
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
+    if (tune.dir / "tune.json").is_file():
+        # the same id with another definition: one line before anything is composed or printed
+        definition(tune.dir, "tune", tune.as_dict(), tune.output_root)
+        if not plan_only and (tune.dir / "tune.txt").is_file() and (tune.dir / tuned.FILE).is_file():
+            # finished: its verdict and arm stand (a rerun would measure nothing and judge the same
+            # records), so say them again rather than re-reading every round's records
+            say(f"tune {tune.id}: finished earlier, nothing to run ({tune.dir}/tune.txt): "
+                f"{(tune.dir / 'tune.txt').read_text().strip()}")
+            say(f"tuned arm: {tune.dir / tuned.FILE}; a study names it as {{tuned: {tune.dir}}}; to measure "
+                "again, pass --id <new id>")
+            return 0
     # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before
     # the plan is printed: a refused tune says only why, not a plan it will never run
     first = phase_spec(tune, "search-1", [c.name for c in tune.candidates], 1, tune.seed)

@@ -191,7 +191,10 @@ def _settings(raw: Mapping[str, Any], what: str, arm: Arm, unchecked: set[str], 
                 from workloads.fabric.netns import _sysctls
 
                 for value in _values(v, f"{what}.{kind}.{name}"):
-                    _sysctls({str(name): value})  # a congestion control the kernel lacks is refused here
+                    try:  # a congestion control the kernel lacks, a value it refuses: here, before any run
+                        _sysctls({str(name): value})
+                    except UsageError as e:
+                        raise UsageError(f"{what}.{kind}.{str(e).split('emulate.sysctls.', 1)[-1]}") from None
         out[kind] = {str(k): _values(v, f"{what}.{kind}.{k}") if lists else _values(v, f"{what}.{kind}.{k}")[0]
                      for k, v in block.items()}
     return out

@@ -1,0 +1,129 @@
+"""docs/quickstart-cluster.md's commands still parse: each fabricbench command by its own parser (a
+study or tune file loads, doctor's and the batch files' Hydra overrides compose), the Makefile
+variables it names exist, and every other program is one the page is known to use, so a new or
+renamed command fails here until this test learns it. The Slurm batch files themselves run in
+tests/launch/test_slurm*.py and the study under Slurm in tests/study/test_study.py."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import shlex
+
+import pytest
+
+from helpers import REPO
+from workloads import CONF_DIR
+from workloads.commands.cli import COMMANDS
+from workloads.core.config import compose
+
+PAGE = REPO / "docs" / "quickstart-cluster.md"
+# programs the page runs that are not this project's: only their presence is checked
+OTHERS = {"git", "cd", "export", "enroot"}
+BATCH = {"collectives.sbatch": "workload=collectives", "train.sbatch": None, "inference.sbatch": "workload=inference"}
+
+
+def commands() -> list[list[str]]:
+    out, fence = [], None
+    for line in PAGE.read_text().splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+            continue
+        if fence == "sh" and line.strip() and not line.lstrip().startswith("#"):
+            out.append(shlex.split(line, comments=True))
+    return out
+
+
+def unwrap(argv: list[str]) -> list[list[str]]:
+    """The commands a line runs: past environment assignments, srun's options, sbatch's --wrap and
+    bash -c."""
+    while argv and re.match(r"^[A-Z_]+=", argv[0]):
+        argv = argv[1:]
+    if argv[:1] in (["srun"], ["sbatch"]):
+        wrapped = [a.split("=", 1)[1] for a in argv if a.startswith("--wrap=")]
+        if "--wrap" in argv:
+            wrapped.append(argv[argv.index("--wrap") + 1])
+        if wrapped:
+            return [c for w in wrapped for c in unwrap(shlex.split(w))]
+        rest = argv[1:]
+        while rest and rest[0].startswith("-"):
+            rest = rest[1:]
+        return unwrap(rest)
+    if argv[:2] == ["bash", "-c"]:
+        return [c for part in argv[2].split("&&") for c in unwrap(shlex.split(part.split(">")[0]))]
+    return [argv]
+
+
+def check(argv: list[str]) -> None:
+    prog = argv[0]
+    if prog.endswith("fabricbench"):
+        if argv[1:2] == ["--help"]:
+            return
+        module = importlib.import_module(COMMANDS[argv[1]][0])
+        parser = argparse.ArgumentParser(prog=f"fabricbench {argv[1]}", exit_on_error=False)
+        module.add_arguments(parser)
+        args = parser.parse_args(argv[2:])
+        if argv[1] == "study":
+            from workloads.study.spec import load_spec
+
+            load_spec(REPO / args.study)
+        if argv[1] == "doctor" and args.overrides:
+            compose(CONF_DIR, args.overrides)
+        if argv[1] == "report":
+            assert args.baseline
+        return
+    if prog == "make":
+        text = (REPO / "Makefile").read_text()
+        for a in argv[1:]:
+            if "=" in a:
+                assert re.search(rf"^{a.split('=')[0]} \?=", text, re.M), f"the Makefile has no {a.split('=')[0]} ?="
+            else:
+                assert re.search(rf"^{a}:", text, re.M), f"the Makefile has no target {a}"
+        return
+    if prog.startswith("launch/slurm/"):
+        assert (REPO / prog).is_file(), prog
+        pick = BATCH[prog.rsplit("/", 1)[1]]
+        compose(CONF_DIR, [*([pick] if pick else []), *argv[1:]])
+        return
+    assert prog in OTHERS, f"{shlex.join(argv)}: a program this test does not know; teach it to check it"
+
+
+CASES = [c for line in commands() for c in unwrap(line)]
+
+
+def test_the_page_has_the_commands_it_promises():
+    progs = [(c[0].rsplit("/", 1)[-1], c[1] if len(c) > 1 else "") for c in CASES]
+    for want in [("fabricbench", "doctor"), ("fabricbench", "study"), ("fabricbench", "report"),
+                 ("collectives.sbatch", "fabric=ib"), ("collectives.sbatch", "fabric=roce"), ("enroot", "import")]:
+        assert want in progs, want
+
+
+@pytest.mark.parametrize("argv", CASES, ids=lambda c: " ".join(c)[:60])
+def test_every_quickstart_command_parses(argv):
+    check(argv)
+
+
+def test_a_command_that_stops_parsing_fails_here():
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        check([".venv/bin/fabricbench", "study", "conf/study/ib-vs-roce.yaml", "--plann"])
+    with pytest.raises(AssertionError, match="no PYTHON3"):
+        check(["make", "sync", "PYTHON3=python3"])
+    with pytest.raises(Exception, match="fabric"):
+        check(["launch/slurm/collectives.sbatch", "fabric=infiniband"])
+
+
+def test_every_glossary_word_is_linked_where_it_first_appears():
+    """Each word the glossary defines is, at its first use before the glossary, a link to it."""
+    text = PAGE.read_text()
+    body, glossary = text.split("\n## Glossary\n")
+    terms = re.findall(r"^- \*\*(.+?)\*\*:", glossary, re.M)
+    assert {"arm", "block", "primary", "look", "window", "duty cycle", "A/A", "MDE", "TOST"} <= set(terms)
+    # a command or a heading is not where a reader is told what a word means
+    prose = re.sub(r"^#.*$", "", re.sub(r"```.*?```", "", body, flags=re.S), flags=re.M)
+    for term in terms:
+        first = re.search(rf"(?<![\w/]){re.escape(term)}", prose, re.I)
+        assert first, f"the glossary defines {term!r} but the page never uses it"
+        links = [m.span() for m in re.finditer(r"\[[^\]]*\]\(#glossary\)", prose)]
+        assert any(a <= first.start() < b for a, b in links), \
+            f"{term!r} first appears unlinked: ...{prose[max(0, first.start() - 40):first.end() + 40]}..."
