@@ -100,7 +100,9 @@ class Point:
     def label(self) -> str:
         r = self.runs[0]
         c = r.coords
-        parts = [r.workload, r.model, r.parallel]
+        # a study's workload name tells two points of one entry apart (1 KiB and 4 MiB collectives)
+        named = (r.study or {}).get("workload")
+        parts = [r.workload, named if named != r.workload else None, r.model, r.parallel]
         # the world counts GPUs only where the runs had some: a CPU run's ranks are processes
         # (a record without a fingerprint says nothing, and keeps the old word)
         fps = [x.record.get("fingerprint") for x in self.runs]

@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from analysis import latency
 from analysis.compare import Result
 
 # The CSV's columns, in order; the JSON rows carry these and a few more (see row()).
@@ -51,6 +52,7 @@ def as_dict(result: Result) -> dict[str, Any]:
         "excluded": [{"label": r.arm, "status": r.status, "source": r.source} for r in result.excluded],
         "verdicts": [row(p, c) for p, c in result.comparisons],
         "refusals": [f.message() for f in result.refusals],
+        "latency_arithmetic": latency.of_result(result),
         # points with no counterpart; "split": the identity keys parting one from its sibling of
         # the same fabric and coordinates, as [its value, the sibling's]
         "unmatched": [{"point": p.label, "fabrics": list(p.by_arm), "records": len(p.runs),

@@ -25,9 +25,10 @@ scheduler's request broadcast on its CPU (Gloo) group, not NCCL.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 def one_way_ms(rec: dict[str, Any]) -> float | None:
@@ -49,13 +50,16 @@ def one_way_ms(rec: dict[str, Any]) -> float | None:
 
 def unit_ms(rec: dict[str, Any]) -> dict[str, float]:
     """The times a delay adds to, per serial unit: one all_reduce at the record's smallest size
-    (collectives), one decode step and the first token (inference), one step (training), in ms."""
+    (collectives: the timed block's time per call, the measurement its verdict reads; the sampled
+    calls' p50 only in a record without one), one decode step and the first token (inference), one
+    step (training), in ms."""
     m, out = rec.get("metrics") or {}, {}
     rows = [r for r in rec.get("rows") or [] if r.get("op") == "all_reduce"]
     if rows:
         row = min(rows, key=lambda r: r["size"])
         stab = row.get("stability") or {}
-        t = stab.get("p50(us)") or next((row[k]["time_us"] for k in ("out_of_place", "in_place") if row.get(k)), None)
+        t = next((t for k in ("out_of_place", "in_place") if (t := (row.get(k) or {}).get("time_us"))), None) \
+            or stab.get("p50(us)")
         if t is not None:
             out["all_reduce"] = t / 1e3
             out["size"] = row["size"]
@@ -74,19 +78,69 @@ class Cell:
     arm: str
     record: dict[str, Any]
 
+    @property
+    def block(self) -> int | None:
+        return (self.record.get("study") or {}).get("block")
 
-def _medians(cells: Iterable[Cell]) -> dict[tuple[str, str, str], dict[str, float]]:
-    """(workload, point, arm) -> median over its ok trials of each unit time and of the delay."""
-    acc: dict[tuple, dict[str, list[float]]] = {}
+
+@dataclass(frozen=True)
+class Added:
+    """What an arm adds to a unit time over the baseline: the mean of the paired per-block
+    differences (ms) and its 95% t interval; unpaired (Welch) where the runs carry no block."""
+
+    ms: float
+    lo: float
+    hi: float
+    n: int
+    paired: bool
+
+    def text(self, digits: int = 2) -> str:
+        f = f"{{:+.{digits}f}}"
+        if math.isnan(self.lo):
+            return f"{f.format(self.ms)} ms [no interval: one run a side]"
+        return f"{f.format(self.ms)} ms [{f.format(self.lo)}, {f.format(self.hi)}]"
+
+
+def added(arm: dict[Any, list[float]], base: dict[Any, list[float]], confidence: float = 0.95) -> Added | None:
+    """Added (arm - baseline) from values keyed by block (None: a run without one). Blocks both
+    sides hold are paired, the verdict's own design (each block's median first); with none, the
+    runs are compared unpaired by Welch's t (no interval with one run a side). None without a value."""
+    import numpy as np
+    from scipy import stats as sps
+
+    shared = sorted(k for k in arm if k is not None and k in base)
+    if len(shared) >= 2:
+        d = np.array([median(arm[k]) - median(base[k]) for k in shared])
+        if np.ptp(d) == 0:
+            return Added(float(d[0]), float(d[0]), float(d[0]), len(d), True)
+        ci = sps.ttest_1samp(d, 0.0).confidence_interval(confidence)
+        return Added(float(d.mean()), float(ci.low), float(ci.high), len(d), True)
+    a = np.array([v for vs in arm.values() for v in vs])
+    b = np.array([v for vs in base.values() for v in vs])
+    if not len(a) or not len(b):
+        return None
+    diff = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return Added(diff, math.nan, math.nan, 1, False)
+    if np.ptp(a) == 0 and np.ptp(b) == 0:
+        return Added(diff, diff, diff, min(len(a), len(b)), False)
+    ci = sps.ttest_ind(a, b, equal_var=False).confidence_interval(confidence)
+    return Added(diff, float(ci.low), float(ci.high), min(len(a), len(b)), False)
+
+
+def _by_block(cells: Iterable[Cell]) -> dict[tuple[str, str, str], dict[str, dict[Any, list[float]]]]:
+    """(workload, point, arm) -> unit name -> block -> its ok runs' values (the delay too)."""
+    acc: dict[tuple, dict[str, dict[Any, list[float]]]] = {}
     for c in cells:
         if c.record.get("status") != "ok":
             continue
         slot = acc.setdefault((c.workload, c.point, c.arm), {})
-        for k, v in unit_ms(c.record).items():
-            slot.setdefault(k, []).append(v)
+        units = unit_ms(c.record)
         if (d := one_way_ms(c.record)) is not None:
-            slot.setdefault("delay", []).append(d)
-    return {k: {name: median(vs) for name, vs in v.items()} for k, v in acc.items()}
+            units["delay"] = d
+        for k, v in units.items():
+            slot.setdefault(k, {}).setdefault(c.block, []).append(v)
+    return acc
 
 
 def _layers_tp(cells: list[Cell], workload: str) -> tuple[int | None, int | None, str | None]:
@@ -113,58 +167,103 @@ def per_token(adapter: str | None, layers: int) -> tuple[int, str] | None:
     return None
 
 
-def arithmetic(cells: Iterable[Cell], baseline: str) -> list[str]:
+def _all(vals: dict[Any, list[float]]) -> list[float]:
+    return [v for vs in vals.values() for v in vs]
+
+
+def arithmetic(cells: Iterable[Cell], baseline: str,
+               called: Callable[[str, str, str], str | None] | None = None) -> list[str]:
     """The lines printed beside a delay study's verdicts (empty when its arms do not differ in
     delay): per arm against the baseline, the added delay, the price of one all_reduce, and for
-    each workload its measured added time beside what the count predicts."""
+    each workload its added time (paired within blocks, with its interval) beside what the count
+    predicts. `called(workload, point, arm)`: None when that point's primary verdict called a
+    difference, else its word ("inconclusive"); a point not called claims no count of waiting."""
     cells = list(cells)
-    med = _medians(cells)
-    arms = sorted({a for (_, _, a) in med} - {baseline})
+    by = _by_block(cells)
+    arms = sorted({a for (_, _, a) in by} - {baseline})
     out = []
     for arm in arms:
-        pairs = {(w, p): (med[(w, p, baseline)], med[(w, p, arm)]) for (w, p, a) in med
-                 if a == arm and (w, p, baseline) in med}
-        deltas = [b["delay"] - a["delay"] for a, b in pairs.values() if "delay" in a and "delay" in b]
+        pairs = {(w, p): (by[(w, p, baseline)], by[(w, p, arm)]) for (w, p, a) in by
+                 if a == arm and (w, p, baseline) in by}
+        deltas = [median(_all(b["delay"])) - median(_all(a["delay"])) for a, b in pairs.values()
+                  if "delay" in a and "delay" in b]
         if not deltas or abs(median(deltas)) < 0.05:
             continue  # these arms do not differ in delay
         dd = median(deltas)
         out.append(f"latency arithmetic, {arm} vs {baseline}: +{dd:.3f} ms one way (achieved, median of the "
-                   "records' delay-line p50s)")
-        calls = sorted(((a["size"], b["all_reduce"] - a["all_reduce"], w) for (w, p), (a, b) in pairs.items()
-                        if "all_reduce" in a and "all_reduce" in b), key=lambda x: x[0])
-        price = calls[0] if calls else None
+                   "records' delay-line p50s); added times are the mean of the per-block differences (paired, "
+                   "as the verdicts) with their 95% t interval")
+        prices = sorted(((median(_all(a["size"])), x, w) for (w, p), (a, b) in pairs.items()
+                         if "all_reduce" in a and "all_reduce" in b
+                         and (x := added(b["all_reduce"], a["all_reduce"])) is not None), key=lambda t: t[0])
+        price = prices[0] if prices else None
         if price is not None:
-            size, per_call, w = price
-            out.append(f"  one all_reduce of {size} B ({w}): +{per_call:.3f} ms = {per_call / (2 * dd):.2f} round trips "
-                       f"of the added delay")
+            size, x, w = price
+            out.append(f"  one all_reduce of {size:.0f} B ({w}, the timed block's time per call): {x.text(3)} = "
+                       f"{x.ms / (2 * dd):.2f}" + ("" if math.isnan(x.lo) else f" [{x.lo / (2 * dd):.2f}, "
+                                                    f"{x.hi / (2 * dd):.2f}]")
+                       + " round trips of the added delay" + _not(called, w, "-", arm))
         for (w, p), (a, b) in sorted(pairs.items()):
-            if "tpot" in a and "tpot" in b:
+            note = _not(called, w, p, arm)
+            if "tpot" in a and "tpot" in b and (x := added(b["tpot"], a["tpot"])) is not None:
                 layers, tp, adapter = _layers_tp(cells, w)
-                measured = b["tpot"] - a["tpot"]
-                text = f"  {w} {p}: TPOT {measured:+.2f} ms, TTFT {b.get('ttft', 0) - a.get('ttft', 0):+.2f} ms measured"
+                ttft = added(b["ttft"], a["ttft"]) if "ttft" in a and "ttft" in b else None
+                text = f"  {w} {p}: TPOT {x.text()}" + (f", TTFT {ttft.text()}" if ttft else "") + " measured"
                 count = per_token(adapter, layers) if layers else None
-                if price is not None and count is not None and tp and tp > 1:
+                if note:
+                    text += note + ", so no count of collectives is claimed"
+                elif price is not None and count is not None and tp and tp > 1:
                     calls, how = count
-                    predicted = calls * price[1]
-                    text += (f"; arithmetic: {calls} collectives per token ({how}, TP={tp}) x +{price[1]:.3f} ms = "
-                             f"+{predicted:.2f} ms (measured/arithmetic {measured / predicted:.2f})")
+                    predicted = calls * price[1].ms
+                    text += (f"; arithmetic: {calls} collectives per token ({how}, TP={tp}) x {price[1].ms:+.3f} ms = "
+                             f"{predicted:+.2f} ms" + ("" if math.isnan(price[1].lo) else
+                                                       f" [{calls * price[1].lo:+.2f}, {calls * price[1].hi:+.2f}]")
+                             + f" (measured/arithmetic {x.ms / predicted:.2f})")
                 elif count is None and tp and tp > 1:
                     text += f"; no count of {adapter}'s collectives per decode step here"
                 out.append(text)
-            elif "step" in a and "step" in b:
-                added = b["step"] - a["step"]
-                text = (f"  {w} {p}: step {added:+.2f} ms measured ({100 * added / a['step']:+.1f}% of "
-                        f"{a['step']:.1f} ms)")
-                if price is not None and price[1] > 0:
-                    text += f" = {added / price[1]:.1f} small all_reduces' worth of waiting per step"
+            elif "step" in a and "step" in b and (x := added(b["step"], a["step"])) is not None:
+                base_ms = median(_all(a["step"]))
+                text = f"  {w} {p}: step {x.text()} measured ({100 * x.ms / base_ms:+.1f}% of {base_ms:.1f} ms)"
+                if note:
+                    text += note + ", so no count of waiting is claimed"
+                elif price is not None and price[1].ms > 0:
+                    text += f" = {x.ms / price[1].ms:.1f} small all_reduces' worth of waiting per step"
                 out.append(text)
     return out
 
 
+def _not(called, workload: str, point: str, arm: str) -> str:
+    """'; not called (inconclusive)' when the point's verdict called no difference; '' otherwise."""
+    word = called(workload, point, arm) if called else None
+    return f"; not called ({word})" if word else ""
+
+
+def of_result(result) -> list[str]:
+    """The arithmetic of a compared set of records (analysis.compare.Result): every run of its
+    compared points, each point's primary verdict deciding whether its count is claimed."""
+    seen: dict[int, Cell] = {}
+    verdict: dict[tuple[str, str, str], Any] = {}
+    for p, c in result.comparisons:
+        for r in p.runs:
+            name = (r.study or {}).get("workload") or r.workload
+            seen.setdefault(id(r), Cell(name, r.point or "-", r.arm, r.record))
+            if c.primary and not c.control:
+                verdict[(name, r.point or "-", c.arm)] = c
+    if not seen:
+        return []
+
+    def called(w: str, p: str, arm: str) -> str | None:
+        c = verdict.get((w, p, arm))
+        return None if c is None or c.significant else ("equivalent" if c.equivalent else "inconclusive")
+
+    return arithmetic(seen.values(), result.baseline, called)
+
+
 # --- sensitivity: slopes of each workload's time against delay and 1/bandwidth ---------------
 
-_NOT_SAME = ("fabric", "run_id", "output_root", "trial", "study", "logger", "launcher", "hydra", "wandb",
-             "dist.timeout_s", "load.points", "record_id")
+# Never what a user varied across one point's runs: the study-wide load list, the record's own id.
+_NOT_SAME = ("config.load.points", "config.record_id")
 
 
 def inv_rate(rec: dict[str, Any]) -> float | None:
@@ -178,12 +277,12 @@ def inv_rate(rec: dict[str, Any]) -> float | None:
 
 
 def _group(rec: dict[str, Any]) -> tuple:
-    from workloads.core.records import flatten, json_safe
+    """The verdicts' own identity (analysis/guard.py): what a user set, never the fabric nor what
+    the emulator chose for a run (its server's host-link address), so two arms whose kept
+    topologies got different /30s are one point."""
+    from analysis.guard import point_key
 
-    flat = flatten(json_safe(rec.get("config") or {}), ".")
-    same = tuple(sorted((k, repr(v)) for k, v in flat.items()
-                        if not any(k == p or k.startswith(p + ".") for p in _NOT_SAME)))
-    return rec.get("workload"), rec.get("point"), same
+    return rec.get("workload"), rec.get("point"), point_key(rec, _NOT_SAME)
 
 
 @dataclass(frozen=True)
@@ -212,13 +311,12 @@ class Slope:
 
 
 def slopes(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[Slope]:
-    """Per workload point (records alike in everything but the fabric) and unit time: an
-    ordinary least-squares fit on the one-way delay and 1/rate where each varies across the
-    records, with t intervals. Each record is one run (a trial), never a step, so the runs are
+    """Per workload point (the verdicts' identity) and unit time: a least-squares fit on the
+    one-way delay (where it spans more than the line's jitter) and 1/rate where each varies
+    across the records, with the intervals of _intervals. Each record is one run (a trial), never a step, so the runs are
     the independent observations; a study's blocks are not modelled (their drift widens the
     residuals instead)."""
     import numpy as np
-    from scipy import stats
 
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
@@ -236,7 +334,8 @@ def slopes(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[
             ir = np.array([r[1] if r[1] is not None else np.nan for r in rows])
             y = np.array([r[2] for r in rows])
             cols, names = [np.ones(len(y))], []
-            if len(set(np.round(d, 3))) >= 2:
+            # a delay axis spans more than the line's jitter: 495-500 us is one level, not a slope
+            if np.ptp(d) >= 0.05:
                 cols.append(d)
                 names.append("delay")
             if not np.isnan(ir).any() and len(set(np.round(ir, 6))) >= 2:
@@ -246,18 +345,60 @@ def slopes(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[
                 continue
             x = np.column_stack(cols)
             beta, *_ = np.linalg.lstsq(x, y, rcond=None)
-            dof = len(y) - len(cols)
-            resid = y - x @ beta
-            cov = (resid @ resid / dof) * np.linalg.pinv(x.T @ x)
-            t = stats.t.ppf(0.5 + confidence / 2, dof)
-            ci = {n: (float(beta[i + 1]), float(beta[i + 1] - t * np.sqrt(cov[i + 1, i + 1])),
-                      float(beta[i + 1] + t * np.sqrt(cov[i + 1, i + 1]))) for i, n in enumerate(names)}
+            ci = _intervals(x, y, names, d, ir, beta, confidence)
             base = float(beta[0] + sum(beta[i + 1] * (d.min() if n == "delay" else np.nanmin(ir))
                                        for i, n in enumerate(names)))
             out.append(Slope(str(workload), point, unit, len(y), base, ci.get("delay"), ci.get("rate"),
                              tuple(sorted(set(np.round(d, 3).tolist()))),
                              tuple(sorted({round(1 / v, 3) for v in ir if not np.isnan(v)}))))
     return out
+
+
+def _intervals(x, y, names, d, ir, beta, confidence: float) -> dict[str, tuple[float, float, float]]:
+    """Each slope's interval. One axis at two levels: Welch's interval on the two levels' mean
+    difference over their spacing, exact for unequal runs and spreads per level (an OLS interval
+    pools the spreads and covered 59% so). Otherwise HC3 (MacKinnon & White) standard errors,
+    robust to a spread that differs per level, with t at the residual degrees of freedom."""
+    import numpy as np
+    from scipy import stats
+
+    axis = d if names == ["delay"] else ir if names == ["rate"] else None
+    if axis is not None:
+        high = _two_levels(axis)
+        if high is not None:
+            lo_y, hi_y = y[~high], y[high]
+            gap = float(axis[high].mean() - axis[~high].mean())
+            diff = float(hi_y.mean() - lo_y.mean())
+            if len(lo_y) < 2 or len(hi_y) < 2:
+                return {}
+            if not (np.ptp(lo_y) or np.ptp(hi_y)):
+                return {names[0]: (diff / gap, diff / gap, diff / gap)}
+            w = stats.ttest_ind(hi_y, lo_y, equal_var=False).confidence_interval(confidence)
+            return {names[0]: (diff / gap, float(w.low) / gap, float(w.high) / gap)}
+    # HC3 at the residual degrees of freedom covered 92.5% with 4 runs a level at spreads 1:3:6; half
+    # of them, as a Welch interval's degrees fall to its noisiest level's, brings it to nominal
+    dof = max(1, len(y) // 2 - x.shape[1])
+    resid = y - x @ beta
+    bread = np.linalg.pinv(x.T @ x)
+    h = np.einsum("ij,jk,ik->i", x, bread, x)
+    meat = x.T @ (x * (resid / np.clip(1 - h, 1e-12, None)) [:, None] ** 2)
+    cov = bread @ meat @ bread
+    t = stats.t.ppf(0.5 + confidence / 2, dof)
+    return {n: (float(beta[i + 1]), float(beta[i + 1] - t * np.sqrt(cov[i + 1, i + 1])),
+                float(beta[i + 1] + t * np.sqrt(cov[i + 1, i + 1]))) for i, n in enumerate(names)}
+
+
+def _two_levels(axis):
+    """Where the runs sit at two levels of the axis (each run's achieved delay wobbles within
+    its level): the mask of the upper one; None for one level or three and more."""
+    import numpy as np
+
+    v = np.sort(axis)
+    cut = int(np.argmax(np.diff(v)))
+    gap = v[cut + 1] - v[cut]
+    if gap <= 0 or max(v[cut] - v[0], v[-1] - v[cut + 1]) > gap / 4:
+        return None
+    return axis > v[cut]
 
 
 def _point_label(point: str | None, rec: dict[str, Any]) -> str | None:

@@ -24,7 +24,6 @@ is one trial, and dropping the extremes would shrink the spread the test needs.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,24 +32,9 @@ from typing import Iterable
 
 from analysis import stats
 from workloads.core.errors import UsageError
+from workloads.inference.loadgen.mlperf_logs import MLLOG, InferenceRun, inference_run, mllog
 
-MLLOG = ":::MLLOG"
 TRAINING_METRIC = "time_to_train(s)"
-# The sentence the summary writes for each constraint, and the detail log's key for it
-# (LoadGen's results.cc, as its logs show them).
-CONSTRAINTS = (("result_perf_constraints_met", "Performance constraints satisfied", "latency constraint"),
-               ("result_min_duration_met", "Min duration satisfied", "min duration"),
-               ("result_min_queries_met", "Min queries satisfied", "min queries"),
-               ("early_stopping_met", "Early stopping satisfied", "early stopping"))
-# scenario -> [(detail key, summary line, metric name)], the first one present decides (see above)
-SCENARIO_METRICS = {
-    "Offline": [("result_tokens_per_second", "Tokens per second", "tokens_per_sec"),
-                ("result_samples_per_second", "Samples per second", "samples_per_sec")],
-    "Server": [("result_completed_tokens_per_second", "Completed tokens per second", "tokens_per_sec"),
-               ("result_completed_samples_per_sec", "Completed samples per second", "samples_per_sec"),
-               # summaries before LoadGen 4.1 name only the scheduled rate, the metric of their round
-               ("result_scheduled_samples_per_sec", "Scheduled samples per second", "samples_per_sec")],
-}
 
 
 @dataclass(frozen=True)
@@ -74,22 +58,6 @@ class Entry:
     @property
     def higher_is_better(self) -> bool:
         return self.kind == "inference"
-
-
-def mllog(text: str) -> list[dict]:
-    """Every `:::MLLOG {json}` line of a log, in order; other lines (a launcher's output) skipped."""
-    out = []
-    for line in text.splitlines():
-        at = line.find(MLLOG)
-        if at < 0:
-            continue
-        try:
-            obj = json.loads(line[at + len(MLLOG):])
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and "key" in obj:
-            out.append(obj)
-    return out
 
 
 def _first(events: list[dict], key: str) -> dict | None:
@@ -157,51 +125,6 @@ def training_entry(folder: Path, files: list[Path]) -> Entry:
     system = folder.parent.name if folder.parent.parent.name == "results" or not platform else str(platform["value"])
     return Entry("training", benchmark, "", TRAINING_METRIC, score, tuple(ok), system, tuple(r.path for r in runs),
                  tuple(notes))
-
-
-def _summary_fields(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        k, sep, v = line.partition(":")
-        if sep and k.strip() and k.strip() not in out:
-            out[k.strip()] = v.strip()
-    return out
-
-
-@dataclass(frozen=True)
-class InferenceRun:
-    path: str
-    scenario: str
-    mode: str
-    metric: str | None
-    value: float | None
-    valid: bool
-    failed: tuple[str, ...]        # the constraints LoadGen says were not met
-
-
-def inference_run(folder: Path) -> InferenceRun:
-    """One LoadGen run folder; the detail log's keys where it has them, else the summary's lines."""
-    detail = {}
-    if (folder / "mlperf_log_detail.txt").is_file():
-        for e in mllog((folder / "mlperf_log_detail.txt").read_text(errors="replace")):
-            detail.setdefault(e["key"], e.get("value"))
-    summary = _summary_fields((folder / "mlperf_log_summary.txt").read_text(errors="replace")) \
-        if (folder / "mlperf_log_summary.txt").is_file() else {}
-    scenario = str(detail.get("effective_scenario") or summary.get("Scenario", "?"))
-    mode = str(detail.get("effective_test_mode") or summary.get("Mode", "?"))
-    metric = value = None
-    for key, line, name in SCENARIO_METRICS.get(scenario, []):
-        raw = detail.get(key, summary.get(line))
-        if raw is not None:
-            try:
-                metric, value = name, float(raw)
-            except (TypeError, ValueError):
-                continue
-            break
-    validity = str(detail.get("result_validity") or summary.get("Result is", "")).upper()
-    failed = tuple(words for key, line, words in CONSTRAINTS
-                   if detail.get(key) is False or summary.get(line, "").upper() == "NO")
-    return InferenceRun(str(folder), scenario, mode, metric, value, validity == "VALID", failed)
 
 
 def _benchmark_of(folder: Path, scenario: str) -> tuple[str, str]:

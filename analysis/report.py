@@ -131,6 +131,14 @@ def _capacity(table: Table, result: Result, slo_ms: float | None, slo_metric: st
     return [Section(f"Capacity at TTFT {slo_metric.split('_')[0]} <= {slo_ms:g} ms", [("p", CAPACITY_NOTE), ("list", lines)])]
 
 
+def _latency(result: Result) -> list[Section]:
+    """Arms that differ in the emulated delay: what each workload's added time is made of (analysis/latency.py)."""
+    from analysis import latency
+
+    lines = latency.of_result(result)
+    return [Section("Latency arithmetic", [("list", [x.strip() for x in lines])])] if lines else []
+
+
 def _raw_link(table: Table) -> list[Section]:
     rows = topology.against_raw_link(table)
     if not rows:
@@ -187,7 +195,8 @@ def sections(table: Table, result: Result, charts: list[tuple[Path, str]], slo_m
              slo_metric: str = "p90_ttft_ms") -> list[Section]:
     figs = Section("Charts", [("figure", p, cap) for p, cap in charts] or [("p", "No chart: the records hold nothing to draw.")])
     root = records_root(table)
-    return [*_top(table, result), figs, *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table), *_jobs(root, result.baseline),
+    return [*_top(table, result), figs, *_latency(result), *_capacity(table, result, slo_ms, slo_metric), *_raw_link(table),
+            *_jobs(root, result.baseline),
             *_details(table, result), *_clock(table, result), *_tail(table, result, root)]
 
 

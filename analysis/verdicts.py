@@ -34,7 +34,9 @@ def lines(result: Result, verbose: bool = False, dirs: Sequence[str] = ()) -> li
     if (excluded := result.excluded_summary()) is not None:
         out.append(excluded)
     out += [f"{p.label} [{c.metric}]: {c.verdict}" for p, c in result.comparisons]
-    from analysis import topology
+    from analysis import latency, topology
+
+    out += latency.of_result(result)  # arms that differ in delay: what each added time is made of
 
     # emulate --jobs writes its summaries beside the run folders, under the folders given here
     found = {s["_path"]: s for d in dirs for s in topology.jobs_summaries(Path(d))}

@@ -26,6 +26,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from analysis import nccl_cost as nc
+from analysis.projection.forms import MODEL_ONLY
 from analysis.projection.lines import _size
 from workloads.core.errors import UsageError
 
@@ -233,7 +234,8 @@ def label(h: dict[str, Any], nodes: int, gpn: int) -> str:
         return "measured"
     if nodes <= top:
         return "interpolated"
-    return "extrapolated" if nodes <= 4 * top else "model-only"
+    # the same rule as the other forms: nothing measured supports a node count past MODEL_ONLY x the largest
+    return "extrapolated" if nodes <= MODEL_ONLY * top else "model-only"
 
 
 def layouts(h: dict[str, Any], nodes: str | None, gpn: int | None, ranks: list[int] | None) -> list[tuple[int, int]]:

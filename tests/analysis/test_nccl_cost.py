@@ -399,3 +399,9 @@ def test_no_line_of_an_nccl_projection_prices_a_flat_ring(tmp_path):
         assert "[" not in x and "no interval for this form yet" in x
         algos.add(m.group(2))
     assert algos - {"Ring"}, algos     # NCCL's choice by size and node count, not one ring throughout
+
+
+def test_an_nccl_projection_is_model_only_past_2x_the_measured_nodes_as_every_form():
+    cal = {"nccl": hi.fit([_record(2, 8), _record(4, 8)])}
+    assert [hi.label(cal["nccl"], n, 8) for n in (2, 3, 8, 9, 64)] == [
+        "measured", "interpolated", "extrapolated", "model-only", "model-only"]

@@ -1,8 +1,13 @@
 """docs/quickstart-cluster.md's commands still parse: each fabricbench command by its own parser (a
 study or tune file loads, doctor's and the batch files' Hydra overrides compose), the Makefile
 variables it names exist, and every other program is one the page is known to use, so a new or
-renamed command fails here until this test learns it. The Slurm batch files themselves run in
-tests/launch/test_slurm*.py and the study under Slurm in tests/study/test_study.py."""
+renamed command fails here until this test learns it.
+
+Where each step runs: the doctor steps (step 2) under the tests' private Slurm, here; the 2-node
+collectives lines under Slurm shims up to torchrun, which needs GPUs (tests/launch/test_slurm_files.py,
+every documented sbatch line); the shipped study's plan on a node holding both fabrics
+(tests/study/test_precheck.py), its pilot on an emulated study there; a study under
+`sbatch --wrap` (tests/study/test_study.py); the report (tests/analysis/test_report_e2e.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import argparse
 import importlib
 import re
 import shlex
+import subprocess
 
 import pytest
 
@@ -127,3 +133,36 @@ def test_every_glossary_word_is_linked_where_it_first_appears():
         links = [m.span() for m in re.finditer(r"\[[^\]]*\]\(#glossary\)", prose)]
         assert any(a <= first.start() < b for a, b in links), \
             f"{term!r} first appears unlinked: ...{prose[max(0, first.start() - 40):first.end() + 40]}..."
+
+
+@pytest.mark.requires("root", "slurm")
+@pytest.mark.slow
+def test_the_doctor_steps_run_under_slurm(tmp_path):
+    """Step 2 as the page writes it, on the tests' private 2-node Slurm, on the sysfs of a node
+    holding both fabrics (FABRICBENCH_SYSFS_ROOT: this machine has no HCAs) and without
+    --gpus-per-node (it has no GPUs: the one option left out): doctor fails the shipped profile and
+    prints the site settings; every node writes its JSON; --compare reads them back."""
+    from helpers import FIXTURES, child_env
+    from helpers.slurm_cluster import SlurmCluster
+
+    page = [ln for ln in commands() if ln[:1] == ["srun"] and "doctor" in " ".join(ln)]
+    one = next(ln for ln in page if "fabric=roce" in ln)
+    every = next(ln for ln in page if "--json" in " ".join(ln))
+    compare = next(ln for line in commands() for ln in unwrap(line) if "--compare" in ln)
+    drop = lambda argv: [a for a in argv if not a.startswith("--gpus-per-node")]  # noqa: E731
+    venv = REPO / ".venv" / "bin" / "fabricbench"
+    with SlurmCluster(tmp_path / "slurm", nodes=2) as c:
+        env = c.env(child_env(FABRICBENCH_SYSFS_ROOT=str(FIXTURES / "sysfs" / "dual_host")))
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / ".venv").symlink_to(venv.parent.parent)
+        r = subprocess.run(drop(one), cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "FAIL: NCCL_IB_HCA=mlx5 selects mlx5_0:1" in r.stdout, r.stdout + r.stderr
+        assert "Suggested site settings, from this node (paste into conf/local/roce.yaml):" in r.stdout
+        r = subprocess.run(drop(every), cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr + c.logs()
+        files = sorted(p.name for p in work.glob("doctor-*.json"))
+        assert len(files) == 2, files  # one per node: SLURMD_NODENAME, not the (shared) hostname
+        r = subprocess.run(["bash", "-c", shlex.join(compare).replace("'doctor-*.json'", "doctor-*.json")], cwd=work,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.startswith("Compared 2 nodes: "), r.stdout + r.stderr

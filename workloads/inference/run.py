@@ -40,6 +40,7 @@ from workloads.inference.adapters.orchestrator import ManagedServer, log_tail
 from workloads.inference.loadgen.arrivals import Arrival
 from workloads.inference.loadgen.backends import get_backend
 from workloads.inference.loadgen.datasets import PromptPlan, load_tokenizer, run_salt
+from workloads.inference.loadgen.mlperf import MlperfSettings, mlperf_section, run_mlperf
 from workloads.inference.loadgen.point import LoadPoint, loop_factory, planned_requests, run_load
 from workloads.inference.metrics import parse_slo, summarize
 from workloads.models.tp import check_tp_divides
@@ -62,6 +63,7 @@ class LoadSettings:
     max_failed_fraction: float  # a point is ok only when at most this share of its requests failed
     event_loop: str           # auto | uvloop | asyncio (loadgen/point.py loop_factory)
     max_requests: int | None = None  # the memory bound of a point (check_memory); None: unknown
+    mlperf: MlperfSettings | None = None  # load.arrival=mlperf: LoadGen drives each point
 
     def point(self, base_url: str, backend, model_name: str, prompts, arrival: Arrival) -> LoadPoint:
         return LoadPoint(base_url, backend, model_name, prompts.measured, arrival, num_requests=self.num_requests,
@@ -104,6 +106,8 @@ def arrivals(load: DictConfig) -> list[Arrival]:
             if v != int(v):
                 raise UsageError(f"load.points={pts}: a closed loop's points are concurrencies, whole numbers")
             out.append(Arrival("closed", concurrency=int(v)))
+        elif kind == "mlperf":
+            out.append(Arrival("mlperf", rate=float(v)))  # Server's target QPS, Offline's expected QPS
         else:
             out.append(Arrival(kind, rate=float(v), burstiness=float(load.burstiness), max_concurrency=cap))
     return out
@@ -131,7 +135,9 @@ def _load_settings(load: DictConfig, points: list[Arrival]) -> LoadSettings:
         warmup_requests=int(load.warmup_requests), timeout_s=float(load.request_timeout_s), seed=int(load.seed),
         extra_body=dict(load.extra_body or {}), lag_warn_ms=float(load.lag_warn_ms),
         flush_cache_path=None if flush is None else str(flush),
-        max_failed_fraction=float(load.get("max_failed_fraction", 0.0)), event_loop=event_loop)
+        max_failed_fraction=float(load.get("max_failed_fraction", 0.0)), event_loop=event_loop,
+        mlperf=MlperfSettings.from_keys(str(load.get("scenario") or "Offline"), dict(load.get("mlperf") or {}))
+        if str(load.arrival) == "mlperf" else None)
 
 
 def request_bytes(input_len: int, output_len: int) -> int:
@@ -374,7 +380,7 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         # not the summary and sample rows built after it, which would dilute its rate.
         noise = PointMeter()
         mark = obs.begin() if obs is not None else None
-        res = run_load(point, warn=lambda m: print(m, flush=True))
+        res, lg_run = _drive(plan, point, records / f"{plan.stem(a)}.loadgen")
         done = time.time()
         # the point's measured requests (its warm-up came before them) on the run's clock: the
         # study's duty cycle and a report's time to the verdict count a sweep's points by it
@@ -392,6 +398,8 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
         rec["samples"] = {"requests": [r.as_row() for r in res.results], "cap_wait_s": res.cap_wait_s}
         rec["client"] = {"event_loop": res.event_loop}
         rec["status"], rec["error"] = point_status(m, plan.load.max_failed_fraction)
+        if lg_run is not None:
+            _add_mlperf(rec, lg_run, plan.load.mlperf, records / f"{plan.stem(a)}.loadgen", records)
         if res.capped and rec["status"] == "ok":  # it did not run for as long as asked
             rec["status"], rec["error"] = "partial", (
                 f"stopped after {len(res.results)} requests in {res.duration_s:.1f} s of load.duration_s="
@@ -407,6 +415,21 @@ def _run_one(plan: SweepPlan, k: int, srv, base: dict, fp: dict, records: Path, 
     except Exception:  # noqa: BLE001 - recorded (error and traceback); the next point may well run
         pass
     return rec["status"] == "ok"
+
+
+def _drive(plan: SweepPlan, point: LoadPoint, logs: Path):
+    """(the point's requests, LoadGen's run or None): LoadGen drives it under load=mlperf, writing
+    its logs to `logs`; the project's own generator otherwise."""
+    if plan.load.mlperf is None:
+        return run_load(point, warn=lambda m: print(m, flush=True)), None
+    return run_mlperf(point, plan.load.mlperf, logs)
+
+
+def _add_mlperf(rec: dict, lg_run, ms: MlperfSettings, logs: Path, records: Path) -> None:
+    """LoadGen's verdict and figures beside the project's own metrics of the same requests."""
+    rec["mlperf"] = mlperf_section(lg_run, ms, logs, records)
+    if lg_run.value is not None:
+        rec["metrics"][f"mlperf_{lg_run.metric}"] = lg_run.value
 
 
 def _point_failure(exc: BaseException, tb) -> tuple[str, str | None]:

@@ -467,17 +467,7 @@ def summary_table(spec: StudySpec, jobs: list[Job]) -> str:
     line = "  ".join("{:<%d}" % w for w in widths)
     bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
     return "\n".join([f"{' Study ' + spec.id + ' ':=^{len(bar)}}", line.format(*head), *(line.format(*r) for r in body),
-                      *kv_lines(spec, jobs), *delay_lines(spec, jobs), bar])
-
-
-def delay_lines(spec: StudySpec, jobs: list[Job]) -> list[str]:
-    """Arms that differ in the emulated link's delay: the added delay, the price of one small
-    all_reduce, and what each workload's added time is made of (analysis/latency.py)."""
-    from analysis.latency import Cell, arithmetic
-
-    cells = [Cell(job.workload.name, rec.get("point") or "-", job.arm.label, rec)
-             for job in jobs for rec in job_records(spec, job)]
-    return arithmetic(cells, spec.baseline.label)
+                      *kv_lines(spec, jobs), bar])
 
 
 def kv_lines(spec: StudySpec, jobs: list[Job]) -> list[str]:
@@ -681,8 +671,6 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_b
         ran, failed, failures = execute(spec, jobs, launcher, say)
     say(summary_table(spec, jobs))
     verdicts = judge(spec)  # once: the clock line counts what compare.txt says
-    if (line := clock_line(spec, jobs, time.monotonic() - started, verdicts)) is not None:
-        say(line)
     commits = {_commit(r) for j in jobs for r in job_records(spec, j)}
     if len(commits) > 1:
         say(f"warning: the study's records come from {len(commits)} versions of the code "
@@ -691,6 +679,9 @@ def _run_locked(spec: StudySpec, jobs: list[Job], launcher: str, the_plan, max_b
     if ran == 0:
         say("every run of this study is recorded; nothing was run")
     code = analyse(spec, refresh=ran > 0, say=say, verdicts=verdicts)
+    # last: the clock covers the compare and the report too, everything this invocation waited for
+    if (line := clock_line(spec, jobs, time.monotonic() - started, verdicts)) is not None:
+        say(line)
     if failed:
         say(f"{failed} run(s) failed; rerun the same command to retry them:\n  " + "\n  ".join(failures))
         return 1

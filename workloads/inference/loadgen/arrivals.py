@@ -22,7 +22,7 @@ import numpy as np
 
 from workloads.core.errors import UsageError
 
-KINDS = ("poisson", "gamma", "burst", "closed")
+KINDS = ("poisson", "gamma", "burst", "closed", "mlperf")  # mlperf: LoadGen schedules (loadgen/mlperf.py)
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class Arrival:
         return np.concatenate([[0.0], np.cumsum(gaps[:-1])]) if n else gaps
 
     def label(self) -> str:
+        if self.kind == "mlperf":
+            return f"mlperf-r{self.rate:g}"
         if self.kind == "closed":
             return f"c{self.concurrency}"
         rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}"

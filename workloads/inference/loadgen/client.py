@@ -125,7 +125,9 @@ def make_session(max_connections: int | None = None, read_bufsize: int = 1 << 18
 
 async def stream_request(session: aiohttp.ClientSession, base_url: str, backend: Backend, spec, model: str,
                          timeout_s: float, extra: dict[str, Any] | None = None,
-                         result: RequestResult | None = None) -> RequestResult:
+                         result: RequestResult | None = None, on_first=None) -> RequestResult:
+    # `on_first()`: called once, right after the first content event is stamped (the mlperf load
+    # mode tells LoadGen its first token there).
     # One function on purpose (over 60 lines): every timestamp of a request is taken in this
     # one loop, with no call between reading a chunk and stamping it.
     r = result or RequestResult()
@@ -166,6 +168,8 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, backend:
                     if text:
                         if last_content is None:
                             r.ttft = now - r.start
+                            if on_first is not None:
+                                on_first()
                         else:
                             r.itl.append(now - last_content)
                         last_content = now
