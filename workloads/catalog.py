@@ -98,6 +98,10 @@ class Workload:
     # METRICS (Metric, ...) this workload declares
     declares: str | None = None
     sweep_keys: tuple[str, ...] = ()  # config keys listing the points one run sweeps (not a point's identity)
+    # the NCCL functions its ranks call through torch.distributed, in NCCL_ALGO's names, which a
+    # function-prefixed NCCL_ALGO/NCCL_PROTO must leave an algorithm for (workloads/fabric/ncclvalues.py);
+    # None: all five (DDP and DeepSpeed broadcast at start, ZeRO and FSDP gather and scatter)
+    nccl_functions: tuple[str, ...] | None = None
 
 
 CATALOG: dict[str, Workload] = {}
@@ -188,7 +192,9 @@ register(Workload("inference", "Inference", "launch/infer.py", overrides=("workl
                   not_applicable=("parallel",),
                   group="inference-{model}-{server}-tp{world}", served=True, old_entry="infer",
                   window=("load.num_requests", None),
-                  declares="workloads.inference.declare", sweep_keys=("load.points",)))
+                  declares="workloads.inference.declare", sweep_keys=("load.points",),
+                  # tensor-parallel serving all-reduces and all-gathers; the engines broadcast at load
+                  nccl_functions=("AllReduce", "AllGather", "Broadcast")))
 # what the wire gives before any framework: one server and one client, no model or parallel layout;
 # iperf3 on a quiet link repeats to ~1-2%
 register(Workload("link", "Raw link", "launch/link.py", overrides=("workload=link",), validator="workloads.link.run",
@@ -196,7 +202,8 @@ register(Workload("link", "Raw link", "launch/link.py", overrides=("workload=lin
                   primary=_link_primary, primary_text="received TCP throughput (iperf3), or perftest's average "
                   "bandwidth / typical latency", headline=("throughput_received(Gbit/s)", "throughput(%payload)",
                                                            "bw_average(Gbit/s)", "lat_typical(us)"),
-                  not_applicable=("model", "parallel"), group="link", default_cv=0.03))
+                  not_applicable=("model", "parallel"), group="link", default_cv=0.03,
+                  nccl_functions=()))  # iperf3/perftest, no NCCL
 # a captured run's collectives alone (a training record's trace or a Flight Recorder dump): the job's own
 # communication pattern without its compute; lower is faster
 register(Workload("replay", "Communication replay", "launch/replay.py", overrides=("workload=replay",),

@@ -147,6 +147,40 @@ def test_an_emulated_servers_host_link_address_is_not_identity():
     assert point_key(a) != point_key(b)
 
 
+def test_sensitivity_groups_as_the_verdicts_do_and_reads_no_slope_from_jitter():
+    """Near and far TP=2 runs whose kept topologies gave their servers different host-link
+    addresses are one point (the issue's case: grouped by config, near's 'axis' spanned 495-500 us
+    and far was dropped): one positive TPOT slope. Runs only 5 us apart have no delay axis."""
+    recs = []
+    for arm_us, host, tpot in ((495.0, "10.78.0.2", 24.0), (500.0, "10.78.0.2", 24.2), (498.0, "10.78.0.2", 23.9),
+                               (5495.0, "10.78.1.2", 120.0), (5500.0, "10.78.1.2", 121.0), (5490.0, "10.78.1.2", 119.5)):
+        recs.append(_rec("inference", arm_us, tpot, server={"host": host, "tp": 2}))
+    (tpot,) = [s for s in slopes(recs) if s.unit == "tpot"]
+    b, lo, hi = tpot.per_ms_delay
+    assert tpot.n == 6 and 0 < lo < b < hi and b == pytest.approx(96.3 / 5.0, rel=0.01), tpot
+    assert slopes(recs[:3]) == []  # 495-500 us: the line's jitter, not an axis
+
+
+def test_sensitivity_intervals_cover_with_unequal_runs_and_spreads():
+    """Simulated delay studies through latency.slopes' intervals (true slope +19.3 ms per ms):
+    two levels with 3 runs of sd 5 ms at 0.5 ms and 7 of sd 0.5 ms at 5.5 ms (Welch per level),
+    and three levels at spreads 1:3:6 (HC3): each covers >= 93% of 400 studies."""
+    from analysis.latency import _intervals
+    from helpers.binomial import at_least
+
+    rng = np.random.default_rng(5743)
+    for levels, ns, sds in (((0.5, 5.5), (3, 7), (5.0, 0.5)), ((0.5, 2.5, 5.5), (4, 4, 4), (1.0, 3.0, 6.0))):
+        covered = 0
+        for _ in range(400):
+            d = np.concatenate([lv + rng.normal(0, 0.002, n) for lv, n in zip(levels, ns)])
+            y = np.concatenate([40 + 19.3 * lv + rng.normal(0, sd, n) for lv, n, sd in zip(levels, ns, sds)])
+            x = np.column_stack([np.ones(len(y)), d])
+            beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+            _, lo, hi = _intervals(x, y, ["delay"], d, None, beta, 0.95)["delay"]
+            covered += lo <= 19.3 <= hi
+        assert at_least(covered, 400, 0.93), (levels, covered)
+
+
 def test_slopes_recover_a_known_line():
     """step = 40 + 10 x delay(ms) + 8 x (s/Gbit), two runs per setting with ±0.1 ms of noise:
     the fit returns 10 and 8 with intervals that hold them."""

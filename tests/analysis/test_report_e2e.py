@@ -176,3 +176,18 @@ def test_overflow_is_caught(tmp_path):
                     + "x" * 400 + "</td></tr></table><img alt='missing' src='nope.png'></body></html>")
     seen = browser.check(page)
     assert seen["overflowing_cells"] and seen["images"][0]["width"] == 0
+
+
+def test_a_demo_launch_past_the_budget_is_named_with_the_ones_before_it():
+    """The shared fixture's build names the launch that ran long (and what ran before it, with
+    times) instead of being cut off silently by pytest's timeout."""
+    from helpers.report_demo import Steps
+
+    quick = [sys.executable, "-c", "pass", "run_id=quick"]
+    slow = [sys.executable, "-c", "import time; print('warming up', flush=True); time.sleep(60)", "run_id=slowpoke"]
+    steps = Steps(budget_s=3)
+    with pytest.raises(RuntimeError) as e:
+        steps.run_pairs([(quick, child_env()), (slow, child_env())])
+    msg = str(e.value)
+    assert "ran past its 3 s: slowpoke still running after" in msg and "before it: quick " in msg, msg
+    assert "warming up" in msg, msg

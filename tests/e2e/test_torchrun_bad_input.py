@@ -1,7 +1,8 @@
 """Bad input under a raw `torchrun` (not self-launch): one `error:` line from one rank,
 exit code 2 — not one message per rank. torchrun's own agent then prints its failure
 summary (a `ChildFailedError` block); that is torchrun's process, not ours, and the
-docs/training.md says so. Every case here fails in validation, before the process group exists.
+docs/training.md says so; each rank's error file puts our line last in it, as the root cause's
+traceback. Every case here fails in validation, before the process group exists.
 """
 
 import os
@@ -34,4 +35,8 @@ def test_one_line_from_one_rank(script, override, message, tmp_path):
     # torchrun reports the ranks' exit code 2 in its summary; our ranks wrote no traceback.
     assert "exitcode  : 2" in p.stderr or "exit code 2" in p.stderr or "exitcode: 2" in p.stderr, p.stderr[-3000:]
     assert "Traceback (most recent call last)" not in p.stdout
+    # the rank's error file (TORCHELASTIC_ERROR_FILE) makes our line the root cause's traceback,
+    # the summary's last field before its closing border: no "To enable traceback see" there
+    tail = p.stderr.rstrip().splitlines()
+    assert set(tail[-1]) == {"="} and tail[-2].strip() == f"traceback : {ours[0]}", "\n".join(tail[-12:])
     assert not list(tmp_path.rglob("records/*.json"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from helpers import REPO, child_env
@@ -36,25 +37,53 @@ def _torchrun(script: str, args: list[str]) -> list[str]:
             str(REPO / "launch" / script), *args]
 
 
-def _run_pairs(cmds: list[tuple[list[str], dict]], timeout: float) -> None:
-    for i in range(0, len(cmds), 2):
-        procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for c, env in cmds[i:i + 2]]
-        for (c, _), p in zip(cmds[i:i + 2], procs):
-            out, _ = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"{' '.join(c[-4:])} failed ({p.returncode}): {out[-2000:]}")
+class Steps:
+    """Every launch's wall time, against one budget for the whole build: a launch still running
+    when the budget ends is stopped and named, with the launches before it and their times,
+    instead of the build being cut off silently by pytest's own timeout (600 s, pytest.ini)."""
+
+    def __init__(self, budget_s: float):
+        self.deadline = time.monotonic() + budget_s
+        self.budget_s = budget_s
+        self.done: list[tuple[str, float]] = []
+
+    def run_pairs(self, cmds: list[tuple[list[str], dict]]) -> None:
+        for i in range(0, len(cmds), 2):
+            t0 = time.monotonic()
+            procs = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for c, env in cmds[i:i + 2]]
+            for (c, _), p in zip(cmds[i:i + 2], procs):
+                name = _run_id(c)
+                try:
+                    out, _ = p.communicate(timeout=max(self.deadline - time.monotonic(), 1))
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    out = p.communicate()[0] or ""
+                    raise RuntimeError(f"the demo folder's build ran past its {self.budget_s:.0f} s: {name} still "
+                                       f"running after {time.monotonic() - t0:.0f} s; before it: {self.summary()}; "
+                                       f"its output's end: {out[-1500:]}") from None
+                self.done.append((name, time.monotonic() - t0))
+                if p.returncode != 0:
+                    raise RuntimeError(f"{' '.join(c[-4:])} failed ({p.returncode}): {out[-2000:]}")
+
+    def summary(self) -> str:
+        return ", ".join(f"{n} {s:.0f} s" for n, s in self.done) or "none"
+
+
+def _run_id(cmd: list[str]) -> str:
+    return next(a.split("=", 1)[1] for a in cmd if a.startswith("run_id="))
 
 
 def _done(res: Path, cmd: list[str]) -> bool:
     """A run directory that holds records already (a rerun after one launch failed)."""
-    run_id = next(a.split("=", 1)[1] for a in cmd if a.startswith("run_id="))
-    return any((res / run_id / "records").glob("*.json"))
+    return any((res / _run_id(cmd) / "records").glob("*.json"))
 
 
-def build(root: Path, timeout: float = 600, wandb_dir: Path | None = None) -> Path:
+def build(root: Path, budget_s: float = 540, wandb_dir: Path | None = None) -> Path:
     """Write the records under root/results and return that folder; with `wandb_dir`,
-    loopback-b's training also logs to W&B offline there."""
+    loopback-b's training also logs to W&B offline there. Past `budget_s` (below pytest's 600 s)
+    the launch still running is named, with each earlier launch's time (Steps)."""
     from workloads.testing.scripted_server import Running
 
     res = root / "results"
@@ -75,12 +104,14 @@ def build(root: Path, timeout: float = 600, wandb_dir: Path | None = None) -> Pa
                                         "run_id=train-seq48"]), child_env()))
     cmds.append((_torchrun("train.py", [*NEAR_MISS, "train.seq_length=64", f"output_root={res}", "run_id=train-seq64"]),
                  child_env()))
-    _run_pairs([c for c in cmds if not _done(res, c[0])], timeout)
+    steps = Steps(budget_s)
+    steps.run_pairs([c for c in cmds if not _done(res, c[0])])
     for (fab, extra), ttft in zip(FABRICS.items(), (4.0, 9.0)):
         with Running(ttft_ms=ttft, itl_ms=2.0) as url:
             cmd = [sys.executable, str(REPO / "launch" / "infer.py"), *INFER, *extra, f"server.url={url}",
                    f"output_root={res}", f"run_id=infer-{fab}"]
-            _run_pairs([] if _done(res, cmd) else [(cmd, child_env())], timeout)
+            steps.run_pairs([] if _done(res, cmd) else [(cmd, child_env())])
+    print(f"demo folder built: {steps.summary()}")
     return res
 
 

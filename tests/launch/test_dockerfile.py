@@ -134,8 +134,8 @@ def test_dockerignore_keeps_local_state_out():
     # every path .gitignore keeps out (less negations), and what git reports as ignored in this
     # checkout (tool caches with their own .gitignore: .ruff_cache, .pytest_cache), is kept out of
     # the build context too, so a checkout that ran the lint builds the source layers a clone does
-    plain = {e.strip().strip("/") for e in (REPO / ".gitignore").read_text().splitlines()
-             if e.strip() and not e.lstrip().startswith(("!", "#"))}
+    lines = [e.strip() for e in (REPO / ".gitignore").read_text().splitlines()]
+    plain = {e.strip("/") for e in lines if e and not e.startswith(("!", "#"))}
     norm = {e.strip("/").removeprefix("**/") for e in ignored}
     assert plain - norm <= {"__pycache__", "*.pyc"} | norm, sorted(plain - norm)
     status = subprocess.run(["git", "status", "--ignored", "--porcelain"], cwd=REPO, capture_output=True, text=True)

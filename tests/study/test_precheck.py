@@ -18,7 +18,6 @@ import workloads
 from helpers import FIXTURES, REPO, child_env
 from workloads.core.errors import UsageError
 from workloads.study import precheck
-from workloads.study import run as study_run
 from workloads.study.plan import make_plan
 from workloads.study.spec import load_spec
 
@@ -49,7 +48,7 @@ def site(tmp_path, monkeypatch):
     for f in (conf / "local").glob("*.yaml"):
         f.unlink()
     monkeypatch.setattr(workloads, "CONF_DIR", str(conf))
-    monkeypatch.setattr(study_run, "CONF_DIR", str(conf))
+    monkeypatch.setattr(precheck, "CONF_DIR", str(conf))  # job_points composes with it
     monkeypatch.setenv("FABRICBENCH_SYSFS_ROOT", str(DUAL))
 
     def write(files: dict[str, str]):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from workloads import CONF_DIR, catalog
-from workloads.core import celllock, forkrank, signals, timeline
+from workloads.core import celllock, errors, forkrank, signals, timeline
 from workloads.core.config import add_override, compose, config_errors, expand_sweep, validate_job
 from workloads.core.errors import AlreadyRecorded, UsageError, say
 from workloads.core.hostmem import oom_killed_since, oom_kills
@@ -107,6 +107,7 @@ def _say(e: UsageError) -> None:
     if _should_say(e):
         say(e)
     elif launched():
+        errors.for_the_agent(e.line())  # whichever rank torchrun names as the root cause shows the line
         time.sleep(QUIET_WAIT_S)
 
 

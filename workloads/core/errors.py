@@ -49,7 +49,32 @@ class RecordNotWritten(Fault):
 def say(e: UsageError) -> int:
     """Print the error's one line on stderr; the code to exit with."""
     print(e.line(), file=sys.stderr, flush=True)
+    for_the_agent(e.line())
     return e.exit_code
+
+
+def for_the_agent(line: str) -> None:
+    """Under torchrun, the line as the rank's error file, so that the agent's ChildFailedError
+    summary shows it as the root cause's traceback (its last field before the closing border)
+    instead of "To enable traceback see ...". torchrun sets TORCHELASTIC_ERROR_FILE per rank;
+    the JSON is the one its ErrorHandler.record_exception writes and ProcessFailure reads back
+    (torch 2.x distributed/elastic/multiprocessing/errors/error_handler.py and __init__.py:
+    message.message, message.extraInfo.py_callstack, message.extraInfo.timestamp). A file that
+    is already there is the rank's own earlier failure, kept; one that cannot be written leaves
+    the summary as torchrun makes it."""
+    import json
+    import os
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
 
 
 class AlreadyRecorded(Exception):

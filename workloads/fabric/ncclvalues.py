@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from workloads import catalog
+
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 PROTOS = ("LL", "LL128", "Simple")
 SIMPLE_ONLY = {"NVLS", "NVLSTree", "PAT", "CollNetDirect", "CollNetChain"}
@@ -271,14 +273,10 @@ def problems(env: dict[str, str], ctx: Context | None = None, v: Version | None 
     return out
 
 
-# The NCCL functions a workload's ranks call through torch.distributed. DDP's constructor
-# broadcasts the parameters and DeepSpeed's initialize does too; ZeRO and FSDP gather and
-# scatter; tensor-parallel serving all-reduces and all-gathers. The link workload runs
-# iperf3/perftest, no NCCL. alltoall and send/recv are NCCL P2P, which NCCL_ALGO does not steer.
+# collectives' ops in NCCL_ALGO's names; what every other workload calls is the catalog's
+# (Workload.nccl_functions). alltoall and send/recv are NCCL P2P, which NCCL_ALGO does not steer.
 OP_FUNCS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
             "broadcast": "Broadcast", "reduce": "Reduce"}
-ENTRY_FUNCS = {"pretrain": FUNCS, "finetune": FUNCS, "inference": ("AllReduce", "AllGather", "Broadcast"),
-               "replay": FUNCS, "link": ()}
 
 
 def workload_functions(entry: str, overrides: tuple[str, ...] | list[str]) -> frozenset[str]:
@@ -294,4 +292,5 @@ def workload_functions(entry: str, overrides: tuple[str, ...] | list[str]) -> fr
         extra = {"AllReduce"} | ({"Broadcast"} if any(re.fullmatch(r"\+*collectives\.average=rank0", o)
                                                       for o in overrides) else set())
         return frozenset({OP_FUNCS[o] for o in ops if o in OP_FUNCS} | extra)
-    return frozenset(ENTRY_FUNCS.get(entry, FUNCS))
+    called = catalog.field(entry, "nccl_functions")
+    return frozenset(FUNCS if called is None else called)

@@ -21,6 +21,7 @@ FB_RANK_START=exec, or FB_STUDY_KEEP_FABRIC=0, starts fresh interpreters instead
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -50,6 +51,12 @@ def keeping(environ=os.environ) -> bool:
     return v == "1"
 
 
+# names each topology a study process builds (fb-<study pid>k<n>-<node>): one count for the whole
+# process, as a sequential study makes a KeptFabrics per look and a per-instance count gave two
+# arms' topologies of different looks one name, which the records could not tell apart
+_BUILT = itertools.count(1)
+
+
 class KeptFabrics:
     """Per (arm, emulated spec, block): one Topology. A context manager that removes them all.
 
@@ -66,7 +73,6 @@ class KeptFabrics:
         self.built: dict[tuple, Any] = {}
         self.run_id = run_id  # a job's run id: what its records say the topology was built for
         self._lent: dict[tuple, dict[str, Any]] = {}  # per topology: the record's fabric.kept
-        self._count = 0  # names each topology built (fb-<study pid>k<count>-<node>)
         self._specs: dict[tuple[str, str], Any] = {}
         # a served workload's runs need the host's link into node 0; one topology serves the arm's
         # other workloads too (they do not use that link)
@@ -122,8 +128,7 @@ class KeptFabrics:
     def _build(self, spec, host_link: bool):
         from workloads.fabric.netns import Topology
 
-        self._count += 1
-        topo = Topology(spec, tag=f"{os.getpid()}k{self._count}", host_link=host_link)
+        topo = Topology(spec, tag=f"{os.getpid()}k{next(_BUILT)}", host_link=host_link)
         try:
             topo.__enter__()
         except Exception:  # noqa: BLE001 - TopologyError, OSError, UsageError: said by the run that builds its own

@@ -39,6 +39,7 @@ from workloads.core.errors import UsageError
 from workloads.core.records import iter_records
 from workloads.study import iterations, served
 from workloads.study.spec import StudySpec, Workload
+from workloads.study.tunepower import upper as _upper
 from workloads.study.window import MAX_STEPS, Choice, Costs, choose, costs_from, run_seconds, shortest
 from workloads.study.words import entry_name
 
@@ -412,14 +413,6 @@ class Noise:
     cv: float
     upper: float
     source: str
-
-
-def _upper(sd: float, df: int) -> float:
-    """80% upper confidence limit of an sd estimated with `df` degrees of freedom: sd x
-    sqrt(df / chi2_0.2(df)) (x1.6 at 4 df, x1.16 at 23, x1.06 at 120)."""
-    from scipy import stats as sps
-
-    return sd * math.sqrt(df / sps.chi2.ppf(0.2, df))
 
 
 def measured_cv(earlier: list[tuple[Path, dict]], w: Workload, fabrics: set[str] | frozenset = frozenset()) -> Noise | None:

@@ -11,8 +11,9 @@ import os
 import socket
 from dataclasses import replace
 
+from workloads import CONF_DIR
 from workloads.core.errors import UsageError
-from workloads.study.spec import StudySpec
+from workloads.study.spec import Arm, StudySpec, Workload
 
 # What the fabric is on a given cluster (which devices, which interfaces, which GID): site
 # settings, expected to differ between an IB and a RoCE arm. Every other variable is a tuning
@@ -29,6 +30,32 @@ TIME_SLACK_S = 600
 TIME_STEP_S = 900
 
 
+def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
+    """Compose the job's config (a bad override is one message before anything runs);
+    an inference sweep writes one record per load point, named as its records name it."""
+    from workloads.core.config import compose
+
+    if not workload.kind.served:
+        overrides = [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"]
+        cfg = compose(CONF_DIR, overrides)
+        # the workload's own checks (a batch that does not divide, ...) for the world it will
+        # run at, so a bad cell is one line now, not a failure in every cell later; inside a
+        # Slurm allocation the world is the allocation's, known only to the step
+        if arm.emulated:
+            from workloads.fabric.emuplan import spec_from_overrides
+
+            spec_from_overrides(CONF_DIR, overrides)
+        elif not os.environ.get("SLURM_JOB_ID"):
+            from workloads.core.config import validate_job
+
+            validate_job(cfg, int(cfg.launcher.nproc_per_node))
+        return ("",)
+    from workloads.inference.run import arrivals
+
+    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"])
+    return tuple(a.label() for a in arrivals(cfg.load))
+
+
 def arm_profiles(spec: StudySpec) -> tuple[dict[str, object], list[str]]:
     """Each arm's fabric profile as its cells compose it (the first workload's config: a
     workload's overrides rarely touch fabric.env, and every cell is composed by check_cells), and
@@ -36,11 +63,10 @@ def arm_profiles(spec: StudySpec) -> tuple[dict[str, object], list[str]]:
     (`fabric.env.NCCL_SOCKT_IFNAME`), a workload's own check."""
     from omegaconf import OmegaConf
 
-    from workloads import CONF_DIR, session
+    from workloads import session
     from workloads.core.config import compose, validate_job
     from workloads.core.rundir import register_resolvers
     from workloads.fabric.profile import FabricProfile
-    from workloads.study.run import job_points
 
     register_resolvers()
     profiles: dict[str, object] = {}
@@ -160,21 +186,3 @@ def pilot_spec(spec: StudySpec) -> StudySpec:
     the study's own blocks."""
     return replace(spec, id=f"{spec.id}-pilot", name=f"{spec.name}-pilot", blocks=1, blocks_given=True,
                    arms=tuple(a for a in spec.arms if not a.control))
-
-
-def run_pilot(spec: StudySpec, launcher: str, say=print) -> int:
-    """Run the pilot block (resumed like any study: what it recorded is kept); the failed runs'
-    count (0: every run ok)."""
-    from workloads.study import run
-
-    pilot = pilot_spec(spec)
-    if any(a.emulated for a in pilot.arms) and os.geteuid() != 0:
-        raise UsageError("--pilot: the study's emulated arms need namespaces and tc: run it as root")
-    jobs = run.plan(pilot)
-    run.definition(pilot.dir, "study", pilot.as_dict(), pilot.output_root)
-    lock = run._lock(pilot)  # noqa: F841  (held until this function returns)
-    say(f"pilot {pilot.id}: one block, {len(jobs)} runs, records in {pilot.dir}")
-    _, failed, failures = run.execute(pilot, jobs, launcher, say)
-    for line in failures:
-        say(f"  pilot run failed: {line}")
-    return failed

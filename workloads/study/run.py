@@ -32,13 +32,14 @@ from pathlib import Path
 from statistics import median
 
 from analysis.clock import measured_s
-from workloads import CONF_DIR, REPO_ROOT
+from workloads import REPO_ROOT
 from workloads.core import celllock, errors, timeline
 from workloads.core.config import hydra_value
 from workloads.core.errors import UsageError
 from workloads.core.records import iter_records, overlapped
 from workloads.core.rundir import derive_run_id, log_since
 from workloads.core.signals import stop_group
+from workloads.study import precheck
 from workloads.study.fabrics import KeptFabrics, fork_run
 from workloads.study.plan import clock, primary_of
 from workloads.study.schedule import Cell, schedule
@@ -112,34 +113,8 @@ def cell_argv(spec: StudySpec, job: Job, launcher: str, python: str = sys.execut
     return [python, script, *overrides]
 
 
-def job_points(workload: Workload, arm: Arm) -> tuple[str, ...]:
-    """Compose the job's config (a bad override is one message before anything runs);
-    an inference sweep writes one record per load point, named as its records name it."""
-    from workloads.core.config import compose
-
-    if not workload.kind.served:
-        overrides = [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"]
-        cfg = compose(CONF_DIR, overrides)
-        # the workload's own checks (a batch that does not divide, ...) for the world it will
-        # run at, so a bad cell is one line now, not a failure in every cell later; inside a
-        # Slurm allocation the world is the allocation's, known only to the step
-        if arm.emulated:
-            from workloads.fabric.emuplan import spec_from_overrides
-
-            spec_from_overrides(CONF_DIR, overrides)
-        elif not os.environ.get("SLURM_JOB_ID"):
-            from workloads.core.config import validate_job
-
-            validate_job(cfg, int(cfg.launcher.nproc_per_node))
-        return ("",)
-    from workloads.inference.run import arrivals
-
-    cfg = compose(CONF_DIR, [*workload.argv, *arm.overrides, f"fabric={arm.fabric}"])
-    return tuple(a.label() for a in arrivals(cfg.load))
-
-
 def plan(spec: StudySpec) -> list[Job]:
-    points = {(a.label, w.name): job_points(w, a) for a in spec.arms for w in spec.workloads}
+    points = {(a.label, w.name): precheck.job_points(w, a) for a in spec.arms for w in spec.workloads}
     return [Job(c, spec.arm(c.arm), w, points[(c.arm, w.name)])
             for c in schedule([a.label for a in spec.arms], spec.blocks, spec.design, spec.seed, spec.id)
             for w in spec.workloads]
@@ -626,15 +601,30 @@ def execute_sequential(spec: StudySpec, jobs: list[Job], launcher: str, looks: l
     return ran, failed, failures
 
 
+def run_pilot(spec: StudySpec, launcher: str, say=print) -> int:
+    """Run the pilot block (resumed like any study: what it recorded is kept); the failed runs'
+    count (0: every run ok)."""
+    pilot = precheck.pilot_spec(spec)
+    if any(a.emulated for a in pilot.arms) and os.geteuid() != 0:
+        raise UsageError("--pilot: the study's emulated arms need namespaces and tc: run it as root")
+    jobs = plan(pilot)
+    definition(pilot.dir, "study", pilot.as_dict(), pilot.output_root)
+    lock = _lock(pilot)  # noqa: F841  (held until this function returns)
+    say(f"pilot {pilot.id}: one block, {len(jobs)} runs, records in {pilot.dir}")
+    _, failed, failures = execute(pilot, jobs, launcher, say)
+    for line in failures:
+        say(f"  pilot run failed: {line}")
+    return failed
+
+
 def run_study(spec: StudySpec, launcher: str = "auto", say=print, plan_only: bool = False,
               max_blocks: int | None = None, stop_on: tuple[str, ...] | None = None, pilot: bool = False) -> int:
-    from workloads.study import precheck
     from workloads.study.plan import make_plan
 
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
     checked = precheck.check(spec)  # every cell's config, before a pilot or any run (UsageError)
-    if pilot and (failed := precheck.run_pilot(spec, launcher, say)):
+    if pilot and (failed := run_pilot(spec, launcher, say)):
         say(f"pilot: {failed} run(s) failed (logs above); the estimate counts the ok ones")
     the_plan = make_plan(spec, max_blocks)
     spec = replace(the_plan.spec, looks=len(the_plan.looks) if max_blocks else 1)

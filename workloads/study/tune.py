@@ -185,21 +185,50 @@ def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], li
     return ran, failed, failures, jobs
 
 
+def _finished_earlier(tune: TuneSpec, plan_only: bool, say) -> bool:
+    """A tune of this id ran before: its definition must be this one (else one line, before
+    anything is composed or printed), and when it finished its verdict is said again."""
+    if not (tune.dir / "tune.json").is_file():
+        return False
+    definition(tune.dir, "tune", tune.as_dict(), tune.output_root)
+    if plan_only or not (tune.dir / "tune.txt").is_file() or not (tune.dir / tuned.FILE).is_file():
+        return False
+    # finished: its verdict and arm stand (a rerun would measure nothing and judge the same
+    # records), so say them again rather than re-reading every round's records
+    say(f"tune {tune.id}: finished earlier, nothing to run ({tune.dir}/tune.txt): "
+        f"{(tune.dir / 'tune.txt').read_text().strip()}")
+    say(f"tuned arm: {tune.dir / tuned.FILE}; a study names it as {{tuned: {tune.dir}}}; to measure "
+        "again, pass --id <new id>")
+    return True
+
+
+def _confirm(tune: TuneSpec, winner: str, conf, launcher: str, say):
+    """The winner against the default on fresh blocks: the verdicts, or the exit code of a
+    confirmation that failed or reached none."""
+    say(conf.line)
+    spec = phase_spec(tune, "confirm", [DEFAULT, winner], conf.blocks, tune.seed + 1000)
+    say(f"confirm: {winner} ({tune.candidate(winner).describe()}) against the default on {conf.blocks} "
+        "fresh blocks")
+    _, failed, failures, _ = _phase(spec, launcher, say)
+    if failed:
+        return _failed(failures, say)
+    verdicts, why = confirmation(spec, tune, winner, conf.alpha)
+    if not verdicts:
+        # every run is recorded and ok, so a rerun would measure nothing and say the same: the
+        # tune is not done, and tuned.yaml is left as it was (a study naming it is not handed a
+        # "nothing was confirmed" that no measurement said)
+        say(f"error: tune {tune.id}: the confirmation of {winner} reached no verdict: {why} "
+            f"(its runs are kept under {spec.dir})")
+        return 1
+    return verdicts
+
+
 def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool = False, family: int = 1) -> int:
     """`family`: the tunes a study runs together (each is then judged at alpha / family)."""
     if launcher == "auto":
         launcher = "slurm" if os.environ.get("SLURM_JOB_ID") else "local"
-    if (tune.dir / "tune.json").is_file():
-        # the same id with another definition: one line before anything is composed or printed
-        definition(tune.dir, "tune", tune.as_dict(), tune.output_root)
-        if not plan_only and (tune.dir / "tune.txt").is_file() and (tune.dir / tuned.FILE).is_file():
-            # finished: its verdict and arm stand (a rerun would measure nothing and judge the same
-            # records), so say them again rather than re-reading every round's records
-            say(f"tune {tune.id}: finished earlier, nothing to run ({tune.dir}/tune.txt): "
-                f"{(tune.dir / 'tune.txt').read_text().strip()}")
-            say(f"tuned arm: {tune.dir / tuned.FILE}; a study names it as {{tuned: {tune.dir}}}; to measure "
-                "again, pass --id <new id>")
-            return 0
+    if _finished_earlier(tune, plan_only, say):
+        return 0
     # every candidate x workload composed and checked (a bad key, a sysctl the kernel lacks) before
     # the plan is printed: a refused tune says only why, not a plan it will never run
     first = phase_spec(tune, "search-1", [c.name for c in tune.candidates], 1, tune.seed)
@@ -247,21 +276,9 @@ def run_tune(tune: TuneSpec, launcher: str = "auto", say=print, plan_only: bool 
     if winner == DEFAULT:
         result = halving.outcome(winner, DEFAULT, k, [])
     else:
-        say(conf.line)
-        spec = phase_spec(tune, "confirm", [DEFAULT, winner], conf.blocks, tune.seed + 1000)
-        say(f"confirm: {winner} ({tune.candidate(winner).describe()}) against the default on {conf.blocks} "
-            "fresh blocks")
-        _, failed, failures, _ = _phase(spec, launcher, say)
-        if failed:
-            return _failed(failures, say)
-        verdicts, why = confirmation(spec, tune, winner, conf.alpha)
-        if not verdicts:
-            # every run is recorded and ok, so a rerun would measure nothing and say the same: the
-            # tune is not done, and tuned.yaml is left as it was (a study naming it is not handed a
-            # "nothing was confirmed" that no measurement said)
-            say(f"error: tune {tune.id}: the confirmation of {winner} reached no verdict: {why} "
-                f"(its runs are kept under {spec.dir})")
-            return 1
+        verdicts = _confirm(tune, winner, conf, launcher, say)
+        if isinstance(verdicts, int):
+            return verdicts
         result = halving.outcome(winner, DEFAULT, k, verdicts)
     return _finish(tune, result, say, conf, family)
 

@@ -338,25 +338,37 @@ def _measure(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, record: dict,
         peak_tflops=peak_tflops_for(record["fingerprint"].get("gpu") or "", plan.peak_tflops, settings.precision),
         comm_times_s=comm_times,
     )
-    rails = rails_for(plan.fabric, os.environ, record["fabric"].get("transport"))
-    timed_comm = comm_times[warmup:]
-    window = sum(timed_comm) if timed_comm and all(c is not None for c in timed_comm) else None
-    record["nic"] = gather_summaries(nic, rails, node_line_rate(rails, plan.fabric.emulate)["rails"], info, window)
+    record["nic"] = _nic(plan, info, record, nic, comm_times[warmup:])
     record["metrics"] = summary.as_metrics() | {"final_loss": losses[-1]}
     if plan.experts:
         record["metrics"] |= summarize_moe(moe_steps, step_times, warmup, plan.experts.ep,
                                            _rank_mean(moe_steps[warmup:], info))
         record["samples"]["moe"] = moe_steps
-    record["comm"] = comm_dtypes(comm_bytes, warmup)  # which dtype the gradient collectives moved
-    # every rank's own, when TORCH_FR_BUFFER_SIZE was set (fabric.env): rank 0's path is recorded
-    record["comm"]["flight_recorder"] = dump_flight_recorder(run_dir / "flight_recorder", info.rank)
-    if plan.experts:  # and the MoE token all-to-alls (the autocast dtype: moe.wire_dtype)
-        record["comm"]["alltoall_dtype"] = next((st["dtype"] for st in moe_steps if st.get("dtype")), None)
+    record["comm"] = _comm(plan, info, run_dir, comm_bytes, moe_steps, warmup)
     record["samples"] = record.get("samples", {}) | {"step_time_s": step_times, "comm_time_s": comm_times,
                                                      "step_start_s": [round(s, 4) for s in starts],
                                                      "loss": losses, "warmup_steps": warmup,
                                                      # what `launch/replay.py replay.trace=<this record>` replays
                                                      "comm_calls": calls[warmup:][:MAX_TRACED_STEPS]}
+
+
+def _comm(plan: TrainPlan, info: fdist.DistInfo, run_dir: Path, comm_bytes: list[dict], moe_steps: list[dict],
+          warmup: int) -> dict:
+    """The record's comm section: which dtype the gradient collectives moved, the Flight
+    Recorder's dump, the MoE all-to-alls' dtype."""
+    comm = comm_dtypes(comm_bytes, warmup)
+    # every rank's own, when TORCH_FR_BUFFER_SIZE was set (fabric.env): rank 0's path is recorded
+    comm["flight_recorder"] = dump_flight_recorder(run_dir / "flight_recorder", info.rank)
+    if plan.experts:  # the autocast dtype: moe.wire_dtype
+        comm["alltoall_dtype"] = next((st["dtype"] for st in moe_steps if st.get("dtype")), None)
+    return comm
+
+
+def _nic(plan: TrainPlan, info: fdist.DistInfo, record: dict, nic: NicSampler, timed_comm: list) -> dict:
+    """Every node's NIC counters over the timed steps, against the rails' line rate."""
+    rails = rails_for(plan.fabric, os.environ, record["fabric"].get("transport"))
+    window = sum(timed_comm) if timed_comm and all(c is not None for c in timed_comm) else None
+    return gather_summaries(nic, rails, node_line_rate(rails, plan.fabric.emulate)["rails"], info, window)
 
 
 MAX_TRACED_STEPS = 50  # a long run's record keeps the collectives of its first 50 timed steps
