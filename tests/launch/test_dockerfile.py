@@ -140,8 +140,12 @@ def test_dockerignore_keeps_local_state_out():
     assert plain - norm <= {"__pycache__", "*.pyc"} | norm, sorted(plain - norm)
     status = subprocess.run(["git", "status", "--ignored", "--porcelain"], cwd=REPO, capture_output=True, text=True)
     here = {line[3:].strip("/") for line in status.stdout.splitlines() if line.startswith("!! ")}
-    top = {p.split("/")[0] for p in here}
-    assert not {p for p in top if not any(fnmatch.fnmatch(p, e) for e in norm)} - {"__pycache__"}, sorted(top)
+    # a path is kept out when it or one of its folders matches (workloads/__pycache__ by __pycache__)
+    def kept_out(path: str) -> bool:
+        parts = path.split("/")
+        return any(fnmatch.fnmatch(x, e) for e in norm for x in [path, *("/".join(parts[:i + 1]) for i in range(len(parts))),
+                                                                   *parts])
+    assert not [p for p in here if not kept_out(p) and not p.endswith(".pyc")], sorted(p for p in here if not kept_out(p))
     assert {".ruff_cache", ".pytest_cache"} <= norm
 
 
