@@ -30,6 +30,7 @@ import numpy as np
 from analysis import stats
 from analysis.load import Run, Table, dig
 from analysis.report import Section
+from workloads import catalog
 from workloads.core.errors import UsageError
 
 DRAFT = "draft-calabria-bmwg-ai-fabric-training-bench-00"
@@ -282,7 +283,7 @@ def trial_values(r: Run) -> dict[tuple[str, str], float]:
             for key, f in (("mmr-uplinks", mmr), ("jain-uplinks", jain)):
                 if (v := f(x)) is not None:
                     out[(key, "spines")] = v
-    got = jct_ratio(rec) if r.workload in ("pretrain", "finetune") else None
+    got = jct_ratio(rec) if catalog.field(r.workload, "training", False) else None
     if isinstance(got, tuple):
         out[("jct-ratio", _label(r))] = got[0]
         out[("non-fabric", _label(r))] = got[1] * 1e3
@@ -306,13 +307,13 @@ def _label(r: Run) -> str:
 
 
 def _why_absent(r_list: list[Run], kpi: str) -> str:
-    train = [r for r in r_list if r.workload in ("pretrain", "finetune")]
+    train = [r for r in r_list if catalog.field(r.workload, "training", False)]
     if kpi == "jct-ratio" and train:
         got = jct_ratio(train[0].record)
         return got if isinstance(got, str) else ""
     return {
-        "jct-ratio": "no training record (pretrain or finetune)",
-        "non-fabric": "no training record (pretrain or finetune)",
+        "jct-ratio": "no training record",
+        "non-fabric": "no training record",
         "busbw": "no collectives record with a line rate (runs across nodes of a known rate)",
         "mmr-uplinks": "no collectives record with a paths block (an emulated leaf-spine's spine counters)",
         "jain-uplinks": "no collectives record with a paths block (an emulated leaf-spine's spine counters)",
