@@ -3,7 +3,7 @@ study or tune file loads, doctor's and the batch files' Hydra overrides compose)
 variables it names exist, and every other program is one the page is known to use, so a new or
 renamed command fails here until this test learns it.
 
-Where each step runs: the doctor steps (step 2) under the tests' private Slurm, here; the 2-node
+Where each step runs: the install (step 1) bootstraps uv with the named PYTHON, here; the doctor steps (step 2) under the tests' private Slurm, here; the 2-node
 collectives lines under Slurm shims up to torchrun, which needs GPUs (tests/launch/test_slurm_files.py,
 every documented sbatch line); the shipped study's plan on a node holding both fabrics
 (tests/study/test_precheck.py), its pilot on an emulated study there; a study under
@@ -15,7 +15,10 @@ import argparse
 import importlib
 import re
 import shlex
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +169,21 @@ def test_the_doctor_steps_run_under_slurm(tmp_path):
         r = subprocess.run(["bash", "-c", shlex.join(compare).replace("'doctor-*.json'", "doctor-*.json")], cwd=work,
                            env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and r.stdout.startswith("Compared 2 nodes: "), r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_make_bootstraps_uv_with_the_python_it_is_given(tmp_path):
+    """Step 1's `make sync PYTHON=...` for real, up to the project's own venv: the Makefile alone in
+    an empty folder, uv not on PATH, a named interpreter that is not the one on PATH first; `.tools/`
+    is that interpreter's venv and holds a uv that runs (pip installs it from the package index)."""
+    named = shutil.which("python3.11", path="/usr/bin") or sys.executable
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = subprocess.run(["make", ".tools/bin/uv", f"PYTHON={named}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{named} -m venv .tools" in p.stdout
+    home = dict(line.split(" = ", 1) for line in (tmp_path / ".tools" / "pyvenv.cfg").read_text().splitlines() if " = " in line)
+    assert home["home"] == str(Path(named).resolve().parent)
+    v = subprocess.run([str(tmp_path / ".tools" / "bin" / "uv"), "--version"], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and v.stdout.startswith("uv "), v.stdout + v.stderr
