@@ -166,3 +166,22 @@ def need(*capabilities: str) -> None:
         if c in required():
             pytest.fail(f"required capability {c!r} is missing: {reason}", pytrace=False)
         pytest.skip(reason)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, what: str, timeout_s: float = 240, poll_s: float = 1) -> None:
+    """Until `url`/health answers 200; a server that exits or is not up in `timeout_s` is killed
+    and the test fails with its log's tail (a hung start must not hang the suite)."""
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"{what} did not become ready:\n{log.read_text()[-3000:]}")
+        time.sleep(poll_s)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, wait_healthy
 from workloads.core.ports import free_port
 
 TP_ATOL = 1e-5  # fp32; TP changes only the summation order of the two all_reduces per layer
@@ -66,7 +66,6 @@ def _children(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import urllib.request
 
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
@@ -76,18 +75,7 @@ def server(tmp_path_factory):
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not become ready:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
+    wait_healthy(url, proc, log, "server", 240, 1)
     yield {"url": url, "proc": proc, "log": log}
     if proc.poll() is None:
         proc.kill()

@@ -8,13 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, wait_healthy
 from workloads.core.errors import UsageError
 from workloads.core.ports import free_port
 from workloads.inference.loadgen.mlperf import MlperfSettings, settings
@@ -36,18 +34,8 @@ def engine(tmp_path_factory):
            "model=neox-tiny", "fabric=loopback", "server.host=127.0.0.1", f"server.port={port}", f"output_root={log.parent}"]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=f, stderr=subprocess.STDOUT)
-    url, deadline = f"http://127.0.0.1:{port}", time.time() + 240
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"reference engine did not become ready:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, log, "reference engine", 240, 1)
     yield url
     proc.terminate()
     try:

@@ -7,13 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import yaml
 
-from helpers import REPO
+from helpers import REPO, wait_healthy
 from helpers.hf_tiny import model_dir
 from workloads.core.ports import free_port
 
@@ -34,18 +32,8 @@ def vllm(tmp_path_factory):
                                  "--served-model-name", "m", "--dtype", "float32", "--host", "127.0.0.1",
                                  "--port", str(port), "--max-model-len", "256"], env=env, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    url, deadline = f"http://127.0.0.1:{port}", time.time() + 600
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"vLLM did not become ready:\n{log.read_text()[-3000:]}")
-        time.sleep(2)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, log, "vLLM", 600, 2)
     yield url, model
     os.killpg(proc.pid, 15)
     try:
