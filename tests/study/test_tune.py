@@ -373,17 +373,24 @@ def test_sysctl_values_are_the_kernels_parse_and_the_plan_names_the_default(tmp_
 
 
 def test_a_finished_tune_is_reprinted_without_measuring_and_another_definition_is_one_line(tmp_path):
-    from workloads.study.tune import run_tune
+    from workloads.study.tune import RECORDS_DIGEST, _finished_earlier, records_digest, run_tune
 
     t = load_tune(write(tmp_path), output_root=str(tmp_path / "o"))
     t.dir.mkdir(parents=True)
     (t.dir / "tune.json").write_text(__import__("json").dumps(t.as_dict()))
     (t.dir / "tune.txt").write_text("inconclusive: same faster than default by 0.2% [-1.4, +1.7]\n")
     (t.dir / tuned.FILE).write_text("label: t-tuned\n")
+    rec = t.dir / "search-1" / "r1" / "records" / "x.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text("{}")
+    (t.dir / RECORDS_DIGEST).write_text(records_digest(t.dir))
     said: list[str] = []
     assert run_tune(t, say=said.append) == 0
     assert said[0] == f"tune t: finished earlier, nothing to run ({t.dir}/tune.txt): inconclusive: same faster than " \
                       "default by 0.2% [-1.4, +1.7]" and len(said) == 2, said
+    # a record changed (or a run's folder removed) since the verdict: not finished, judged again
+    rec.write_text('{"status": "ok"}')
+    assert not _finished_earlier(t, False, said.append) and len(said) == 2
     other = load_tune(write(tmp_path, TUNE.replace("detect: 30%", "detect: 40%")), output_root=str(tmp_path / "o"))
     said.clear()
     with pytest.raises(UsageError, match="holds tune 't' with other detect"):

@@ -185,6 +185,20 @@ def _phase(spec: StudySpec, launcher: str, say) -> tuple[int, int, list[str], li
     return ran, failed, failures, jobs
 
 
+RECORDS_DIGEST = "tune.records"  # the records the verdict in tune.txt was reached on
+
+
+def records_digest(folder: Path) -> str:
+    """One hash over every record of a tune's phases (names and bytes): reading them is a few
+    milliseconds, composing and judging them again is seconds a cell."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in sorted(folder.glob("*/*/records/*.json")):
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
 def _finished_earlier(tune: TuneSpec, plan_only: bool, say) -> bool:
     """A tune of this id ran before: its definition must be this one (else one line, before
     anything is composed or printed), and when it finished its verdict is said again."""
@@ -193,6 +207,9 @@ def _finished_earlier(tune: TuneSpec, plan_only: bool, say) -> bool:
     definition(tune.dir, "tune", tune.as_dict(), tune.output_root)
     if plan_only or not (tune.dir / "tune.txt").is_file() or not (tune.dir / tuned.FILE).is_file():
         return False
+    digest = tune.dir / RECORDS_DIGEST
+    if not digest.is_file() or digest.read_text().strip() != records_digest(tune.dir):
+        return False  # a run's folder gone or a record changed since the verdict: judge again
     # finished: its verdict and arm stand (a rerun would measure nothing and judge the same
     # records), so say them again rather than re-reading every round's records
     say(f"tune {tune.id}: finished earlier, nothing to run ({tune.dir}/tune.txt): "
@@ -333,6 +350,7 @@ def _finish(tune: TuneSpec, result: halving.Outcome, say, conf: tunepower.Confir
     label = f"{tune.name}-tuned"
     written = tuned.write(tune.dir, info, label, tune.arm.fabric, list(tune.arm.overrides), settings, _collectives(tune))
     (tune.dir / "tune.txt").write_text(result.sentence + "\n")
+    (tune.dir / RECORDS_DIGEST).write_text(records_digest(tune.dir) + "\n")
     say(f"tune {tune.id}: {result.sentence}")
     say(f"tuned arm ({'the winner' if result.adopted else 'the default: nothing was confirmed'}): "
         + ", ".join(str(p) for p in written) + f"; a study names it as {{tuned: {tune.dir}}}")
