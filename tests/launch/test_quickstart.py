@@ -140,7 +140,7 @@ def test_every_glossary_word_is_linked_where_it_first_appears():
 
 @pytest.mark.requires("root", "slurm")
 @pytest.mark.slow
-def test_the_doctor_steps_run_under_slurm(tmp_path):
+def test_the_doctor_steps_run_under_slurm(tmp_path_factory):
     """Step 2 as the page writes it, on the tests' private 2-node Slurm, on the sysfs of a node
     holding both fabrics (FABRICBENCH_SYSFS_ROOT: this machine has no HCAs) and without
     --gpus-per-node (it has no GPUs: the one option left out): doctor fails the shipped profile and
@@ -154,6 +154,8 @@ def test_the_doctor_steps_run_under_slurm(tmp_path):
     compare = next(ln for line in commands() for ln in unwrap(line) if "--compare" in ln)
     drop = lambda argv: [a for a in argv if not a.startswith("--gpus-per-node")]  # noqa: E731
     venv = REPO / ".venv" / "bin" / "fabricbench"
+    # a short root: slurmd's step sockets under it must fit in 108 bytes (this test's own tmp_path does not)
+    tmp_path = tmp_path_factory.mktemp("qs")
     with SlurmCluster(tmp_path / "slurm", nodes=2) as c:
         env = c.env(child_env(FABRICBENCH_SYSFS_ROOT=str(FIXTURES / "sysfs" / "dual_host")))
         work = tmp_path / "work"
