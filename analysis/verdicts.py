@@ -15,14 +15,14 @@ from workloads.core.errors import UsageError
 
 
 def judge(table: Table, baseline: str | None, allow: Iterable[str] = (), metrics: Iterable[str] | None = None,
-          alpha: float = 0.05, correction: str = "holm", where: str = "") -> Result:
+          alpha: float | None = None, correction: str = "holm", where: str = "") -> Result:
     """compare_table, after the input is checked in the words of compare's options (`where`:
     what was read, for the message when it held no record)."""
     if not table:
         raise UsageError(f"no result records found in {where}")
     if baseline and baseline not in table.arms:
         raise UsageError(f"--baseline {baseline}: no such arm or fabric in the records; they hold {', '.join(table.arms)}")
-    if not 0 < alpha < 1:
+    if alpha is not None and not 0 < alpha < 1:
         raise UsageError(f"--alpha {alpha:g}: write a level between 0 and 1, e.g. 0.05")
     return compare_table(table, baseline, allow, metrics, alpha, correction)
 

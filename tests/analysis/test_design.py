@@ -188,6 +188,25 @@ def test_control_not_quiet_is_said_first(tmp_path, capsys):
     assert "treat every verdict with suspicion" in lines[0]
 
 
+def test_compare_judges_a_study_at_the_level_it_was_planned_at(tmp_path, capsys):
+    """A study planned at alpha 0.001 records it (study.alpha); `fabricbench compare` on its folder
+    then judges at 0.001, as the study's own compare.txt did, unless --alpha says otherwise. (Before,
+    compare re-judged such a study at 0.05: the emulated A/A study's test read a 95% verdict where
+    the study printed a 99.9% one, and failed as often as a 0.05 test does.)"""
+    recs = study_records({"a": 100.0, "b": 100.0}, blocks=4)
+    for r, f in zip([r for r in recs if r["study"]["arm"] == "b"], (1.10, 1.12, 1.09, 1.11)):
+        r["metrics"]["samples_per_sec"] *= f
+    for r in recs:
+        r["study"]["alpha"] = 0.001
+        write_record(tmp_path / r["study"]["arm"], r, "rec")
+    by_level = {a: next(c for _, c in compare_table(table_of(recs), alpha=a).comparisons) for a in (None, 0.05)}
+    assert by_level[None].conf == pytest.approx(0.999) and by_level[0.05].conf == pytest.approx(0.95)
+    assert cli_main(["compare", str(tmp_path)]) == 0
+    assert "(99.9% CI;" in capsys.readouterr().out
+    assert cli_main(["compare", str(tmp_path), "--alpha", "0.05"]) == 0
+    assert "(95% CI;" in capsys.readouterr().out
+
+
 def test_a_control_that_cannot_fire_says_so_not_quiet():
     # 3 blocks with A/A ratios 1.10, 0.92, 1.03: it could only detect a bias far above the 10% a
     # study asks for; "quiet" would say nothing, so it says it cannot speak and what would

@@ -323,7 +323,8 @@ def test_cell_command_carries_the_study_cell_in_one_override(tmp_path):
     cfg = compose(CONF_DIR, [a for a in argv[2:]], "config")
     assert dict(cfg.study) == {"name": "aa", "id": "aa", "arm": "loopback~aa", "baseline": "loopback",
                                "control": True, "block": 0, "position": 1, "design": "abba", "seed": 0,
-                               "blocks": 2, "workload": "ar", "margin": 0.02, "detect": 5.0, "looks": 1}
+                               "blocks": 2, "workload": "ar", "margin": 0.02, "detect": 5.0, "looks": 1,
+                               "alpha": 0.05}
     assert cfg.output_root == str(tmp_path / "my out" / "aa") and cfg.trial == 0
 
 

@@ -32,7 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", action="append", default=None, help="metric to compare (default: the workload's headline ones)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also list the points no other fabric reached (by default only counted)")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="significance level (default: the one a study's records were planned at, else 0.05)")
     p.add_argument("--correction", default="holm", choices=["holm", "bh", "none"],
                    help="over every verdict of a study: holm (family-wise error, default), bh (Benjamini-Hochberg "
                         "false-discovery rate) or none")

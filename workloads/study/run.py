@@ -70,7 +70,7 @@ def study_field(spec: StudySpec, job: Job, env=os.environ, retry: str | None = N
     f = {"name": spec.name, "id": spec.id, "arm": job.arm.label, "baseline": spec.baseline.label,
          "control": job.arm.control, "block": job.cell.block, "position": job.cell.position,
          "design": spec.design, "seed": spec.seed, "blocks": spec.blocks, "workload": job.workload.name,
-         "margin": spec.margin, "detect": spec.detect, "looks": spec.looks}
+         "margin": spec.margin, "detect": spec.detect, "looks": spec.looks, "alpha": spec.alpha}
     if job.workload.primary_metric:
         f["primary_metric"] = job.workload.primary_metric
     if job.workload.primary_point:
