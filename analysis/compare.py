@@ -411,12 +411,8 @@ def default_baseline(table: Table) -> str | None:
 
 def compare_table(table: Table, baseline: str | None = None, allow: Iterable[str] = (), metrics: Iterable[str] | None = None,
                   alpha: float | None = None, correction: str = "holm") -> Result:
-    """`alpha` None: the level the study's records were planned at (study.alpha), else 0.05, so
-    `fabricbench compare` on a study's folder judges at the level the study's own compare.txt did."""
-    allow = tuple(allow)
-    if alpha is None:
-        alpha = float(_study_value(table.ok(), "alpha", 0.05))
-    metrics = list(metrics or [])
+    # alpha None: the level the records' study was planned at (study.alpha), as its compare.txt judged
+    allow, metrics, alpha = tuple(allow), list(metrics or []), alpha or float(_study_value(table.ok(), "alpha", 0.05))
     for m in metrics:
         if not any(ch in m for ch in "*?["):
             direction(m)  # an unknown direction is refused before anything is compared; patterns when expanded
